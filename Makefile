@@ -1,0 +1,32 @@
+# projector: Kafka event streams into versioned read models in PostgreSQL.
+
+GO       ?= go
+PROJECTOR_DATABASE_URL ?= postgres://postgres@127.0.0.1:5432/test?sslmode=disable
+export PROJECTOR_DATABASE_URL
+
+.DEFAULT_GOAL := help
+
+.PHONY: help
+help: ## List the targets.
+	@awk 'BEGIN {FS = ":.*## "} /^[a-z-]+:.*## / {printf "  %-10s %s\n", $$1, $$2}' $(MAKEFILE_LIST)
+
+.PHONY: build
+build: ## Build bin/projector.
+	$(GO) build -o bin/projector ./cmd/projector
+
+.PHONY: demo
+demo: ## Run the demo: embedded broker and registry, real Postgres, verified summary.
+	$(GO) run ./cmd/projector demo
+
+.PHONY: test
+test: ## Run the whole test suite with the race detector.
+	$(GO) test -race -count=1 -timeout 15m ./...
+
+.PHONY: bench
+bench: ## Run the Go microbenchmarks.
+	$(GO) test -run '^$$' -bench . -benchmem ./...
+
+.PHONY: lint
+lint: ## gofmt and go vet.
+	@test -z "$$(gofmt -l .)" || (gofmt -l . && exit 1)
+	$(GO) vet ./...

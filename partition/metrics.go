@@ -1,0 +1,36 @@
+package partition
+
+import "github.com/prometheus/client_golang/prometheus"
+
+// Metrics are the counters every worker of an engine shares.
+type Metrics struct {
+	processed      *prometheus.CounterVec
+	commitDuration prometheus.Histogram
+	fenced         prometheus.Counter
+	retries        *prometheus.CounterVec
+}
+
+// NewMetrics registers the worker metrics with reg.
+func NewMetrics(reg prometheus.Registerer) *Metrics {
+	m := &Metrics{
+		processed: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "projector_records_processed_total",
+			Help: "Records processed, by outcome: applied, stale (duplicate or older version), parked (waiting for a missing version), dead_lettered.",
+		}, []string{"projection", "topic", "outcome"}),
+		commitDuration: prometheus.NewHistogram(prometheus.HistogramOpts{
+			Name:    "projector_batch_commit_duration_seconds",
+			Help:    "Duration of one batch transaction: load state, write rows, parked events, dead letters and the offset, commit.",
+			Buckets: prometheus.ExponentialBuckets(0.001, 2, 14),
+		}),
+		fenced: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "projector_fenced_batches_total",
+			Help: "Batches rolled back because a newer owner had claimed the partition.",
+		}),
+		retries: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "projector_retries_total",
+			Help: "Attempts retried after a transient failure (database, registry or broker unavailable).",
+		}, []string{"group", "topic", "partition", "reason"}),
+	}
+	reg.MustRegister(m.processed, m.commitDuration, m.fenced, m.retries)
+	return m
+}

@@ -1,0 +1,282 @@
+package partition
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"math/rand/v2"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/twmb/franz-go/pkg/kgo"
+
+	"github.com/projector-dev/projector/projection"
+)
+
+// Decoder turns a record value into the projection's reader schema.
+type Decoder interface {
+	Decode(ctx context.Context, value []byte) (map[string]any, int, error)
+}
+
+// Fetcher pauses and resumes fetching of partitions (a *kgo.Client).
+type Fetcher interface {
+	PauseFetchPartitions(map[string][]int32) map[string][]int32
+	ResumeFetchPartitions(map[string][]int32)
+}
+
+// Config tunes a worker. Zero fields take the defaults named.
+type Config struct {
+	// BatchMaxRecords caps the records of one batch (default 1000).
+	BatchMaxRecords int
+	// BatchMaxWait is how long a batch waits for more records after its
+	// first one (default 50ms).
+	BatchMaxWait time.Duration
+	// MaxBuffered is how many records may wait in the worker before it
+	// pauses fetching of its partition (default 4 × BatchMaxRecords).
+	MaxBuffered int
+	// RetryBase and RetryCap bound the exponential backoff with full jitter
+	// between attempts of a batch that failed for a transient reason
+	// (defaults 100ms and 30s).
+	RetryBase, RetryCap time.Duration
+	// IsTerminal reports decode errors that retrying cannot fix; such
+	// records are dead-lettered. Nil: every decode error is terminal.
+	IsTerminal func(error) bool
+}
+
+func (c *Config) defaults() {
+	if c.BatchMaxRecords <= 0 {
+		c.BatchMaxRecords = 1000
+	}
+	if c.BatchMaxWait <= 0 {
+		c.BatchMaxWait = 50 * time.Millisecond
+	}
+	if c.MaxBuffered <= 0 {
+		c.MaxBuffered = 4 * c.BatchMaxRecords
+	}
+	if c.RetryBase <= 0 {
+		c.RetryBase = 100 * time.Millisecond
+	}
+	if c.RetryCap <= 0 {
+		c.RetryCap = 30 * time.Second
+	}
+	if c.IsTerminal == nil {
+		c.IsTerminal = func(error) bool { return true }
+	}
+}
+
+// Worker consumes one topic-partition for one projection: it batches the
+// records pushed to it, decodes them, gates versions, and commits each
+// batch through the sink. Push is called by the poll loop; Run by the
+// goroutine that owns the worker.
+type Worker struct {
+	cfg     Config
+	group   string
+	claim   Claim
+	proj    *projection.Projection
+	sink    Sink
+	dec     Decoder
+	fetcher Fetcher
+	log     *slog.Logger
+	metrics *Metrics
+
+	mu      sync.Mutex
+	queue   []*kgo.Record
+	paused  bool
+	stopped bool
+	oldest  time.Time // timestamp of the oldest record not yet committed
+	wake    chan struct{}
+	stop    chan struct{}
+	stopOne sync.Once
+
+	next atomic.Int64 // stored next offset, after the last commit
+	hwm  atomic.Int64 // high watermark last seen in a fetch
+
+	parkedKeys map[string]bool
+}
+
+// NewWorker returns a worker for a claimed partition.
+func NewWorker(cfg Config, group string, claim Claim, p *projection.Projection, sink Sink, dec Decoder, f Fetcher, log *slog.Logger, m *Metrics) *Worker {
+	cfg.defaults()
+	w := &Worker{
+		cfg: cfg, group: group, claim: claim, proj: p, sink: sink, dec: dec, fetcher: f, metrics: m,
+		log:  log.With("topic", claim.Topic, "partition", claim.Partition, "epoch", claim.Epoch),
+		wake: make(chan struct{}, 1),
+		stop: make(chan struct{}),
+	}
+	w.next.Store(claim.NextOffset)
+	w.hwm.Store(-1)
+	return w
+}
+
+// TP is the worker's partition.
+func (w *Worker) TP() TP { return w.claim.TP }
+
+// Push hands fetched records to the worker. It never blocks: past
+// MaxBuffered records the worker pauses fetching of its partition until
+// it has caught up.
+func (w *Worker) Push(recs []*kgo.Record, highWatermark int64) {
+	if highWatermark >= 0 {
+		w.hwm.Store(highWatermark)
+	}
+	if len(recs) == 0 {
+		return
+	}
+	w.mu.Lock()
+	if w.stopped {
+		w.mu.Unlock()
+		return
+	}
+	if len(w.queue) == 0 && w.oldest.IsZero() {
+		w.oldest = recs[0].Timestamp
+	}
+	w.queue = append(w.queue, recs...)
+	pause := !w.paused && len(w.queue) >= w.cfg.MaxBuffered
+	if pause {
+		w.paused = true
+	}
+	w.mu.Unlock()
+	if pause {
+		w.fetcher.PauseFetchPartitions(map[string][]int32{w.claim.Topic: {w.claim.Partition}})
+	}
+	select {
+	case w.wake <- struct{}{}:
+	default:
+	}
+}
+
+// Stop asks the worker to finish its open batch and return from Run.
+func (w *Worker) Stop() {
+	w.stopOne.Do(func() {
+		w.mu.Lock()
+		w.stopped = true
+		w.mu.Unlock()
+		close(w.stop)
+	})
+}
+
+// Status is the worker's position for lag metrics.
+type Status struct {
+	TP
+	NextOffset    int64
+	HighWatermark int64 // -1 when not yet known
+	Oldest        time.Time
+}
+
+// Status reports the worker's committed position.
+func (w *Worker) Status() Status {
+	w.mu.Lock()
+	oldest := w.oldest
+	w.mu.Unlock()
+	return Status{TP: w.claim.TP, NextOffset: w.next.Load(), HighWatermark: w.hwm.Load(), Oldest: oldest}
+}
+
+// Run processes batches until Stop is called or ctx ends. It returns
+// ErrFenced when a newer owner took the partition, ctx.Err() when
+// cancelled, and nil after Stop.
+func (w *Worker) Run(ctx context.Context) error {
+	keys, err := w.retry(ctx, "load parked", func() ([]string, error) { return w.sink.ParkedKeys(ctx, w.claim.TP) })
+	if err != nil {
+		return err
+	}
+	w.parkedKeys = make(map[string]bool, len(keys))
+	for _, k := range keys {
+		w.parkedKeys[k] = true
+	}
+	for {
+		recs, ok := w.nextBatch(ctx)
+		if !ok {
+			if ctx.Err() != nil {
+				return ctx.Err()
+			}
+			return nil
+		}
+		if err := w.process(ctx, recs); err != nil {
+			if errors.Is(err, ErrFenced) {
+				w.metrics.fenced.Inc()
+				w.log.Warn("partition fenced: a newer owner claimed it; stopping this worker")
+			}
+			w.Stop()
+			return err
+		}
+	}
+}
+
+// nextBatch waits for records and gathers up to BatchMaxRecords of them,
+// waiting at most BatchMaxWait after the first. ok is false when the worker
+// must stop.
+func (w *Worker) nextBatch(ctx context.Context) ([]*kgo.Record, bool) {
+	var deadline <-chan time.Time
+	for {
+		w.mu.Lock()
+		n := len(w.queue)
+		w.mu.Unlock()
+		if n >= w.cfg.BatchMaxRecords {
+			break
+		}
+		if n > 0 && deadline == nil {
+			t := time.NewTimer(w.cfg.BatchMaxWait)
+			defer t.Stop()
+			deadline = t.C
+		}
+		select {
+		case <-ctx.Done():
+			return nil, false
+		case <-w.stop:
+			return nil, false
+		case <-w.wake:
+			continue
+		case <-deadline:
+		}
+		break
+	}
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	n := min(len(w.queue), w.cfg.BatchMaxRecords)
+	batch := make([]*kgo.Record, n)
+	copy(batch, w.queue)
+	rest := copy(w.queue, w.queue[n:])
+	clear(w.queue[rest:])
+	w.queue = w.queue[:rest]
+	if w.paused && len(w.queue) < w.cfg.MaxBuffered/2 {
+		w.paused = false
+		w.fetcher.ResumeFetchPartitions(map[string][]int32{w.claim.Topic: {w.claim.Partition}})
+	}
+	return batch, true
+}
+
+// retry runs fn until it succeeds, backing off with full jitter between
+// attempts, or until ctx ends.
+func (w *Worker) retry(ctx context.Context, what string, fn func() ([]string, error)) ([]string, error) {
+	for attempt := 0; ; attempt++ {
+		v, err := fn()
+		if err == nil {
+			return v, nil
+		}
+		if errors.Is(err, ErrFenced) || ctx.Err() != nil {
+			return nil, err
+		}
+		if err := w.backoff(ctx, attempt, what, err); err != nil {
+			return nil, err
+		}
+	}
+}
+
+func (w *Worker) backoff(ctx context.Context, attempt int, what string, cause error) error {
+	limit := w.cfg.RetryCap
+	if attempt < 30 {
+		limit = min(w.cfg.RetryCap, w.cfg.RetryBase<<attempt)
+	}
+	delay := time.Duration(rand.Int64N(int64(limit) + 1))
+	w.metrics.retries.WithLabelValues(w.group, w.claim.Topic, fmt.Sprint(w.claim.Partition), reasonOf(cause)).Inc()
+	w.log.Warn("transient failure; retrying", "what", what, "attempt", attempt+1, "delay", delay, "err", cause)
+	t := time.NewTimer(delay)
+	defer t.Stop()
+	select {
+	case <-ctx.Done():
+		return ctx.Err()
+	case <-t.C:
+		return nil
+	}
+}

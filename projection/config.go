@@ -1,0 +1,214 @@
+package projection
+
+import (
+	"bytes"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"path/filepath"
+	"strings"
+
+	"go.yaml.in/yaml/v3"
+)
+
+// File is the projection file: a list of declarative projections.
+type File struct {
+	Projections []Spec `yaml:"projections"`
+}
+
+// Spec is one projection as written in the YAML file.
+type Spec struct {
+	Name      string `yaml:"name"`
+	Topic     string `yaml:"topic"`
+	Table     string `yaml:"table"`
+	Key       string `yaml:"key"`
+	Version   string `yaml:"version"`
+	Mode      string `yaml:"mode"`
+	TypeField string `yaml:"type_field"`
+	OnGap     string `yaml:"on_gap"`
+	// Schema is a path to an .avsc file (relative to the projection file)
+	// used as the reader schema.
+	Schema  string              `yaml:"schema"`
+	Columns yaml.Node           `yaml:"columns"`
+	Events  map[string]EventDef `yaml:"events"`
+	// DeleteOn lists event types that delete the row (snapshot mode; fold
+	// mode uses "delete: true" under events).
+	DeleteOn []string `yaml:"delete_on"`
+}
+
+// ColumnSpec is one column in the YAML file.
+type ColumnSpec struct {
+	Type       string `yaml:"type"`
+	PrimaryKey bool   `yaml:"primary_key"`
+	Default    any    `yaml:"default"`
+	Field      string `yaml:"field"`
+}
+
+// EventDef says what one event type does to the row in fold mode.
+type EventDef struct {
+	// Set: column ← Avro field name (a YAML string), or a literal (a YAML
+	// number, boolean or null, or {literal: value} for a string).
+	Set map[string]any `yaml:"set"`
+	// Add: column += Avro field; a leading "-" subtracts.
+	Add    map[string]string `yaml:"add"`
+	Delete bool              `yaml:"delete"`
+}
+
+// Load reads and validates a projection file.
+func Load(path string) ([]*Projection, error) {
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return nil, fmt.Errorf("read projection file: %w", err)
+	}
+	ps, err := Parse(b, filepath.Dir(path))
+	if err != nil {
+		return nil, fmt.Errorf("%s: %w", path, err)
+	}
+	return ps, nil
+}
+
+// Parse parses a projection file's content; dir resolves relative schema
+// paths.
+func Parse(content []byte, dir string) ([]*Projection, error) {
+	dec := yaml.NewDecoder(bytes.NewReader(content))
+	dec.KnownFields(true)
+	var f File
+	if err := dec.Decode(&f); err != nil {
+		if errors.Is(err, io.EOF) {
+			return nil, errors.New("no projections defined")
+		}
+		return nil, fmt.Errorf("parse: %w", err)
+	}
+	if len(f.Projections) == 0 {
+		return nil, errors.New("no projections defined")
+	}
+	out := make([]*Projection, 0, len(f.Projections))
+	names, topics := map[string]bool{}, map[string]bool{}
+	for i, s := range f.Projections {
+		p, err := s.compile(dir)
+		if err != nil {
+			if s.Name == "" {
+				return nil, fmt.Errorf("projections[%d]: %w", i, err)
+			}
+			return nil, err
+		}
+		if names[p.Name] {
+			return nil, fmt.Errorf("projection %q is defined twice", p.Name)
+		}
+		if topics[p.Topic] {
+			return nil, fmt.Errorf("projection %q: topic %q already feeds another projection", p.Name, p.Topic)
+		}
+		names[p.Name], topics[p.Topic] = true, true
+		out = append(out, p)
+	}
+	return out, nil
+}
+
+func (s Spec) compile(dir string) (*Projection, error) {
+	p := &Projection{
+		Name:         s.Name,
+		Topic:        s.Topic,
+		Table:        s.Table,
+		KeyField:     s.Key,
+		KeyColumn:    s.Key,
+		VersionField: s.Version,
+		TypeField:    s.TypeField,
+		Mode:         Mode(s.Mode),
+		OnGap:        GapPolicy(s.OnGap),
+		DeleteTypes:  map[string]bool{},
+	}
+	bad := func(format string, args ...any) error {
+		return fmt.Errorf("projection %q: %s", s.Name, fmt.Sprintf(format, args...))
+	}
+	if p.VersionField == "" {
+		p.VersionField = "version"
+	}
+	if p.OnGap == "" {
+		p.OnGap = GapHold
+	}
+	cols, err := parseColumns(&s.Columns)
+	if err != nil {
+		return nil, bad("columns: %v", err)
+	}
+	p.Columns = cols
+	if s.Schema != "" {
+		path := s.Schema
+		if !filepath.IsAbs(path) {
+			path = filepath.Join(dir, path)
+		}
+		b, err := os.ReadFile(path)
+		if err != nil {
+			return nil, bad("schema: %v", err)
+		}
+		p.Schema = string(b)
+	}
+	for _, t := range s.DeleteOn {
+		p.DeleteTypes[t] = true
+	}
+	switch p.Mode {
+	case ModeSnapshot:
+		if len(s.Events) > 0 {
+			return nil, bad("events: only fold mode takes per-event verbs (use delete_on for snapshot deletes)")
+		}
+		p.Fold = snapshotFold(p)
+	case ModeFold:
+		if p.TypeField == "" {
+			return nil, bad("type_field is required in fold mode")
+		}
+		if len(s.Events) == 0 {
+			return nil, bad("events: fold mode needs at least one event type")
+		}
+		fold, err := compileFold(p, s.Events)
+		if err != nil {
+			return nil, bad("%v", err)
+		}
+		p.Fold = fold
+	}
+	if err := p.Validate(); err != nil {
+		return nil, err
+	}
+	return p, nil
+}
+
+// parseColumns keeps the order the columns are written in.
+func parseColumns(n *yaml.Node) ([]Column, error) {
+	if n.Kind == 0 {
+		return nil, errors.New("required")
+	}
+	if n.Kind != yaml.MappingNode {
+		return nil, fmt.Errorf("line %d: want a mapping of column name to {type: …}", n.Line)
+	}
+	var cols []Column
+	for i := 0; i+1 < len(n.Content); i += 2 {
+		name := n.Content[i].Value
+		var cs ColumnSpec
+		if err := n.Content[i+1].Decode(&cs); err != nil {
+			return nil, fmt.Errorf("column %q: %w", name, err)
+		}
+		if cs.Type == "" {
+			return nil, fmt.Errorf("column %q: type is required", name)
+		}
+		c := Column{Name: name, Type: strings.ToLower(strings.TrimSpace(cs.Type)), PrimaryKey: cs.PrimaryKey, Field: cs.Field}
+		if c.Field == "" {
+			c.Field = name
+		}
+		if cs.Default != nil {
+			v, err := c.Convert(cs.Default)
+			if err != nil {
+				return nil, fmt.Errorf("column %q: default: %w", name, err)
+			}
+			c.Default = v
+		}
+		cols = append(cols, c)
+	}
+	// The key column goes first.
+	for i, c := range cols {
+		if c.PrimaryKey && i > 0 {
+			copy(cols[1:i+1], cols[:i])
+			cols[0] = c
+			break
+		}
+	}
+	return cols, nil
+}

@@ -1,0 +1,177 @@
+package projection
+
+import (
+	"fmt"
+	"strings"
+)
+
+// snapshotFold builds the whole row from the event: every column takes the
+// Avro field of its Field name.
+func snapshotFold(p *Projection) FoldFunc {
+	cols := p.Columns
+	return func(_ Row, ev Event) (Row, error) {
+		if ev.Fields == nil || p.DeleteTypes[ev.Type] {
+			return nil, nil
+		}
+		row := make(Row, len(cols))
+		row[cols[0].Name] = ev.Key
+		for _, c := range cols[1:] {
+			v, err := c.Convert(ev.Fields[c.Field])
+			if err != nil {
+				return nil, Terminal(fmt.Errorf("field %s: %w", c.Field, err))
+			}
+			row[c.Name] = v
+		}
+		return row, nil
+	}
+}
+
+type setOp struct {
+	col     Column
+	field   string // "" when literal
+	literal any
+}
+
+type addOp struct {
+	col    Column
+	field  string
+	negate bool
+}
+
+type eventOps struct {
+	set    []setOp
+	add    []addOp
+	delete bool
+}
+
+// compileFold turns the per-event-type verbs into a FoldFunc. Event types
+// the file does not name advance the version and change nothing.
+func compileFold(p *Projection, defs map[string]EventDef) (FoldFunc, error) {
+	ops := make(map[string]eventOps, len(defs))
+	for typ, d := range defs {
+		var eo eventOps
+		eo.delete = d.Delete
+		if d.Delete && (len(d.Set) > 0 || len(d.Add) > 0) {
+			return nil, fmt.Errorf("events.%s: delete cannot be combined with set or add", typ)
+		}
+		if d.Delete {
+			p.DeleteTypes[typ] = true
+		}
+		for col, src := range d.Set {
+			c, ok := p.Column(col)
+			if !ok {
+				return nil, fmt.Errorf("events.%s.set: no column %q", typ, col)
+			}
+			if c.PrimaryKey {
+				return nil, fmt.Errorf("events.%s.set: the key column %q comes from the key field", typ, col)
+			}
+			op := setOp{col: c}
+			switch v := src.(type) {
+			case string:
+				op.field = v
+			case map[string]any:
+				lit, ok := v["literal"]
+				if !ok || len(v) != 1 {
+					return nil, fmt.Errorf("events.%s.set.%s: want a field name or {literal: value}", typ, col)
+				}
+				conv, err := c.Convert(lit)
+				if err != nil {
+					return nil, fmt.Errorf("events.%s.set.%s: %w", typ, col, err)
+				}
+				op.literal = conv
+			default:
+				conv, err := c.Convert(v)
+				if err != nil {
+					return nil, fmt.Errorf("events.%s.set.%s: %w", typ, col, err)
+				}
+				op.literal = conv
+			}
+			eo.set = append(eo.set, op)
+		}
+		for col, src := range d.Add {
+			c, ok := p.Column(col)
+			if !ok {
+				return nil, fmt.Errorf("events.%s.add: no column %q", typ, col)
+			}
+			if k := c.Kind(); k != KindInt && k != KindFloat {
+				return nil, fmt.Errorf("events.%s.add.%s: column type %s is not numeric (integer or floating point)", typ, col, c.Type)
+			}
+			op := addOp{col: c, field: strings.TrimSpace(src)}
+			if strings.HasPrefix(op.field, "-") {
+				op.negate, op.field = true, strings.TrimSpace(op.field[1:])
+			}
+			if op.field == "" {
+				return nil, fmt.Errorf("events.%s.add.%s: field name is empty", typ, col)
+			}
+			eo.add = append(eo.add, op)
+		}
+		ops[typ] = eo
+	}
+	cols := p.Columns
+	return func(state Row, ev Event) (Row, error) {
+		if ev.Fields == nil {
+			return nil, nil
+		}
+		eo := ops[ev.Type]
+		if eo.delete {
+			return nil, nil
+		}
+		row := make(Row, len(cols))
+		if state == nil {
+			for _, c := range cols[1:] {
+				row[c.Name] = c.Default
+			}
+		} else {
+			for k, v := range state {
+				row[k] = v
+			}
+		}
+		row[cols[0].Name] = ev.Key
+		for _, op := range eo.set {
+			v := op.literal
+			if op.field != "" {
+				f, ok := ev.Fields[op.field]
+				if !ok {
+					return nil, Terminal(fmt.Errorf("%s: set %s: event has no field %q", ev.Type, op.col.Name, op.field))
+				}
+				conv, err := op.col.Convert(f)
+				if err != nil {
+					return nil, Terminal(fmt.Errorf("%s: set from field %s: %w", ev.Type, op.field, err))
+				}
+				v = conv
+			}
+			row[op.col.Name] = v
+		}
+		for _, op := range eo.add {
+			f, ok := ev.Fields[op.field]
+			if !ok || f == nil {
+				return nil, Terminal(fmt.Errorf("%s: add to %s: event has no value in field %q", ev.Type, op.col.Name, op.field))
+			}
+			delta, err := op.col.Convert(f)
+			if err != nil {
+				return nil, Terminal(fmt.Errorf("%s: add from field %s: %w", ev.Type, op.field, err))
+			}
+			row[op.col.Name] = addValues(row[op.col.Name], delta, op.negate)
+		}
+		return row, nil
+	}, nil
+}
+
+// addValues adds two values of one numeric kind; a NULL counts as zero.
+func addValues(cur, delta any, negate bool) any {
+	switch d := delta.(type) {
+	case int64:
+		c, _ := cur.(int64)
+		if negate {
+			return c - d
+		}
+		return c + d
+	case float64:
+		c, _ := cur.(float64)
+		if negate {
+			return c - d
+		}
+		return c + d
+	}
+	return cur
+}

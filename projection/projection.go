@@ -1,0 +1,209 @@
+package projection
+
+import (
+	"errors"
+	"fmt"
+)
+
+// Event is one decoded event offered to a fold.
+type Event struct {
+	// Key is the aggregate id.
+	Key string
+	// Version is the aggregate version the event carries (1-based).
+	Version int64
+	// Type is the event type (fold mode), "" when the projection has none.
+	Type string
+	// Fields is the decoded Avro record. Nil for a tombstone.
+	Fields map[string]any
+}
+
+// Row is the state of one aggregate as stored in the projection's table,
+// column name → value. Values use the Go types of the column's kind:
+// int64 (smallint, integer, bigint), float64 (real, double precision),
+// bool (boolean), string (every other type, in Postgres text form), or nil.
+type Row map[string]any
+
+// FoldFunc folds one event into the aggregate's state. state is nil when the
+// aggregate has no row (never seen, or deleted). Returning a nil Row deletes
+// the row. A returned error fails this event: wrap it with Terminal when
+// retrying cannot help, so the event is dead-lettered.
+type FoldFunc func(state Row, ev Event) (Row, error)
+
+// Mode is how events become rows.
+type Mode string
+
+const (
+	// ModeSnapshot: each event carries the aggregate's full state; a newer
+	// version replaces the row.
+	ModeSnapshot Mode = "snapshot"
+	// ModeFold: each event type updates columns through verbs (set, add,
+	// delete), or a Go FoldFunc does.
+	ModeFold Mode = "fold"
+)
+
+// GapPolicy is what happens when a version arrives beyond the next one.
+type GapPolicy string
+
+const (
+	// GapHold parks the event until the missing versions arrive.
+	GapHold GapPolicy = "hold"
+	// GapApply accepts a newer snapshot over the gap (snapshot mode only).
+	GapApply GapPolicy = "apply"
+)
+
+// Projection is one read model: a topic folded into a table.
+type Projection struct {
+	Name  string
+	Topic string
+	Table string
+	// KeyField is the Avro field holding the aggregate id; its column is
+	// KeyColumn.
+	KeyField  string
+	KeyColumn string
+	// VersionField is the Avro long field with the aggregate version.
+	VersionField string
+	// TypeField names the event type field (fold mode), "" if unused.
+	TypeField string
+	Mode      Mode
+	OnGap     GapPolicy
+	// Columns in table order, the key column first. The engine adds a
+	// "version bigint" column after them.
+	Columns []Column
+	// Schema optionally holds the reader schema (Avro JSON). Empty: the
+	// latest schema registered for "<topic>-value" is used.
+	Schema string
+	// Fold computes the new row. Declarative projections get one compiled
+	// from their events/columns; library users may set their own.
+	Fold FoldFunc
+	// DeleteTypes are event types that delete the row (besides tombstones).
+	DeleteTypes map[string]bool
+}
+
+// Column is one column of a projection's table.
+type Column struct {
+	Name       string
+	Type       string // Postgres type as written in the config, e.g. "bigint"
+	PrimaryKey bool
+	// Default is the value a new row starts with, nil for NULL.
+	Default any
+	// Field is the Avro field a snapshot takes the column from.
+	Field string
+}
+
+// Kind is how a column's values are held in Go.
+type Kind uint8
+
+const (
+	KindText Kind = iota
+	KindInt
+	KindFloat
+	KindBool
+)
+
+// Kind returns how values of this column are held in Go.
+func (c Column) Kind() Kind { return kindOf(c.Type) }
+
+// Terminal marks err as one that retrying cannot fix: the event is
+// dead-lettered instead of retried.
+func Terminal(err error) error {
+	if err == nil {
+		return nil
+	}
+	return terminalError{err}
+}
+
+type terminalError struct{ error }
+
+func (t terminalError) Unwrap() error { return t.error }
+
+// IsTerminal reports whether err was marked with Terminal.
+func IsTerminal(err error) bool {
+	var t terminalError
+	return errors.As(err, &t)
+}
+
+// Validate checks a projection defined in code or loaded from a file. Its
+// errors name the projection and the field.
+func (p *Projection) Validate() error {
+	if p.Name == "" {
+		return errors.New("projection: name is required")
+	}
+	if !identRe.MatchString(p.Name) {
+		return fmt.Errorf("projection %q: name must match %s", p.Name, identRe)
+	}
+	bad := func(format string, args ...any) error {
+		return fmt.Errorf("projection %q: %s", p.Name, fmt.Sprintf(format, args...))
+	}
+	if p.Topic == "" {
+		return bad("topic is required")
+	}
+	if p.Table == "" || !qualifiedRe.MatchString(p.Table) {
+		return bad("table %q must be a plain or schema-qualified identifier", p.Table)
+	}
+	if p.KeyField == "" {
+		return bad("key (the Avro field with the aggregate id) is required")
+	}
+	if p.VersionField == "" {
+		return bad("version field is required")
+	}
+	switch p.Mode {
+	case ModeSnapshot, ModeFold:
+	default:
+		return bad("mode %q: want snapshot or fold", p.Mode)
+	}
+	switch p.OnGap {
+	case GapHold:
+	case GapApply:
+		if p.Mode != ModeSnapshot {
+			return bad("on_gap apply needs mode snapshot: a fold cannot skip events")
+		}
+	default:
+		return bad("on_gap %q: want hold or apply", p.OnGap)
+	}
+	if len(p.Columns) == 0 {
+		return bad("columns: at least the key column is required")
+	}
+	keys := 0
+	seen := map[string]bool{}
+	for i, c := range p.Columns {
+		if !identRe.MatchString(c.Name) {
+			return bad("column %q: not a plain identifier", c.Name)
+		}
+		if c.Name == "version" {
+			return bad("column %q: the engine adds the version column itself", c.Name)
+		}
+		if seen[c.Name] {
+			return bad("column %q appears twice", c.Name)
+		}
+		seen[c.Name] = true
+		if !typeRe.MatchString(c.Type) {
+			return bad("column %q: type %q is not a Postgres type name", c.Name, c.Type)
+		}
+		if c.PrimaryKey {
+			keys++
+			if i != 0 {
+				return bad("column %q: the primary key column must come first", c.Name)
+			}
+		}
+	}
+	if keys != 1 {
+		return bad("columns: exactly one column needs primary_key: true, found %d", keys)
+	}
+	if p.KeyColumn != p.Columns[0].Name {
+		return bad("key column %q is not the primary key column %q", p.KeyColumn, p.Columns[0].Name)
+	}
+	if p.Fold == nil {
+		return bad("no fold: set events (fold mode) or a Go fold function")
+	}
+	return nil
+}
+
+// Column returns the column named name.
+func (p *Projection) Column(name string) (Column, bool) {
+	for _, c := range p.Columns {
+		if c.Name == name {
+			return c, true
+		}
+	}
+	return Column{}, false
+}

@@ -1,0 +1,179 @@
+package projection
+
+import (
+	"encoding/hex"
+	"encoding/json"
+	"fmt"
+	"math"
+	"math/big"
+	"regexp"
+	"strconv"
+	"strings"
+	"time"
+)
+
+var (
+	identRe     = regexp.MustCompile(`^[a-z_][a-z0-9_]{0,62}$`)
+	qualifiedRe = regexp.MustCompile(`^([a-z_][a-z0-9_]{0,62}\.)?[a-z_][a-z0-9_]{0,62}$`)
+	typeRe      = regexp.MustCompile(`^[a-z][a-z0-9_ ]*(\([0-9, ]+\))?(\[\])?$`)
+)
+
+func kindOf(pgType string) Kind {
+	switch strings.TrimSpace(pgType) {
+	case "smallint", "integer", "int", "int2", "int4", "int8", "bigint":
+		return KindInt
+	case "real", "float4", "float8", "double precision":
+		return KindFloat
+	case "boolean", "bool":
+		return KindBool
+	}
+	return KindText
+}
+
+// Convert turns a decoded Avro value into the Go value this column holds
+// (see Row). It fails with a message naming the column when the value does
+// not fit.
+func (c Column) Convert(v any) (any, error) {
+	if v == nil {
+		return nil, nil
+	}
+	switch c.Kind() {
+	case KindInt:
+		switch x := v.(type) {
+		case int64:
+			return x, nil
+		case int32:
+			return int64(x), nil
+		case int:
+			return int64(x), nil
+		case float64:
+			if x == math.Trunc(x) && math.Abs(x) < 1<<62 {
+				return int64(x), nil
+			}
+		case float32:
+			if float64(x) == math.Trunc(float64(x)) {
+				return int64(x), nil
+			}
+		case string:
+			if n, err := strconv.ParseInt(x, 10, 64); err == nil {
+				return n, nil
+			}
+		}
+	case KindFloat:
+		switch x := v.(type) {
+		case float64:
+			return x, nil
+		case float32:
+			return float64(x), nil
+		case int64:
+			return float64(x), nil
+		case int32:
+			return float64(x), nil
+		case int:
+			return float64(x), nil
+		}
+	case KindBool:
+		if b, ok := v.(bool); ok {
+			return b, nil
+		}
+	case KindText:
+		return c.text(v)
+	}
+	return nil, fmt.Errorf("column %s (%s): cannot hold %T value %v", c.Name, c.Type, v, v)
+}
+
+func (c Column) text(v any) (any, error) {
+	switch x := v.(type) {
+	case string:
+		return x, nil
+	case []byte:
+		if c.Type == "bytea" {
+			return `\x` + hex.EncodeToString(x), nil
+		}
+		return string(x), nil
+	case time.Time:
+		return x.UTC().Format(time.RFC3339Nano), nil
+	case time.Duration:
+		return x.String(), nil
+	case int64:
+		return strconv.FormatInt(x, 10), nil
+	case int32:
+		return strconv.FormatInt(int64(x), 10), nil
+	case int:
+		return strconv.Itoa(x), nil
+	case float64:
+		return strconv.FormatFloat(x, 'g', -1, 64), nil
+	case float32:
+		return strconv.FormatFloat(float64(x), 'g', -1, 32), nil
+	case bool:
+		return strconv.FormatBool(x), nil
+	case *big.Rat:
+		return x.FloatString(18), nil
+	case fmt.Stringer:
+		return x.String(), nil
+	}
+	b, err := json.Marshal(v)
+	if err != nil {
+		return nil, fmt.Errorf("column %s (%s): cannot hold %T value: %w", c.Name, c.Type, v, err)
+	}
+	return string(b), nil
+}
+
+// EncodeText renders a Row value of this column in Postgres text form for
+// a set-based write; nil is NULL.
+func (c Column) EncodeText(v any) (*string, error) {
+	var s string
+	switch x := v.(type) {
+	case nil:
+		return nil, nil
+	case string:
+		s = x
+	case int64:
+		s = strconv.FormatInt(x, 10)
+	case float64:
+		switch {
+		case math.IsNaN(x):
+			s = "NaN"
+		case math.IsInf(x, 1):
+			s = "Infinity"
+		case math.IsInf(x, -1):
+			s = "-Infinity"
+		default:
+			s = strconv.FormatFloat(x, 'g', -1, 64)
+		}
+	case bool:
+		s = strconv.FormatBool(x)
+	default:
+		// Convert only returns nil, int64, float64, bool or string.
+		conv, err := c.Convert(v)
+		if err != nil {
+			return nil, err
+		}
+		return c.EncodeText(conv)
+	}
+	return &s, nil
+}
+
+// DecodeText parses a value read back from Postgres in text form.
+func (c Column) DecodeText(s *string) (any, error) {
+	if s == nil {
+		return nil, nil
+	}
+	switch c.Kind() {
+	case KindInt:
+		n, err := strconv.ParseInt(*s, 10, 64)
+		if err != nil {
+			return nil, fmt.Errorf("column %s: read %q: %w", c.Name, *s, err)
+		}
+		return n, nil
+	case KindFloat:
+		f, err := strconv.ParseFloat(*s, 64)
+		if err != nil {
+			return nil, fmt.Errorf("column %s: read %q: %w", c.Name, *s, err)
+		}
+		return f, nil
+	case KindBool:
+		return *s == "t" || *s == "true", nil
+	}
+	return *s, nil
+}

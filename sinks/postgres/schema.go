@@ -1,0 +1,179 @@
+package postgres
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strings"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/projector-dev/projector/projection"
+)
+
+// migrationLock serialises schema changes of replicas starting together.
+const migrationLock = 0x70726f6a // "proj"
+
+// engineDDL creates the engine's own tables. Every statement is idempotent.
+var engineDDL = []string{
+	`CREATE TABLE IF NOT EXISTS projector_offsets (
+		identity    text        NOT NULL,
+		topic       text        NOT NULL,
+		partition   integer     NOT NULL,
+		next_offset bigint,
+		owner_epoch bigint      NOT NULL DEFAULT 0,
+		updated_at  timestamptz NOT NULL DEFAULT now(),
+		PRIMARY KEY (identity, topic, partition)
+	)`,
+	`CREATE TABLE IF NOT EXISTS projector_tombstones (
+		table_name text        NOT NULL,
+		key        text        NOT NULL,
+		version    bigint      NOT NULL,
+		deleted_at timestamptz NOT NULL DEFAULT now(),
+		PRIMARY KEY (table_name, key)
+	)`,
+	`CREATE TABLE IF NOT EXISTS projector_parked (
+		identity   text        NOT NULL,
+		projection text        NOT NULL,
+		topic      text        NOT NULL,
+		partition  integer     NOT NULL,
+		key        text        NOT NULL,
+		version    bigint      NOT NULL,
+		"offset"   bigint      NOT NULL,
+		record_key bytea,
+		value      bytea,
+		headers    jsonb       NOT NULL DEFAULT '[]',
+		record_time timestamptz,
+		parked_at  timestamptz NOT NULL DEFAULT now(),
+		PRIMARY KEY (identity, topic, partition, key, version)
+	)`,
+	`CREATE TABLE IF NOT EXISTS projector_dead_letters (
+		id          bigserial   PRIMARY KEY,
+		identity    text        NOT NULL,
+		projection  text        NOT NULL,
+		topic       text        NOT NULL,
+		partition   integer     NOT NULL,
+		"offset"    bigint      NOT NULL,
+		record_key  bytea,
+		value       bytea,
+		headers     jsonb       NOT NULL DEFAULT '[]',
+		record_time timestamptz,
+		error       text        NOT NULL,
+		attempts    integer     NOT NULL DEFAULT 1,
+		first_seen  timestamptz NOT NULL DEFAULT now(),
+		last_seen   timestamptz NOT NULL DEFAULT now(),
+		UNIQUE (identity, topic, partition, "offset")
+	)`,
+}
+
+// ErrTableMismatch reports a projection whose table exists with other
+// columns or types than the projection declares.
+var ErrTableMismatch = errors.New("existing table does not match the projection")
+
+// Migrate creates the engine's tables and every projection's table when
+// missing, and refuses a projection that contradicts an existing table.
+func Migrate(ctx context.Context, pool *pgxpool.Pool, projections ...*projection.Projection) error {
+	return pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
+		if _, err := tx.Exec(ctx, `SELECT pg_advisory_xact_lock($1)`, migrationLock); err != nil {
+			return fmt.Errorf("migrate: lock: %w", err)
+		}
+		for _, stmt := range engineDDL {
+			if _, err := tx.Exec(ctx, stmt); err != nil {
+				return fmt.Errorf("migrate: %w", err)
+			}
+		}
+		for _, p := range projections {
+			if err := ensureTable(ctx, tx, p); err != nil {
+				return err
+			}
+		}
+		return nil
+	})
+}
+
+func ensureTable(ctx context.Context, tx pgx.Tx, p *projection.Projection) error {
+	var exists bool
+	if err := tx.QueryRow(ctx, `SELECT to_regclass($1) IS NOT NULL`, p.Table).Scan(&exists); err != nil {
+		return fmt.Errorf("projection %q: look up table %s: %w", p.Name, p.Table, err)
+	}
+	if !exists {
+		if _, err := tx.Exec(ctx, createTableSQL(p)); err != nil {
+			return fmt.Errorf("projection %q: create table %s: %w", p.Name, p.Table, err)
+		}
+		return nil
+	}
+	return checkTable(ctx, tx, p)
+}
+
+func createTableSQL(p *projection.Projection) string {
+	var b strings.Builder
+	fmt.Fprintf(&b, "CREATE TABLE %s (\n", quoteTable(p.Table))
+	for i, c := range p.Columns {
+		fmt.Fprintf(&b, "\t%s %s", quoteIdent(c.Name), c.Type)
+		if i == 0 {
+			b.WriteString(" PRIMARY KEY")
+		}
+		b.WriteString(",\n")
+	}
+	b.WriteString("\tversion bigint NOT NULL\n)")
+	return b.String()
+}
+
+// checkTable compares an existing table with the projection: every
+// declared column must exist with the same type (type modifiers aside), the
+// key column must be the primary key, and a bigint version column must
+// exist. Extra columns are allowed.
+func checkTable(ctx context.Context, tx pgx.Tx, p *projection.Projection) error {
+	rows, err := tx.Query(ctx, `
+		SELECT a.attname, format_type(a.atttypid, NULL),
+		       coalesce((SELECT i.indisprimary AND a.attnum = ANY(i.indkey)
+		                 FROM pg_index i WHERE i.indrelid = a.attrelid AND i.indisprimary), false)
+		FROM pg_attribute a
+		WHERE a.attrelid = $1::regclass AND a.attnum > 0 AND NOT a.attisdropped`, p.Table)
+	if err != nil {
+		return fmt.Errorf("projection %q: inspect table %s: %w", p.Name, p.Table, err)
+	}
+	type col struct {
+		typ string
+		pk  bool
+	}
+	have := map[string]col{}
+	for rows.Next() {
+		var name, typ string
+		var pk bool
+		if err := rows.Scan(&name, &typ, &pk); err != nil {
+			return fmt.Errorf("projection %q: inspect table %s: %w", p.Name, p.Table, err)
+		}
+		have[name] = col{typ, pk}
+	}
+	if err := rows.Err(); err != nil {
+		return fmt.Errorf("projection %q: inspect table %s: %w", p.Name, p.Table, err)
+	}
+	var problems []string
+	for i, c := range p.Columns {
+		var want string
+		if err := tx.QueryRow(ctx, `SELECT format_type(to_regtype($1), NULL)`, c.Type).Scan(&want); err != nil || want == "" {
+			problems = append(problems, fmt.Sprintf("column %s: %q is not a known Postgres type", c.Name, c.Type))
+			continue
+		}
+		h, ok := have[c.Name]
+		switch {
+		case !ok:
+			problems = append(problems, fmt.Sprintf("column %s (%s) is missing", c.Name, want))
+		case h.typ != want:
+			problems = append(problems, fmt.Sprintf("column %s is %s in the table but %s in the projection", c.Name, h.typ, want))
+		case i == 0 && !h.pk:
+			problems = append(problems, fmt.Sprintf("column %s is not the table's primary key", c.Name))
+		}
+	}
+	if v, ok := have["version"]; !ok || v.typ != "bigint" {
+		problems = append(problems, "column version bigint is missing")
+	}
+	if len(problems) > 0 {
+		return fmt.Errorf("projection %q: table %s: %w: %s", p.Name, p.Table, ErrTableMismatch, strings.Join(problems, "; "))
+	}
+	return nil
+}
+
+func quoteIdent(s string) string { return pgx.Identifier{s}.Sanitize() }

@@ -1,0 +1,326 @@
+package postgres
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"strings"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/projector-dev/projector/partition"
+	"github.com/projector-dev/projector/projection"
+)
+
+// Sink writes one projection's rows and the partition offsets of one
+// consumer identity.
+type Sink struct {
+	pool     *pgxpool.Pool
+	identity string
+	p        *projection.Projection
+
+	loadSQL   string
+	upsertSQL string
+	deleteSQL string
+}
+
+var _ partition.Sink = (*Sink)(nil)
+
+// NewSink prepares the statements of projection p for identity. Call
+// Migrate first.
+func NewSink(pool *pgxpool.Pool, identity string, p *projection.Projection) *Sink {
+	s := &Sink{pool: pool, identity: identity, p: p}
+	s.loadSQL, s.upsertSQL, s.deleteSQL = rowSQL(p)
+	return s
+}
+
+// rowSQL builds the set-based statements of a projection's table. Values
+// travel as text arrays and are cast to the column types in SQL, so one
+// code path serves every Postgres type.
+func rowSQL(p *projection.Projection) (load, upsert, del string) {
+	table := quoteTable(p.Table)
+	key := p.Columns[0]
+	keyCol := quoteIdent(key.Name)
+
+	var sel, names, casts, types, sets []string
+	for i, c := range p.Columns {
+		q := quoteIdent(c.Name)
+		sel = append(sel, "t."+q+"::text")
+		names = append(names, q)
+		casts = append(casts, fmt.Sprintf("u.c%d::%s", i, c.Type))
+		types = append(types, fmt.Sprintf("$%d::text[]", i+1))
+		if i > 0 {
+			sets = append(sets, fmt.Sprintf("%s = excluded.%s", q, q))
+		}
+	}
+	cols := make([]string, len(p.Columns))
+	for i := range cols {
+		cols[i] = fmt.Sprintf("c%d", i)
+	}
+	n := len(p.Columns)
+	sets = append(sets, "version = excluded.version")
+
+	load = fmt.Sprintf(`SELECT k.key, t.version, d.version, %s
+		FROM unnest($1::text[]) AS k(key)
+		LEFT JOIN %s t ON t.%s = k.key::%s
+		LEFT JOIN projector_tombstones d ON d.table_name = $2 AND d.key = k.key
+		WHERE t.%s IS NOT NULL OR d.key IS NOT NULL`,
+		strings.Join(sel, ", "), table, keyCol, key.Type, keyCol)
+	upsert = fmt.Sprintf(`INSERT INTO %s (%s, version)
+		SELECT %s, u.version FROM unnest(%s, $%d::bigint[]) AS u(%s, version)
+		ON CONFLICT (%s) DO UPDATE SET %s WHERE %s.version < excluded.version`,
+		table, strings.Join(names, ", "),
+		strings.Join(casts, ", "), strings.Join(types, ", "), n+1, strings.Join(cols, ", "),
+		keyCol, strings.Join(sets, ", "), table)
+	del = fmt.Sprintf(`DELETE FROM %s WHERE %s = ANY($1::text[]::%s[])`, table, keyCol, key.Type)
+	return load, upsert, del
+}
+
+const (
+	parkedLoadSQL = `SELECT key, version, "offset", record_key, value, headers, record_time
+		FROM projector_parked
+		WHERE identity = $1 AND topic = $2 AND partition = $3 AND key = ANY($4::text[])`
+	parkedKeysSQL = `SELECT DISTINCT key FROM projector_parked
+		WHERE identity = $1 AND topic = $2 AND partition = $3`
+	parkSQL = `INSERT INTO projector_parked
+		(identity, projection, topic, partition, key, version, "offset", record_key, value, headers, record_time)
+		SELECT $1, $2, $3, $4, u.key, u.version, u.off, u.rkey, u.value, u.headers, u.ts
+		FROM unnest($5::text[], $6::bigint[], $7::bigint[], $8::bytea[], $9::bytea[], $10::jsonb[], $11::timestamptz[])
+		  AS u(key, version, off, rkey, value, headers, ts)
+		ON CONFLICT DO NOTHING`
+	unparkSQL = `DELETE FROM projector_parked p
+		USING unnest($4::text[], $5::bigint[]) AS u(key, version)
+		WHERE p.identity = $1 AND p.topic = $2 AND p.partition = $3 AND p.key = u.key AND p.version = u.version`
+	tombstoneSQL = `INSERT INTO projector_tombstones (table_name, key, version)
+		SELECT $1, u.key, u.version FROM unnest($2::text[], $3::bigint[]) AS u(key, version)
+		ON CONFLICT (table_name, key) DO UPDATE SET version = excluded.version, deleted_at = now()
+		WHERE projector_tombstones.version < excluded.version`
+	deadLetterSQL = `INSERT INTO projector_dead_letters
+		(identity, projection, topic, partition, "offset", record_key, value, headers, record_time, error)
+		SELECT $1, $2, $3, $4, u.off, u.rkey, u.value, u.headers, u.ts, u.err
+		FROM unnest($5::bigint[], $6::bytea[], $7::bytea[], $8::jsonb[], $9::timestamptz[], $10::text[])
+		  AS u(off, rkey, value, headers, ts, err)
+		ON CONFLICT (identity, topic, partition, "offset")
+		DO UPDATE SET last_seen = now(), attempts = projector_dead_letters.attempts + 1, error = excluded.error`
+	advanceSQL = `UPDATE projector_offsets SET next_offset = $1, updated_at = now()
+		WHERE identity = $2 AND topic = $3 AND partition = $4 AND owner_epoch = $5 AND next_offset = $6`
+)
+
+// CommitBatch implements partition.Sink.
+func (s *Sink) CommitBatch(ctx context.Context, claim partition.Claim, end int64, keys, parkedKeys []string, plan func(partition.State) (partition.Changes, error)) error {
+	tx, err := s.pool.Begin(ctx)
+	if err != nil {
+		return fmt.Errorf("begin: %w", err)
+	}
+	defer tx.Rollback(context.WithoutCancel(ctx)) //nolint:errcheck // a no-op after commit
+
+	state, err := s.load(ctx, tx, claim.TP, keys, parkedKeys)
+	if err != nil {
+		return err
+	}
+	ch, err := plan(state)
+	if err != nil {
+		return err
+	}
+	b := &pgx.Batch{}
+	if err := s.queueChanges(b, claim.TP, ch); err != nil {
+		return err
+	}
+	advance := b.Queue(advanceSQL, end, s.identity, claim.Topic, claim.Partition, claim.Epoch, claim.NextOffset)
+	var fenced bool
+	advance.Exec(func(tag pgconn.CommandTag) error {
+		fenced = tag.RowsAffected() == 0
+		return nil
+	})
+	if err := tx.SendBatch(ctx, b).Close(); err != nil {
+		return fmt.Errorf("write batch: %w", err)
+	}
+	if fenced {
+		return partition.ErrFenced
+	}
+	if err := tx.Commit(ctx); err != nil {
+		return fmt.Errorf("commit: %w", err)
+	}
+	return nil
+}
+
+func (s *Sink) load(ctx context.Context, tx pgx.Tx, tp partition.TP, keys, parkedKeys []string) (partition.State, error) {
+	st := partition.State{
+		Rows:     make(map[string]projection.Row, len(keys)),
+		Versions: make(map[string]int64, len(keys)),
+	}
+	b := &pgx.Batch{}
+	cols := s.p.Columns
+	b.Queue(s.loadSQL, keys, s.p.Table).Query(func(rows pgx.Rows) error {
+		var (
+			key        string
+			rowV, delV *int64
+			texts      = make([]*string, len(cols))
+			dest       = make([]any, 0, 3+len(cols))
+		)
+		dest = append(dest, &key, &rowV, &delV)
+		for i := range texts {
+			dest = append(dest, &texts[i])
+		}
+		for rows.Next() {
+			if err := rows.Scan(dest...); err != nil {
+				return err
+			}
+			var v int64
+			if delV != nil {
+				v = *delV
+			}
+			if rowV != nil {
+				row := make(projection.Row, len(cols))
+				for i, c := range cols {
+					val, err := c.DecodeText(texts[i])
+					if err != nil {
+						return fmt.Errorf("row %q: %w", key, err)
+					}
+					row[c.Name] = val
+				}
+				st.Rows[key] = row
+				v = max(v, *rowV)
+			}
+			st.Versions[key] = v
+		}
+		return rows.Err()
+	})
+	if len(parkedKeys) > 0 {
+		b.Queue(parkedLoadSQL, s.identity, tp.Topic, tp.Partition, parkedKeys).Query(func(rows pgx.Rows) error {
+			for rows.Next() {
+				var (
+					ev      partition.StoredEvent
+					headers []byte
+					ts      *time.Time
+				)
+				if err := rows.Scan(&ev.Key, &ev.Version, &ev.Offset, &ev.RecordKey, &ev.Value, &headers, &ts); err != nil {
+					return err
+				}
+				if err := json.Unmarshal(headers, &ev.Headers); err != nil {
+					return fmt.Errorf("parked %q v%d: headers: %w", ev.Key, ev.Version, err)
+				}
+				if ts != nil {
+					ev.Timestamp = *ts
+				}
+				st.Parked = append(st.Parked, ev)
+			}
+			return rows.Err()
+		})
+	}
+	if err := tx.SendBatch(ctx, b).Close(); err != nil {
+		return st, fmt.Errorf("load state of %d aggregates: %w", len(keys), err)
+	}
+	return st, nil
+}
+
+func (s *Sink) queueChanges(b *pgx.Batch, tp partition.TP, ch partition.Changes) error {
+	if len(ch.Deletes) > 0 {
+		keys := make([]string, len(ch.Deletes))
+		versions := make([]int64, len(ch.Deletes))
+		for i, d := range ch.Deletes {
+			keys[i], versions[i] = d.Key, d.Version
+		}
+		b.Queue(s.deleteSQL, keys)
+		b.Queue(tombstoneSQL, s.p.Table, keys, versions)
+	}
+	if len(ch.Upserts) > 0 {
+		cols := s.p.Columns
+		arrays := make([][]*string, len(cols))
+		for i := range arrays {
+			arrays[i] = make([]*string, len(ch.Upserts))
+		}
+		versions := make([]int64, len(ch.Upserts))
+		for r, w := range ch.Upserts {
+			versions[r] = w.Version
+			for i, c := range cols {
+				v, err := c.EncodeText(w.Row[c.Name])
+				if err != nil {
+					return fmt.Errorf("aggregate %q v%d: %w", w.Key, w.Version, err)
+				}
+				arrays[i][r] = v
+			}
+		}
+		args := make([]any, 0, len(cols)+1)
+		for _, a := range arrays {
+			args = append(args, a)
+		}
+		args = append(args, versions)
+		b.Queue(s.upsertSQL, args...)
+	}
+	if len(ch.Unpark) > 0 {
+		keys := make([]string, len(ch.Unpark))
+		versions := make([]int64, len(ch.Unpark))
+		for i, u := range ch.Unpark {
+			keys[i], versions[i] = u.Key, u.Version
+		}
+		b.Queue(unparkSQL, s.identity, tp.Topic, tp.Partition, keys, versions)
+	}
+	if n := len(ch.Park); n > 0 {
+		var (
+			keys     = make([]string, n)
+			versions = make([]int64, n)
+			offsets  = make([]int64, n)
+			rkeys    = make([][]byte, n)
+			values   = make([][]byte, n)
+			headers  = make([]string, n)
+			times    = make([]*time.Time, n)
+		)
+		for i, e := range ch.Park {
+			keys[i], versions[i], offsets[i], rkeys[i], values[i] = e.Key, e.Version, e.Offset, e.RecordKey, e.Value
+			headers[i] = headersJSON(e.Headers)
+			times[i] = timeOrNil(e.Timestamp)
+		}
+		b.Queue(parkSQL, s.identity, s.p.Name, tp.Topic, tp.Partition, keys, versions, offsets, rkeys, values, headers, times)
+	}
+	if n := len(ch.DeadLetters); n > 0 {
+		var (
+			offsets = make([]int64, n)
+			rkeys   = make([][]byte, n)
+			values  = make([][]byte, n)
+			headers = make([]string, n)
+			times   = make([]*time.Time, n)
+			errs    = make([]string, n)
+		)
+		for i, d := range ch.DeadLetters {
+			offsets[i], rkeys[i], values[i], errs[i] = d.Offset, d.RecordKey, d.Value, d.Err
+			headers[i] = headersJSON(d.Headers)
+			times[i] = timeOrNil(d.Timestamp)
+		}
+		b.Queue(deadLetterSQL, s.identity, s.p.Name, tp.Topic, tp.Partition, offsets, rkeys, values, headers, times, errs)
+	}
+	return nil
+}
+
+// ParkedKeys implements partition.Sink.
+func (s *Sink) ParkedKeys(ctx context.Context, tp partition.TP) ([]string, error) {
+	rows, err := s.pool.Query(ctx, parkedKeysSQL, s.identity, tp.Topic, tp.Partition)
+	if err != nil {
+		return nil, fmt.Errorf("list parked aggregates of %s/%d: %w", tp.Topic, tp.Partition, err)
+	}
+	keys, err := pgx.CollectRows(rows, pgx.RowTo[string])
+	if err != nil {
+		return nil, fmt.Errorf("list parked aggregates of %s/%d: %w", tp.Topic, tp.Partition, err)
+	}
+	return keys, nil
+}
+
+func headersJSON(hs []partition.Header) string {
+	if len(hs) == 0 {
+		return "[]"
+	}
+	b, _ := json.Marshal(hs) // cannot fail: strings and byte slices
+	return string(b)
+}
+
+func timeOrNil(t time.Time) *time.Time {
+	if t.IsZero() {
+		return nil
+	}
+	return &t
+}
+
+func quoteTable(name string) string { return pgx.Identifier(strings.Split(name, ".")).Sanitize() }
