@@ -1,0 +1,357 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"log/slog"
+	"net/url"
+	"sync"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/peterbourgon/ff/v3/ffcli"
+	"github.com/prometheus/client_golang/prometheus"
+	dto "github.com/prometheus/client_model/go"
+	"github.com/twmb/franz-go/pkg/kadm"
+	"github.com/twmb/franz-go/pkg/kfake"
+	"github.com/twmb/franz-go/pkg/kgo"
+	"github.com/twmb/franz-go/pkg/sr"
+	"github.com/twmb/franz-go/pkg/sr/srfake"
+
+	"github.com/projector-dev/projector/internal/demo"
+	"github.com/projector-dev/projector/partition"
+	"github.com/projector-dev/projector/projection"
+	"github.com/projector-dev/projector/projector"
+	"github.com/projector-dev/projector/schemas"
+	"github.com/projector-dev/projector/sinks/postgres"
+)
+
+type demoFlags struct {
+	databaseURL string
+	schema      string
+	aggregates  int
+	partitions  int
+	httpAddr    string
+	logLevel    string
+	timeout     time.Duration
+}
+
+func demoCommand(stdout, stderr io.Writer) *ffcli.Command {
+	f := &demoFlags{}
+	return newCommand("demo", "projector demo [flags]",
+		"Run the engine on an embedded broker and registry against real Postgres, and verify the result.", stderr,
+		func(fs *flag.FlagSet) {
+			fs.StringVar(&f.databaseURL, "database-url", DefaultDatabaseURL, "PostgreSQL connection URL (PROJECTOR_DATABASE_URL)")
+			fs.StringVar(&f.schema, "schema", "projector_demo", "Postgres schema the demo recreates and writes into")
+			fs.IntVar(&f.aggregates, "aggregates", demo.DefaultOptions().Aggregates, "accounts in the generated stream (about 11 events each)")
+			fs.IntVar(&f.partitions, "partitions", 6, "partitions of the demo topic")
+			fs.StringVar(&f.httpAddr, "http-addr", "", "serve the first member's /metrics and /readyz here while the demo runs")
+			fs.StringVar(&f.logLevel, "log-level", "warn", "engine log level")
+			fs.DurationVar(&f.timeout, "timeout", 5*time.Minute, "give up when the members have not caught up by then")
+		},
+		func(ctx context.Context, _ []string) error { return runDemo(ctx, f, stdout, stderr) })
+}
+
+// member is one projector instance of the demo's group.
+type member struct {
+	name    string
+	engine  *projector.Engine
+	metrics *prometheus.Registry
+	done    chan error
+	cancel  context.CancelFunc
+}
+
+func runDemo(ctx context.Context, f *demoFlags, stdout, stderr io.Writer) error {
+	if f.aggregates < 1 || f.partitions < 1 {
+		return errors.New("--aggregates and --partitions must be at least 1")
+	}
+	var level slog.Level
+	if err := level.UnmarshalText([]byte(f.logLevel)); err != nil {
+		return fmt.Errorf("--log-level %q: want debug, info, warn or error", f.logLevel)
+	}
+	log := slog.New(slog.NewTextHandler(stderr, &slog.HandlerOptions{Level: level}))
+	say := func(format string, args ...any) { fmt.Fprintf(stdout, format+"\n", args...) }
+
+	pool, err := demoDatabase(ctx, f)
+	if err != nil {
+		return err
+	}
+	defer pool.Close()
+	say("postgres   %s (schema %s, recreated)", redact(f.databaseURL), f.schema)
+
+	cluster, err := kfake.NewCluster(kfake.NumBrokers(1), kfake.SeedTopics(int32(f.partitions), demo.Topic))
+	if err != nil {
+		return fmt.Errorf("start embedded broker: %w", err)
+	}
+	defer cluster.Close()
+	registry := srfake.New()
+	defer registry.Close()
+	regClient, err := sr.NewClient(sr.URLs(registry.URL()))
+	if err != nil {
+		return err
+	}
+	say("kafka      embedded broker at %s, topic %s with %d partitions", cluster.ListenAddrs()[0], demo.Topic, f.partitions)
+	say("registry   embedded at %s", registry.URL())
+
+	enc, err := demo.RegisterSchemas(ctx, regClient)
+	if err != nil {
+		return err
+	}
+	projs, err := projection.Parse(demo.Projections, ".")
+	if err != nil {
+		return err
+	}
+	if err := postgres.Migrate(ctx, pool, projs...); err != nil {
+		return err
+	}
+	opts := demo.DefaultOptions()
+	opts.Aggregates = f.aggregates
+	records := demo.Generate(opts)
+	exp := demo.Fold(records)
+	say("stream     %d records over %d accounts: %d duplicates, %d stuck behind a missing version, %d poison pills, v1 and v2 writer schemas",
+		len(records), f.aggregates, exp.Stale, exp.Parked, exp.Poison)
+
+	producer, err := kgo.NewClient(kgo.SeedBrokers(cluster.ListenAddrs()...), kgo.ProducerLinger(5*time.Millisecond))
+	if err != nil {
+		return err
+	}
+	defer producer.Close()
+
+	const identity = "demo"
+	newMember := func(name string) (*member, error) {
+		m := &member{name: name, metrics: prometheus.NewRegistry(), done: make(chan error, 1)}
+		reader := enc.ReaderSchema()
+		var err error
+		m.engine, err = projector.New(projector.Config{
+			Brokers:     cluster.ListenAddrs(),
+			Identity:    identity,
+			Projections: projs,
+			Partition:   partition.Config{BatchMaxRecords: 2000, IsTerminal: schemas.IsTerminal},
+			Logger:      log.With("member", name),
+			Registerer:  m.metrics,
+		}, pool, func(*projection.Projection) partition.Decoder { return schemas.NewDecoder(regClient, reader) })
+		if err != nil {
+			return nil, err
+		}
+		mctx, cancel := context.WithCancel(ctx)
+		m.cancel = cancel
+		if name == "member-1" && f.httpAddr != "" {
+			go func() { m.done <- serve(mctx, log, f.httpAddr, m.engine, m.metrics) }()
+		} else {
+			go func() { m.done <- m.engine.Run(mctx) }()
+		}
+		return m, nil
+	}
+	var members []*member
+	stopAll := func() error {
+		var errs []error
+		for _, m := range members {
+			m.cancel()
+			errs = append(errs, <-m.done)
+		}
+		members = nil
+		return errors.Join(errs...)
+	}
+	defer stopAll() //nolint:errcheck // the error path already reports
+
+	start := time.Now()
+	m1, err := newMember("member-1")
+	if err != nil {
+		return err
+	}
+	members = append(members, m1)
+	say("member-1   joined group %q", identity)
+
+	// Produce while member-1 consumes; member-2 joins a third of the way
+	// in, which rebalances the group mid-stream.
+	var (
+		produced   int
+		producedMu sync.Mutex
+		joinOnce   sync.Once
+		joinErr    = make(chan error, 1)
+	)
+	prodErr := make(chan error, 1)
+	go func() {
+		prodErr <- demo.Produce(ctx, producer, enc, records, func(done int) {
+			producedMu.Lock()
+			produced = done
+			producedMu.Unlock()
+			if done >= len(records)/3 {
+				joinOnce.Do(func() {
+					m2, err := newMember("member-2")
+					if err == nil {
+						members = append(members, m2)
+					}
+					joinErr <- err
+				})
+			}
+		})
+	}()
+	if err := <-prodErr; err != nil {
+		return err
+	}
+	if err := <-joinErr; err != nil {
+		return err
+	}
+	say("member-2   joined group %q a third of the way in", identity)
+	end, err := demo.EndOffsets(ctx, kadm.NewClient(producer), demo.Topic)
+	if err != nil {
+		return err
+	}
+
+	wctx, cancel := context.WithTimeout(ctx, f.timeout)
+	defer cancel()
+	last := time.Now()
+	err = demo.WaitCommitted(wctx, pool, identity, demo.Topic, end, func(committed int64) {
+		if time.Since(last) < time.Second {
+			return
+		}
+		last = time.Now()
+		producedMu.Lock()
+		p := produced
+		producedMu.Unlock()
+		el := time.Since(start).Seconds()
+		say("progress   %6.1fs  produced %d  committed %d/%d  %.0f records/s", el, p, committed, len(records), float64(committed)/el)
+	})
+	if err != nil {
+		return err
+	}
+	elapsed := time.Since(start)
+	gathered := []prometheus.Gatherer{}
+	for _, m := range members {
+		gathered = append(gathered, m.metrics)
+	}
+	if err := stopAll(); err != nil {
+		return fmt.Errorf("stop members: %w", err)
+	}
+
+	sum := func(name string, labels map[string]string) float64 { return sumMetric(gathered, name, labels) }
+	applied := sum("projector_records_processed_total", map[string]string{"outcome": "applied"})
+	stale := sum("projector_records_processed_total", map[string]string{"outcome": "stale"})
+	parked := sum("projector_records_processed_total", map[string]string{"outcome": "parked"})
+	dead := sum("projector_records_processed_total", map[string]string{"outcome": "dead_lettered"})
+	rebalances := sum("projector_rebalances_total", nil)
+	say("")
+	say("summary    %d records in %.1fs: %.0f records/s end to end (produce, fetch, decode, gate, commit)", len(records), elapsed.Seconds(), float64(len(records))/elapsed.Seconds())
+	say("           applied on arrival %.0f, stale %.0f, parked %.0f (of which %d still wait for a missing version), dead-lettered %.0f",
+		applied, stale, parked, exp.Parked, dead)
+	say("           rebalances seen by the members: %.0f", rebalances)
+
+	verr := demo.Verify(ctx, pool, demo.Table, exp)
+	var checks []error
+	if verr != nil {
+		checks = append(checks, verr)
+	}
+	var nParked, nDead int
+	if err := pool.QueryRow(ctx, `SELECT (SELECT count(*) FROM projector_parked), (SELECT count(*) FROM projector_dead_letters)`).Scan(&nParked, &nDead); err != nil {
+		return err
+	}
+	if nParked != exp.Parked {
+		checks = append(checks, fmt.Errorf("parked events: %d stored, the reference fold says %d", nParked, exp.Parked))
+	}
+	if nDead != exp.Poison {
+		checks = append(checks, fmt.Errorf("dead letters: %d stored, %d poison pills were produced", nDead, exp.Poison))
+	}
+	if int(stale) != exp.Stale {
+		checks = append(checks, fmt.Errorf("stale records: %.0f counted, the reference fold says %d", stale, exp.Stale))
+	}
+	if int(applied+parked) != exp.Applied+exp.Parked {
+		checks = append(checks, fmt.Errorf("applied+parked records: %.0f counted, the reference fold says %d", applied+parked, exp.Applied+exp.Parked))
+	}
+	if err := errors.Join(checks...); err != nil {
+		say("verify     FAILED")
+		return err
+	}
+	say("verify     OK: table %s.%s equals the reference fold (%d accounts, %d closed), %d parked, %d dead letters",
+		f.schema, demo.Table, len(exp.Accounts), exp.Deleted, nParked, nDead)
+	say("           inspect: psql %q -c 'SET search_path=%s' -c 'TABLE accounts LIMIT 5'", redact(f.databaseURL), f.schema)
+	return nil
+}
+
+// demoDatabase recreates the demo's schema and returns a pool that writes
+// into it.
+func demoDatabase(ctx context.Context, f *demoFlags) (*pgxpool.Pool, error) {
+	if !identLike(f.schema) {
+		return nil, fmt.Errorf("--schema %q: want a plain lower-case identifier", f.schema)
+	}
+	admin, err := connect(ctx, f.databaseURL)
+	if err != nil {
+		return nil, err
+	}
+	defer admin.Close()
+	if _, err := admin.Exec(ctx, fmt.Sprintf("DROP SCHEMA IF EXISTS %s CASCADE; CREATE SCHEMA %s", f.schema, f.schema)); err != nil {
+		return nil, fmt.Errorf("recreate schema %s: %w", f.schema, err)
+	}
+	u, err := url.Parse(f.databaseURL)
+	if err != nil {
+		return nil, fmt.Errorf("--database-url: %w", err)
+	}
+	q := u.Query()
+	q.Set("search_path", f.schema)
+	u.RawQuery = q.Encode()
+	return connect(ctx, u.String())
+}
+
+func identLike(s string) bool {
+	if s == "" || len(s) > 63 {
+		return false
+	}
+	for i, r := range s {
+		if !(r == '_' || r >= 'a' && r <= 'z' || i > 0 && r >= '0' && r <= '9') {
+			return false
+		}
+	}
+	return true
+}
+
+func redact(dsn string) string {
+	u, err := url.Parse(dsn)
+	if err != nil || u.User == nil {
+		return dsn
+	}
+	if _, has := u.User.Password(); has {
+		u.User = url.UserPassword(u.User.Username(), "xxxxx")
+	}
+	return u.String()
+}
+
+// sumMetric adds up every sample of a counter or gauge family whose labels
+// include the given ones.
+func sumMetric(gs []prometheus.Gatherer, name string, labels map[string]string) float64 {
+	var total float64
+	for _, g := range gs {
+		mfs, err := g.Gather()
+		if err != nil {
+			continue
+		}
+		for _, mf := range mfs {
+			if mf.GetName() != name {
+				continue
+			}
+			for _, m := range mf.GetMetric() {
+				if matches(m, labels) {
+					total += m.GetCounter().GetValue() + m.GetGauge().GetValue()
+				}
+			}
+		}
+	}
+	return total
+}
+
+func matches(m *dto.Metric, labels map[string]string) bool {
+	for k, v := range labels {
+		found := false
+		for _, lp := range m.GetLabel() {
+			if lp.GetName() == k && lp.GetValue() == v {
+				found = true
+			}
+		}
+		if !found {
+			return false
+		}
+	}
+	return true
+}

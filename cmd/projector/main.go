@@ -1,0 +1,158 @@
+// Command projector turns Kafka event streams into versioned read models in
+// PostgreSQL. Subcommands: run, demo, migrate, status, dlq.
+//
+// Every flag can also be set through an environment variable: PROJECTOR_
+// followed by the flag name in upper case with dashes as underscores
+// (--database-url → PROJECTOR_DATABASE_URL). A flag on the command line wins.
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"log/slog"
+	"os"
+	"os/signal"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/peterbourgon/ff/v3"
+	"github.com/peterbourgon/ff/v3/ffcli"
+)
+
+// DefaultDatabaseURL is used when neither --database-url nor
+// PROJECTOR_DATABASE_URL is set.
+const DefaultDatabaseURL = "postgres://postgres@127.0.0.1:5432/test?sslmode=disable"
+
+func main() {
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	if err := Main(ctx, os.Args[1:], os.Stdout, os.Stderr); err != nil {
+		if !errors.Is(err, flag.ErrHelp) {
+			fmt.Fprintln(os.Stderr, "projector:", err)
+		}
+		os.Exit(1)
+	}
+}
+
+// Main runs the command line args, writing results to stdout and logs and
+// progress to stderr.
+func Main(ctx context.Context, args []string, stdout, stderr io.Writer) error {
+	root := &ffcli.Command{
+		Name:       "projector",
+		ShortUsage: "projector <subcommand> [flags]",
+		ShortHelp:  "Kafka event streams into versioned read models in PostgreSQL.",
+		Subcommands: []*ffcli.Command{
+			runCommand(stdout, stderr),
+			demoCommand(stdout, stderr),
+			migrateCommand(stdout, stderr),
+			statusCommand(stdout, stderr),
+			dlqCommand(stdout, stderr),
+		},
+		Exec: func(context.Context, []string) error { return flag.ErrHelp },
+	}
+	root.FlagSet = flag.NewFlagSet("projector", flag.ContinueOnError)
+	root.FlagSet.SetOutput(stderr)
+	return root.ParseAndRun(ctx, args)
+}
+
+// common are the flags most subcommands share.
+type common struct {
+	brokers     string
+	registryURL string
+	databaseURL string
+	identity    string
+	config      string
+	logLevel    string
+	logFormat   string
+}
+
+func (c *common) register(fs *flag.FlagSet, which ...string) {
+	for _, w := range which {
+		switch w {
+		case "brokers":
+			fs.StringVar(&c.brokers, "brokers", "", "Kafka seed brokers, comma-separated (PROJECTOR_BROKERS)")
+		case "registry-url":
+			fs.StringVar(&c.registryURL, "registry-url", "", "Schema Registry URL (PROJECTOR_REGISTRY_URL)")
+		case "database-url":
+			fs.StringVar(&c.databaseURL, "database-url", DefaultDatabaseURL, "PostgreSQL connection URL (PROJECTOR_DATABASE_URL)")
+		case "identity":
+			fs.StringVar(&c.identity, "identity", "projector", "consumer identity: the Kafka group id and the namespace of stored offsets (PROJECTOR_IDENTITY)")
+		case "config":
+			fs.StringVar(&c.config, "config", "projections.yaml", "projection file (PROJECTOR_CONFIG)")
+		case "log":
+			fs.StringVar(&c.logLevel, "log-level", "info", "log level: debug, info, warn, error (PROJECTOR_LOG_LEVEL)")
+			fs.StringVar(&c.logFormat, "log-format", "json", "log format: json or text (PROJECTOR_LOG_FORMAT)")
+		}
+	}
+}
+
+func (c *common) brokerList() ([]string, error) {
+	var out []string
+	for _, b := range strings.Split(c.brokers, ",") {
+		if b = strings.TrimSpace(b); b != "" {
+			out = append(out, b)
+		}
+	}
+	if len(out) == 0 {
+		return nil, errors.New("--brokers (PROJECTOR_BROKERS) is required: the Kafka seed brokers, comma-separated")
+	}
+	return out, nil
+}
+
+func (c *common) logger(w io.Writer) (*slog.Logger, error) {
+	var level slog.Level
+	if err := level.UnmarshalText([]byte(c.logLevel)); err != nil {
+		return nil, fmt.Errorf("--log-level %q: want debug, info, warn or error", c.logLevel)
+	}
+	opts := &slog.HandlerOptions{Level: level}
+	switch c.logFormat {
+	case "json":
+		return slog.New(slog.NewJSONHandler(w, opts)), nil
+	case "text":
+		return slog.New(slog.NewTextHandler(w, opts)), nil
+	}
+	return nil, fmt.Errorf("--log-format %q: want json or text", c.logFormat)
+}
+
+// connect opens a pool and checks that Postgres answers, with a message
+// that says what to do when it does not.
+func connect(ctx context.Context, url string) (*pgxpool.Pool, error) {
+	cfg, err := pgxpool.ParseConfig(url)
+	if err != nil {
+		return nil, fmt.Errorf("--database-url: %w", err)
+	}
+	pool, err := pgxpool.NewWithConfig(ctx, cfg)
+	if err != nil {
+		return nil, fmt.Errorf("--database-url: %w", err)
+	}
+	pctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	defer cancel()
+	if err := pool.Ping(pctx); err != nil {
+		pool.Close()
+		return nil, fmt.Errorf("cannot connect to PostgreSQL at %s:%d/%s: %w\n"+
+			"Start PostgreSQL, or point --database-url (PROJECTOR_DATABASE_URL) at one, e.g. %s",
+			cfg.ConnConfig.Host, cfg.ConnConfig.Port, cfg.ConnConfig.Database, err, DefaultDatabaseURL)
+	}
+	return pool, nil
+}
+
+// newCommand builds a subcommand whose flags also read PROJECTOR_*
+// environment variables.
+func newCommand(name, usage, help string, stderr io.Writer, setup func(fs *flag.FlagSet), exec func(ctx context.Context, args []string) error) *ffcli.Command {
+	fs := flag.NewFlagSet("projector "+name, flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	setup(fs)
+	return &ffcli.Command{
+		Name:       name,
+		ShortUsage: usage,
+		ShortHelp:  help,
+		FlagSet:    fs,
+		Options:    []ff.Option{ff.WithEnvVarPrefix("PROJECTOR")},
+		Exec:       exec,
+	}
+}

@@ -1,0 +1,189 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"net/http"
+	"time"
+
+	"github.com/hamba/avro/v2"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/peterbourgon/ff/v3/ffcli"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+	"github.com/twmb/franz-go/pkg/sr"
+	"golang.org/x/sync/errgroup"
+
+	"github.com/projector-dev/projector/partition"
+	"github.com/projector-dev/projector/projection"
+	"github.com/projector-dev/projector/projector"
+	"github.com/projector-dev/projector/schemas"
+	"github.com/projector-dev/projector/sinks/postgres"
+)
+
+type runFlags struct {
+	common
+	httpAddr        string
+	startFrom       string
+	batchMaxRecords int
+	batchMaxWait    time.Duration
+	revokeTimeout   time.Duration
+}
+
+func runCommand(_, stderr io.Writer) *ffcli.Command {
+	f := &runFlags{}
+	return newCommand("run", "projector run [flags]", "Consume the configured topics into their projections as one member of the group.", stderr,
+		f.register,
+		func(ctx context.Context, _ []string) error {
+			if err := f.validate(); err != nil {
+				return err
+			}
+			log, err := f.logger(stderr)
+			if err != nil {
+				return err
+			}
+			pool, err := connect(ctx, f.databaseURL)
+			if err != nil {
+				return err
+			}
+			defer pool.Close()
+			metrics := newRegistry()
+			e, err := startEngine(ctx, f, log, pool, metrics)
+			if err != nil {
+				return err
+			}
+			log.Info("projector running", "identity", f.identity, "config", f.config)
+			return serve(ctx, log, f.httpAddr, e, metrics)
+		})
+}
+
+func (f *runFlags) register(fs *flag.FlagSet) {
+	f.common.register(fs, "brokers", "registry-url", "database-url", "identity", "config", "log")
+	fs.StringVar(&f.httpAddr, "http-addr", ":8080", "address of /metrics, /livez, /readyz (PROJECTOR_HTTP_ADDR); empty disables")
+	fs.StringVar(&f.startFrom, "start-from", projector.StartEarliest, "where a partition without a stored offset starts: earliest or latest (PROJECTOR_START_FROM)")
+	fs.IntVar(&f.batchMaxRecords, "batch-max-records", 1000, "most records in one batch transaction (PROJECTOR_BATCH_MAX_RECORDS)")
+	fs.DurationVar(&f.batchMaxWait, "batch-max-wait", 50*time.Millisecond, "longest a batch waits for more records after its first (PROJECTOR_BATCH_MAX_WAIT)")
+	fs.DurationVar(&f.revokeTimeout, "revoke-timeout", 10*time.Second, "longest a revoked partition may take to finish its open batch (PROJECTOR_REVOKE_TIMEOUT)")
+}
+
+func (f *runFlags) validate() error {
+	if f.batchMaxRecords < 1 {
+		return fmt.Errorf("--batch-max-records %d: must be at least 1", f.batchMaxRecords)
+	}
+	if f.batchMaxWait <= 0 {
+		return fmt.Errorf("--batch-max-wait %s: must be positive", f.batchMaxWait)
+	}
+	if f.startFrom != projector.StartEarliest && f.startFrom != projector.StartLatest {
+		return fmt.Errorf("--start-from %q: want earliest or latest", f.startFrom)
+	}
+	if f.registryURL == "" {
+		return errors.New("--registry-url (PROJECTOR_REGISTRY_URL) is required: the Schema Registry the producers use")
+	}
+	return nil
+}
+
+// readerSchemas returns each projection's reader schema: the one in its
+// file, or else the latest registered for "<topic>-value".
+func readerSchemas(ctx context.Context, reg *sr.Client, projs []*projection.Projection) (map[string]avro.Schema, error) {
+	out := map[string]avro.Schema{}
+	for _, p := range projs {
+		text := p.Schema
+		if text == "" {
+			subject := p.Topic + "-value"
+			ss, err := reg.SchemaByVersion(ctx, subject, -1)
+			if err != nil {
+				return nil, fmt.Errorf("projection %q: no schema: set schema: in the projection file or register subject %q: %w", p.Name, subject, err)
+			}
+			text = ss.Schema.Schema
+		}
+		s, err := avro.ParseWithCache(text, "", &avro.SchemaCache{})
+		if err != nil {
+			return nil, fmt.Errorf("projection %q: reader schema: %w", p.Name, err)
+		}
+		out[p.Name] = s
+	}
+	return out, nil
+}
+
+// serve runs the engine with its HTTP surface until ctx ends.
+func serve(ctx context.Context, log *slog.Logger, httpAddr string, e *projector.Engine, reg *prometheus.Registry) error {
+	g, ctx := errgroup.WithContext(ctx)
+	if httpAddr != "" {
+		ln, err := net.Listen("tcp", httpAddr)
+		if err != nil {
+			return fmt.Errorf("--http-addr %s: %w", httpAddr, err)
+		}
+		srv := &http.Server{Handler: projector.Handler(reg, e.Ready), ReadHeaderTimeout: 5 * time.Second}
+		log.Info("serving metrics and health", "addr", ln.Addr().String())
+		g.Go(func() error {
+			if err := srv.Serve(ln); !errors.Is(err, http.ErrServerClosed) {
+				return fmt.Errorf("http: %w", err)
+			}
+			return nil
+		})
+		g.Go(func() error {
+			<-ctx.Done()
+			sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
+			defer cancel()
+			return srv.Shutdown(sctx)
+		})
+	}
+	g.Go(func() error { return e.Run(ctx) })
+	return g.Wait()
+}
+
+// newRegistry returns a metrics registry with the Go runtime, process and
+// build-info collectors.
+func newRegistry() *prometheus.Registry {
+	reg := prometheus.NewRegistry()
+	reg.MustRegister(
+		collectors.NewGoCollector(),
+		collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}),
+		collectors.NewBuildInfoCollector(),
+	)
+	return reg
+}
+
+// startEngine loads projections, migrates, and builds an engine.
+func startEngine(ctx context.Context, f *runFlags, log *slog.Logger, pool *pgxpool.Pool, metrics prometheus.Registerer) (*projector.Engine, error) {
+	brokers, err := f.brokerList()
+	if err != nil {
+		return nil, err
+	}
+	projs, err := projection.Load(f.config)
+	if err != nil {
+		return nil, fmt.Errorf("--config: %w", err)
+	}
+	if err := postgres.Migrate(ctx, pool, projs...); err != nil {
+		return nil, err
+	}
+	reg, err := sr.NewClient(sr.URLs(f.registryURL))
+	if err != nil {
+		return nil, fmt.Errorf("--registry-url: %w", err)
+	}
+	readers, err := readerSchemas(ctx, reg, projs)
+	if err != nil {
+		return nil, err
+	}
+	return projector.New(projector.Config{
+		Brokers:     brokers,
+		Identity:    f.identity,
+		Projections: projs,
+		StartFrom:   f.startFrom,
+		Partition: partition.Config{
+			BatchMaxRecords: f.batchMaxRecords,
+			BatchMaxWait:    f.batchMaxWait,
+			IsTerminal:      schemas.IsTerminal,
+		},
+		RevokeTimeout: f.revokeTimeout,
+		Logger:        log,
+		Registerer:    metrics,
+	}, pool, func(p *projection.Projection) partition.Decoder {
+		return schemas.NewDecoder(reg, readers[p.Name])
+	})
+}
