@@ -33,6 +33,8 @@ type runFlags struct {
 	batchMaxRecords int
 	batchMaxWait    time.Duration
 	revokeTimeout   time.Duration
+	sessionTimeout  time.Duration
+	instanceID      string
 }
 
 func runCommand(_, stderr io.Writer) *ffcli.Command {
@@ -68,6 +70,8 @@ func (f *runFlags) register(fs *flag.FlagSet) {
 	fs.StringVar(&f.startFrom, "start-from", projector.StartEarliest, "where a partition without a stored offset starts: earliest or latest (PROJECTOR_START_FROM)")
 	fs.IntVar(&f.batchMaxRecords, "batch-max-records", 1000, "most records in one batch transaction (PROJECTOR_BATCH_MAX_RECORDS)")
 	fs.DurationVar(&f.batchMaxWait, "batch-max-wait", 50*time.Millisecond, "longest a batch waits for more records after its first (PROJECTOR_BATCH_MAX_WAIT)")
+	fs.DurationVar(&f.sessionTimeout, "session-timeout", 45*time.Second, "how long the group waits for a silent member before reassigning its partitions; Kafka's session.timeout.ms (PROJECTOR_SESSION_TIMEOUT)")
+	fs.StringVar(&f.instanceID, "instance-id", "", "static group membership id, e.g. the pod name of a StatefulSet; Kafka's group.instance.id (PROJECTOR_INSTANCE_ID)")
 	fs.DurationVar(&f.revokeTimeout, "revoke-timeout", 10*time.Second, "longest a revoked partition may take to finish its open batch (PROJECTOR_REVOKE_TIMEOUT)")
 }
 
@@ -180,9 +184,11 @@ func startEngine(ctx context.Context, f *runFlags, log *slog.Logger, pool *pgxpo
 			BatchMaxWait:    f.batchMaxWait,
 			IsTerminal:      schemas.IsTerminal,
 		},
-		RevokeTimeout: f.revokeTimeout,
-		Logger:        log,
-		Registerer:    metrics,
+		RevokeTimeout:  f.revokeTimeout,
+		SessionTimeout: f.sessionTimeout,
+		InstanceID:     f.instanceID,
+		Logger:         log,
+		Registerer:     metrics,
 	}, pool, func(p *projection.Projection) partition.Decoder {
 		return schemas.NewDecoder(reg, readers[p.Name])
 	})

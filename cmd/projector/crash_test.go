@@ -1,0 +1,192 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"fmt"
+	"os"
+	"os/exec"
+	"os/signal"
+	"path/filepath"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/twmb/franz-go/pkg/kadm"
+	"github.com/twmb/franz-go/pkg/kgo"
+
+	"github.com/projector-dev/projector/internal/demo"
+	"github.com/projector-dev/projector/internal/testenv"
+)
+
+const childEnv = "PROJECTOR_TEST_CHILD_ARGS"
+
+// TestMain lets a test start this binary as a projector process: with
+// PROJECTOR_TEST_CHILD_ARGS set it runs those arguments instead of tests.
+func TestMain(m *testing.M) {
+	if raw := os.Getenv(childEnv); raw != "" {
+		var args []string
+		if err := json.Unmarshal([]byte(raw), &args); err != nil {
+			fmt.Fprintln(os.Stderr, "bad child args:", err)
+			os.Exit(2)
+		}
+		ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+		err := Main(ctx, args, os.Stdout, os.Stderr)
+		stop()
+		if err != nil {
+			fmt.Fprintln(os.Stderr, "projector:", err)
+			os.Exit(1)
+		}
+		os.Exit(0)
+	}
+	os.Exit(m.Run())
+}
+
+// child is a projector process started from this test binary.
+type child struct {
+	cmd    *exec.Cmd
+	stderr *bytes.Buffer
+	done   chan error
+}
+
+func startChild(t *testing.T, args ...string) *child {
+	t.Helper()
+	raw, err := json.Marshal(args)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cmd := exec.Command(os.Args[0], "-test.run=^$")
+	cmd.Env = append(os.Environ(), childEnv+"="+string(raw))
+	c := &child{cmd: cmd, stderr: &bytes.Buffer{}, done: make(chan error, 1)}
+	cmd.Stderr = c.stderr
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	go func() { c.done <- cmd.Wait() }()
+	t.Cleanup(func() {
+		_ = cmd.Process.Kill()
+		<-c.done
+	})
+	return c
+}
+
+func (c *child) kill(t *testing.T) {
+	t.Helper()
+	if err := c.cmd.Process.Signal(syscall.SIGKILL); err != nil {
+		t.Fatal(err)
+	}
+	<-c.done
+	c.done <- nil // for the cleanup
+}
+
+// TestCrashRecovery kills a projector process with SIGKILL several times
+// mid-stream and restarts it; the final table must equal the reference
+// fold, with every parked event and poison pill stored exactly once.
+func TestCrashRecovery(t *testing.T) {
+	ctx := context.Background()
+	db := testenv.NewDB(t)
+	cluster := testenv.Kafka(t, demo.Topic, 6)
+	reg, regClient := testenv.Registry(t)
+	enc, err := demo.RegisterSchemas(ctx, regClient)
+	if err != nil {
+		t.Fatal(err)
+	}
+	opts := demo.DefaultOptions()
+	opts.Aggregates, opts.Seed = 3000, 7
+	records := demo.Generate(opts)
+	prod, err := kgo.NewClient(kgo.SeedBrokers(cluster.ListenAddrs()...))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer prod.Close()
+	if err := demo.Produce(ctx, prod, enc, records, nil); err != nil {
+		t.Fatal(err)
+	}
+	end, err := demo.EndOffsets(ctx, kadm.NewClient(prod), demo.Topic)
+	if err != nil {
+		t.Fatal(err)
+	}
+	config := filepath.Join(t.TempDir(), "projections.yaml")
+	if err := os.WriteFile(config, demo.Projections, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	args := []string{"run",
+		"--brokers", cluster.ListenAddrs()[0],
+		"--registry-url", reg.URL(),
+		"--database-url", db.URL,
+		"--identity", "crash",
+		"--config", config,
+		"--http-addr", "",
+		"--batch-max-records", "100",
+		"--log-level", "warn",
+		"--session-timeout", "6s", // the group notices a killed member sooner
+	}
+
+	var out bytes.Buffer
+	if err := Main(ctx, []string{"migrate", "--database-url", db.URL, "--config", config}, &out, &out); err != nil {
+		t.Fatalf("migrate: %v\n%s", err, &out)
+	}
+
+	// Kill after every eighth of the stream has been committed since the
+	// last start, so each kill lands mid-stream with batches in flight.
+	total := int64(len(records))
+	var last int64
+	for kills := 0; kills < 4; kills++ {
+		c := startChild(t, args...)
+		deadline, cancel := context.WithTimeout(ctx, time.Minute)
+		target := last + total/8
+		for {
+			n, done, err := demo.Committed(deadline, db.Pool, "crash", demo.Topic, end)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if n >= target || done {
+				last = n
+				break
+			}
+			select {
+			case <-deadline.Done():
+				t.Fatalf("no progress to %d committed records (at %d); child stderr:\n%s", target, n, c.stderr)
+			case err := <-c.done:
+				t.Fatalf("projector exited early: %v\n%s", err, c.stderr)
+			case <-time.After(20 * time.Millisecond):
+			}
+		}
+		cancel()
+		c.kill(t)
+		t.Logf("kill %d at %d of %d records committed", kills+1, last, total)
+	}
+	if last >= total {
+		t.Fatalf("the stream was fully committed before the last kill; the test did not crash mid-stream")
+	}
+
+	c := startChild(t, args...)
+	wctx, cancel := context.WithTimeout(ctx, 2*time.Minute)
+	defer cancel()
+	if err := demo.WaitCommitted(wctx, db.Pool, "crash", demo.Topic, end, nil); err != nil {
+		t.Fatalf("%v\nchild stderr:\n%s", err, c.stderr)
+	}
+	if err := c.cmd.Process.Signal(syscall.SIGTERM); err != nil {
+		t.Fatal(err)
+	}
+	if err := <-c.done; err != nil {
+		t.Errorf("projector did not stop cleanly on SIGTERM: %v\n%s", err, c.stderr)
+	}
+	c.done <- nil
+
+	exp := demo.Fold(records)
+	if err := demo.Verify(ctx, db.Pool, demo.Table, exp); err != nil {
+		t.Fatal(err)
+	}
+	var parked, dead, deadRows int
+	if err := db.Pool.QueryRow(ctx, `SELECT (SELECT count(*) FROM projector_parked), (SELECT count(DISTINCT (partition, "offset")) FROM projector_dead_letters), (SELECT count(*) FROM projector_dead_letters WHERE attempts = 1)`).Scan(&parked, &dead, &deadRows); err != nil {
+		t.Fatal(err)
+	}
+	if parked != exp.Parked {
+		t.Errorf("parked events: got %d, want %d", parked, exp.Parked)
+	}
+	if dead != exp.Poison || deadRows != exp.Poison {
+		t.Errorf("dead letters: %d distinct offsets, %d written once; want %d poison pills, each once", dead, deadRows, exp.Poison)
+	}
+}

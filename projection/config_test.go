@@ -1,0 +1,369 @@
+package projection_test
+
+import (
+	"os"
+	"path/filepath"
+	"reflect"
+	"slices"
+	"strings"
+	"testing"
+
+	"github.com/projector-dev/projector/internal/demo"
+	"github.com/projector-dev/projector/projection"
+)
+
+func columnNames(cols []projection.Column) []string {
+	names := make([]string, len(cols))
+	for i, c := range cols {
+		names[i] = c.Name
+	}
+	return names
+}
+
+func TestParseDemo(t *testing.T) {
+	ps, err := projection.Parse(demo.Projections, ".")
+	if err != nil {
+		t.Fatalf("Parse(demo): %v", err)
+	}
+	if len(ps) != 1 {
+		t.Fatalf("got %d projections, want 1", len(ps))
+	}
+	p := ps[0]
+	if p.Name != "accounts" || p.Topic != demo.Topic || p.Table != demo.Table {
+		t.Errorf("name/topic/table = %q/%q/%q, want accounts/%s/%s", p.Name, p.Topic, p.Table, demo.Topic, demo.Table)
+	}
+	if p.KeyField != "account_id" || p.KeyColumn != "account_id" {
+		t.Errorf("key field/column = %q/%q, want account_id", p.KeyField, p.KeyColumn)
+	}
+	if p.VersionField != "version" || p.TypeField != "type" {
+		t.Errorf("version/type field = %q/%q, want version/type", p.VersionField, p.TypeField)
+	}
+	if p.Mode != projection.ModeFold {
+		t.Errorf("mode = %q, want fold", p.Mode)
+	}
+	if p.OnGap != projection.GapHold {
+		t.Errorf("on_gap = %q, want the default hold", p.OnGap)
+	}
+	if got, want := columnNames(p.Columns), []string{"account_id", "owner", "balance", "opened_at"}; !reflect.DeepEqual(got, want) {
+		t.Errorf("columns = %v, want %v (file order)", got, want)
+	}
+	wantCols := []projection.Column{
+		{Name: "account_id", Type: "text", PrimaryKey: true, Field: "account_id"},
+		{Name: "owner", Type: "text", Field: "owner"},
+		{Name: "balance", Type: "bigint", Default: int64(0), Field: "balance"},
+		{Name: "opened_at", Type: "timestamptz", Field: "opened_at"},
+	}
+	if !reflect.DeepEqual(p.Columns, wantCols) {
+		t.Errorf("columns =\n %#v\nwant\n %#v", p.Columns, wantCols)
+	}
+	if !reflect.DeepEqual(p.DeleteTypes, map[string]bool{"AccountClosed": true}) {
+		t.Errorf("delete types = %v, want only AccountClosed", p.DeleteTypes)
+	}
+	if p.Fold == nil {
+		t.Error("no fold compiled")
+	}
+	if p.Schema != "" {
+		t.Errorf("schema = %q, want empty (none given)", p.Schema)
+	}
+	if err := p.Validate(); err != nil {
+		t.Errorf("Validate of a parsed projection: %v", err)
+	}
+}
+
+const baseYAML = `projections:
+  - name: p1
+    topic: t1
+    table: tbl
+    key: id
+    mode: fold
+    type_field: type
+    columns:
+      id: {type: text, primary_key: true}
+      name: {type: text}
+      n: {type: bigint}
+    events:
+      Created: {set: {name: name}}
+`
+
+const secondYAML = `  - name: p2
+    topic: t2
+    table: tbl2
+    key: id
+    mode: snapshot
+    columns:
+      id: {type: text, primary_key: true}
+`
+
+func TestParseDefaultsAndKeyFirst(t *testing.T) {
+	ps, err := projection.Parse([]byte(`projections:
+  - name: snap
+    topic: s
+    table: app.snap
+    key: id
+    mode: snapshot
+    columns:
+      a: {type: text}
+      b: {type: BIGINT}
+      id: {type: text, primary_key: true}
+      c: {type: boolean, field: is_c}
+`), ".")
+	if err != nil {
+		t.Fatal(err)
+	}
+	p := ps[0]
+	if got, want := columnNames(p.Columns), []string{"id", "a", "b", "c"}; !reflect.DeepEqual(got, want) {
+		t.Errorf("columns = %v, want %v (key first, the rest in file order)", got, want)
+	}
+	if !p.Columns[0].PrimaryKey {
+		t.Error("first column is not the primary key")
+	}
+	if p.VersionField != "version" {
+		t.Errorf("version field = %q, want the default version", p.VersionField)
+	}
+	if p.OnGap != projection.GapHold {
+		t.Errorf("on_gap = %q, want the default hold", p.OnGap)
+	}
+	if p.Columns[2].Type != "bigint" {
+		t.Errorf("type %q not normalised to lower case", p.Columns[2].Type)
+	}
+	if p.Columns[3].Field != "is_c" || p.Columns[1].Field != "a" {
+		t.Errorf("fields = %q, %q; want is_c (renamed) and a (default: the column name)", p.Columns[3].Field, p.Columns[1].Field)
+	}
+	if p.TypeField != "" {
+		t.Errorf("type field = %q, want empty", p.TypeField)
+	}
+}
+
+func TestParseVersionFieldAndOnGap(t *testing.T) {
+	src := "projections:\n" + edit(t, secondYAML, "    mode: snapshot\n", "    mode: snapshot\n    version: seq\n    on_gap: apply\n")
+	ps, err := projection.Parse([]byte(src), ".")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if ps[0].VersionField != "seq" || ps[0].OnGap != projection.GapApply {
+		t.Errorf("version/on_gap = %q/%q, want seq/apply", ps[0].VersionField, ps[0].OnGap)
+	}
+}
+
+func TestParseTwoProjections(t *testing.T) {
+	ps, err := projection.Parse([]byte(baseYAML+secondYAML), ".")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(ps) != 2 || ps[0].Name != "p1" || ps[1].Name != "p2" {
+		t.Fatalf("got %d projections (%v), want p1 and p2 in order", len(ps), ps)
+	}
+}
+
+// edit returns base with old replaced by new, failing when old is absent so
+// a case cannot silently test the valid file.
+func edit(t *testing.T, base, old, new string) string {
+	t.Helper()
+	if !strings.Contains(base, old) {
+		t.Fatalf("test bug: %q not in the base config", old)
+	}
+	return strings.Replace(base, old, new, 1)
+}
+
+func TestParseRejects(t *testing.T) {
+	if _, err := projection.Parse([]byte(baseYAML), "."); err != nil {
+		t.Fatalf("the base config must be valid: %v", err)
+	}
+	cases := []struct {
+		name string
+		yaml func(t *testing.T) string
+		want []string
+	}{
+		{"missing topic", func(t *testing.T) string { return edit(t, baseYAML, "    topic: t1\n", "") },
+			[]string{`projection "p1"`, "topic is required"}},
+		{"unknown mode", func(t *testing.T) string { return edit(t, baseYAML, "mode: fold", "mode: folding") },
+			[]string{`projection "p1"`, `mode "folding"`}},
+		{"on_gap apply in fold mode", func(t *testing.T) string {
+			return edit(t, baseYAML, "    mode: fold\n", "    mode: fold\n    on_gap: apply\n")
+		}, []string{`projection "p1"`, "on_gap apply"}},
+		{"unknown on_gap", func(t *testing.T) string {
+			return edit(t, baseYAML, "    mode: fold\n", "    mode: fold\n    on_gap: skip\n")
+		}, []string{`projection "p1"`, `on_gap "skip"`}},
+		{"two primary keys", func(t *testing.T) string {
+			return edit(t, baseYAML, "n: {type: bigint}", "n: {type: bigint, primary_key: true}")
+			// Either primary key column is the offending one.
+		}, []string{`projection "p1"`, "primary"}},
+		{"no primary key", func(t *testing.T) string {
+			return edit(t, baseYAML, "id: {type: text, primary_key: true}", "id: {type: text}")
+		}, []string{`projection "p1"`, "primary_key", "found 0"}},
+		{"column named version", func(t *testing.T) string {
+			return edit(t, baseYAML, "      n: {type: bigint}\n", "      n: {type: bigint}\n      version: {type: bigint}\n")
+		}, []string{`projection "p1"`, `column "version"`}},
+		{"column twice", func(t *testing.T) string {
+			return edit(t, baseYAML, "      n: {type: bigint}\n", "      n: {type: bigint}\n      n: {type: text}\n")
+		}, []string{`"n"`}},
+		{"column not an identifier", func(t *testing.T) string {
+			return edit(t, baseYAML, "      n: {type: bigint}\n", "      Bad-Name: {type: bigint}\n")
+		}, []string{`projection "p1"`, `column "Bad-Name"`}},
+		{"column without type", func(t *testing.T) string {
+			return edit(t, baseYAML, "n: {type: bigint}", "n: {default: 1}")
+		}, []string{`projection "p1"`, `column "n"`, "type is required"}},
+		{"bad column type", func(t *testing.T) string {
+			return edit(t, baseYAML, "n: {type: bigint}", "n: {type: \"bigint; drop table x\"}")
+		}, []string{`projection "p1"`, `column "n"`, "not a Postgres type"}},
+		{"default that does not fit", func(t *testing.T) string {
+			return edit(t, baseYAML, "n: {type: bigint}", "n: {type: bigint, default: lots}")
+		}, []string{`projection "p1"`, `column "n"`, "default"}},
+		{"no columns", func(t *testing.T) string {
+			return edit(t, baseYAML, "    columns:\n      id: {type: text, primary_key: true}\n      name: {type: text}\n      n: {type: bigint}\n", "")
+		}, []string{`projection "p1"`, "columns"}},
+		{"key is not the primary key column", func(t *testing.T) string { return edit(t, baseYAML, "key: id", "key: name") },
+			[]string{`projection "p1"`, `key column "name"`}},
+		{"missing key", func(t *testing.T) string { return edit(t, baseYAML, "    key: id\n", "") },
+			[]string{`projection "p1"`, "key"}},
+		{"bad table", func(t *testing.T) string { return edit(t, baseYAML, "table: tbl", "table: Tbl;x") },
+			[]string{`projection "p1"`, `table "Tbl;x"`}},
+		{"bad name", func(t *testing.T) string { return edit(t, baseYAML, "name: p1", "name: P-1") },
+			[]string{`projection "P-1"`, "name"}},
+		{"no name", func(t *testing.T) string { return edit(t, baseYAML, "  - name: p1\n    topic", "  - topic") },
+			[]string{"projections[0]", "name is required"}},
+		{"fold mode without type_field", func(t *testing.T) string { return edit(t, baseYAML, "    type_field: type\n", "") },
+			[]string{`projection "p1"`, "type_field"}},
+		{"fold mode without events", func(t *testing.T) string {
+			return edit(t, baseYAML, "    events:\n      Created: {set: {name: name}}\n", "")
+		}, []string{`projection "p1"`, "events"}},
+		{"events in snapshot mode", func(t *testing.T) string { return edit(t, baseYAML, "mode: fold", "mode: snapshot") },
+			[]string{`projection "p1"`, "events"}},
+		{"unknown field (strict)", func(t *testing.T) string {
+			return edit(t, baseYAML, "    mode: fold\n", "    mode: fold\n    typo_field: x\n")
+		}, []string{"typo_field", "line 7"}},
+		{"unknown field in an event (strict)", func(t *testing.T) string {
+			return edit(t, baseYAML, "{set: {name: name}}", "{sett: {name: name}}")
+		}, []string{"sett", "line 13"}},
+		{"set to an unknown column", func(t *testing.T) string { return edit(t, baseYAML, "{set: {name: name}}", "{set: {nope: name}}") },
+			[]string{`projection "p1"`, "events.Created.set", `"nope"`}},
+		{"set of the key column", func(t *testing.T) string { return edit(t, baseYAML, "{set: {name: name}}", "{set: {id: other}}") },
+			[]string{`projection "p1"`, "events.Created.set", `"id"`}},
+		{"set literal that does not fit", func(t *testing.T) string { return edit(t, baseYAML, "{set: {name: name}}", "{set: {n: true}}") },
+			[]string{`projection "p1"`, "events.Created.set.n", "column n"}},
+		{"set with a malformed literal", func(t *testing.T) string {
+			return edit(t, baseYAML, "{set: {name: name}}", "{set: {name: {literal: x, other: y}}}")
+		}, []string{`projection "p1"`, "events.Created.set.name"}},
+		{"add to a text column", func(t *testing.T) string { return edit(t, baseYAML, "{set: {name: name}}", "{add: {name: amount}}") },
+			[]string{`projection "p1"`, "events.Created.add.name", "not numeric"}},
+		{"add to an unknown column", func(t *testing.T) string { return edit(t, baseYAML, "{set: {name: name}}", "{add: {nope: amount}}") },
+			[]string{`projection "p1"`, "events.Created.add", `"nope"`}},
+		{"add with an empty field", func(t *testing.T) string { return edit(t, baseYAML, "{set: {name: name}}", `{add: {n: "-"}}`) },
+			[]string{`projection "p1"`, "events.Created.add.n", "empty"}},
+		{"delete with set", func(t *testing.T) string {
+			return edit(t, baseYAML, "{set: {name: name}}", "{set: {name: name}, delete: true}")
+		}, []string{`projection "p1"`, "events.Created", "delete cannot be combined"}},
+		{"delete with add", func(t *testing.T) string {
+			return edit(t, baseYAML, "{set: {name: name}}", "{add: {n: amount}, delete: true}")
+		}, []string{`projection "p1"`, "events.Created", "delete cannot be combined"}},
+		{"duplicate names", func(t *testing.T) string { return baseYAML + edit(t, secondYAML, "name: p2", "name: p1") },
+			[]string{`projection "p1" is defined twice`}},
+		{"two projections on one topic", func(t *testing.T) string { return baseYAML + edit(t, secondYAML, "topic: t2", "topic: t1") },
+			[]string{`projection "p2"`, `topic "t1"`}},
+		{"missing schema file", func(t *testing.T) string {
+			return edit(t, baseYAML, "    mode: fold\n", "    mode: fold\n    schema: does-not-exist.avsc\n")
+		}, []string{`projection "p1"`, "schema", "does-not-exist.avsc"}},
+		{"empty file", func(*testing.T) string { return "" }, []string{"no projections defined"}},
+		{"empty list", func(*testing.T) string { return "projections: []\n" }, []string{"no projections defined"}},
+		{"not YAML", func(*testing.T) string { return "projections: [\n" }, []string{"parse"}},
+	}
+	// anyOf: the error must mention at least one of these too.
+	anyOf := map[string][]string{"two primary keys": {`"id"`, `"n"`}}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			src := tc.yaml(t)
+			ps, err := projection.Parse([]byte(src), t.TempDir())
+			if err == nil {
+				t.Fatalf("Parse accepted the config (%d projections):\n%s", len(ps), src)
+			}
+			if ps != nil {
+				t.Errorf("Parse returned projections with its error: %v", ps)
+			}
+			for _, w := range tc.want {
+				if !strings.Contains(err.Error(), w) {
+					t.Errorf("error %q does not mention %q", err, w)
+				}
+			}
+			if anyOf := anyOf[tc.name]; len(anyOf) > 0 && !slices.ContainsFunc(anyOf, func(w string) bool { return strings.Contains(err.Error(), w) }) {
+				t.Errorf("error %q mentions none of %q", err, anyOf)
+			}
+		})
+	}
+}
+
+func TestParseSchemaRelativeToDir(t *testing.T) {
+	dir := t.TempDir()
+	const schema = `{"type":"record","name":"X","fields":[{"name":"id","type":"string"}]}`
+	if err := os.WriteFile(filepath.Join(dir, "x.avsc"), []byte(schema), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	src := edit(t, baseYAML, "    mode: fold\n", "    mode: fold\n    schema: x.avsc\n")
+	ps, err := projection.Parse([]byte(src), dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if ps[0].Schema != schema {
+		t.Errorf("schema = %q, want the file's content", ps[0].Schema)
+	}
+}
+
+func TestLoad(t *testing.T) {
+	dir := t.TempDir()
+	good := filepath.Join(dir, "good.yaml")
+	if err := os.WriteFile(good, demo.Projections, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	ps, err := projection.Load(good)
+	if err != nil {
+		t.Fatalf("Load: %v", err)
+	}
+	if len(ps) != 1 || ps[0].Name != "accounts" {
+		t.Errorf("Load gave %v, want the accounts projection", ps)
+	}
+
+	bad := filepath.Join(dir, "bad.yaml")
+	if err := os.WriteFile(bad, []byte(edit(t, baseYAML, "    topic: t1\n", "")), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	_, err = projection.Load(bad)
+	if err == nil || !strings.Contains(err.Error(), bad) || !strings.Contains(err.Error(), `projection "p1"`) {
+		t.Errorf("Load(bad) error = %v, want it to name the file and the projection", err)
+	}
+	if _, err := projection.Load(filepath.Join(dir, "missing.yaml")); err == nil {
+		t.Error("Load of a missing file succeeded")
+	}
+}
+
+func TestValidateCodeProjection(t *testing.T) {
+	fold := func(projection.Row, projection.Event) (projection.Row, error) { return nil, nil }
+	valid := func() *projection.Projection {
+		return &projection.Projection{
+			Name: "code", Topic: "t", Table: "code", KeyField: "id", KeyColumn: "id", VersionField: "version",
+			Mode: projection.ModeFold, OnGap: projection.GapHold, Fold: fold,
+			Columns: []projection.Column{{Name: "id", Type: "text", PrimaryKey: true}, {Name: "v", Type: "bigint"}},
+		}
+	}
+	if err := valid().Validate(); err != nil {
+		t.Fatalf("valid code projection: %v", err)
+	}
+	cases := []struct {
+		name   string
+		mutate func(p *projection.Projection)
+		want   string
+	}{
+		{"no fold", func(p *projection.Projection) { p.Fold = nil }, "no fold"},
+		{"key not first", func(p *projection.Projection) { p.Columns[0], p.Columns[1] = p.Columns[1], p.Columns[0] }, `column "id"`},
+		{"no version field", func(p *projection.Projection) { p.VersionField = "" }, "version field"},
+		{"no table", func(p *projection.Projection) { p.Table = "" }, "table"},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			p := valid()
+			tc.mutate(p)
+			err := p.Validate()
+			if err == nil || !strings.Contains(err.Error(), `projection "code"`) || !strings.Contains(err.Error(), tc.want) {
+				t.Errorf("Validate = %v, want an error naming the projection and %q", err, tc.want)
+			}
+		})
+	}
+}
