@@ -96,18 +96,9 @@ func (f *runFlags) validate() error {
 func readerSchemas(ctx context.Context, reg *sr.Client, projs []*projection.Projection) (map[string]avro.Schema, error) {
 	out := map[string]avro.Schema{}
 	for _, p := range projs {
-		text := p.Schema
-		if text == "" {
-			subject := p.Topic + "-value"
-			ss, err := reg.SchemaByVersion(ctx, subject, -1)
-			if err != nil {
-				return nil, fmt.Errorf("projection %q: no schema: set schema: in the projection file or register subject %q: %w", p.Name, subject, err)
-			}
-			text = ss.Schema.Schema
-		}
-		s, err := avro.ParseWithCache(text, "", &avro.SchemaCache{})
+		s, err := schemas.ReaderSchema(ctx, reg, p.Schema, p.Topic+"-value")
 		if err != nil {
-			return nil, fmt.Errorf("projection %q: reader schema: %w", p.Name, err)
+			return nil, fmt.Errorf("projection %q: set schema: in the projection file or register the topic's value schema: %w", p.Name, err)
 		}
 		out[p.Name] = s
 	}

@@ -1,0 +1,460 @@
+package projector
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"math/rand/v2"
+	"sync"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/twmb/franz-go/pkg/kadm"
+	"github.com/twmb/franz-go/pkg/kgo"
+	"github.com/twmb/franz-go/plugin/kprom"
+
+	"github.com/projector-dev/projector/partition"
+	"github.com/projector-dev/projector/projection"
+	"github.com/projector-dev/projector/sinks/postgres"
+)
+
+// Start positions for partitions without a stored offset.
+const (
+	StartEarliest = "earliest"
+	StartLatest   = "latest"
+)
+
+// Config configures an Engine. Validate names the field at fault.
+type Config struct {
+	// Brokers are the Kafka seed brokers.
+	Brokers []string
+	// Identity is the consumer identity: the Kafka group id and the
+	// namespace of stored offsets and parked events.
+	Identity string
+	// Projections to run; each one's topic is consumed.
+	Projections []*projection.Projection
+	// StartFrom is where a partition without a stored offset starts:
+	// "earliest" (default) or "latest".
+	StartFrom string
+	// Partition tunes the partition workers (batch size and wait, buffer,
+	// retry backoff).
+	Partition partition.Config
+	// RevokeTimeout bounds how long a revoked partition's worker may take
+	// to finish its open batch before it is abandoned (default 10s).
+	RevokeTimeout time.Duration
+	// SessionTimeout is how long the group waits for a silent member
+	// before it reassigns its partitions (Kafka's session.timeout.ms,
+	// default 45s). A crashed member's partitions resume after it.
+	SessionTimeout time.Duration
+	// InstanceID makes this member static (Kafka's group.instance.id): a
+	// restart within SessionTimeout gets its partitions back without a
+	// rebalance. Empty (default): dynamic membership.
+	InstanceID string
+	// Logger receives the engine's logs (default slog.Default()).
+	Logger *slog.Logger
+	// Registerer receives the engine's metrics (default: a private
+	// registry, i.e. not exported).
+	Registerer prometheus.Registerer
+	// ClientOpts are extra franz-go options (TLS, SASL, timeouts).
+	ClientOpts []kgo.Opt
+}
+
+func (c *Config) validate() error {
+	if len(c.Brokers) == 0 {
+		return errors.New("config: Brokers: at least one seed broker is required")
+	}
+	if c.Identity == "" {
+		return errors.New("config: Identity: the consumer identity is required")
+	}
+	if len(c.Projections) == 0 {
+		return errors.New("config: Projections: at least one projection is required")
+	}
+	topics := map[string]bool{}
+	for _, p := range c.Projections {
+		if err := p.Validate(); err != nil {
+			return fmt.Errorf("config: Projections: %w", err)
+		}
+		if topics[p.Topic] {
+			return fmt.Errorf("config: Projections: topic %q feeds two projections", p.Topic)
+		}
+		topics[p.Topic] = true
+	}
+	switch c.StartFrom {
+	case "":
+		c.StartFrom = StartEarliest
+	case StartEarliest, StartLatest:
+	default:
+		return fmt.Errorf("config: StartFrom: %q, want earliest or latest", c.StartFrom)
+	}
+	if c.RevokeTimeout <= 0 {
+		c.RevokeTimeout = 10 * time.Second
+	}
+	if c.Logger == nil {
+		c.Logger = slog.Default()
+	}
+	if c.Registerer == nil {
+		c.Registerer = prometheus.NewRegistry()
+	}
+	return nil
+}
+
+// Decoders gives the decoder of each projection (by projection name).
+type Decoders func(p *projection.Projection) partition.Decoder
+
+// Engine runs the projections of one consumer identity as one member of
+// its consumer group: one worker goroutine per assigned partition.
+type Engine struct {
+	cfg      Config
+	pool     *pgxpool.Pool
+	offsets  *postgres.Offsets
+	byTopic  map[string]*projection.Projection
+	sinks    map[string]partition.Sink
+	decoders map[string]partition.Decoder
+	metrics  *partition.Metrics
+	group    *groupMetrics
+	log      *slog.Logger
+
+	cl  *kgo.Client
+	adm *kadm.Client
+
+	runCtx context.Context
+	wg     sync.WaitGroup
+
+	mu      sync.Mutex
+	workers map[partition.TP]*running
+}
+
+type running struct {
+	w      *partition.Worker
+	cancel context.CancelFunc
+	done   chan struct{}
+}
+
+// New builds an engine. It does not connect until Run.
+func New(cfg Config, pool *pgxpool.Pool, decoderOf Decoders) (*Engine, error) {
+	if err := cfg.validate(); err != nil {
+		return nil, err
+	}
+	e := &Engine{
+		cfg:      cfg,
+		pool:     pool,
+		offsets:  postgres.NewOffsets(pool, cfg.Identity),
+		byTopic:  map[string]*projection.Projection{},
+		sinks:    map[string]partition.Sink{},
+		decoders: map[string]partition.Decoder{},
+		log:      cfg.Logger.With("group", cfg.Identity),
+		workers:  map[partition.TP]*running{},
+	}
+	var topics []string
+	for _, p := range cfg.Projections {
+		e.byTopic[p.Topic] = p
+		e.sinks[p.Topic] = postgres.NewSink(pool, cfg.Identity, p)
+		e.decoders[p.Topic] = decoderOf(p)
+		topics = append(topics, p.Topic)
+	}
+	e.metrics = partition.NewMetrics(cfg.Registerer)
+	e.group = newGroupMetrics(cfg.Registerer, cfg.Identity)
+	cfg.Registerer.MustRegister(&lagCollector{e: e})
+
+	opts := []kgo.Opt{
+		kgo.SeedBrokers(cfg.Brokers...),
+		kgo.ConsumerGroup(cfg.Identity),
+		kgo.ConsumeTopics(topics...),
+		kgo.Balancers(kgo.CooperativeStickyBalancer()),
+		kgo.BlockRebalanceOnPoll(),
+		kgo.DisableAutoCommit(),
+		kgo.FetchIsolationLevel(kgo.ReadCommitted()),
+		kgo.ConsumeResetOffset(kgo.NoResetOffset()),
+		kgo.OnPartitionsAssigned(e.assigned),
+		kgo.OnPartitionsRevoked(e.revoked),
+		kgo.OnPartitionsLost(e.lost),
+		kgo.AdjustFetchOffsetsFn(e.claim),
+		kgo.WithHooks(kprom.NewMetrics("kgo", kprom.Registerer(cfg.Registerer))),
+	}
+	if cfg.SessionTimeout > 0 {
+		opts = append(opts, kgo.SessionTimeout(cfg.SessionTimeout), kgo.HeartbeatInterval(min(3*time.Second, cfg.SessionTimeout/3)))
+	}
+	if cfg.InstanceID != "" {
+		opts = append(opts, kgo.InstanceID(cfg.InstanceID))
+	}
+	opts = append(opts, cfg.ClientOpts...)
+	cl, err := kgo.NewClient(opts...)
+	if err != nil {
+		return nil, fmt.Errorf("kafka client: %w", err)
+	}
+	e.cl = cl
+	e.adm = kadm.NewClient(cl)
+	return e, nil
+}
+
+// Run consumes until ctx ends, then stops every worker (each finishes its
+// open batch), leaves the group and returns.
+func (e *Engine) Run(ctx context.Context) error {
+	runCtx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	e.mu.Lock()
+	e.runCtx = runCtx
+	e.mu.Unlock()
+	defer func() {
+		e.stopAll()
+		// A poll may have returned records without letting the group
+		// rebalance; leaving the group needs that.
+		e.cl.AllowRebalance()
+		e.cl.Close()
+		e.wg.Wait()
+	}()
+	for {
+		fetches := e.cl.PollRecords(runCtx, 10_000)
+		if fetches.IsClientClosed() || runCtx.Err() != nil {
+			return nil
+		}
+		fetches.EachError(func(topic string, p int32, err error) {
+			if errors.Is(err, context.Canceled) {
+				return
+			}
+			e.log.Error("fetch failed", "topic", topic, "partition", p, "err", err)
+		})
+		e.mu.Lock()
+		fetches.EachPartition(func(fp kgo.FetchTopicPartition) {
+			if r := e.workers[partition.TP{Topic: fp.Topic, Partition: fp.Partition}]; r != nil {
+				r.w.Push(fp.Records, fp.HighWatermark)
+			}
+		})
+		e.mu.Unlock()
+		e.cl.AllowRebalance()
+	}
+}
+
+func (e *Engine) assigned(_ context.Context, _ *kgo.Client, assigned map[string][]int32) {
+	e.group.rebalance(assigned, nil)
+	e.log.Info("partitions assigned", "partitions", assigned)
+}
+
+func (e *Engine) revoked(_ context.Context, _ *kgo.Client, revoked map[string][]int32) {
+	e.group.rebalance(nil, revoked)
+	e.group.revoked.Add(float64(count(revoked)))
+	e.log.Info("partitions revoked", "partitions", revoked)
+	e.stop(revoked)
+}
+
+func (e *Engine) lost(_ context.Context, _ *kgo.Client, lost map[string][]int32) {
+	e.group.rebalance(nil, lost)
+	e.group.lost.Add(float64(count(lost)))
+	e.log.Warn("partitions lost", "partitions", lost)
+	e.stop(lost)
+}
+
+// claim runs after assignment, before fetching starts: it claims the newly
+// assigned partitions in Postgres (bumping their owner epochs), starts a
+// worker for each, and tells the client to fetch from the stored offsets.
+// Kafka's committed offsets are ignored.
+func (e *Engine) claim(ctx context.Context, offsets map[string]map[int32]kgo.Offset) (map[string]map[int32]kgo.Offset, error) {
+	var tps []partition.TP
+	for t, ps := range offsets {
+		for p := range ps {
+			tps = append(tps, partition.TP{Topic: t, Partition: p})
+		}
+	}
+	if len(tps) == 0 {
+		return offsets, nil
+	}
+	var claims []postgres.Claimed
+	err := retry(ctx, e.log, "claim partitions", func() (err error) {
+		claims, err = e.offsets.Claim(ctx, tps)
+		return err
+	})
+	if err != nil {
+		return nil, err
+	}
+	out := make(map[string]map[int32]kgo.Offset, len(offsets))
+	for _, c := range claims {
+		next, err := e.firstOffset(ctx, c)
+		if errors.Is(err, partition.ErrFenced) {
+			e.log.Warn("partition claimed by a newer owner before it started", "topic", c.Topic, "partition", c.Partition)
+			continue
+		}
+		if err != nil {
+			return nil, err
+		}
+		if out[c.Topic] == nil {
+			out[c.Topic] = map[int32]kgo.Offset{}
+		}
+		out[c.Topic][c.Partition] = kgo.NewOffset().At(next).WithEpoch(-1)
+		e.start(partition.Claim{TP: c.TP, Epoch: c.Epoch, NextOffset: next})
+	}
+	return out, nil
+}
+
+// firstOffset returns the stored next offset, resolving and storing the
+// start position for a partition that has none.
+func (e *Engine) firstOffset(ctx context.Context, c postgres.Claimed) (int64, error) {
+	if c.NextOffset != nil {
+		return *c.NextOffset, nil
+	}
+	var next int64
+	err := retry(ctx, e.log, "resolve start offset", func() error {
+		list := e.adm.ListStartOffsets
+		if e.cfg.StartFrom == StartLatest {
+			list = e.adm.ListEndOffsets
+		}
+		res, err := list(ctx, c.Topic)
+		if err != nil {
+			return err
+		}
+		o, ok := res.Lookup(c.Topic, c.Partition)
+		if !ok {
+			return fmt.Errorf("no offset listed for %s/%d", c.Topic, c.Partition)
+		}
+		if o.Err != nil {
+			return o.Err
+		}
+		next = o.Offset
+		return e.offsets.Init(ctx, c, next)
+	})
+	return next, err
+}
+
+func (e *Engine) start(c partition.Claim) {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	if old := e.workers[c.TP]; old != nil {
+		// Reassigned before the old worker was removed: it is fenced by the
+		// new epoch anyway; stop it without waiting under the lock.
+		old.w.Stop()
+		old.cancel()
+	}
+	p := e.byTopic[c.Topic]
+	w := partition.NewWorker(e.cfg.Partition, e.cfg.Identity, c, p, e.sinks[c.Topic], e.decoders[c.Topic], e.cl, e.log, e.metrics)
+	parent := e.runCtx
+	if parent == nil {
+		parent = context.Background()
+	}
+	ctx, cancel := context.WithCancel(parent)
+	r := &running{w: w, cancel: cancel, done: make(chan struct{})}
+	e.workers[c.TP] = r
+	e.wg.Add(1)
+	go func() {
+		defer e.wg.Done()
+		defer close(r.done)
+		defer cancel()
+		err := w.Run(ctx)
+		if err != nil && ctx.Err() == nil {
+			e.log.Error("partition worker stopped", "topic", c.Topic, "partition", c.Partition, "err", err)
+			e.mu.Lock()
+			if e.workers[c.TP] == r {
+				delete(e.workers, c.TP)
+			}
+			e.mu.Unlock()
+			e.cl.PauseFetchPartitions(map[string][]int32{c.Topic: {c.Partition}})
+		}
+	}()
+}
+
+// stop stops the workers of the given partitions and waits for them, each
+// finishing its open batch within RevokeTimeout or being abandoned.
+func (e *Engine) stop(tps map[string][]int32) {
+	var stopping []*running
+	e.mu.Lock()
+	for t, ps := range tps {
+		for _, p := range ps {
+			tp := partition.TP{Topic: t, Partition: p}
+			if r := e.workers[tp]; r != nil {
+				delete(e.workers, tp)
+				r.w.Stop()
+				stopping = append(stopping, r)
+			}
+		}
+	}
+	e.mu.Unlock()
+	e.cl.ResumeFetchPartitions(tps)
+	e.wait(stopping)
+}
+
+func (e *Engine) stopAll() {
+	e.mu.Lock()
+	stopping := make([]*running, 0, len(e.workers))
+	for tp, r := range e.workers {
+		delete(e.workers, tp)
+		r.w.Stop()
+		stopping = append(stopping, r)
+	}
+	e.mu.Unlock()
+	e.wait(stopping)
+}
+
+func (e *Engine) wait(stopping []*running) {
+	abandon := time.AfterFunc(e.cfg.RevokeTimeout, func() {
+		for _, r := range stopping {
+			r.cancel()
+		}
+	})
+	defer abandon.Stop()
+	for _, r := range stopping {
+		<-r.done
+	}
+}
+
+// Workers returns the status of every running partition worker.
+func (e *Engine) Workers() []partition.Status {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	out := make([]partition.Status, 0, len(e.workers))
+	for _, r := range e.workers {
+		out = append(out, r.w.Status())
+	}
+	return out
+}
+
+// Ready reports whether the engine has joined its group and Postgres
+// answers, with one entry per check.
+func (e *Engine) Ready(ctx context.Context) map[string]error {
+	checks := map[string]error{}
+	if _, gen := e.cl.GroupMetadata(); gen < 0 {
+		checks["group"] = errors.New("not joined to the consumer group yet")
+	} else {
+		checks["group"] = nil
+	}
+	ctx, cancel := context.WithTimeout(ctx, 2*time.Second)
+	defer cancel()
+	checks["postgres"] = e.pool.Ping(ctx)
+	return checks
+}
+
+// Client is the engine's Kafka client (for admin calls; do not poll it).
+func (e *Engine) Client() *kgo.Client { return e.cl }
+
+// retry runs fn with exponential backoff and full jitter until it
+// succeeds or ctx ends.
+func retry(ctx context.Context, log *slog.Logger, what string, fn func() error) error {
+	const base, ceiling = 100 * time.Millisecond, 10 * time.Second
+	for attempt := 0; ; attempt++ {
+		err := fn()
+		if err == nil || errors.Is(err, partition.ErrFenced) {
+			return err
+		}
+		if ctx.Err() != nil {
+			return fmt.Errorf("%s: %w", what, err)
+		}
+		limit := ceiling
+		if attempt < 20 {
+			limit = min(ceiling, base<<attempt)
+		}
+		delay := time.Duration(rand.Int64N(int64(limit) + 1))
+		log.Warn("transient failure; retrying", "what", what, "attempt", attempt+1, "delay", delay, "err", err)
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("%s: %w", what, err)
+		case <-time.After(delay):
+		}
+	}
+}
+
+func count(m map[string][]int32) int {
+	n := 0
+	for _, ps := range m {
+		n += len(ps)
+	}
+	return n
+}

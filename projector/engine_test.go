@@ -1,0 +1,256 @@
+package projector_test
+
+import (
+	"context"
+	"log/slog"
+	"os"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/twmb/franz-go/pkg/kadm"
+	"github.com/twmb/franz-go/pkg/kfake"
+	"github.com/twmb/franz-go/pkg/kgo"
+	"github.com/twmb/franz-go/pkg/sr"
+
+	"github.com/projector-dev/projector/internal/demo"
+	"github.com/projector-dev/projector/internal/testenv"
+	"github.com/projector-dev/projector/partition"
+	"github.com/projector-dev/projector/projection"
+	"github.com/projector-dev/projector/projector"
+	"github.com/projector-dev/projector/schemas"
+	"github.com/projector-dev/projector/sinks/postgres"
+)
+
+// bundle is what an end-to-end test works with.
+type bundle struct {
+	db      *testenv.DB
+	kafka   *kfake.Cluster
+	reg     *sr.Client
+	enc     *demo.Encoder
+	projs   []*projection.Projection
+	records []demo.Record
+	end     map[int32]int64
+}
+
+func setup(t *testing.T, opts demo.Options, partitions int) *bundle {
+	t.Helper()
+	ctx := context.Background()
+	b := &bundle{db: testenv.NewDB(t), kafka: testenv.Kafka(t, demo.Topic, partitions)}
+	_, b.reg = testenv.Registry(t)
+	var err error
+	if b.enc, err = demo.RegisterSchemas(ctx, b.reg); err != nil {
+		t.Fatal(err)
+	}
+	if b.projs, err = projection.Parse(demo.Projections, "."); err != nil {
+		t.Fatal(err)
+	}
+	if err := postgres.Migrate(ctx, b.db.Pool, b.projs...); err != nil {
+		t.Fatal(err)
+	}
+	b.records = demo.Generate(opts)
+	prod, err := kgo.NewClient(kgo.SeedBrokers(b.kafka.ListenAddrs()...))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer prod.Close()
+	if err := demo.Produce(ctx, prod, b.enc, b.records, nil); err != nil {
+		t.Fatal(err)
+	}
+	if b.end, err = demo.EndOffsets(ctx, kadm.NewClient(prod), demo.Topic); err != nil {
+		t.Fatal(err)
+	}
+	return b
+}
+
+func (b *bundle) engine(t *testing.T, identity string, cfg projector.Config) *projector.Engine {
+	t.Helper()
+	cfg.Brokers = b.kafka.ListenAddrs()
+	cfg.Identity = identity
+	cfg.Projections = b.projs
+	if cfg.Logger == nil {
+		cfg.Logger = slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))
+	}
+	reader := b.enc.ReaderSchema()
+	e, err := projector.New(cfg, b.db.Pool, func(*projection.Projection) partition.Decoder {
+		return schemas.NewDecoder(b.reg, reader)
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return e
+}
+
+// run runs e until the returned stop is called; stop waits for Run to end.
+func run(t *testing.T, e *projector.Engine) (stop func()) {
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- e.Run(ctx) }()
+	var stopped bool
+	stop = func() {
+		if stopped {
+			return
+		}
+		stopped = true
+		cancel()
+		if err := <-done; err != nil {
+			t.Errorf("engine: %v", err)
+		}
+	}
+	t.Cleanup(stop)
+	return stop
+}
+
+func (b *bundle) verify(t *testing.T, identity string) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	if err := demo.WaitCommitted(ctx, b.db.Pool, identity, demo.Topic, b.end, nil); err != nil {
+		t.Fatal(err)
+	}
+	exp := demo.Fold(b.records)
+	if err := demo.Verify(ctx, b.db.Pool, demo.Table, exp); err != nil {
+		t.Fatal(err)
+	}
+	checkCounts(t, b.db.Pool, identity, exp)
+}
+
+// checkCounts compares the parked events and dead letters with the fold.
+func checkCounts(t *testing.T, pool *pgxpool.Pool, identity string, exp demo.Expected) {
+	t.Helper()
+	ctx := context.Background()
+	var parked, dead int
+	if err := pool.QueryRow(ctx, `SELECT count(*) FROM projector_parked WHERE identity = $1`, identity).Scan(&parked); err != nil {
+		t.Fatal(err)
+	}
+	if err := pool.QueryRow(ctx, `SELECT count(*) FROM projector_dead_letters WHERE identity = $1`, identity).Scan(&dead); err != nil {
+		t.Fatal(err)
+	}
+	if parked != exp.Parked {
+		t.Errorf("parked events: got %d, want %d", parked, exp.Parked)
+	}
+	if dead != exp.Poison {
+		t.Errorf("dead letters: got %d, want %d (every poison pill exactly once)", dead, exp.Poison)
+	}
+}
+
+func TestEngineMatchesReferenceFold(t *testing.T) {
+	opts := demo.DefaultOptions()
+	opts.Aggregates = 2000
+	b := setup(t, opts, 6)
+	e := b.engine(t, "it", projector.Config{})
+	stop := run(t, e)
+	b.verify(t, "it")
+	stop()
+}
+
+// TestGoFold runs a projection defined in Go, with a Go fold, and compares
+// it with the reference fold.
+func TestGoFold(t *testing.T) {
+	opts := demo.DefaultOptions()
+	opts.Aggregates = 1000
+	b := setup(t, opts, 4)
+	p := balances()
+	if err := postgres.Migrate(context.Background(), b.db.Pool, p); err != nil {
+		t.Fatal(err)
+	}
+	b.projs = []*projection.Projection{p}
+	run(t, b.engine(t, "gofold", projector.Config{}))
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	if err := demo.WaitCommitted(ctx, b.db.Pool, "gofold", demo.Topic, b.end, nil); err != nil {
+		t.Fatal(err)
+	}
+	exp := demo.Fold(b.records)
+	got := map[string][3]int64{}
+	rows, err := b.db.Pool.Query(ctx, `SELECT account_id, balance, events, version FROM balances`)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for rows.Next() {
+		var id string
+		var bal, events, version int64
+		if err := rows.Scan(&id, &bal, &events, &version); err != nil {
+			t.Fatal(err)
+		}
+		got[id] = [3]int64{bal, events, version}
+	}
+	if len(got) != len(exp.Accounts) {
+		t.Errorf("rows: got %d, want %d", len(got), len(exp.Accounts))
+	}
+	for id, a := range exp.Accounts {
+		if want := [3]int64{a.Balance, a.Version, a.Version}; got[id] != want {
+			t.Errorf("%s: got balance, events, version %v, want %v", id, got[id], want)
+		}
+	}
+}
+
+// TestSnapshotApplyOverGaps runs a snapshot projection with on_gap apply:
+// every account's row must hold its highest version, gaps or not.
+func TestSnapshotApplyOverGaps(t *testing.T) {
+	opts := demo.DefaultOptions()
+	opts.Aggregates, opts.CloseEvery = 1000, 0
+	b := setup(t, opts, 4)
+	projs, err := projection.Parse([]byte(`
+projections:
+  - name: last_event
+    topic: accounts.events
+    table: last_event
+    key: account_id
+    mode: snapshot
+    on_gap: apply
+    columns:
+      account_id: {type: text, primary_key: true}
+      kind:       {type: text, field: type}
+      amount:     {type: bigint}
+`), ".")
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	if err := postgres.Migrate(ctx, b.db.Pool, projs...); err != nil {
+		t.Fatal(err)
+	}
+	b.projs = projs
+	run(t, b.engine(t, "snap", projector.Config{}))
+	wctx, cancel := context.WithTimeout(ctx, time.Minute)
+	defer cancel()
+	if err := demo.WaitCommitted(wctx, b.db.Pool, "snap", demo.Topic, b.end, nil); err != nil {
+		t.Fatal(err)
+	}
+	want := map[string]demo.Event{}
+	for _, r := range b.records {
+		if r.Poison == "" && r.Event.Version > want[r.Key].Version {
+			want[r.Key] = r.Event
+		}
+	}
+	rows, err := b.db.Pool.Query(ctx, `SELECT account_id, kind, amount, version FROM last_event`)
+	if err != nil {
+		t.Fatal(err)
+	}
+	n := 0
+	for rows.Next() {
+		var (
+			id, kind        string
+			amount, version int64
+		)
+		if err := rows.Scan(&id, &kind, &amount, &version); err != nil {
+			t.Fatal(err)
+		}
+		n++
+		w := want[id]
+		if kind != w.Type || amount != w.Amount || version != w.Version {
+			t.Errorf("%s: got %s/%d v%d, want %s/%d v%d", id, kind, amount, version, w.Type, w.Amount, w.Version)
+		}
+	}
+	if n != len(want) {
+		t.Errorf("rows: got %d, want %d", n, len(want))
+	}
+	var parked int
+	if err := b.db.Pool.QueryRow(ctx, `SELECT count(*) FROM projector_parked WHERE identity = 'snap'`).Scan(&parked); err != nil {
+		t.Fatal(err)
+	}
+	if parked != 0 {
+		t.Errorf("on_gap apply parked %d events", parked)
+	}
+}

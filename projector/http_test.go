@@ -1,0 +1,102 @@
+package projector_test
+
+import (
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+	"github.com/prometheus/client_golang/prometheus/testutil/promlint"
+
+	"github.com/projector-dev/projector/internal/demo"
+	"github.com/projector-dev/projector/projector"
+)
+
+func get(t *testing.T, url string) (int, string) {
+	t.Helper()
+	resp, err := http.Get(url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	body, err := io.ReadAll(resp.Body)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return resp.StatusCode, string(body)
+}
+
+// TestHTTPSurface checks health, readiness and the metric names a running
+// member exports, and lints those names.
+func TestHTTPSurface(t *testing.T) {
+	opts := demo.DefaultOptions()
+	opts.Aggregates = 300
+	b := setup(t, opts, 3)
+	reg := prometheus.NewRegistry()
+	reg.MustRegister(collectors.NewBuildInfoCollector())
+	e := b.engine(t, "http", projector.Config{Registerer: reg})
+	srv := httptest.NewServer(projector.Handler(reg, e.Ready))
+	defer srv.Close()
+
+	if code, body := get(t, srv.URL+"/readyz"); code != http.StatusServiceUnavailable || !strings.Contains(body, "group failed") {
+		t.Errorf("/readyz before joining: %d %q, want 503 naming the group check", code, body)
+	}
+	for _, path := range []string{"/livez", "/healthz"} {
+		if code, _ := get(t, srv.URL+path); code != http.StatusOK {
+			t.Errorf("%s: %d, want 200", path, code)
+		}
+	}
+	run(t, e)
+	b.verify(t, "http")
+
+	deadline := time.Now().Add(20 * time.Second)
+	for {
+		code, body := get(t, srv.URL+"/readyz?verbose")
+		if code == http.StatusOK {
+			if !strings.Contains(body, "[+] group ok") || !strings.Contains(body, "[+] postgres ok") {
+				t.Errorf("/readyz?verbose does not list its checks: %q", body)
+			}
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("/readyz never became ready: %d %q", code, body)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+
+	_, metrics := get(t, srv.URL+"/metrics")
+	for _, name := range []string{
+		`projector_consumer_lag{group="http",partition="0",topic="accounts.events"} 0`,
+		`projector_consumer_lag_seconds{group="http",partition="0",topic="accounts.events"} 0`,
+		`projector_rebalances_total{group="http"}`,
+		`projector_partitions_assigned{group="http"} 3`,
+		`projector_partitions_revoked_total{group="http"}`,
+		`projector_partitions_lost_total{group="http"}`,
+		`projector_last_rebalance_timestamp_seconds{group="http"}`,
+		`projector_records_processed_total{outcome="applied",projection="accounts",topic="accounts.events"}`,
+		`projector_records_processed_total{outcome="dead_lettered",projection="accounts",topic="accounts.events"}`,
+		`projector_batch_commit_duration_seconds_bucket`,
+		`projector_fenced_batches_total 0`,
+		`kgo_buffered_fetch_records_total`,
+		`go_build_info`,
+	} {
+		if !strings.Contains(metrics, name) {
+			t.Errorf("/metrics lacks %s", name)
+		}
+	}
+
+	problems, err := promlint.New(strings.NewReader(metrics)).Lint()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, p := range problems {
+		if strings.HasPrefix(p.Metric, "kgo_") {
+			continue // franz-go's own names, from its kprom plugin
+		}
+		t.Errorf("metric %s: %s", p.Metric, p.Text)
+	}
+}

@@ -1,0 +1,162 @@
+package projector_test
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/twmb/franz-go/pkg/kadm"
+	"github.com/twmb/franz-go/pkg/kgo"
+
+	"github.com/projector-dev/projector/internal/demo"
+	"github.com/projector-dev/projector/internal/testenv"
+	"github.com/projector-dev/projector/partition"
+	"github.com/projector-dev/projector/projection"
+	"github.com/projector-dev/projector/projector"
+	"github.com/projector-dev/projector/sinks/postgres"
+)
+
+// TestRebalancesWhileBatchesAreOpen adds and removes members while records
+// flow, so partitions move with batches in flight; the table must still
+// equal the reference fold and nothing may be stored twice.
+func TestRebalancesWhileBatchesAreOpen(t *testing.T) {
+	ctx := context.Background()
+	b := &bundle{db: testenv.NewDB(t), kafka: testenv.Kafka(t, demo.Topic, 6)}
+	_, b.reg = testenv.Registry(t)
+	var err error
+	if b.enc, err = demo.RegisterSchemas(ctx, b.reg); err != nil {
+		t.Fatal(err)
+	}
+	if b.projs, err = projection.Parse(demo.Projections, "."); err != nil {
+		t.Fatal(err)
+	}
+	if err := postgres.Migrate(ctx, b.db.Pool, b.projs...); err != nil {
+		t.Fatal(err)
+	}
+	opts := demo.DefaultOptions()
+	opts.Aggregates, opts.Seed = 3000, 11
+	b.records = demo.Generate(opts)
+	prod, err := kgo.NewClient(kgo.SeedBrokers(b.kafka.ListenAddrs()...))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer prod.Close()
+
+	cfg := func(reg prometheus.Registerer) projector.Config {
+		return projector.Config{
+			Partition:      partition.Config{BatchMaxRecords: 50, BatchMaxWait: 20 * time.Millisecond},
+			SessionTimeout: 6 * time.Second,
+			Registerer:     reg,
+		}
+	}
+	regs := map[string]*prometheus.Registry{}
+	stops := map[string]func(){}
+	start := func(name string) {
+		regs[name] = prometheus.NewRegistry()
+		stops[name] = run(t, b.engine(t, "rebalance", cfg(regs[name])))
+	}
+	chunk := len(b.records) / 5
+	produce := func(i int) {
+		t.Helper()
+		part := b.records[i*chunk : min((i+1)*chunk, len(b.records))]
+		if i == 4 {
+			part = b.records[i*chunk:]
+		}
+		if err := demo.Produce(ctx, prod, b.enc, part, nil); err != nil {
+			t.Fatal(err)
+		}
+	}
+	steps := []func(){
+		func() { start("a") },
+		func() { start("b") },
+		func() { start("c") },
+		func() { stops["a"]() },
+		func() { stops["b"](); start("d") },
+	}
+	for i, step := range steps {
+		produce(i)
+		step()
+	}
+	if b.end, err = demo.EndOffsets(ctx, kadm.NewClient(prod), demo.Topic); err != nil {
+		t.Fatal(err)
+	}
+	b.verify(t, "rebalance")
+
+	var revoked float64
+	for _, reg := range regs {
+		revoked += counter(t, reg, "projector_partitions_revoked_total")
+	}
+	if revoked == 0 {
+		t.Errorf("no partition was ever revoked: the test did not rebalance")
+	}
+}
+
+// TestFencedOwnerStops claims the partitions behind a running member's
+// back, as a newer owner would: the member's next commits are fenced and
+// counted, its workers stop, and a later member finishes the stream from
+// the stored offsets without applying anything twice.
+func TestFencedOwnerStops(t *testing.T) {
+	ctx := context.Background()
+	opts := demo.DefaultOptions()
+	opts.Aggregates = 500
+	b := setup(t, opts, 3)
+
+	reg := prometheus.NewRegistry()
+	// A batch waits a second for more records: long enough to claim the
+	// partitions underneath it.
+	e := b.engine(t, "fence", projector.Config{
+		Partition:  partition.Config{BatchMaxRecords: 1_000_000, BatchMaxWait: time.Second},
+		Registerer: reg,
+	})
+	stop := run(t, e)
+	deadline := time.Now().Add(30 * time.Second)
+	for len(e.Workers()) < 3 {
+		if time.Now().After(deadline) {
+			t.Fatal("the member never started its three workers")
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	offsets := postgres.NewOffsets(b.db.Pool, "fence")
+	tps := []partition.TP{{Topic: demo.Topic, Partition: 0}, {Topic: demo.Topic, Partition: 1}, {Topic: demo.Topic, Partition: 2}}
+	if _, err := offsets.Claim(ctx, tps); err != nil {
+		t.Fatal(err)
+	}
+	for len(e.Workers()) > 0 {
+		if time.Now().After(deadline) {
+			t.Fatalf("fenced workers did not stop: %d still run", len(e.Workers()))
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	if got := counter(t, reg, "projector_fenced_batches_total"); got != 3 {
+		t.Errorf("fenced batches: got %v, want 3", got)
+	}
+	var rows int
+	if err := b.db.Pool.QueryRow(ctx, `SELECT count(*) FROM accounts`).Scan(&rows); err != nil {
+		t.Fatal(err)
+	}
+	if rows != 0 {
+		t.Errorf("a fenced batch wrote %d rows", rows)
+	}
+	stop()
+
+	run(t, b.engine(t, "fence", projector.Config{}))
+	b.verify(t, "fence")
+}
+
+func counter(t *testing.T, g prometheus.Gatherer, name string) float64 {
+	t.Helper()
+	mfs, err := g.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var sum float64
+	for _, mf := range mfs {
+		if mf.GetName() == name {
+			for _, m := range mf.GetMetric() {
+				sum += m.GetCounter().GetValue()
+			}
+		}
+	}
+	return sum
+}
