@@ -175,6 +175,29 @@ func TestCrashRecovery(t *testing.T) {
 	}
 	c.done <- nil
 
+	out.Reset()
+	if err := Main(ctx, []string{"status", "--json", "--brokers", cluster.ListenAddrs()[0], "--database-url", db.URL, "--identity", "crash"}, &out, &out); err != nil {
+		t.Fatalf("status: %v\n%s", err, &out)
+	}
+	var status []struct {
+		Topic         string `json:"topic"`
+		Partition     int32  `json:"partition"`
+		NextOffset    int64  `json:"next_offset"`
+		HighWatermark int64  `json:"high_watermark"`
+		Lag           int64  `json:"lag"`
+	}
+	if err := json.Unmarshal(out.Bytes(), &status); err != nil {
+		t.Fatalf("status --json: %v\n%s", err, &out)
+	}
+	if len(status) != len(end) {
+		t.Errorf("status lists %d partitions, want %d", len(status), len(end))
+	}
+	for _, s := range status {
+		if s.Topic != demo.Topic || s.NextOffset != end[s.Partition] || s.HighWatermark != end[s.Partition] || s.Lag != 0 {
+			t.Errorf("status of partition %d: %+v, want next offset and log end %d, lag 0", s.Partition, s, end[s.Partition])
+		}
+	}
+
 	exp := demo.Fold(records)
 	if err := demo.Verify(ctx, db.Pool, demo.Table, exp); err != nil {
 		t.Fatal(err)

@@ -612,6 +612,13 @@ func TestCommitBatchDeleteKeepsVersion(t *testing.T) {
 	if st := e.load(c, []string{"a1"}, nil); st.Versions["a1"] != 6 || st.Rows["a1"] != nil {
 		t.Errorf("a1 after the second delete = %v v%d, want no row at v6", st.Rows["a1"], st.Versions["a1"])
 	}
+
+	// Whatever the row holds, the version reported is never below the
+	// tombstone's.
+	e.mustCommit(&c, 7, partition.Changes{Upserts: []partition.RowWrite{upsert("a1", 3, "late", 3)}})
+	if st := e.load(c, []string{"a1"}, nil); st.Versions["a1"] != 6 {
+		t.Errorf("a1's version with a tombstone at v6 and a row at v3 = %d, want 6", st.Versions["a1"])
+	}
 }
 
 func sortParked(evs []partition.StoredEvent) {

@@ -1,0 +1,98 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"fmt"
+	"math/rand/v2"
+	"net/url"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/projector-dev/projector/internal/demo"
+	"github.com/projector-dev/projector/internal/testenv"
+)
+
+// TestDemo runs a smaller demo end to end: it must verify its own result,
+// and its dead letters must be listed by `dlq list --json`.
+func TestDemo(t *testing.T) {
+	ctx := context.Background()
+	schema := fmt.Sprintf("t_demo_%x", rand.Uint32())
+	admin, err := pgxpool.New(ctx, testenv.DatabaseURL())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer admin.Close()
+	t.Cleanup(func() { _, _ = admin.Exec(context.Background(), "DROP SCHEMA IF EXISTS "+schema+" CASCADE") })
+
+	var out, errs bytes.Buffer
+	err = Main(ctx, []string{"demo", "--database-url", testenv.DatabaseURL(), "--schema", schema, "--aggregates", "2000"}, &out, &errs)
+	if err != nil {
+		t.Fatalf("demo: %v\nstdout:\n%s\nstderr:\n%s", err, &out, &errs)
+	}
+	for _, want := range []string{"member-2   joined", "summary", "verify     OK"} {
+		if !strings.Contains(out.String(), want) {
+			t.Errorf("demo output lacks %q:\n%s", want, &out)
+		}
+	}
+
+	u, _ := url.Parse(testenv.DatabaseURL())
+	q := u.Query()
+	q.Set("search_path", schema)
+	u.RawQuery = q.Encode()
+	out.Reset()
+	if err := Main(ctx, []string{"dlq", "list", "--json", "--database-url", u.String()}, &out, &errs); err != nil {
+		t.Fatalf("dlq list: %v\n%s", err, &errs)
+	}
+	var dls []map[string]any
+	if err := json.Unmarshal(out.Bytes(), &dls); err != nil {
+		t.Fatalf("dlq list --json is not a JSON array: %v\n%s", err, &out)
+	}
+	if len(dls) != demo.DefaultOptions().Poison {
+		t.Errorf("dlq list: %d entries, want %d poison pills", len(dls), demo.DefaultOptions().Poison)
+	}
+	for _, d := range dls {
+		for _, field := range []string{"topic", "partition", "offset", "key", "error"} {
+			if _, ok := d[field]; !ok {
+				t.Errorf("dead letter %v lacks %q", d, field)
+			}
+		}
+		if d["topic"] != demo.Topic || !strings.HasPrefix(d["key"].(string), "acc-") || d["error"] == "" {
+			t.Errorf("dead letter does not name its record: %v", d)
+		}
+	}
+}
+
+// TestBadInputStopsWithAClearMessage checks that bad flags and projection
+// files stop the command with an error naming what is wrong.
+func TestBadInputStopsWithAClearMessage(t *testing.T) {
+	dir := t.TempDir()
+	bad := filepath.Join(dir, "bad.yaml")
+	if err := os.WriteFile(bad, []byte("projections:\n  - name: x\n    topic: t\n    table: x\n    key: id\n    mode: fold\n    type_field: type\n    columns:\n      id: {type: text, primary_key: true}\n    events:\n      Opened: {set: {nope: field}}\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	for _, tc := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"run", "--registry-url", "http://127.0.0.1:1"}, "--brokers"},
+		{[]string{"run", "--brokers", "127.0.0.1:1"}, "--registry-url"},
+		{[]string{"run", "--brokers", "b", "--registry-url", "r", "--start-from", "middle"}, "--start-from"},
+		{[]string{"run", "--brokers", "b", "--registry-url", "r", "--batch-max-records", "0"}, "--batch-max-records"},
+		{[]string{"migrate", "--config", filepath.Join(dir, "missing.yaml")}, "missing.yaml"},
+		{[]string{"migrate", "--config", bad}, `events.Opened.set: no column "nope"`},
+		{[]string{"migrate", "--config", bad}, `projection "x"`},
+		{[]string{"demo", "--database-url", "postgres://postgres@127.0.0.1:1/test?connect_timeout=2"}, "cannot connect to PostgreSQL"},
+	} {
+		var out bytes.Buffer
+		err := Main(context.Background(), tc.args, &out, &out)
+		if err == nil || !strings.Contains(err.Error(), tc.want) {
+			t.Errorf("projector %s: got error %v, want one naming %q", strings.Join(tc.args, " "), err, tc.want)
+		}
+	}
+}
