@@ -38,8 +38,8 @@ func (w *Worker) process(ctx context.Context, recs []*kgo.Record) error {
 	start := w.claim.NextOffset
 	items := make([]*item, 0, len(recs))
 	for _, r := range recs {
-		if r.Offset < start {
-			continue // already committed; a refetch overlap
+		if r.Offset < start || r.Attrs.IsControl() {
+			continue // already committed, or a transaction marker
 		}
 		it, err := w.decode(ctx, recordItem(r))
 		if err != nil {
@@ -47,10 +47,10 @@ func (w *Worker) process(ctx context.Context, recs []*kgo.Record) error {
 		}
 		items = append(items, it)
 	}
-	if len(items) == 0 {
+	end := recs[len(recs)-1].Offset + 1
+	if end <= start {
 		return nil
 	}
-	end := recs[len(recs)-1].Offset + 1
 
 	keys := make([]string, 0, len(items))
 	var parked []string

@@ -166,6 +166,10 @@ func New(cfg Config, pool *pgxpool.Pool, decoderOf Decoders) (*Engine, error) {
 		kgo.BlockRebalanceOnPoll(),
 		kgo.DisableAutoCommit(),
 		kgo.FetchIsolationLevel(kgo.ReadCommitted()),
+		// Transaction markers come through so the stored offset can move
+		// past them: otherwise a partition ending in a marker would show
+		// lag forever.
+		kgo.KeepControlRecords(),
 		kgo.ConsumeResetOffset(kgo.NoResetOffset()),
 		kgo.OnPartitionsAssigned(e.assigned),
 		kgo.OnPartitionsRevoked(e.revoked),

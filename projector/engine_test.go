@@ -2,6 +2,7 @@ package projector_test
 
 import (
 	"context"
+	"fmt"
 	"log/slog"
 	"os"
 	"testing"
@@ -253,4 +254,60 @@ projections:
 	if parked != 0 {
 		t.Errorf("on_gap apply parked %d events", parked)
 	}
+}
+
+// TestAbortedTransactionsNeverApply produces part of the stream inside an
+// aborted transaction (events that would change balances) and the rest
+// inside a committed one, so every partition ends in a transaction marker:
+// the aborted events must never apply and the stored offsets must still
+// reach the end of every partition.
+func TestAbortedTransactionsNeverApply(t *testing.T) {
+	ctx := context.Background()
+	opts := demo.DefaultOptions()
+	opts.Aggregates = 1000
+	b := setup(t, opts, 3)
+
+	txn, err := kgo.NewClient(kgo.SeedBrokers(b.kafka.ListenAddrs()...), kgo.TransactionalID("test-txn"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer txn.Close()
+	inTxn := func(records []demo.Record, commit kgo.TransactionEndTry) {
+		t.Helper()
+		if err := txn.BeginTransaction(); err != nil {
+			t.Fatal(err)
+		}
+		if err := demo.Produce(ctx, txn, b.enc, records, nil); err != nil {
+			t.Fatal(err)
+		}
+		if err := txn.EndTransaction(ctx, commit); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// Aborted: deposits at every account's next versions, and new accounts.
+	var bogus []demo.Record
+	exp := demo.Fold(b.records)
+	for id, a := range exp.Accounts {
+		for v := a.Version + 1; v <= a.Version+3; v++ {
+			bogus = append(bogus, demo.Record{Key: id, Event: demo.Event{AccountID: id, Version: v, Type: "Deposited", Amount: 1_000_000}})
+		}
+	}
+	for i := range 50 {
+		id := fmt.Sprintf("aborted-%d", i)
+		bogus = append(bogus, demo.Record{Key: id, Event: demo.Event{AccountID: id, Version: 1, Type: "AccountOpened", Owner: "ghost"}})
+	}
+	inTxn(bogus, kgo.TryAbort)
+	// Committed: more real events, continuing each open account.
+	var more []demo.Record
+	for id, a := range exp.Accounts {
+		ev := demo.Event{AccountID: id, Version: a.Version + 1, Type: "Deposited", Amount: 7}
+		more = append(more, demo.Record{Key: id, Event: ev})
+	}
+	inTxn(more, kgo.TryCommit)
+	b.records = append(b.records, more...)
+	if b.end, err = demo.EndOffsets(ctx, kadm.NewClient(txn), demo.Topic); err != nil {
+		t.Fatal(err)
+	}
+	run(t, b.engine(t, "txn", projector.Config{}))
+	b.verify(t, "txn")
 }
