@@ -148,11 +148,17 @@ func (s Spec) compile(dir string) (*Projection, error) {
 	}
 	switch p.Mode {
 	case ModeSnapshot:
+		if len(s.DeleteOn) > 0 && p.TypeField == "" {
+			return nil, bad("delete_on needs type_field: the field naming the event type")
+		}
 		if len(s.Events) > 0 {
 			return nil, bad("events: only fold mode takes per-event verbs (use delete_on for snapshot deletes)")
 		}
 		p.Fold = snapshotFold(p)
 	case ModeFold:
+		if len(s.DeleteOn) > 0 {
+			return nil, bad("delete_on is for snapshot mode; in fold mode use delete: true under events")
+		}
 		if p.TypeField == "" {
 			return nil, bad("type_field is required in fold mode")
 		}
@@ -182,8 +188,19 @@ func parseColumns(n *yaml.Node) ([]Column, error) {
 	var cols []Column
 	for i := 0; i+1 < len(n.Content); i += 2 {
 		name := n.Content[i].Value
+		spec := n.Content[i+1]
+		if spec.Kind != yaml.MappingNode {
+			return nil, fmt.Errorf("column %q: line %d: want {type: …}", name, spec.Line)
+		}
+		for k := 0; k+1 < len(spec.Content); k += 2 {
+			switch key := spec.Content[k].Value; key {
+			case "type", "primary_key", "default", "field":
+			default:
+				return nil, fmt.Errorf("column %q: line %d: unknown field %q (want type, primary_key, default, field)", name, spec.Content[k].Line, key)
+			}
+		}
 		var cs ColumnSpec
-		if err := n.Content[i+1].Decode(&cs); err != nil {
+		if err := spec.Decode(&cs); err != nil {
 			return nil, fmt.Errorf("column %q: %w", name, err)
 		}
 		if cs.Type == "" {
@@ -204,9 +221,11 @@ func parseColumns(n *yaml.Node) ([]Column, error) {
 	}
 	// The key column goes first.
 	for i, c := range cols {
-		if c.PrimaryKey && i > 0 {
-			copy(cols[1:i+1], cols[:i])
-			cols[0] = c
+		if c.PrimaryKey {
+			if i > 0 {
+				copy(cols[1:i+1], cols[:i])
+				cols[0] = c
+			}
 			break
 		}
 	}

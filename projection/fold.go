@@ -2,6 +2,7 @@ package projection
 
 import (
 	"fmt"
+	"maps"
 	"strings"
 )
 
@@ -112,7 +113,10 @@ func compileFold(p *Projection, defs map[string]EventDef) (FoldFunc, error) {
 		if ev.Fields == nil {
 			return nil, nil
 		}
-		eo := ops[ev.Type]
+		eo, known := ops[ev.Type]
+		if !known {
+			return maps.Clone(state), nil // not this projection's concern: only the version moves
+		}
 		if eo.delete {
 			return nil, nil
 		}

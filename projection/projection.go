@@ -3,6 +3,7 @@ package projection
 import (
 	"errors"
 	"fmt"
+	"strings"
 )
 
 // Event is one decoded event offered to a fold.
@@ -163,7 +164,15 @@ func (p *Projection) Validate() error {
 	if len(p.Columns) == 0 {
 		return bad("columns: at least the key column is required")
 	}
-	keys := 0
+	var keys []string
+	for _, c := range p.Columns {
+		if c.PrimaryKey {
+			keys = append(keys, c.Name)
+		}
+	}
+	if len(keys) != 1 {
+		return bad("columns: exactly one column needs primary_key: true, found %d (%s)", len(keys), strings.Join(keys, ", "))
+	}
 	seen := map[string]bool{}
 	for i, c := range p.Columns {
 		if !identRe.MatchString(c.Name) {
@@ -179,15 +188,9 @@ func (p *Projection) Validate() error {
 		if !typeRe.MatchString(c.Type) {
 			return bad("column %q: type %q is not a Postgres type name", c.Name, c.Type)
 		}
-		if c.PrimaryKey {
-			keys++
-			if i != 0 {
-				return bad("column %q: the primary key column must come first", c.Name)
-			}
+		if c.PrimaryKey && i != 0 {
+			return bad("column %q: the primary key column must come first", c.Name)
 		}
-	}
-	if keys != 1 {
-		return bad("columns: exactly one column needs primary_key: true, found %d", keys)
 	}
 	if p.KeyColumn != p.Columns[0].Name {
 		return bad("key column %q is not the primary key column %q", p.KeyColumn, p.Columns[0].Name)

@@ -22,7 +22,7 @@ func kindOf(pgType string) Kind {
 	switch strings.TrimSpace(pgType) {
 	case "smallint", "integer", "int", "int2", "int4", "int8", "bigint":
 		return KindInt
-	case "real", "float4", "float8", "double precision":
+	case "real", "float", "float4", "float8", "double precision":
 		return KindFloat
 	case "boolean", "bool":
 		return KindBool
@@ -32,32 +32,18 @@ func kindOf(pgType string) Kind {
 
 // Convert turns a decoded Avro value into the Go value this column holds
 // (see Row). It fails with a message naming the column when the value does
-// not fit.
+// not fit, including integers outside the column type's range.
 func (c Column) Convert(v any) (any, error) {
 	if v == nil {
 		return nil, nil
 	}
 	switch c.Kind() {
 	case KindInt:
-		switch x := v.(type) {
-		case int64:
-			return x, nil
-		case int32:
-			return int64(x), nil
-		case int:
-			return int64(x), nil
-		case float64:
-			if x == math.Trunc(x) && math.Abs(x) < 1<<62 {
-				return int64(x), nil
+		if n, ok := toInt(v); ok {
+			if lim := intLimit(c.Type); n > lim || n < -lim-1 {
+				return nil, fmt.Errorf("column %s (%s): %d is out of range", c.Name, c.Type, n)
 			}
-		case float32:
-			if float64(x) == math.Trunc(float64(x)) {
-				return int64(x), nil
-			}
-		case string:
-			if n, err := strconv.ParseInt(x, 10, 64); err == nil {
-				return n, nil
-			}
+			return n, nil
 		}
 	case KindFloat:
 		switch x := v.(type) {
@@ -65,12 +51,9 @@ func (c Column) Convert(v any) (any, error) {
 			return x, nil
 		case float32:
 			return float64(x), nil
-		case int64:
-			return float64(x), nil
-		case int32:
-			return float64(x), nil
-		case int:
-			return float64(x), nil
+		}
+		if n, ok := toInt(v); ok {
+			return float64(n), nil
 		}
 	case KindBool:
 		if b, ok := v.(bool); ok {
@@ -80,6 +63,41 @@ func (c Column) Convert(v any) (any, error) {
 		return c.text(v)
 	}
 	return nil, fmt.Errorf("column %s (%s): cannot hold %T value %v", c.Name, c.Type, v, v)
+}
+
+func toInt(v any) (int64, bool) {
+	switch x := v.(type) {
+	case int64:
+		return x, true
+	case int32:
+		return int64(x), true
+	case int:
+		return int64(x), true
+	case float64:
+		if x == math.Trunc(x) && math.Abs(x) < 1<<62 {
+			return int64(x), true
+		}
+	case float32:
+		if f := float64(x); f == math.Trunc(f) && math.Abs(f) < 1<<62 {
+			return int64(f), true
+		}
+	case string:
+		if n, err := strconv.ParseInt(x, 10, 64); err == nil {
+			return n, true
+		}
+	}
+	return 0, false
+}
+
+// intLimit is the largest value of an integer column type.
+func intLimit(pgType string) int64 {
+	switch pgType {
+	case "smallint", "int2":
+		return math.MaxInt16
+	case "integer", "int", "int4":
+		return math.MaxInt32
+	}
+	return math.MaxInt64
 }
 
 func (c Column) text(v any) (any, error) {

@@ -127,7 +127,7 @@ func createTableSQL(p *projection.Projection) string {
 func checkTable(ctx context.Context, tx pgx.Tx, p *projection.Projection) error {
 	rows, err := tx.Query(ctx, `
 		SELECT a.attname, format_type(a.atttypid, NULL),
-		       coalesce((SELECT i.indisprimary AND a.attnum = ANY(i.indkey)
+		       coalesce((SELECT i.indnatts = 1 AND i.indkey[0] = a.attnum
 		                 FROM pg_index i WHERE i.indrelid = a.attrelid AND i.indisprimary), false)
 		FROM pg_attribute a
 		WHERE a.attrelid = $1::regclass AND a.attnum > 0 AND NOT a.attisdropped`, p.Table)
@@ -164,7 +164,7 @@ func checkTable(ctx context.Context, tx pgx.Tx, p *projection.Projection) error 
 		case h.typ != want:
 			problems = append(problems, fmt.Sprintf("column %s is %s in the table but %s in the projection", c.Name, h.typ, want))
 		case i == 0 && !h.pk:
-			problems = append(problems, fmt.Sprintf("column %s is not the table's primary key", c.Name))
+			problems = append(problems, fmt.Sprintf("column %s is not the table's single-column primary key", c.Name))
 		}
 	}
 	if v, ok := have["version"]; !ok || v.typ != "bigint" {

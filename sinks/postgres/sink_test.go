@@ -287,6 +287,8 @@ func TestMigrateRefusesMismatch(t *testing.T) {
 			opened_at timestamptz, version bigint NOT NULL)`, []string{"column account_id", "primary key"}},
 		{"no primary key", `CREATE TABLE accounts (account_id text, owner text, balance bigint,
 			opened_at timestamptz, version bigint NOT NULL)`, []string{"column account_id", "primary key"}},
+		{"composite primary key", `CREATE TABLE accounts (account_id text, owner text, balance bigint,
+			opened_at timestamptz, version bigint NOT NULL, PRIMARY KEY (account_id, owner))`, []string{"column account_id", "primary key"}},
 		{"no version column", `CREATE TABLE accounts (account_id text PRIMARY KEY, owner text, balance bigint,
 			opened_at timestamptz)`, []string{"version"}},
 		{"version of another type", `CREATE TABLE accounts (account_id text PRIMARY KEY, owner text, balance bigint,
