@@ -232,19 +232,19 @@ func (e *Engine) Run(ctx context.Context) error {
 }
 
 func (e *Engine) assigned(_ context.Context, _ *kgo.Client, assigned map[string][]int32) {
-	e.group.rebalance(assigned, nil)
+	e.group.assignedNow(assigned)
 	e.log.Info("partitions assigned", "partitions", assigned)
 }
 
 func (e *Engine) revoked(_ context.Context, _ *kgo.Client, revoked map[string][]int32) {
-	e.group.rebalance(nil, revoked)
+	e.group.removed(revoked)
 	e.group.revoked.Add(float64(count(revoked)))
 	e.log.Info("partitions revoked", "partitions", revoked)
 	e.stop(revoked)
 }
 
 func (e *Engine) lost(_ context.Context, _ *kgo.Client, lost map[string][]int32) {
-	e.group.rebalance(nil, lost)
+	e.group.removed(lost)
 	e.group.lost.Add(float64(count(lost)))
 	e.log.Warn("partitions lost", "partitions", lost)
 	e.stop(lost)

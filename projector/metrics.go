@@ -19,7 +19,7 @@ func newGroupMetrics(reg prometheus.Registerer, group string) *groupMetrics {
 	labels := prometheus.Labels{"group": group}
 	m := &groupMetrics{
 		rebalances: prometheus.NewCounter(prometheus.CounterOpts{
-			Name: "projector_rebalances_total", Help: "Rebalances this member took part in (assignments and revocations).", ConstLabels: labels,
+			Name: "projector_rebalances_total", Help: "Rebalances this member took part in (each ends with an assignment, possibly empty).", ConstLabels: labels,
 		}),
 		assigned: prometheus.NewGauge(prometheus.GaugeOpts{
 			Name: "projector_partitions_assigned", Help: "Partitions currently assigned to this member.", ConstLabels: labels,
@@ -38,9 +38,16 @@ func newGroupMetrics(reg prometheus.Registerer, group string) *groupMetrics {
 	return m
 }
 
-func (m *groupMetrics) rebalance(added, removed map[string][]int32) {
+// assignedNow records a finished rebalance: each one ends with an
+// assignment, possibly empty.
+func (m *groupMetrics) assignedNow(added map[string][]int32) {
 	m.rebalances.Inc()
-	m.assigned.Add(float64(count(added) - count(removed)))
+	m.assigned.Add(float64(count(added)))
+	m.lastRebalance.SetToCurrentTime()
+}
+
+func (m *groupMetrics) removed(removed map[string][]int32) {
+	m.assigned.Sub(float64(count(removed)))
 	m.lastRebalance.SetToCurrentTime()
 }
 
