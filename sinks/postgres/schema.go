@@ -65,6 +65,35 @@ var engineDDL = []string{
 		last_seen   timestamptz NOT NULL DEFAULT now(),
 		UNIQUE (identity, topic, partition, "offset")
 	)`,
+	// Dead-letter lifecycle: what kind of failure, where the record came
+	// from, and whether an operator replayed or resolved it.
+	`ALTER TABLE projector_dead_letters
+		ADD COLUMN IF NOT EXISTS error_class text NOT NULL DEFAULT 'decode',
+		ADD COLUMN IF NOT EXISTS schema_id   integer,
+		ADD COLUMN IF NOT EXISTS trace_id    text,
+		ADD COLUMN IF NOT EXISTS status      text NOT NULL DEFAULT 'open',
+		ADD COLUMN IF NOT EXISTS replays     integer NOT NULL DEFAULT 0,
+		ADD COLUMN IF NOT EXISTS replayed_at timestamptz,
+		ADD COLUMN IF NOT EXISTS resolved_at timestamptz`,
+	`CREATE INDEX IF NOT EXISTS projector_dead_letters_open
+		ON projector_dead_letters (projection, first_seen) WHERE status = 'open'`,
+	// Every replay and purge, who did it and what it touched.
+	`CREATE TABLE IF NOT EXISTS projector_dlq_audit (
+		id        bigserial   PRIMARY KEY,
+		at        timestamptz NOT NULL DEFAULT now(),
+		actor     text        NOT NULL,
+		action    text        NOT NULL,
+		filter    jsonb       NOT NULL DEFAULT '{}',
+		entry_ids bigint[]    NOT NULL DEFAULT '{}',
+		detail    text        NOT NULL DEFAULT ''
+	)`,
+	// Dead letters waiting to be published to the dead-letter topic,
+	// written in the same transaction as the dead letter itself.
+	`CREATE TABLE IF NOT EXISTS projector_dlq_outbox (
+		dead_letter_id bigint      PRIMARY KEY REFERENCES projector_dead_letters (id) ON DELETE CASCADE,
+		topic          text        NOT NULL,
+		created_at     timestamptz NOT NULL DEFAULT now()
+	)`,
 }
 
 // ErrTableMismatch reports a projection whose table exists with other
