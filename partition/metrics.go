@@ -8,6 +8,8 @@ type Metrics struct {
 	commitDuration prometheus.Histogram
 	fenced         prometheus.Counter
 	retries        *prometheus.CounterVec
+	backoff        *prometheus.GaugeVec
+	deadLetters    *prometheus.CounterVec
 }
 
 // NewMetrics registers the worker metrics with reg.
@@ -31,6 +33,14 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 			Help: "Attempts retried after a transient failure (database, registry or broker unavailable).",
 		}, []string{"group", "topic", "partition", "reason"}),
 	}
-	reg.MustRegister(m.processed, m.commitDuration, m.fenced, m.retries)
+	m.backoff = prometheus.NewGaugeVec(prometheus.GaugeOpts{
+		Name: "projector_backoff_active",
+		Help: "1 while the partition's worker backs off after a failure (its fetching is paused), else 0.",
+	}, []string{"group", "topic", "partition"})
+	m.deadLetters = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "projector_dead_letters_total",
+		Help: "Records dead-lettered, by reason: decode, invalid, fold, oversized, rejected, gap.",
+	}, []string{"projection", "reason"})
+	reg.MustRegister(m.processed, m.commitDuration, m.fenced, m.retries, m.backoff, m.deadLetters)
 	return m
 }

@@ -4,9 +4,12 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strconv"
 	"time"
 
 	"github.com/twmb/franz-go/pkg/kgo"
+	"go.opentelemetry.io/otel/propagation"
+	"go.opentelemetry.io/otel/trace"
 
 	"github.com/projector-dev/projector/projection"
 	"github.com/projector-dev/projector/versioning"
@@ -19,20 +22,37 @@ type item struct {
 	value     []byte
 	headers   []Header
 	timestamp time.Time
+	replayOf  int64 // dead letter this record replays, 0: none
 
 	key       string
 	version   int64
 	typ       string
 	fields    map[string]any
+	schemaID  int
 	tombstone bool
-	restored  bool  // parked in an earlier batch
-	err       error // terminal: dead-letter it
+	restored  bool // parked in an earlier batch
+
+	// A failed item is dead-lettered.
+	err      error
+	class    string
+	attempts int
+}
+
+func (it *item) fail(class string, err error) {
+	it.class, it.err = class, err
 }
 
 // outcomes counts what a batch did, for metrics after commit.
 type outcomes struct {
-	applied, stale, parked, deadLettered int
+	applied, stale, parked int
+	deadLettered           map[string]int // by class
 }
+
+// foldRetry is a fold error that may succeed on a later attempt.
+type foldRetry struct{ err error }
+
+func (f *foldRetry) Error() string { return f.err.Error() }
+func (f *foldRetry) Unwrap() error { return f.err }
 
 func (w *Worker) process(ctx context.Context, recs []*kgo.Record) error {
 	start := w.claim.NextOffset
@@ -41,15 +61,19 @@ func (w *Worker) process(ctx context.Context, recs []*kgo.Record) error {
 		if r.Offset < start || r.Attrs.IsControl() {
 			continue // already committed, or a transaction marker
 		}
-		it, err := w.decode(ctx, recordItem(r))
-		if err != nil {
-			return err
-		}
-		items = append(items, it)
+		items = append(items, recordItem(r))
 	}
 	end := recs[len(recs)-1].Offset + 1
 	if end <= start {
 		return nil
+	}
+	for _, it := range items {
+		if len(it.value) > w.cfg.MaxRecordBytes {
+			it.fail(ClassOversized, fmt.Errorf("value of %d bytes is over the %d-byte limit", len(it.value), w.cfg.MaxRecordBytes))
+		}
+	}
+	if err := w.decodeAll(ctx, items); err != nil {
+		return err
 	}
 
 	keys := make([]string, 0, len(items))
@@ -67,12 +91,15 @@ func (w *Worker) process(ctx context.Context, recs []*kgo.Record) error {
 	}
 
 	var (
-		out     outcomes
-		changes Changes
+		out      outcomes
+		changes  Changes
+		rejected = map[string]string{}
+		giveUp   bool // dead-letter events whose fold keeps failing
+		folds    int
 	)
 	plan := func(st State) (Changes, error) {
 		var err error
-		changes, out, err = w.plan(ctx, items, st)
+		changes, out, err = w.plan(ctx, items, st, rejected, giveUp)
 		return changes, err
 	}
 	for attempt := 0; ; attempt++ {
@@ -85,10 +112,24 @@ func (w *Worker) process(ctx context.Context, recs []*kgo.Record) error {
 		if errors.Is(err, ErrFenced) || ctx.Err() != nil {
 			return err
 		}
+		var rej *RejectedRows
+		if errors.As(err, &rej) {
+			for k, msg := range rej.Keys {
+				rejected[k] = msg
+			}
+			w.log.Warn("postgres refused rows; dead-lettering their events", "aggregates", len(rej.Keys))
+			continue
+		}
+		var fr *foldRetry
+		if errors.As(err, &fr) {
+			folds++
+			giveUp = folds+1 >= w.cfg.MaxAttempts
+		}
 		if err := w.backoff(ctx, attempt, "commit batch", err); err != nil {
 			return err
 		}
 	}
+	w.done()
 
 	w.claim.NextOffset = end
 	w.next.Store(end)
@@ -107,9 +148,16 @@ func (w *Worker) process(ctx context.Context, recs []*kgo.Record) error {
 	m.WithLabelValues(name, topic, "applied").Add(float64(out.applied))
 	m.WithLabelValues(name, topic, "stale").Add(float64(out.stale))
 	m.WithLabelValues(name, topic, "parked").Add(float64(out.parked))
-	m.WithLabelValues(name, topic, "dead_lettered").Add(float64(out.deadLettered))
+	dead := 0
+	for class, n := range out.deadLettered {
+		dead += n
+		w.metrics.deadLetters.WithLabelValues(name, class).Add(float64(n))
+	}
+	m.WithLabelValues(name, topic, "dead_lettered").Add(float64(dead))
 	return nil
 }
+
+var traceContext = propagation.TraceContext{}
 
 func recordItem(r *kgo.Record) *item {
 	it := &item{offset: r.Offset, recordKey: r.Key, value: r.Value, timestamp: r.Timestamp, tombstone: r.Value == nil}
@@ -117,73 +165,132 @@ func recordItem(r *kgo.Record) *item {
 		it.headers = make([]Header, len(r.Headers))
 		for i, h := range r.Headers {
 			it.headers[i] = Header{Key: h.Key, Value: h.Value}
+			if h.Key == ReplayHeader {
+				it.replayOf, _ = strconv.ParseInt(string(h.Value), 10, 64)
+			}
 		}
 	}
 	return it
 }
 
-// decode fills the item's aggregate key, version and fields. A terminal
-// failure is kept in it.err (the record is dead-lettered); a transient one
-// is returned.
-func (w *Worker) decode(ctx context.Context, it *item) (*item, error) {
+// traceID returns the trace id of the record's W3C traceparent header.
+func traceID(headers []Header) string {
+	carrier := propagation.MapCarrier{}
+	for _, h := range headers {
+		if h.Key == "traceparent" || h.Key == "tracestate" {
+			carrier[h.Key] = string(h.Value)
+		}
+	}
+	if len(carrier) == 0 {
+		return ""
+	}
+	sc := trace.SpanContextFromContext(traceContext.Extract(context.Background(), carrier))
+	if !sc.HasTraceID() {
+		return ""
+	}
+	return sc.TraceID().String()
+}
+
+// decodeAll decodes every item that needs it. Terminal failures stay in
+// the item; records whose schema may yet appear are retried up to
+// MaxAttempts; an unreachable registry is retried without limit.
+func (w *Worker) decodeAll(ctx context.Context, items []*item) error {
+	retries := 0
+	for attempt := 0; ; attempt++ {
+		var again []*item
+		var cause error
+		for _, it := range items {
+			if it.err != nil || it.fields != nil || it.tombstone {
+				continue
+			}
+			err := w.decode(ctx, it)
+			if err == nil {
+				continue
+			}
+			switch w.cfg.ClassifyDecode(err) {
+			case Terminal:
+				it.fail(ClassDecode, fmt.Errorf("decode: %w", err))
+			case Retryable:
+				it.attempts = retries + 1
+				if retries+1 >= w.cfg.MaxAttempts {
+					it.fail(ClassDecode, fmt.Errorf("decode, after %d attempts: %w", retries+1, err))
+				} else {
+					again = append(again, it)
+					cause = err
+				}
+			default:
+				again = append(again, it)
+				cause = err
+			}
+		}
+		if len(again) == 0 {
+			if attempt > 0 {
+				w.done()
+			}
+			return nil
+		}
+		if w.cfg.ClassifyDecode(cause) == Retryable {
+			retries++
+		}
+		if err := w.backoff(ctx, attempt, fmt.Sprintf("decode %d records", len(again)), cause); err != nil {
+			return err
+		}
+	}
+}
+
+// decode fills the item's aggregate key, version and fields. A decode
+// error is returned for the caller to classify; a decoded record without a
+// usable key or version fails the item.
+func (w *Worker) decode(ctx context.Context, it *item) error {
 	if it.tombstone {
 		if len(it.recordKey) == 0 {
-			it.err = errors.New("tombstone without a record key")
+			it.fail(ClassInvalid, errors.New("tombstone without a record key"))
 		}
 		it.key = string(it.recordKey)
-		return it, nil
+		return nil
 	}
-	for attempt := 0; ; attempt++ {
-		fields, _, err := w.dec.Decode(ctx, it.value)
-		if err == nil {
-			it.fields = fields
-			break
-		}
-		if w.cfg.IsTerminal(err) {
-			it.err = fmt.Errorf("decode: %w", err)
-			return it, nil
-		}
-		if ctx.Err() != nil {
-			return nil, ctx.Err()
-		}
-		if err := w.backoff(ctx, attempt, fmt.Sprintf("decode offset %d", it.offset), err); err != nil {
-			return nil, err
-		}
+	fields, id, err := w.dec.Decode(ctx, it.value)
+	it.schemaID = id
+	if err != nil {
+		return err
 	}
+	it.fields = fields
 	p := w.proj
-	switch k := it.fields[p.KeyField].(type) {
+	switch k := fields[p.KeyField].(type) {
 	case string:
 		it.key = k
 	case nil:
-		it.err = fmt.Errorf("key field %q is missing or null", p.KeyField)
-		return it, nil
+		it.fail(ClassInvalid, fmt.Errorf("key field %q is missing or null", p.KeyField))
+		return nil
 	case []byte:
 		it.key = string(k)
 	default:
 		it.key = fmt.Sprint(k)
 	}
-	switch v := it.fields[p.VersionField].(type) {
+	switch v := fields[p.VersionField].(type) {
 	case int64:
 		it.version = v
 	case int32:
 		it.version = int64(v)
+	case int:
+		it.version = int64(v)
 	default:
-		it.err = fmt.Errorf("version field %q: want a long, got %T", p.VersionField, v)
-		return it, nil
+		it.fail(ClassInvalid, fmt.Errorf("version field %q: want a long, got %T", p.VersionField, v))
+		return nil
 	}
 	if it.version < 1 {
-		it.err = fmt.Errorf("version field %q: %d is below 1", p.VersionField, it.version)
-		return it, nil
+		it.fail(ClassInvalid, fmt.Errorf("version field %q: %d is below 1", p.VersionField, it.version))
+		return nil
 	}
 	if p.TypeField != "" {
-		t, ok := it.fields[p.TypeField].(string)
+		t, ok := fields[p.TypeField].(string)
 		if !ok {
-			it.err = fmt.Errorf("type field %q: want a string, got %T", p.TypeField, it.fields[p.TypeField])
-			return it, nil
+			it.fail(ClassInvalid, fmt.Errorf("type field %q: want a string, got %T", p.TypeField, fields[p.TypeField]))
+			return nil
 		}
 		it.typ = t
 	}
-	return it, nil
+	return nil
 }
 
 // aggState is one aggregate during planning.
@@ -195,11 +302,12 @@ type aggState struct {
 }
 
 // plan folds the batch into changes. It only reads worker state, so it may
-// run again when the transaction is retried.
-func (w *Worker) plan(ctx context.Context, items []*item, st State) (Changes, outcomes, error) {
+// run again when the transaction is retried. Events of rejected aggregates
+// are dead-lettered; with giveUp, so are events whose fold keeps failing.
+func (w *Worker) plan(ctx context.Context, items []*item, st State, rejected map[string]string, giveUp bool) (Changes, outcomes, error) {
 	var (
 		ch   Changes
-		out  outcomes
+		out  = outcomes{deadLettered: map[string]int{}}
 		aggs = make(map[string]*aggState, len(st.Versions)+len(items))
 	)
 	get := func(key string) *aggState {
@@ -211,36 +319,46 @@ func (w *Worker) plan(ctx context.Context, items []*item, st State) (Changes, ou
 		}
 		return a
 	}
-	deadLetter := func(it *item, cause error) {
-		out.deadLettered++
+	deadLetter := func(it *item) {
+		out.deadLettered[it.class]++
 		ch.DeadLetters = append(ch.DeadLetters, DeadLetter{
 			Offset: it.offset, RecordKey: it.recordKey, Value: it.value, Headers: it.headers,
-			Timestamp: it.timestamp, Err: cause.Error(),
+			Timestamp: it.timestamp, Err: it.err.Error(), Class: it.class, Attempts: max(1, it.attempts),
+			SchemaID: it.schemaID, TraceID: traceID(it.headers), ReplayOf: it.replayOf,
 		})
 		if it.restored {
 			ch.Unpark = append(ch.Unpark, ParkedRef{Key: it.key, Version: it.version})
 		}
 	}
+	resolve := func(it *item) {
+		if it.replayOf > 0 {
+			ch.Resolved = append(ch.Resolved, it.replayOf)
+		}
+	}
 	for _, ev := range st.Parked {
+		if _, bad := rejected[ev.Key]; bad {
+			continue // stays parked; the aggregate's row cannot be written now
+		}
 		it := &item{
 			offset: ev.Offset, recordKey: ev.RecordKey, value: ev.Value, headers: ev.Headers,
 			timestamp: ev.Timestamp, restored: true,
 		}
-		if _, err := w.decode(ctx, it); err != nil {
-			return ch, out, err
+		if err := w.decode(ctx, it); err != nil {
+			if w.cfg.ClassifyDecode(err) != Terminal {
+				return ch, out, err // the registry is down: retry the batch
+			}
+			it.fail(ClassDecode, fmt.Errorf("decode parked event: %w", err))
 		}
 		it.key, it.version = ev.Key, ev.Version
 		a := get(ev.Key)
-		if it.err != nil || ev.Version <= a.gate.Version {
-			// Undecodable now, or superseded: it can never apply.
-			if it.err != nil {
-				deadLetter(it, it.err)
-			} else {
-				ch.Unpark = append(ch.Unpark, ParkedRef{Key: ev.Key, Version: ev.Version})
-			}
-			continue
+		switch {
+		case it.err != nil:
+			deadLetter(it)
+		case ev.Version <= a.gate.Version:
+			ch.Unpark = append(ch.Unpark, ParkedRef{Key: ev.Key, Version: ev.Version}) // superseded
+		default:
+			a.gate.Restore(ev.Version, it)
 		}
-		a.gate.Restore(ev.Version, it)
 	}
 
 	var (
@@ -257,11 +375,18 @@ func (w *Worker) plan(ctx context.Context, items []*item, st State) (Changes, ou
 		if it.restored {
 			ch.Unpark = append(ch.Unpark, ParkedRef{Key: it.key, Version: v})
 		}
+		resolve(it)
 		return nil
 	}
 	for _, it := range items {
 		if it.err != nil {
-			deadLetter(it, it.err)
+			deadLetter(it)
+			continue
+		}
+		if msg, bad := rejected[it.key]; bad {
+			c := *it
+			c.fail(ClassRejected, fmt.Errorf("postgres refused the row of %q: %s", it.key, msg))
+			deadLetter(&c)
 			continue
 		}
 		cur = get(it.key)
@@ -270,6 +395,7 @@ func (w *Worker) plan(ctx context.Context, items []*item, st State) (Changes, ou
 				cur.row, cur.dirty, cur.deleted = nil, true, true
 			}
 			out.applied++
+			resolve(it)
 			continue
 		}
 		if w.proj.OnGap == projection.GapApply && versioning.Decide(cur.gate.Version, it.version) == versioning.Parked {
@@ -285,12 +411,14 @@ func (w *Worker) plan(ctx context.Context, items []*item, st State) (Changes, ou
 		failed = nil
 		outcome, err := cur.gate.Offer(it.version, it, apply)
 		if err != nil {
-			if !projection.IsTerminal(err) {
-				return ch, out, fmt.Errorf("fold %q v%d at offset %d: %w", failed.key, failed.version, failed.offset, err)
+			if !projection.IsTerminal(err) && !giveUp {
+				return ch, out, &foldRetry{fmt.Errorf("fold %q v%d at offset %d: %w", failed.key, failed.version, failed.offset, err)}
 			}
 			// The failing event is the offered one or a parked successor
 			// it unblocked; it leaves the gate and goes to the DLQ.
-			deadLetter(failed, fmt.Errorf("fold %q v%d: %w", failed.key, failed.version, err))
+			f := *failed
+			f.fail(ClassFold, fmt.Errorf("fold %q v%d: %w", failed.key, failed.version, err))
+			deadLetter(&f)
 			if failed == it {
 				continue
 			}
@@ -300,6 +428,7 @@ func (w *Worker) plan(ctx context.Context, items []*item, st State) (Changes, ou
 			out.applied++
 		case versioning.Stale:
 			out.stale++
+			resolve(it) // a replay of an event already applied
 		case versioning.Parked:
 			out.parked++
 		}
@@ -327,10 +456,19 @@ func (w *Worker) plan(ctx context.Context, items []*item, st State) (Changes, ou
 
 // reasonOf labels a transient failure for the retries metric.
 func reasonOf(err error) string {
-	var ne interface{ Timeout() bool }
+	var (
+		ne interface{ Timeout() bool }
+		fr *foldRetry
+	)
 	switch {
+	case errors.As(err, &fr):
+		return "fold"
 	case errors.As(err, &ne) && ne.Timeout():
 		return "timeout"
+	}
+	var pg interface{ SQLState() string }
+	if errors.As(err, &pg) {
+		return "postgres"
 	}
 	return "error"
 }

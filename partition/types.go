@@ -3,6 +3,7 @@ package partition
 import (
 	"context"
 	"errors"
+	"fmt"
 	"time"
 
 	"github.com/projector-dev/projector/projection"
@@ -71,6 +72,19 @@ type ParkedRef struct {
 	Version int64
 }
 
+// Error classes of dead letters.
+const (
+	ClassDecode    = "decode"    // bad bytes, unknown schema id, unresolvable schema
+	ClassInvalid   = "invalid"   // decoded, but no usable key or version
+	ClassFold      = "fold"      // the fold refused the event
+	ClassOversized = "oversized" // over the record size limit
+	ClassRejected  = "rejected"  // Postgres refused the row the event produced
+	ClassGap       = "gap"       // parked behind a version that never came and could not be repaired
+)
+
+// ReplayHeader names the dead letter a replayed record came from.
+const ReplayHeader = "projector-dlq-id"
+
 // DeadLetter is a record that cannot be applied.
 type DeadLetter struct {
 	Offset    int64
@@ -79,6 +93,13 @@ type DeadLetter struct {
 	Headers   []Header
 	Timestamp time.Time
 	Err       string
+	Class     string
+	Attempts  int
+	SchemaID  int    // 0 when unknown
+	TraceID   string // from the record's traceparent, "" when absent
+	// ReplayOf is the dead letter this record is a replay of (0: none):
+	// the sink updates that entry instead of adding one.
+	ReplayOf int64
 }
 
 // Changes is everything one batch writes besides the stored offset.
@@ -88,6 +109,21 @@ type Changes struct {
 	Park        []StoredEvent
 	Unpark      []ParkedRef
 	DeadLetters []DeadLetter
+	// Resolved lists dead letters whose replayed record has now applied
+	// (or was already applied).
+	Resolved []int64
+}
+
+// RejectedRows reports rows Postgres refused (a data error such as a value
+// out of range or an index entry too large), by aggregate key. The batch
+// was rolled back; the worker dead-letters those aggregates' events and
+// commits the rest.
+type RejectedRows struct {
+	Keys map[string]string // aggregate key → Postgres error
+}
+
+func (r *RejectedRows) Error() string {
+	return fmt.Sprintf("postgres refused the rows of %d aggregates", len(r.Keys))
 }
 
 // ErrFenced reports that a newer owner has claimed the partition: the

@@ -3,9 +3,9 @@ package partition
 import (
 	"context"
 	"errors"
-	"fmt"
 	"log/slog"
 	"math/rand/v2"
+	"strconv"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -40,10 +40,36 @@ type Config struct {
 	// between attempts of a batch that failed for a transient reason
 	// (defaults 100ms and 30s).
 	RetryBase, RetryCap time.Duration
-	// IsTerminal reports decode errors that retrying cannot fix; such
-	// records are dead-lettered. Nil: every decode error is terminal.
-	IsTerminal func(error) bool
+	// ClassifyDecode says how to treat a decode error: Terminal errors
+	// dead-letter the record at once, Retryable ones after MaxAttempts,
+	// Transient ones (the registry is down) retry without limit. Nil:
+	// every decode error is terminal.
+	ClassifyDecode func(error) Class
+	// MaxAttempts is how often an error that may succeed on retry (an
+	// unknown schema id, a fold error not marked terminal) is tried before
+	// the record is dead-lettered (default 5).
+	MaxAttempts int
+	// MaxRecordBytes dead-letters records whose value is larger (default
+	// 1 MiB, Kafka's default message size).
+	MaxRecordBytes int
+	// UnreadyAfter is how long a partition may back off before it counts
+	// as not ready (default 30s).
+	UnreadyAfter time.Duration
 }
+
+// Class is how an error is handled.
+type Class uint8
+
+const (
+	// Transient: infrastructure is unavailable; retry without limit, never
+	// dead-letter.
+	Transient Class = iota
+	// Retryable: may succeed later; retry up to MaxAttempts, then
+	// dead-letter.
+	Retryable
+	// Terminal: retrying cannot help; dead-letter now.
+	Terminal
+)
 
 func (c *Config) defaults() {
 	if c.BatchMaxRecords <= 0 {
@@ -61,8 +87,17 @@ func (c *Config) defaults() {
 	if c.RetryCap <= 0 {
 		c.RetryCap = 30 * time.Second
 	}
-	if c.IsTerminal == nil {
-		c.IsTerminal = func(error) bool { return true }
+	if c.ClassifyDecode == nil {
+		c.ClassifyDecode = func(error) Class { return Terminal }
+	}
+	if c.MaxAttempts <= 0 {
+		c.MaxAttempts = 5
+	}
+	if c.MaxRecordBytes <= 0 {
+		c.MaxRecordBytes = 1 << 20
+	}
+	if c.UnreadyAfter <= 0 {
+		c.UnreadyAfter = 30 * time.Second
 	}
 }
 
@@ -90,8 +125,9 @@ type Worker struct {
 	stop    chan struct{}
 	stopOne sync.Once
 
-	next atomic.Int64 // stored next offset, after the last commit
-	hwm  atomic.Int64 // high watermark last seen in a fetch
+	next         atomic.Int64 // stored next offset, after the last commit
+	hwm          atomic.Int64 // high watermark last seen in a fetch
+	backoffSince atomic.Int64 // unix nanoseconds; 0 when not backing off
 
 	parkedKeys map[string]bool
 }
@@ -156,12 +192,18 @@ func (w *Worker) Stop() {
 	})
 }
 
-// Status is the worker's position for lag metrics.
+// Status is the worker's position for lag metrics and readiness.
 type Status struct {
 	TP
 	NextOffset    int64
 	HighWatermark int64 // -1 when not yet known
 	Oldest        time.Time
+	// BackoffSince is when the current run of failed attempts began; zero
+	// when the worker is not backing off.
+	BackoffSince time.Time
+	// Unready is set when the worker has backed off longer than
+	// UnreadyAfter.
+	Unready bool
 }
 
 // Status reports the worker's committed position.
@@ -169,7 +211,12 @@ func (w *Worker) Status() Status {
 	w.mu.Lock()
 	oldest := w.oldest
 	w.mu.Unlock()
-	return Status{TP: w.claim.TP, NextOffset: w.next.Load(), HighWatermark: w.hwm.Load(), Oldest: oldest}
+	st := Status{TP: w.claim.TP, NextOffset: w.next.Load(), HighWatermark: w.hwm.Load(), Oldest: oldest}
+	if ns := w.backoffSince.Load(); ns != 0 {
+		st.BackoffSince = time.Unix(0, ns)
+		st.Unready = time.Since(st.BackoffSince) > w.cfg.UnreadyAfter
+	}
+	return st
 }
 
 // Run processes batches until Stop is called or ctx ends. It returns
@@ -241,6 +288,9 @@ func (w *Worker) nextBatch(ctx context.Context) ([]*kgo.Record, bool) {
 	w.queue = w.queue[:rest]
 	if w.paused && len(w.queue) < w.cfg.MaxBuffered/2 {
 		w.paused = false
+		if w.backoffSince.Load() != 0 {
+			return batch, true // stays paused until the backoff ends
+		}
 		w.fetcher.ResumeFetchPartitions(map[string][]int32{w.claim.Topic: {w.claim.Partition}})
 	}
 	return batch, true
@@ -263,13 +313,19 @@ func (w *Worker) retry(ctx context.Context, what string, fn func() ([]string, er
 	}
 }
 
+// backoff waits before the next attempt, with fetching of the partition
+// paused so that nothing piles up meanwhile. done ends the run of attempts.
 func (w *Worker) backoff(ctx context.Context, attempt int, what string, cause error) error {
+	if w.backoffSince.CompareAndSwap(0, time.Now().UnixNano()) {
+		w.fetcher.PauseFetchPartitions(map[string][]int32{w.claim.Topic: {w.claim.Partition}})
+		w.metrics.backoff.WithLabelValues(w.group, w.claim.Topic, strconv.Itoa(int(w.claim.Partition))).Set(1)
+	}
 	limit := w.cfg.RetryCap
 	if attempt < 30 {
 		limit = min(w.cfg.RetryCap, w.cfg.RetryBase<<attempt)
 	}
 	delay := time.Duration(rand.Int64N(int64(limit) + 1))
-	w.metrics.retries.WithLabelValues(w.group, w.claim.Topic, fmt.Sprint(w.claim.Partition), reasonOf(cause)).Inc()
+	w.metrics.retries.WithLabelValues(w.group, w.claim.Topic, strconv.Itoa(int(w.claim.Partition)), reasonOf(cause)).Inc()
 	w.log.Warn("transient failure; retrying", "what", what, "attempt", attempt+1, "delay", delay, "err", cause)
 	t := time.NewTimer(delay)
 	defer t.Stop()
@@ -278,5 +334,20 @@ func (w *Worker) backoff(ctx context.Context, attempt int, what string, cause er
 		return ctx.Err()
 	case <-t.C:
 		return nil
+	}
+}
+
+// done ends a run of failed attempts: fetching resumes unless the buffer
+// is full.
+func (w *Worker) done() {
+	if w.backoffSince.Swap(0) == 0 {
+		return
+	}
+	w.metrics.backoff.WithLabelValues(w.group, w.claim.Topic, strconv.Itoa(int(w.claim.Partition))).Set(0)
+	w.mu.Lock()
+	full := w.paused
+	w.mu.Unlock()
+	if !full {
+		w.fetcher.ResumeFetchPartitions(map[string][]int32{w.claim.Topic: {w.claim.Partition}})
 	}
 }

@@ -6,6 +6,8 @@ import (
 	"fmt"
 	"log/slog"
 	"math/rand/v2"
+	"slices"
+	"strings"
 	"sync"
 	"time"
 
@@ -17,6 +19,7 @@ import (
 
 	"github.com/projector-dev/projector/partition"
 	"github.com/projector-dev/projector/projection"
+	"github.com/projector-dev/projector/schemas"
 	"github.com/projector-dev/projector/sinks/postgres"
 )
 
@@ -52,6 +55,9 @@ type Config struct {
 	// restart within SessionTimeout gets its partitions back without a
 	// rebalance. Empty (default): dynamic membership.
 	InstanceID string
+	// DLQTopic, when set, is the Kafka topic dead letters are also
+	// published to (from an outbox written in the batch's transaction).
+	DLQTopic string
 	// Logger receives the engine's logs (default slog.Default()).
 	Logger *slog.Logger
 	// Registerer receives the engine's metrics (default: a private
@@ -150,7 +156,7 @@ func New(cfg Config, pool *pgxpool.Pool, decoderOf Decoders) (*Engine, error) {
 	var topics []string
 	for _, p := range cfg.Projections {
 		e.byTopic[p.Topic] = p
-		e.sinks[p.Topic] = postgres.NewSink(pool, cfg.Identity, p)
+		e.sinks[p.Topic] = postgres.NewSink(pool, cfg.Identity, p, cfg.DLQTopic)
 		e.decoders[p.Topic] = decoderOf(p)
 		topics = append(topics, p.Topic)
 	}
@@ -423,6 +429,17 @@ func (e *Engine) Ready(ctx context.Context) map[string]error {
 	ctx, cancel := context.WithTimeout(ctx, 2*time.Second)
 	defer cancel()
 	checks["postgres"] = e.pool.Ping(ctx)
+	var stuck []string
+	for _, s := range e.Workers() {
+		if s.Unready {
+			stuck = append(stuck, fmt.Sprintf("%s/%d backing off since %s", s.Topic, s.Partition, s.BackoffSince.UTC().Format(time.RFC3339)))
+		}
+	}
+	checks["partitions"] = nil
+	if len(stuck) > 0 {
+		slices.Sort(stuck)
+		checks["partitions"] = errors.New(strings.Join(stuck, "; "))
+	}
 	return checks
 }
 
@@ -461,4 +478,19 @@ func count(m map[string][]int32) int {
 		n += len(ps)
 	}
 	return n
+}
+
+// ClassifyDecode tells the partition workers how to treat a decode error
+// of package schemas: malformed or undecodable values and schemas the
+// projection cannot read are terminal, an unknown schema id is retried up
+// to the attempt limit (it may be registered late), anything else (the
+// registry unreachable) is transient.
+func ClassifyDecode(err error) partition.Class {
+	switch {
+	case errors.Is(err, schemas.ErrUnknownSchema):
+		return partition.Retryable
+	case schemas.IsTerminal(err):
+		return partition.Terminal
+	}
+	return partition.Transient
 }

@@ -85,7 +85,7 @@ func Example_goFold() {
 		Brokers:     []string{"127.0.0.1:9092"},
 		Identity:    "balances",
 		Projections: []*projection.Projection{p},
-		Partition:   partition.Config{IsTerminal: schemas.IsTerminal},
+		Partition:   partition.Config{ClassifyDecode: projector.ClassifyDecode},
 		Logger:      slog.New(slog.NewJSONHandler(os.Stderr, nil)),
 	}, pool, func(*projection.Projection) partition.Decoder {
 		return schemas.NewDecoder(registry, reader)

@@ -129,7 +129,7 @@ func runDemo(ctx context.Context, f *demoFlags, stdout, stderr io.Writer) error 
 			Brokers:     cluster.ListenAddrs(),
 			Identity:    identity,
 			Projections: projs,
-			Partition:   partition.Config{BatchMaxRecords: 2000, IsTerminal: schemas.IsTerminal},
+			Partition:   partition.Config{BatchMaxRecords: 2000, ClassifyDecode: projector.ClassifyDecode},
 			Logger:      log.With("member", name),
 			Registerer:  m.metrics,
 		}, pool, func(*projection.Projection) partition.Decoder { return schemas.NewDecoder(regClient, reader) })

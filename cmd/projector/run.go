@@ -35,6 +35,12 @@ type runFlags struct {
 	revokeTimeout   time.Duration
 	sessionTimeout  time.Duration
 	instanceID      string
+	maxAttempts     int
+	maxRecordBytes  int
+	retryBase       time.Duration
+	retryCap        time.Duration
+	unreadyAfter    time.Duration
+	dlqTopic        string
 }
 
 func runCommand(_, stderr io.Writer) *ffcli.Command {
@@ -72,6 +78,12 @@ func (f *runFlags) register(fs *flag.FlagSet) {
 	fs.DurationVar(&f.batchMaxWait, "batch-max-wait", 50*time.Millisecond, "longest a batch waits for more records after its first (PROJECTOR_BATCH_MAX_WAIT)")
 	fs.DurationVar(&f.sessionTimeout, "session-timeout", 45*time.Second, "how long the group waits for a silent member before reassigning its partitions; Kafka's session.timeout.ms (PROJECTOR_SESSION_TIMEOUT)")
 	fs.StringVar(&f.instanceID, "instance-id", "", "static group membership id, e.g. the pod name of a StatefulSet; Kafka's group.instance.id (PROJECTOR_INSTANCE_ID)")
+	fs.IntVar(&f.maxAttempts, "max-attempts", 5, "attempts for an error that may succeed on retry (unknown schema id, fold error) before the record is dead-lettered (PROJECTOR_MAX_ATTEMPTS)")
+	fs.IntVar(&f.maxRecordBytes, "max-record-bytes", 1<<20, "records with a larger value are dead-lettered (PROJECTOR_MAX_RECORD_BYTES)")
+	fs.DurationVar(&f.retryBase, "retry-base", 100*time.Millisecond, "base of the exponential backoff after a transient failure (PROJECTOR_RETRY_BASE)")
+	fs.DurationVar(&f.retryCap, "retry-cap", 30*time.Second, "cap of the exponential backoff; each delay is random in [0, min(cap, base·2^attempt)] (PROJECTOR_RETRY_CAP)")
+	fs.DurationVar(&f.unreadyAfter, "unready-after", 30*time.Second, "a partition backing off longer than this makes /readyz fail (PROJECTOR_UNREADY_AFTER)")
+	fs.StringVar(&f.dlqTopic, "dlq-topic", "", "also publish dead letters to this Kafka topic, with Kafka Connect's __connect.errors.* headers (PROJECTOR_DLQ_TOPIC)")
 	fs.DurationVar(&f.revokeTimeout, "revoke-timeout", 10*time.Second, "longest a revoked partition may take to finish its open batch (PROJECTOR_REVOKE_TIMEOUT)")
 }
 
@@ -81,6 +93,15 @@ func (f *runFlags) validate() error {
 	}
 	if f.batchMaxWait <= 0 {
 		return fmt.Errorf("--batch-max-wait %s: must be positive", f.batchMaxWait)
+	}
+	if f.maxAttempts < 1 {
+		return fmt.Errorf("--max-attempts %d: must be at least 1", f.maxAttempts)
+	}
+	if f.maxRecordBytes < 1 {
+		return fmt.Errorf("--max-record-bytes %d: must be at least 1", f.maxRecordBytes)
+	}
+	if f.retryBase <= 0 || f.retryCap < f.retryBase {
+		return fmt.Errorf("--retry-base %s, --retry-cap %s: want 0 < base <= cap", f.retryBase, f.retryCap)
 	}
 	if f.startFrom != projector.StartEarliest && f.startFrom != projector.StartLatest {
 		return fmt.Errorf("--start-from %q: want earliest or latest", f.startFrom)
@@ -173,8 +194,14 @@ func startEngine(ctx context.Context, f *runFlags, log *slog.Logger, pool *pgxpo
 		Partition: partition.Config{
 			BatchMaxRecords: f.batchMaxRecords,
 			BatchMaxWait:    f.batchMaxWait,
-			IsTerminal:      schemas.IsTerminal,
+			ClassifyDecode:  projector.ClassifyDecode,
+			MaxAttempts:     f.maxAttempts,
+			MaxRecordBytes:  f.maxRecordBytes,
+			RetryBase:       f.retryBase,
+			RetryCap:        f.retryCap,
+			UnreadyAfter:    f.unreadyAfter,
 		},
+		DLQTopic:       f.dlqTopic,
 		RevokeTimeout:  f.revokeTimeout,
 		SessionTimeout: f.sessionTimeout,
 		InstanceID:     f.instanceID,

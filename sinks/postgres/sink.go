@@ -3,6 +3,7 @@ package postgres
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"strings"
 	"time"
@@ -22,6 +23,8 @@ type Sink struct {
 	identity string
 	p        *projection.Projection
 
+	dlqTopic string
+
 	loadSQL   string
 	upsertSQL string
 	deleteSQL string
@@ -30,9 +33,10 @@ type Sink struct {
 var _ partition.Sink = (*Sink)(nil)
 
 // NewSink prepares the statements of projection p for identity. Call
-// Migrate first.
-func NewSink(pool *pgxpool.Pool, identity string, p *projection.Projection) *Sink {
-	s := &Sink{pool: pool, identity: identity, p: p}
+// Migrate first. With dlqTopic set, every new dead letter is also queued
+// (in the same transaction) for publishing to that Kafka topic.
+func NewSink(pool *pgxpool.Pool, identity string, p *projection.Projection, dlqTopic string) *Sink {
+	s := &Sink{pool: pool, identity: identity, p: p, dlqTopic: dlqTopic}
 	s.loadSQL, s.upsertSQL, s.deleteSQL = rowSQL(p)
 	return s
 }
@@ -98,19 +102,61 @@ const (
 		SELECT $1, u.key, u.version FROM unnest($2::text[], $3::bigint[]) AS u(key, version)
 		ON CONFLICT (table_name, key) DO UPDATE SET version = excluded.version, deleted_at = now()
 		WHERE projector_tombstones.version < excluded.version`
-	deadLetterSQL = `INSERT INTO projector_dead_letters
-		(identity, projection, topic, partition, "offset", record_key, value, headers, record_time, error)
-		SELECT $1, $2, $3, $4, u.off, u.rkey, u.value, u.headers, u.ts, u.err
-		FROM unnest($5::bigint[], $6::bytea[], $7::bytea[], $8::jsonb[], $9::timestamptz[], $10::text[])
-		  AS u(off, rkey, value, headers, ts, err)
+	// deadLetterSQL stores new dead letters and, when a dead-letter topic
+	// is configured ($15 not empty), queues them for publishing.
+	deadLetterSQL = `WITH dl AS (
+		INSERT INTO projector_dead_letters AS d
+		(identity, projection, topic, partition, "offset", record_key, value, headers, record_time, error,
+		 error_class, attempts, schema_id, trace_id)
+		SELECT $1, $2, $3, $4, u.off, u.rkey, u.value, u.headers, u.ts, u.err, u.class, u.attempts, u.schema_id, u.trace_id
+		FROM unnest($5::bigint[], $6::bytea[], $7::bytea[], $8::jsonb[], $9::timestamptz[], $10::text[],
+		            $11::text[], $12::int[], $13::int[], $14::text[])
+		  AS u(off, rkey, value, headers, ts, err, class, attempts, schema_id, trace_id)
 		ON CONFLICT (identity, topic, partition, "offset")
-		DO UPDATE SET last_seen = now(), attempts = projector_dead_letters.attempts + 1, error = excluded.error`
+		DO UPDATE SET last_seen = now(), attempts = d.attempts + 1, error = excluded.error, error_class = excluded.error_class
+		RETURNING d.id)
+		INSERT INTO projector_dlq_outbox (dead_letter_id, topic)
+		SELECT id, $15 FROM dl WHERE $15 <> ''
+		ON CONFLICT (dead_letter_id) DO NOTHING`
+	// replayFailedSQL: a replayed record failed again; its dead letter is
+	// open again with one more attempt, never a second entry.
+	replayFailedSQL = `UPDATE projector_dead_letters d
+		SET attempts = d.attempts + 1, last_seen = now(), error = u.err, error_class = u.class, status = 'open'
+		FROM unnest($1::bigint[], $2::text[], $3::text[]) AS u(id, err, class)
+		WHERE d.id = u.id`
+	resolvedSQL = `UPDATE projector_dead_letters SET status = 'resolved', resolved_at = now()
+		WHERE id = ANY($1::bigint[]) AND status <> 'resolved'`
 	advanceSQL = `UPDATE projector_offsets SET next_offset = $1, updated_at = now()
 		WHERE identity = $2 AND topic = $3 AND partition = $4 AND owner_epoch = $5 AND next_offset = $6`
 )
 
-// CommitBatch implements partition.Sink.
+// CommitBatch implements partition.Sink. When Postgres refuses a row (a
+// data error, SQLSTATE classes 22, 23 and 54), the batch is run again with
+// each row under its own savepoint to find the refused ones, which are
+// returned as *partition.RejectedRows.
 func (s *Sink) CommitBatch(ctx context.Context, claim partition.Claim, end int64, keys, parkedKeys []string, plan func(partition.State) (partition.Changes, error)) error {
+	err := s.commit(ctx, claim, end, keys, parkedKeys, plan, false)
+	if rowLevel(err) {
+		return s.commit(ctx, claim, end, keys, parkedKeys, plan, true)
+	}
+	return err
+}
+
+// rowLevel reports errors caused by the data of some row rather than by
+// the database being unavailable.
+func rowLevel(err error) bool {
+	var pg *pgconn.PgError
+	if !errors.As(err, &pg) || len(pg.Code) < 2 {
+		return false
+	}
+	switch pg.Code[:2] {
+	case "22", "23", "54":
+		return true
+	}
+	return false
+}
+
+func (s *Sink) commit(ctx context.Context, claim partition.Claim, end int64, keys, parkedKeys []string, plan func(partition.State) (partition.Changes, error), isolate bool) error {
 	tx, err := s.pool.Begin(ctx)
 	if err != nil {
 		return fmt.Errorf("begin: %w", err)
@@ -124,6 +170,12 @@ func (s *Sink) CommitBatch(ctx context.Context, claim partition.Claim, end int64
 	ch, err := plan(state)
 	if err != nil {
 		return err
+	}
+	if isolate {
+		if err := s.isolateUpserts(ctx, tx, ch.Upserts); err != nil {
+			return err
+		}
+		ch.Upserts = nil // written one by one above
 	}
 	b := &pgx.Batch{}
 	if err := s.queueChanges(b, claim.TP, ch); err != nil {
@@ -143,6 +195,38 @@ func (s *Sink) CommitBatch(ctx context.Context, claim partition.Claim, end int64
 	}
 	if err := tx.Commit(ctx); err != nil {
 		return fmt.Errorf("commit: %w", err)
+	}
+	return nil
+}
+
+// isolateUpserts writes each row under its own savepoint and returns the
+// rows Postgres refused as *partition.RejectedRows.
+func (s *Sink) isolateUpserts(ctx context.Context, tx pgx.Tx, rows []partition.RowWrite) error {
+	rejected := map[string]string{}
+	for _, w := range rows {
+		args, err := s.upsertArgs([]partition.RowWrite{w})
+		if err != nil {
+			return err
+		}
+		if _, err := tx.Exec(ctx, "SAVEPOINT projector_row"); err != nil {
+			return fmt.Errorf("savepoint: %w", err)
+		}
+		if _, err := tx.Exec(ctx, s.upsertSQL, args...); err != nil {
+			if !rowLevel(err) {
+				return fmt.Errorf("write row %q: %w", w.Key, err)
+			}
+			rejected[w.Key] = err.Error()
+			if _, err := tx.Exec(ctx, "ROLLBACK TO SAVEPOINT projector_row"); err != nil {
+				return fmt.Errorf("rollback to savepoint: %w", err)
+			}
+			continue
+		}
+		if _, err := tx.Exec(ctx, "RELEASE SAVEPOINT projector_row"); err != nil {
+			return fmt.Errorf("release savepoint: %w", err)
+		}
+	}
+	if len(rejected) > 0 {
+		return &partition.RejectedRows{Keys: rejected}
 	}
 	return nil
 }
@@ -228,27 +312,10 @@ func (s *Sink) queueChanges(b *pgx.Batch, tp partition.TP, ch partition.Changes)
 		b.Queue(tombstoneSQL, s.p.Table, keys, versions)
 	}
 	if len(ch.Upserts) > 0 {
-		cols := s.p.Columns
-		arrays := make([][]*string, len(cols))
-		for i := range arrays {
-			arrays[i] = make([]*string, len(ch.Upserts))
+		args, err := s.upsertArgs(ch.Upserts)
+		if err != nil {
+			return err
 		}
-		versions := make([]int64, len(ch.Upserts))
-		for r, w := range ch.Upserts {
-			versions[r] = w.Version
-			for i, c := range cols {
-				v, err := c.EncodeText(w.Row[c.Name])
-				if err != nil {
-					return fmt.Errorf("aggregate %q v%d: %w", w.Key, w.Version, err)
-				}
-				arrays[i][r] = v
-			}
-		}
-		args := make([]any, 0, len(cols)+1)
-		for _, a := range arrays {
-			args = append(args, a)
-		}
-		args = append(args, versions)
 		b.Queue(s.upsertSQL, args...)
 	}
 	if len(ch.Unpark) > 0 {
@@ -276,23 +343,76 @@ func (s *Sink) queueChanges(b *pgx.Batch, tp partition.TP, ch partition.Changes)
 		}
 		b.Queue(parkSQL, s.identity, s.p.Name, tp.Topic, tp.Partition, keys, versions, offsets, rkeys, values, headers, times)
 	}
-	if n := len(ch.DeadLetters); n > 0 {
-		var (
-			offsets = make([]int64, n)
-			rkeys   = make([][]byte, n)
-			values  = make([][]byte, n)
-			headers = make([]string, n)
-			times   = make([]*time.Time, n)
-			errs    = make([]string, n)
-		)
-		for i, d := range ch.DeadLetters {
-			offsets[i], rkeys[i], values[i], errs[i] = d.Offset, d.RecordKey, d.Value, d.Err
-			headers[i] = headersJSON(d.Headers)
-			times[i] = timeOrNil(d.Timestamp)
-		}
-		b.Queue(deadLetterSQL, s.identity, s.p.Name, tp.Topic, tp.Partition, offsets, rkeys, values, headers, times, errs)
+	s.queueDeadLetters(b, tp, ch.DeadLetters)
+	if len(ch.Resolved) > 0 {
+		b.Queue(resolvedSQL, ch.Resolved)
 	}
 	return nil
+}
+
+func (s *Sink) queueDeadLetters(b *pgx.Batch, tp partition.TP, dls []partition.DeadLetter) {
+	var (
+		replayIDs               []int64
+		replayErrs, replayClass []string
+		offsets                 []int64
+		rkeys, values           [][]byte
+		headers, errs, classes  []string
+		traces                  []*string
+		times                   []*time.Time
+		attempts                []int32
+		schemaIDs               []*int32
+	)
+	for _, d := range dls {
+		if d.ReplayOf > 0 {
+			replayIDs, replayErrs, replayClass = append(replayIDs, d.ReplayOf), append(replayErrs, d.Err), append(replayClass, d.Class)
+			continue
+		}
+		offsets, rkeys, values = append(offsets, d.Offset), append(rkeys, d.RecordKey), append(values, d.Value)
+		headers, errs, classes = append(headers, headersJSON(d.Headers)), append(errs, d.Err), append(classes, d.Class)
+		times, attempts = append(times, timeOrNil(d.Timestamp)), append(attempts, int32(max(1, d.Attempts)))
+		var sid *int32
+		if d.SchemaID > 0 {
+			v := int32(d.SchemaID)
+			sid = &v
+		}
+		var trace *string
+		if d.TraceID != "" {
+			trace = &d.TraceID
+		}
+		schemaIDs, traces = append(schemaIDs, sid), append(traces, trace)
+	}
+	if len(offsets) > 0 {
+		b.Queue(deadLetterSQL, s.identity, s.p.Name, tp.Topic, tp.Partition, offsets, rkeys, values, headers, times, errs,
+			classes, attempts, schemaIDs, traces, s.dlqTopic)
+	}
+	if len(replayIDs) > 0 {
+		b.Queue(replayFailedSQL, replayIDs, replayErrs, replayClass)
+	}
+}
+
+// upsertArgs renders rows as one text array per column plus the versions.
+func (s *Sink) upsertArgs(rows []partition.RowWrite) ([]any, error) {
+	cols := s.p.Columns
+	arrays := make([][]*string, len(cols))
+	for i := range arrays {
+		arrays[i] = make([]*string, len(rows))
+	}
+	versions := make([]int64, len(rows))
+	for r, w := range rows {
+		versions[r] = w.Version
+		for i, c := range cols {
+			v, err := c.EncodeText(w.Row[c.Name])
+			if err != nil {
+				return nil, fmt.Errorf("aggregate %q v%d: %w", w.Key, w.Version, err)
+			}
+			arrays[i][r] = v
+		}
+	}
+	args := make([]any, 0, len(cols)+1)
+	for _, a := range arrays {
+		args = append(args, a)
+	}
+	return append(args, versions), nil
 }
 
 // ParkedKeys implements partition.Sink.

@@ -81,7 +81,7 @@ func newEnv(t *testing.T, p *projection.Projection) *env {
 	return &env{
 		t: t, ctx: ctx, db: db, p: p,
 		offs: postgres.NewOffsets(db.Pool, identity),
-		sink: postgres.NewSink(db.Pool, identity, p),
+		sink: postgres.NewSink(db.Pool, identity, p, ""),
 		tp:   partition.TP{Topic: p.Topic, Partition: 0},
 	}
 }
@@ -333,7 +333,7 @@ func TestMigrateSchemaQualifiedTable(t *testing.T) {
 		}
 	}
 	e := &env{t: t, ctx: ctx, db: db, p: p, offs: postgres.NewOffsets(db.Pool, identity),
-		sink: postgres.NewSink(db.Pool, identity, p), tp: partition.TP{Topic: p.Topic}}
+		sink: postgres.NewSink(db.Pool, identity, p, ""), tp: partition.TP{Topic: p.Topic}}
 	c := e.claim(0)
 	e.mustCommit(&c, 2, partition.Changes{Upserts: []partition.RowWrite{upsert("a1", 1, "ann", 5), upsert("a2", 1, "bob", 6)}})
 	e.mustCommit(&c, 3, partition.Changes{Deletes: []partition.RowDelete{{Key: "a2", Version: 2}}})
@@ -655,7 +655,7 @@ func TestCommitBatchParked(t *testing.T) {
 		identity string
 		tp       partition.TP
 	}{{"other", e.tp}, {identity, partition.TP{Topic: e.tp.Topic, Partition: 1}}} {
-		keys, err := postgres.NewSink(e.db.Pool, other.identity, e.p).ParkedKeys(e.ctx, other.tp)
+		keys, err := postgres.NewSink(e.db.Pool, other.identity, e.p, "").ParkedKeys(e.ctx, other.tp)
 		if err != nil || len(keys) != 0 {
 			t.Errorf("ParkedKeys of %s %v = %v, %v; want none", other.identity, other.tp, keys, err)
 		}
