@@ -2,8 +2,11 @@ package projector_test
 
 import (
 	"context"
+	cryptorand "crypto/rand"
+	"encoding/hex"
 	"net/http"
 	"net/url"
+	"strings"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -206,5 +209,152 @@ func TestPostgresConnectionsTerminated(t *testing.T) {
 	b.verify(t, "terminated")
 	if counter(t, reg, "projector_retries_total") == 0 {
 		t.Errorf("connections were terminated %d times but no batch was retried", killed)
+	}
+}
+
+// TestPoisonKinds mixes into a normal stream a row Postgres refuses (an
+// index entry too large, SQLSTATE 54000), a record over the size limit,
+// and a record whose schema id is registered only after the member first
+// failed to find it. The refused and oversized events are dead-lettered
+// with their class (their successors park); the late schema applies; the
+// rest of each batch commits untouched.
+func TestPoisonKinds(t *testing.T) {
+	ctx := context.Background()
+	opts := demo.DefaultOptions()
+	opts.Aggregates = 500
+	f := faultSetup(t, opts, 2)
+	if _, err := f.db.Pool.Exec(ctx, `CREATE INDEX accounts_owner ON accounts (owner)`); err != nil {
+		t.Fatal(err)
+	}
+	f.produce(t, f.records)
+
+	v1 := f.enc.ReaderSchema()
+	encode := func(id int, ev demo.Event) []byte {
+		t.Helper()
+		b, err := schemas.AppendWire(nil, id, v1, map[string]any{
+			"account_id": ev.AccountID, "version": ev.Version, "type": ev.Type, "owner": ev.Owner,
+			"amount": ev.Amount, "occurred_at": time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC),
+		})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return b
+	}
+	random := func(n int) string { // incompressible, so Postgres cannot shrink the index entry
+		b := make([]byte, n/2)
+		if _, err := cryptorand.Read(b); err != nil {
+			t.Fatal(err)
+		}
+		return hex.EncodeToString(b)
+	}
+	ids, err := f.reg.SchemaByVersion(ctx, demo.Topic+"-value", 1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	const lateID = 900
+	extra := []*kgo.Record{
+		{Key: []byte("huge-1"), Value: encode(ids.ID, demo.Event{AccountID: "huge-1", Version: 1, Type: "AccountOpened", Owner: random(12000)})},
+		{Key: []byte("huge-1"), Value: encode(ids.ID, demo.Event{AccountID: "huge-1", Version: 2, Type: "Deposited", Amount: 5})},
+		{Key: []byte("big-1"), Value: encode(ids.ID, demo.Event{AccountID: "big-1", Version: 1, Type: "AccountOpened", Owner: random(30000)})},
+		{Key: []byte("late-1"), Value: encode(lateID, demo.Event{AccountID: "late-1", Version: 1, Type: "AccountOpened", Owner: "late owner"})},
+	}
+	prod, err := kgo.NewClient(kgo.SeedBrokers(f.kafka.ListenAddrs()...), kgo.DefaultProduceTopic(demo.Topic), kgo.ProducerBatchMaxBytes(1<<20))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer prod.Close()
+	if err := prod.ProduceSync(ctx, extra...).FirstErr(); err != nil {
+		t.Fatal(err)
+	}
+	if f.end, err = demo.EndOffsets(ctx, kadm.NewClient(prod), demo.Topic); err != nil {
+		t.Fatal(err)
+	}
+
+	reg := prometheus.NewRegistry()
+	cfg := fastRetry
+	cfg.MaxRecordBytes, cfg.MaxAttempts = 20_000, 20
+	run(t, f.engine(t, "poison", projector.Config{Partition: cfg, Registerer: reg}))
+	waitFor(t, "a retry for the unknown schema id", 20*time.Second, func() bool {
+		return counter(t, reg, "projector_retries_total") > 0
+	})
+	f.fake.SeedSchema(demo.Topic+"-value", 99, lateID, ids.Schema)
+
+	wctx, cancel := context.WithTimeout(ctx, time.Minute)
+	defer cancel()
+	if err := demo.WaitCommitted(wctx, f.db.Pool, "poison", demo.Topic, f.end, nil); err != nil {
+		t.Fatal(err)
+	}
+	exp := demo.Fold(f.records)
+	exp.Accounts["late-1"] = demo.Account{Owner: "late owner", OpenedAt: time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC), Version: 1}
+	if err := demo.Verify(ctx, f.db.Pool, demo.Table, exp); err != nil {
+		t.Fatal(err)
+	}
+	classes := map[string]string{}
+	rows, err := f.db.Pool.Query(ctx, `SELECT convert_from(record_key, 'UTF8'), error_class FROM projector_dead_letters
+		WHERE record_key IN ('huge-1', 'big-1', 'late-1') ORDER BY "offset"`)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for rows.Next() {
+		var k, c string
+		if err := rows.Scan(&k, &c); err != nil {
+			t.Fatal(err)
+		}
+		classes[k] += c + " "
+	}
+	// huge-1 v2 shares the refused row when it is in the same batch as v1
+	// (then it is dead-lettered with it), else it parks behind v1.
+	var parked int
+	if err := f.db.Pool.QueryRow(ctx, `SELECT count(*) FROM projector_parked WHERE key = 'huge-1' AND version = 2`).Scan(&parked); err != nil {
+		t.Fatal(err)
+	}
+	wantHuge := "rejected rejected "
+	if parked == 1 {
+		wantHuge = "rejected "
+	}
+	if classes["huge-1"] != wantHuge || classes["big-1"] != "oversized " || classes["late-1"] != "" {
+		t.Errorf("dead letters by key: %q, want huge-1 %q, big-1 oversized, late-1 none (huge-1 v2 parked: %d)", classes, wantHuge, parked)
+	}
+	if n, want := deadLetters(t, f.db.Pool), exp.Poison+1+len(strings.Fields(wantHuge)); n != want {
+		t.Errorf("dead letters: %d, want %d", n, want)
+	}
+}
+
+// TestParkedEventsSurviveRestart parks v3 behind a missing v2, restarts the
+// member, then sends v2: v2 and v3 apply.
+func TestParkedEventsSurviveRestart(t *testing.T) {
+	ctx := context.Background()
+	opts := demo.DefaultOptions()
+	opts.Aggregates = 50
+	b := setup(t, opts, 2)
+	ev := func(v int64, typ string, amount int64) demo.Record {
+		return demo.Record{Key: "gap-1", Event: demo.Event{AccountID: "gap-1", Version: v, Type: typ, Owner: "o", Amount: amount}}
+	}
+	first := []demo.Record{ev(1, "AccountOpened", 0), ev(3, "Deposited", 30)}
+	b.produce(t, first)
+	b.records = append(b.records, first...)
+
+	stop := run(t, b.engine(t, "restart", projector.Config{}))
+	wctx, cancel := context.WithTimeout(ctx, time.Minute)
+	defer cancel()
+	if err := demo.WaitCommitted(wctx, b.db.Pool, "restart", demo.Topic, b.end, nil); err != nil {
+		t.Fatal(err)
+	}
+	stop()
+	var parked int
+	if err := b.db.Pool.QueryRow(ctx, `SELECT count(*) FROM projector_parked WHERE key = 'gap-1'`).Scan(&parked); err != nil || parked != 1 {
+		t.Fatalf("gap-1 v3 parked %d times before the restart (err %v), want once", parked, err)
+	}
+
+	b.produce(t, []demo.Record{ev(2, "Deposited", 20)})
+	b.records = append(b.records, ev(2, "Deposited", 20))
+	run(t, b.engine(t, "restart", projector.Config{}))
+	b.verify(t, "restart")
+	var balance, version int64
+	if err := b.db.Pool.QueryRow(ctx, `SELECT balance, version FROM accounts WHERE account_id = 'gap-1'`).Scan(&balance, &version); err != nil {
+		t.Fatal(err)
+	}
+	if balance != 50 || version != 3 {
+		t.Errorf("gap-1: balance %d at v%d, want 50 at v3", balance, version)
 	}
 }
