@@ -10,6 +10,7 @@ type Metrics struct {
 	retries        *prometheus.CounterVec
 	backoff        *prometheus.GaugeVec
 	deadLetters    *prometheus.CounterVec
+	gaps           *prometheus.CounterVec
 }
 
 // NewMetrics registers the worker metrics with reg.
@@ -41,6 +42,10 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 		Name: "projector_dead_letters_total",
 		Help: "Records dead-lettered, by reason: decode, invalid, fold, oversized, rejected, gap.",
 	}, []string{"projection", "reason"})
-	reg.MustRegister(m.processed, m.commitDuration, m.fenced, m.retries, m.backoff, m.deadLetters)
+	m.gaps = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "projector_gaps_total",
+		Help: "Aggregates that stopped waiting for a missing version, by resolution: filled (it arrived), repaired, dead_lettered.",
+	}, []string{"projection", "resolution"})
+	reg.MustRegister(m.processed, m.commitDuration, m.fenced, m.retries, m.backoff, m.deadLetters, m.gaps)
 	return m
 }

@@ -85,7 +85,7 @@ func (w *Worker) process(ctx context.Context, recs []*kgo.Record) error {
 		}
 		seen[it.key] = true
 		keys = append(keys, it.key)
-		if w.parkedKeys[it.key] {
+		if w.gaps.has(it.key) {
 			parked = append(parked, it.key)
 		}
 	}
@@ -133,8 +133,8 @@ func (w *Worker) process(ctx context.Context, recs []*kgo.Record) error {
 
 	w.claim.NextOffset = end
 	w.next.Store(end)
-	for _, p := range changes.Park {
-		w.parkedKeys[p.Key] = true
+	if closed := w.gaps.update(changes.Park, changes.Unpark, time.Now()); closed > 0 {
+		w.metrics.gaps.WithLabelValues(w.proj.Name, "filled").Add(float64(closed))
 	}
 	w.mu.Lock()
 	if len(w.queue) > 0 {

@@ -137,6 +137,15 @@ type Sink interface {
 	// moves the stored offset from claim.NextOffset to end, fenced by
 	// claim.Epoch. It returns ErrFenced when a newer owner exists.
 	CommitBatch(ctx context.Context, claim Claim, end int64, keys, parkedKeys []string, plan func(State) (Changes, error)) error
-	// ParkedKeys lists the aggregates of the partition with parked events.
-	ParkedKeys(ctx context.Context, tp TP) ([]string, error)
+	// Parked lists the aggregates of the partition with parked events.
+	Parked(ctx context.Context, tp TP) (map[string]ParkedInfo, error)
+	// Load reads the state of keys and their parked events outside a
+	// batch (safe: only the partition's owner writes them).
+	Load(ctx context.Context, tp TP, keys []string) (State, error)
+}
+
+// ParkedInfo describes one aggregate's parked events.
+type ParkedInfo struct {
+	Count int
+	Since time.Time // when the oldest was parked
 }

@@ -129,14 +129,17 @@ type Worker struct {
 	hwm          atomic.Int64 // high watermark last seen in a fetch
 	backoffSince atomic.Int64 // unix nanoseconds; 0 when not backing off
 
-	parkedKeys map[string]bool
+	gaps     gaps
+	repairer Repairer // nil: no repair
 }
 
 // NewWorker returns a worker for a claimed partition.
-func NewWorker(cfg Config, group string, claim Claim, p *projection.Projection, sink Sink, dec Decoder, f Fetcher, log *slog.Logger, m *Metrics) *Worker {
+// repairer may be nil; it is used when the projection's gap policy is
+// repair.
+func NewWorker(cfg Config, group string, claim Claim, p *projection.Projection, sink Sink, dec Decoder, repairer Repairer, f Fetcher, log *slog.Logger, m *Metrics) *Worker {
 	cfg.defaults()
 	w := &Worker{
-		cfg: cfg, group: group, claim: claim, proj: p, sink: sink, dec: dec, fetcher: f, metrics: m,
+		cfg: cfg, group: group, claim: claim, proj: p, sink: sink, dec: dec, fetcher: f, metrics: m, repairer: repairer,
 		log:  log.With("topic", claim.Topic, "partition", claim.Partition, "epoch", claim.Epoch),
 		wake: make(chan struct{}, 1),
 		stop: make(chan struct{}),
@@ -204,6 +207,10 @@ type Status struct {
 	// Unready is set when the worker has backed off longer than
 	// UnreadyAfter.
 	Unready bool
+	// Parked counts events waiting for a missing version; OldestParked is
+	// when the oldest of them was parked.
+	Parked       int
+	OldestParked time.Time
 }
 
 // Status reports the worker's committed position.
@@ -212,6 +219,7 @@ func (w *Worker) Status() Status {
 	oldest := w.oldest
 	w.mu.Unlock()
 	st := Status{TP: w.claim.TP, NextOffset: w.next.Load(), HighWatermark: w.hwm.Load(), Oldest: oldest}
+	st.Parked, st.OldestParked = w.gaps.totals()
 	if ns := w.backoffSince.Load(); ns != 0 {
 		st.BackoffSince = time.Unix(0, ns)
 		st.Unready = time.Since(st.BackoffSince) > w.cfg.UnreadyAfter
@@ -223,23 +231,50 @@ func (w *Worker) Status() Status {
 // ErrFenced when a newer owner took the partition, ctx.Err() when
 // cancelled, and nil after Stop.
 func (w *Worker) Run(ctx context.Context) error {
-	keys, err := w.retry(ctx, "load parked", func() ([]string, error) { return w.sink.ParkedKeys(ctx, w.claim.TP) })
+	var parked map[string]ParkedInfo
+	err := w.retry(ctx, "load parked", func() (err error) {
+		parked, err = w.sink.Parked(ctx, w.claim.TP)
+		return err
+	})
 	if err != nil {
 		return err
 	}
-	w.parkedKeys = make(map[string]bool, len(keys))
-	for _, k := range keys {
-		w.parkedKeys[k] = true
+	w.gaps.mu.Lock()
+	w.gaps.aggs = make(map[string]*gap, len(parked))
+	for k, info := range parked {
+		w.gaps.aggs[k] = &gap{count: info.Count, since: info.Since}
+	}
+	w.gaps.mu.Unlock()
+
+	var repairs chan repaired
+	if w.repairer != nil && w.proj.OnGap == projection.GapRepair {
+		repairs = make(chan repaired)
+		rctx, cancel := context.WithCancel(ctx)
+		var wg sync.WaitGroup
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			w.repairLoop(rctx, repairs)
+		}()
+		defer func() {
+			cancel()
+			wg.Wait()
+		}()
 	}
 	for {
-		recs, ok := w.nextBatch(ctx)
+		recs, rep, ok := w.nextBatch(ctx, repairs)
 		if !ok {
 			if ctx.Err() != nil {
 				return ctx.Err()
 			}
 			return nil
 		}
-		if err := w.process(ctx, recs); err != nil {
+		if rep != nil {
+			err = w.applyRepair(ctx, *rep)
+		} else {
+			err = w.process(ctx, recs)
+		}
+		if err != nil {
 			if errors.Is(err, ErrFenced) {
 				w.metrics.fenced.Inc()
 				w.log.Warn("partition fenced: a newer owner claimed it; stopping this worker")
@@ -253,7 +288,7 @@ func (w *Worker) Run(ctx context.Context) error {
 // nextBatch waits for records and gathers up to BatchMaxRecords of them,
 // waiting at most BatchMaxWait after the first. ok is false when the worker
 // must stop.
-func (w *Worker) nextBatch(ctx context.Context) ([]*kgo.Record, bool) {
+func (w *Worker) nextBatch(ctx context.Context, repairs <-chan repaired) ([]*kgo.Record, *repaired, bool) {
 	var deadline <-chan time.Time
 	for {
 		w.mu.Lock()
@@ -269,11 +304,13 @@ func (w *Worker) nextBatch(ctx context.Context) ([]*kgo.Record, bool) {
 		}
 		select {
 		case <-ctx.Done():
-			return nil, false
+			return nil, nil, false
 		case <-w.stop:
-			return nil, false
+			return nil, nil, false
 		case <-w.wake:
 			continue
+		case r := <-repairs:
+			return nil, &r, true
 		case <-deadline:
 		}
 		break
@@ -289,26 +326,27 @@ func (w *Worker) nextBatch(ctx context.Context) ([]*kgo.Record, bool) {
 	if w.paused && len(w.queue) < w.cfg.MaxBuffered/2 {
 		w.paused = false
 		if w.backoffSince.Load() != 0 {
-			return batch, true // stays paused until the backoff ends
+			return batch, nil, true // stays paused until the backoff ends
 		}
 		w.fetcher.ResumeFetchPartitions(map[string][]int32{w.claim.Topic: {w.claim.Partition}})
 	}
-	return batch, true
+	return batch, nil, true
 }
 
 // retry runs fn until it succeeds, backing off with full jitter between
 // attempts, or until ctx ends.
-func (w *Worker) retry(ctx context.Context, what string, fn func() ([]string, error)) ([]string, error) {
+func (w *Worker) retry(ctx context.Context, what string, fn func() error) error {
 	for attempt := 0; ; attempt++ {
-		v, err := fn()
+		err := fn()
 		if err == nil {
-			return v, nil
+			w.done()
+			return nil
 		}
 		if errors.Is(err, ErrFenced) || ctx.Err() != nil {
-			return nil, err
+			return err
 		}
 		if err := w.backoff(ctx, attempt, what, err); err != nil {
-			return nil, err
+			return err
 		}
 	}
 }

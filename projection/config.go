@@ -8,6 +8,7 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"time"
 
 	"go.yaml.in/yaml/v3"
 )
@@ -35,6 +36,23 @@ type Spec struct {
 	// DeleteOn lists event types that delete the row (snapshot mode; fold
 	// mode uses "delete: true" under events).
 	DeleteOn []string `yaml:"delete_on"`
+	// GapTimeout (on_gap repair): how long parked events wait before a
+	// repair, e.g. 30s.
+	GapTimeout string     `yaml:"gap_timeout"`
+	Repair     *RepairDef `yaml:"repair"`
+}
+
+// RepairDef is the repair source in the YAML file: exactly one of HTTP
+// and SQL.
+type RepairDef struct {
+	HTTP *struct {
+		URL     string `yaml:"url"`
+		Timeout string `yaml:"timeout"`
+	} `yaml:"http"`
+	SQL *struct {
+		DatabaseURL string `yaml:"database_url"`
+		Query       string `yaml:"query"`
+	} `yaml:"sql"`
 }
 
 // ColumnSpec is one column in the YAML file.
@@ -126,6 +144,9 @@ func (s Spec) compile(dir string) (*Projection, error) {
 	}
 	if p.OnGap == "" {
 		p.OnGap = GapHold
+	}
+	if err := s.compileRepair(p); err != nil {
+		return nil, bad("%v", err)
 	}
 	cols, err := parseColumns(&s.Columns)
 	if err != nil {
@@ -230,4 +251,45 @@ func parseColumns(n *yaml.Node) ([]Column, error) {
 		}
 	}
 	return cols, nil
+}
+
+func (s Spec) compileRepair(p *Projection) error {
+	p.GapTimeout = 30 * time.Second
+	if s.GapTimeout != "" {
+		d, err := time.ParseDuration(s.GapTimeout)
+		if err != nil || d <= 0 {
+			return fmt.Errorf("gap_timeout %q: want a positive duration such as 30s", s.GapTimeout)
+		}
+		p.GapTimeout = d
+	}
+	if p.OnGap != GapRepair {
+		if s.Repair != nil {
+			return errors.New("repair: only used with on_gap: repair")
+		}
+		return nil
+	}
+	r := s.Repair
+	if r == nil || (r.HTTP == nil) == (r.SQL == nil) {
+		return errors.New("on_gap repair needs repair: with exactly one of http: {url} or sql: {database_url, query}")
+	}
+	p.Repair = &RepairSpec{}
+	if r.HTTP != nil {
+		if r.HTTP.URL == "" || !strings.Contains(r.HTTP.URL, "{key}") {
+			return fmt.Errorf("repair.http.url %q: want a URL with a {key} placeholder", r.HTTP.URL)
+		}
+		p.Repair.HTTPURL = r.HTTP.URL
+		if r.HTTP.Timeout != "" {
+			d, err := time.ParseDuration(r.HTTP.Timeout)
+			if err != nil || d <= 0 {
+				return fmt.Errorf("repair.http.timeout %q: want a positive duration", r.HTTP.Timeout)
+			}
+			p.Repair.HTTPTimeout = d
+		}
+		return nil
+	}
+	if r.SQL.DatabaseURL == "" || r.SQL.Query == "" {
+		return errors.New("repair.sql: database_url and query are both required")
+	}
+	p.Repair.SQLDatabaseURL, p.Repair.SQLQuery = os.ExpandEnv(r.SQL.DatabaseURL), r.SQL.Query
+	return nil
 }

@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"strings"
+	"time"
 )
 
 // Event is one decoded event offered to a fold.
@@ -50,7 +51,21 @@ const (
 	GapHold GapPolicy = "hold"
 	// GapApply accepts a newer snapshot over the gap (snapshot mode only).
 	GapApply GapPolicy = "apply"
+	// GapRepair parks like hold, and after GapTimeout asks a repair source
+	// for the aggregate's state at or beyond the missing version.
+	GapRepair GapPolicy = "repair"
 )
+
+// RepairSpec says where repairs come from: an HTTP endpoint or a SQL query.
+type RepairSpec struct {
+	// HTTPURL is a URL template with {key} and optionally {version}.
+	HTTPURL     string
+	HTTPTimeout time.Duration
+	// SQLDatabaseURL and SQLQuery: the query runs with $1 = key and
+	// $2 = the missing version.
+	SQLDatabaseURL string
+	SQLQuery       string
+}
 
 // Projection is one read model: a topic folded into a table.
 type Projection struct {
@@ -78,6 +93,12 @@ type Projection struct {
 	Fold FoldFunc
 	// DeleteTypes are event types that delete the row (besides tombstones).
 	DeleteTypes map[string]bool
+	// GapTimeout is how long events wait for a missing version before a
+	// repair is attempted (on_gap repair; default 30s).
+	GapTimeout time.Duration
+	// Repair configures the repair source of a declarative projection;
+	// library users may hand the engine a Repairer instead.
+	Repair *RepairSpec
 }
 
 // Column is one column of a projection's table.
@@ -153,13 +174,13 @@ func (p *Projection) Validate() error {
 		return bad("mode %q: want snapshot or fold", p.Mode)
 	}
 	switch p.OnGap {
-	case GapHold:
+	case GapHold, GapRepair:
 	case GapApply:
 		if p.Mode != ModeSnapshot {
 			return bad("on_gap apply needs mode snapshot: a fold cannot skip events")
 		}
 	default:
-		return bad("on_gap %q: want hold or apply", p.OnGap)
+		return bad("on_gap %q: want hold, apply or repair", p.OnGap)
 	}
 	if len(p.Columns) == 0 {
 		return bad("columns: at least the key column is required")

@@ -17,8 +17,10 @@ import (
 	"github.com/twmb/franz-go/pkg/kgo"
 	"github.com/twmb/franz-go/plugin/kprom"
 
+	"github.com/projector-dev/projector/dlqpublish"
 	"github.com/projector-dev/projector/partition"
 	"github.com/projector-dev/projector/projection"
+	"github.com/projector-dev/projector/repair"
 	"github.com/projector-dev/projector/schemas"
 	"github.com/projector-dev/projector/sinks/postgres"
 )
@@ -58,6 +60,10 @@ type Config struct {
 	// DLQTopic, when set, is the Kafka topic dead letters are also
 	// published to (from an outbox written in the batch's transaction).
 	DLQTopic string
+	// Repairers gives projections with on_gap repair their repair source,
+	// by projection name. A projection missing here gets one built from
+	// its Repair spec (HTTP or SQL).
+	Repairers map[string]partition.Repairer
 	// Logger receives the engine's logs (default slog.Default()).
 	Logger *slog.Logger
 	// Registerer receives the engine's metrics (default: a private
@@ -117,8 +123,10 @@ type Engine struct {
 	offsets  *postgres.Offsets
 	byTopic  map[string]*projection.Projection
 	sinks    map[string]partition.Sink
-	decoders map[string]partition.Decoder
-	metrics  *partition.Metrics
+	decoders  map[string]partition.Decoder
+	repairers map[string]partition.Repairer
+	closers   []func()
+	metrics   *partition.Metrics
 	group    *groupMetrics
 	log      *slog.Logger
 
@@ -149,8 +157,9 @@ func New(cfg Config, pool *pgxpool.Pool, decoderOf Decoders) (*Engine, error) {
 		offsets:  postgres.NewOffsets(pool, cfg.Identity),
 		byTopic:  map[string]*projection.Projection{},
 		sinks:    map[string]partition.Sink{},
-		decoders: map[string]partition.Decoder{},
-		log:      cfg.Logger.With("group", cfg.Identity),
+		decoders:  map[string]partition.Decoder{},
+		repairers: map[string]partition.Repairer{},
+		log:       cfg.Logger.With("group", cfg.Identity),
 		workers:  map[partition.TP]*running{},
 	}
 	var topics []string
@@ -159,6 +168,15 @@ func New(cfg Config, pool *pgxpool.Pool, decoderOf Decoders) (*Engine, error) {
 		e.sinks[p.Topic] = postgres.NewSink(pool, cfg.Identity, p, cfg.DLQTopic)
 		e.decoders[p.Topic] = decoderOf(p)
 		topics = append(topics, p.Topic)
+		if p.OnGap != projection.GapRepair {
+			continue
+		}
+		r, err := e.repairerOf(p)
+		if err != nil {
+			e.close()
+			return nil, err
+		}
+		e.repairers[p.Topic] = r
 	}
 	e.metrics = partition.NewMetrics(cfg.Registerer)
 	e.group = newGroupMetrics(cfg.Registerer, cfg.Identity)
@@ -192,6 +210,7 @@ func New(cfg Config, pool *pgxpool.Pool, decoderOf Decoders) (*Engine, error) {
 	opts = append(opts, cfg.ClientOpts...)
 	cl, err := kgo.NewClient(opts...)
 	if err != nil {
+		e.close()
 		return nil, fmt.Errorf("kafka client: %w", err)
 	}
 	e.cl = cl
@@ -214,7 +233,16 @@ func (e *Engine) Run(ctx context.Context) error {
 		e.cl.AllowRebalance()
 		e.cl.Close()
 		e.wg.Wait()
+		e.close()
 	}()
+	if e.cfg.DLQTopic != "" {
+		pub := dlqpublish.New(e.pool, e.cl, e.log, time.Second)
+		e.wg.Add(1)
+		go func() {
+			defer e.wg.Done()
+			_ = pub.Run(runCtx) // returns when runCtx ends; failed rounds are logged and retried
+		}()
+	}
 	for {
 		fetches := e.cl.PollRecords(runCtx, 10_000)
 		if fetches.IsClientClosed() || runCtx.Err() != nil {
@@ -336,7 +364,7 @@ func (e *Engine) start(c partition.Claim) {
 		old.cancel()
 	}
 	p := e.byTopic[c.Topic]
-	w := partition.NewWorker(e.cfg.Partition, e.cfg.Identity, c, p, e.sinks[c.Topic], e.decoders[c.Topic], e.cl, e.log, e.metrics)
+	w := partition.NewWorker(e.cfg.Partition, e.cfg.Identity, c, p, e.sinks[c.Topic], e.decoders[c.Topic], e.repairers[c.Topic], e.cl, e.log, e.metrics)
 	parent := e.runCtx
 	if parent == nil {
 		parent = context.Background()
@@ -493,4 +521,39 @@ func ClassifyDecode(err error) partition.Class {
 		return partition.Terminal
 	}
 	return partition.Transient
+}
+
+// repairerOf returns the repair source of a projection with on_gap repair.
+func (e *Engine) repairerOf(p *projection.Projection) (partition.Repairer, error) {
+	if r := e.cfg.Repairers[p.Name]; r != nil {
+		return r, nil
+	}
+	spec := p.Repair
+	switch {
+	case spec == nil:
+		return nil, fmt.Errorf("projection %q: on_gap repair needs a repair source (Config.Repairers or the projection's repair:)", p.Name)
+	case spec.HTTPURL != "":
+		r, err := repair.NewHTTP(repair.HTTPConfig{URL: spec.HTTPURL, Timeout: spec.HTTPTimeout}, nil)
+		if err != nil {
+			return nil, fmt.Errorf("projection %q: repair.http: %w", p.Name, err)
+		}
+		return r, nil
+	}
+	pool, err := pgxpool.New(context.Background(), spec.SQLDatabaseURL)
+	if err != nil {
+		return nil, fmt.Errorf("projection %q: repair.sql.database_url: %w", p.Name, err)
+	}
+	e.closers = append(e.closers, pool.Close)
+	r, err := repair.NewSQL(pool, repair.SQLConfig{Query: spec.SQLQuery})
+	if err != nil {
+		return nil, fmt.Errorf("projection %q: repair.sql: %w", p.Name, err)
+	}
+	return r, nil
+}
+
+func (e *Engine) close() {
+	for _, c := range e.closers {
+		c()
+	}
+	e.closers = nil
 }

@@ -1,10 +1,13 @@
 package projector
 
 import (
+	"context"
 	"strconv"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/projector-dev/projector/sinks/postgres"
 )
 
 // groupMetrics describe this member's view of its consumer group.
@@ -60,16 +63,57 @@ var (
 		[]string{"group", "topic", "partition"}, nil)
 )
 
-// lagCollector reports lag per assigned partition at scrape time.
+var (
+	parkedDesc = prometheus.NewDesc("projector_parked_events",
+		"Events waiting for a missing version, in this member's partitions.", []string{"projection"}, nil)
+	oldestParkedDesc = prometheus.NewDesc("projector_oldest_parked_seconds",
+		"Age of the oldest parked event in this member's partitions; 0 when none.", []string{"projection"}, nil)
+	deadLetterDepthDesc = prometheus.NewDesc("projector_dead_letters",
+		"Open dead letters of this identity, by projection.", []string{"projection"}, nil)
+)
+
+// lagCollector reports lag per assigned partition, parked events and
+// dead-letter depth at scrape time.
 type lagCollector struct{ e *Engine }
 
 func (c *lagCollector) Describe(ch chan<- *prometheus.Desc) {
 	ch <- lagDesc
 	ch <- lagSecondsDesc
+	ch <- parkedDesc
+	ch <- oldestParkedDesc
+	ch <- deadLetterDepthDesc
 }
 
 func (c *lagCollector) Collect(ch chan<- prometheus.Metric) {
 	now := time.Now()
+	parked := map[string]int{}
+	oldest := map[string]time.Time{}
+	for _, p := range c.e.cfg.Projections {
+		parked[p.Name] = 0
+	}
+	for _, s := range c.e.Workers() {
+		name := c.e.byTopic[s.Topic].Name
+		parked[name] += s.Parked
+		if !s.OldestParked.IsZero() && (oldest[name].IsZero() || s.OldestParked.Before(oldest[name])) {
+			oldest[name] = s.OldestParked
+		}
+	}
+	for name, n := range parked {
+		ch <- prometheus.MustNewConstMetric(parkedDesc, prometheus.GaugeValue, float64(n), name)
+		age := 0.0
+		if t := oldest[name]; !t.IsZero() {
+			age = max(0, now.Sub(t).Seconds())
+		}
+		ch <- prometheus.MustNewConstMetric(oldestParkedDesc, prometheus.GaugeValue, age, name)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+	depth, err := postgres.DeadLetterDepth(ctx, c.e.pool, c.e.cfg.Identity)
+	cancel()
+	if err == nil {
+		for _, p := range c.e.cfg.Projections {
+			ch <- prometheus.MustNewConstMetric(deadLetterDepthDesc, prometheus.GaugeValue, float64(depth[p.Name]), p.Name)
+		}
+	}
 	for _, s := range c.e.Workers() {
 		labels := []string{c.e.cfg.Identity, s.Topic, strconv.Itoa(int(s.Partition))}
 		if s.HighWatermark >= 0 {

@@ -102,30 +102,35 @@ const (
 		SELECT $1, u.key, u.version FROM unnest($2::text[], $3::bigint[]) AS u(key, version)
 		ON CONFLICT (table_name, key) DO UPDATE SET version = excluded.version, deleted_at = now()
 		WHERE projector_tombstones.version < excluded.version`
-	// deadLetterSQL stores new dead letters and, when a dead-letter topic
-	// is configured ($15 not empty), queues them for publishing.
-	deadLetterSQL = `WITH dl AS (
+	// deadLetterSQL stores dead letters. A replayed record that failed
+	// again ($15 names the entry it replays) reopens that entry of this
+	// identity with one more attempt instead of adding one; otherwise, and
+	// when that entry is gone, a new entry is added. With a dead-letter
+	// topic configured ($16 not empty) new entries are queued for
+	// publishing in the same transaction.
+	deadLetterSQL = `WITH u AS (
+		SELECT * FROM unnest($5::bigint[], $6::bytea[], $7::bytea[], $8::jsonb[], $9::timestamptz[], $10::text[],
+		                     $11::text[], $12::int[], $13::int[], $14::text[], $15::bigint[])
+		  AS u(off, rkey, value, headers, ts, err, class, attempts, schema_id, trace_id, replay_of)
+	), reopened AS (
+		UPDATE projector_dead_letters d
+		SET attempts = d.attempts + 1, last_seen = now(), error = u.err, error_class = u.class, status = 'open'
+		FROM u WHERE d.id = u.replay_of AND d.identity = $1 AND d.status <> 'purged'
+		RETURNING u.off
+	), dl AS (
 		INSERT INTO projector_dead_letters AS d
 		(identity, projection, topic, partition, "offset", record_key, value, headers, record_time, error,
 		 error_class, attempts, schema_id, trace_id)
 		SELECT $1, $2, $3, $4, u.off, u.rkey, u.value, u.headers, u.ts, u.err, u.class, u.attempts, u.schema_id, u.trace_id
-		FROM unnest($5::bigint[], $6::bytea[], $7::bytea[], $8::jsonb[], $9::timestamptz[], $10::text[],
-		            $11::text[], $12::int[], $13::int[], $14::text[])
-		  AS u(off, rkey, value, headers, ts, err, class, attempts, schema_id, trace_id)
+		FROM u WHERE u.off NOT IN (SELECT off FROM reopened)
 		ON CONFLICT (identity, topic, partition, "offset")
 		DO UPDATE SET last_seen = now(), attempts = d.attempts + 1, error = excluded.error, error_class = excluded.error_class
 		RETURNING d.id)
-		INSERT INTO projector_dlq_outbox (dead_letter_id, topic)
-		SELECT id, $15 FROM dl WHERE $15 <> ''
-		ON CONFLICT (dead_letter_id) DO NOTHING`
-	// replayFailedSQL: a replayed record failed again; its dead letter is
-	// open again with one more attempt, never a second entry.
-	replayFailedSQL = `UPDATE projector_dead_letters d
-		SET attempts = d.attempts + 1, last_seen = now(), error = u.err, error_class = u.class, status = 'open'
-		FROM unnest($1::bigint[], $2::text[], $3::text[]) AS u(id, err, class)
-		WHERE d.id = u.id`
+	INSERT INTO projector_dlq_outbox (dead_letter_id, topic)
+	SELECT id, $16 FROM dl WHERE $16 <> ''
+	ON CONFLICT (dead_letter_id) DO NOTHING`
 	resolvedSQL = `UPDATE projector_dead_letters SET status = 'resolved', resolved_at = now()
-		WHERE id = ANY($1::bigint[]) AND status <> 'resolved'`
+		WHERE id = ANY($1::bigint[]) AND identity = $2 AND status NOT IN ('resolved', 'purged')`
 	advanceSQL = `UPDATE projector_offsets SET next_offset = $1, updated_at = now()
 		WHERE identity = $2 AND topic = $3 AND partition = $4 AND owner_epoch = $5 AND next_offset = $6`
 )
@@ -345,49 +350,45 @@ func (s *Sink) queueChanges(b *pgx.Batch, tp partition.TP, ch partition.Changes)
 	}
 	s.queueDeadLetters(b, tp, ch.DeadLetters)
 	if len(ch.Resolved) > 0 {
-		b.Queue(resolvedSQL, ch.Resolved)
+		b.Queue(resolvedSQL, ch.Resolved, s.identity)
 	}
 	return nil
 }
 
 func (s *Sink) queueDeadLetters(b *pgx.Batch, tp partition.TP, dls []partition.DeadLetter) {
+	n := len(dls)
+	if n == 0 {
+		return
+	}
 	var (
-		replayIDs               []int64
-		replayErrs, replayClass []string
-		offsets                 []int64
-		rkeys, values           [][]byte
-		headers, errs, classes  []string
-		traces                  []*string
-		times                   []*time.Time
-		attempts                []int32
-		schemaIDs               []*int32
+		offsets   = make([]int64, n)
+		rkeys     = make([][]byte, n)
+		values    = make([][]byte, n)
+		headers   = make([]string, n)
+		times     = make([]*time.Time, n)
+		errs      = make([]string, n)
+		classes   = make([]string, n)
+		attempts  = make([]int32, n)
+		schemaIDs = make([]*int32, n)
+		traces    = make([]*string, n)
+		replays   = make([]*int64, n)
 	)
-	for _, d := range dls {
-		if d.ReplayOf > 0 {
-			replayIDs, replayErrs, replayClass = append(replayIDs, d.ReplayOf), append(replayErrs, d.Err), append(replayClass, d.Class)
-			continue
-		}
-		offsets, rkeys, values = append(offsets, d.Offset), append(rkeys, d.RecordKey), append(values, d.Value)
-		headers, errs, classes = append(headers, headersJSON(d.Headers)), append(errs, d.Err), append(classes, d.Class)
-		times, attempts = append(times, timeOrNil(d.Timestamp)), append(attempts, int32(max(1, d.Attempts)))
-		var sid *int32
+	for i, d := range dls {
+		offsets[i], rkeys[i], values[i], errs[i], classes[i] = d.Offset, d.RecordKey, d.Value, d.Err, d.Class
+		headers[i], times[i], attempts[i] = headersJSON(d.Headers), timeOrNil(d.Timestamp), int32(max(1, d.Attempts))
 		if d.SchemaID > 0 {
 			v := int32(d.SchemaID)
-			sid = &v
+			schemaIDs[i] = &v
 		}
-		var trace *string
 		if d.TraceID != "" {
-			trace = &d.TraceID
+			traces[i] = &d.TraceID
 		}
-		schemaIDs, traces = append(schemaIDs, sid), append(traces, trace)
+		if d.ReplayOf > 0 {
+			replays[i] = &d.ReplayOf
+		}
 	}
-	if len(offsets) > 0 {
-		b.Queue(deadLetterSQL, s.identity, s.p.Name, tp.Topic, tp.Partition, offsets, rkeys, values, headers, times, errs,
-			classes, attempts, schemaIDs, traces, s.dlqTopic)
-	}
-	if len(replayIDs) > 0 {
-		b.Queue(replayFailedSQL, replayIDs, replayErrs, replayClass)
-	}
+	b.Queue(deadLetterSQL, s.identity, s.p.Name, tp.Topic, tp.Partition, offsets, rkeys, values, headers, times, errs,
+		classes, attempts, schemaIDs, traces, replays, s.dlqTopic)
 }
 
 // upsertArgs renders rows as one text array per column plus the versions.
@@ -415,7 +416,42 @@ func (s *Sink) upsertArgs(rows []partition.RowWrite) ([]any, error) {
 	return append(args, versions), nil
 }
 
-// ParkedKeys implements partition.Sink.
+// Parked implements partition.Sink.
+func (s *Sink) Parked(ctx context.Context, tp partition.TP) (map[string]partition.ParkedInfo, error) {
+	rows, err := s.pool.Query(ctx, `SELECT key, count(*), min(parked_at) FROM projector_parked
+		WHERE identity = $1 AND topic = $2 AND partition = $3 GROUP BY key`, s.identity, tp.Topic, tp.Partition)
+	if err != nil {
+		return nil, fmt.Errorf("list parked aggregates of %s/%d: %w", tp.Topic, tp.Partition, err)
+	}
+	defer rows.Close()
+	out := map[string]partition.ParkedInfo{}
+	for rows.Next() {
+		var (
+			key  string
+			info partition.ParkedInfo
+		)
+		if err := rows.Scan(&key, &info.Count, &info.Since); err != nil {
+			return nil, fmt.Errorf("list parked aggregates of %s/%d: %w", tp.Topic, tp.Partition, err)
+		}
+		out[key] = info
+	}
+	if err := rows.Err(); err != nil {
+		return nil, fmt.Errorf("list parked aggregates of %s/%d: %w", tp.Topic, tp.Partition, err)
+	}
+	return out, nil
+}
+
+// Load implements partition.Sink.
+func (s *Sink) Load(ctx context.Context, tp partition.TP, keys []string) (partition.State, error) {
+	tx, err := s.pool.BeginTx(ctx, pgx.TxOptions{AccessMode: pgx.ReadOnly})
+	if err != nil {
+		return partition.State{}, fmt.Errorf("begin: %w", err)
+	}
+	defer tx.Rollback(context.WithoutCancel(ctx)) //nolint:errcheck // read-only
+	return s.load(ctx, tx, tp, keys, keys)
+}
+
+// ParkedKeys lists the aggregates of the partition with parked events.
 func (s *Sink) ParkedKeys(ctx context.Context, tp partition.TP) ([]string, error) {
 	rows, err := s.pool.Query(ctx, parkedKeysSQL, s.identity, tp.Topic, tp.Partition)
 	if err != nil {

@@ -1,0 +1,673 @@
+package main
+
+import (
+	"context"
+	"encoding/base64"
+	"encoding/json"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"math"
+	"os"
+	"slices"
+	"strconv"
+	"strings"
+	"text/tabwriter"
+	"time"
+	"unicode/utf8"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/peterbourgon/ff/v3/ffcli"
+	"github.com/twmb/franz-go/pkg/kgo"
+	"github.com/twmb/franz-go/pkg/sr"
+
+	"github.com/projector-dev/projector/dlqpublish"
+	"github.com/projector-dev/projector/schemas"
+	"github.com/projector-dev/projector/sinks/postgres"
+)
+
+const timeFormat = "2006-01-02T15:04:05Z07:00"
+
+func dlqCommand(stdout, stderr io.Writer) *ffcli.Command {
+	return &ffcli.Command{
+		Name:       "dlq",
+		ShortUsage: "projector dlq <list|show|replay|purge|audit> [flags]",
+		ShortHelp:  "Inspect, replay and purge dead letters.",
+		Subcommands: []*ffcli.Command{
+			dlqListCommand(stdout, stderr),
+			dlqShowCommand(stdout, stderr),
+			dlqReplayCommand(stdout, stderr),
+			dlqPurgeCommand(stdout, stderr),
+			dlqAuditCommand(stdout, stderr),
+		},
+		Exec: func(context.Context, []string) error { return flag.ErrHelp },
+	}
+}
+
+// dlqFilters are the flags that select dead letters.
+type dlqFilters struct {
+	identity, projection, topic, key, errorClass, status, since, until string
+	limit                                                              int
+}
+
+func (d *dlqFilters) register(fs *flag.FlagSet, limit int, limitHelp string) {
+	fs.StringVar(&d.identity, "identity", "", "only this consumer identity (PROJECTOR_IDENTITY); empty: all")
+	fs.StringVar(&d.projection, "projection", "", "only this projection")
+	fs.StringVar(&d.topic, "topic", "", "only this source topic")
+	fs.StringVar(&d.key, "key", "", "only records with exactly this key")
+	fs.StringVar(&d.errorClass, "error-class", "", "only this error class (decode, invalid, fold, oversized, rejected, gap)")
+	fs.StringVar(&d.status, "status", "", "only this status: "+strings.Join(postgres.Statuses, ", ")+"; empty: any")
+	fs.StringVar(&d.since, "since", "", "only entries first seen at or after this RFC3339 time, or this long ago (24h, 7d)")
+	fs.StringVar(&d.until, "until", "", "only entries first seen before this RFC3339 time, or this long ago (24h, 7d)")
+	fs.IntVar(&d.limit, "limit", limit, limitHelp)
+}
+
+// filter turns the flags into a filter, naming the flag that is wrong.
+func (d *dlqFilters) filter(now time.Time) (postgres.DeadLetterFilter, error) {
+	f := postgres.DeadLetterFilter{
+		Identity: d.identity, Projection: d.projection, Topic: d.topic, Key: d.key,
+		ErrorClass: d.errorClass, Status: d.status, Limit: d.limit,
+	}
+	if d.status != "" && !postgres.ValidStatus(d.status) {
+		return f, fmt.Errorf("--status %q: want one of %s", d.status, strings.Join(postgres.Statuses, ", "))
+	}
+	if d.limit < 0 {
+		return f, fmt.Errorf("--limit %d: must not be negative", d.limit)
+	}
+	var err error
+	if f.Since, err = parseWhen("--since", d.since, now); err != nil {
+		return f, err
+	}
+	if f.Until, err = parseWhen("--until", d.until, now); err != nil {
+		return f, err
+	}
+	if !f.Since.IsZero() && !f.Until.IsZero() && !f.Since.Before(f.Until) {
+		return f, fmt.Errorf("--since %s is not before --until %s", f.Since.Format(timeFormat), f.Until.Format(timeFormat))
+	}
+	return f, nil
+}
+
+// parseWhen reads an RFC3339 time or a duration meaning that long before
+// now (Go durations, plus whole days such as 7d).
+func parseWhen(name, s string, now time.Time) (time.Time, error) {
+	if s == "" {
+		return time.Time{}, nil
+	}
+	if t, err := time.Parse(time.RFC3339, s); err == nil {
+		return t, nil
+	}
+	var d time.Duration
+	if days, ok := strings.CutSuffix(s, "d"); ok {
+		n, err := strconv.Atoi(days)
+		if err != nil || n < 0 {
+			return time.Time{}, fmt.Errorf("%s %q: want an RFC3339 time (2006-01-02T15:04:05Z) or a duration such as 24h or 7d", name, s)
+		}
+		d = time.Duration(n) * 24 * time.Hour
+	} else {
+		var err error
+		if d, err = time.ParseDuration(s); err != nil || d < 0 {
+			return time.Time{}, fmt.Errorf("%s %q: want an RFC3339 time (2006-01-02T15:04:05Z) or a duration such as 24h or 7d", name, s)
+		}
+	}
+	return now.Add(-d), nil
+}
+
+// idList is a repeatable --id flag (also comma-separated).
+type idList []int64
+
+func (l *idList) String() string {
+	if l == nil {
+		return ""
+	}
+	s := make([]string, len(*l))
+	for i, id := range *l {
+		s[i] = strconv.FormatInt(id, 10)
+	}
+	return strings.Join(s, ",")
+}
+
+func (l *idList) Set(v string) error {
+	for _, part := range strings.Split(v, ",") {
+		id, err := strconv.ParseInt(strings.TrimSpace(part), 10, 64)
+		if err != nil || id <= 0 {
+			return fmt.Errorf("%q is not a dead-letter id", part)
+		}
+		*l = append(*l, id)
+	}
+	return nil
+}
+
+func defaultActor() string {
+	if u := os.Getenv("USER"); u != "" {
+		return u
+	}
+	return "unknown"
+}
+
+func dlqListCommand(stdout, stderr io.Writer) *ffcli.Command {
+	var (
+		c       common
+		filters dlqFilters
+		asJSON  bool
+	)
+	return newCommand("list", "projector dlq list [flags]", "List dead letters, oldest first.", stderr,
+		func(fs *flag.FlagSet) {
+			c.register(fs, "database-url")
+			filters.register(fs, 1000, "most entries to print; 0: no limit")
+			fs.BoolVar(&asJSON, "json", false, "print a JSON array")
+		},
+		func(ctx context.Context, _ []string) error {
+			f, err := filters.filter(time.Now())
+			if err != nil {
+				return err
+			}
+			if f.Limit == 0 {
+				f.Limit = math.MaxInt32
+			}
+			pool, err := connect(ctx, c.databaseURL)
+			if err != nil {
+				return err
+			}
+			defer pool.Close()
+			dls, err := postgres.ListDeadLetters(ctx, pool, f)
+			if err != nil {
+				return err
+			}
+			if asJSON {
+				if dls == nil {
+					dls = []postgres.DeadLetter{}
+				}
+				return writeJSON(stdout, dls)
+			}
+			tw := tabwriter.NewWriter(stdout, 0, 4, 2, ' ', 0)
+			fmt.Fprintln(tw, "ID\tPROJECTION\tTOPIC\tPARTITION\tOFFSET\tKEY\tSTATUS\tCLASS\tATTEMPTS\tFIRST-SEEN\tERROR")
+			for _, d := range dls {
+				fmt.Fprintf(tw, "%d\t%s\t%s\t%d\t%d\t%s\t%s\t%s\t%d\t%s\t%s\n", d.ID, d.Projection, d.Topic, d.Partition, d.Offset,
+					keyText(d), d.Status, d.ErrorClass, d.Attempts, d.FirstSeen.Format(timeFormat), oneLine(d.Error))
+			}
+			return tw.Flush()
+		})
+}
+
+func dlqShowCommand(stdout, stderr io.Writer) *ffcli.Command {
+	var (
+		c      common
+		asJSON bool
+		fset   *flag.FlagSet
+	)
+	return newCommand("show", "projector dlq show ID [flags]",
+		"Show one dead letter: every field, its headers, and its value decoded through the Schema Registry when --registry-url is set.", stderr,
+		func(fs *flag.FlagSet) {
+			fset = fs
+			c.register(fs, "database-url", "registry-url")
+			fs.BoolVar(&asJSON, "json", false, "print a JSON object")
+		},
+		func(ctx context.Context, args []string) error {
+			// Flags may follow the ID: parsing stopped at it.
+			for i := 0; i < len(args)-1; i++ {
+				if err := fset.Parse(args[i+1:]); err != nil {
+					return err
+				}
+				args = append(args[:i+1:i+1], fset.Args()...)
+			}
+			if len(args) != 1 {
+				return errors.New("dlq show: want exactly one argument, the dead-letter ID (see `projector dlq list`)")
+			}
+			id, err := strconv.ParseInt(args[0], 10, 64)
+			if err != nil || id <= 0 {
+				return fmt.Errorf("dlq show: ID %q is not a dead-letter id", args[0])
+			}
+			pool, err := connect(ctx, c.databaseURL)
+			if err != nil {
+				return err
+			}
+			defer pool.Close()
+			d, err := postgres.GetDeadLetter(ctx, pool, id)
+			if err != nil {
+				return err
+			}
+			v := showDeadLetter(d)
+			v.decode(ctx, c.registryURL)
+			if asJSON {
+				return writeJSON(stdout, v)
+			}
+			return v.writeText(stdout)
+		})
+}
+
+// shownHeader is a header as `dlq show` prints it: its value as text when
+// it is valid UTF-8, else base64.
+type shownHeader struct {
+	Key      string  `json:"key"`
+	Value    *string `json:"value"` // nil: a null header value
+	Encoding string  `json:"encoding"`
+}
+
+// shownDeadLetter is what `dlq show --json` prints: the dead letter (value
+// in base64) with readable headers and, when it decoded, the value as
+// JSON, else why not.
+type shownDeadLetter struct {
+	postgres.DeadLetter
+	Headers       []shownHeader   `json:"headers"`
+	DecodedValue  json.RawMessage `json:"decoded_value,omitempty"`
+	ValueSchemaID *int            `json:"value_schema_id,omitempty"`
+	DecodeError   string          `json:"decode_error,omitempty"`
+}
+
+func showDeadLetter(d postgres.DeadLetter) *shownDeadLetter {
+	v := &shownDeadLetter{DeadLetter: d, Headers: make([]shownHeader, len(d.Headers))}
+	for i, h := range d.Headers {
+		v.Headers[i] = shownHeader{Key: h.Key, Encoding: "text"}
+		if h.Value == nil {
+			continue
+		}
+		s, enc := bytesText(h.Value)
+		v.Headers[i].Value, v.Headers[i].Encoding = &s, enc
+	}
+	return v
+}
+
+// decode decodes the value through the registry at url, or says why not.
+func (v *shownDeadLetter) decode(ctx context.Context, url string) {
+	switch {
+	case url == "":
+		v.DecodeError = "no --registry-url given"
+		return
+	case v.Value == nil:
+		v.DecodeError = "the record has no value"
+		return
+	}
+	cl, err := sr.NewClient(sr.URLs(url))
+	if err != nil {
+		v.DecodeError = fmt.Sprintf("--registry-url: %v", err)
+		return
+	}
+	dctx, cancel := context.WithTimeout(ctx, 15*time.Second)
+	defer cancel()
+	rec, id, err := schemas.NewDecoder(cl, nil).Decode(dctx, v.Value)
+	if err != nil {
+		v.DecodeError = err.Error()
+		return
+	}
+	js, err := json.MarshalIndent(rec, "", "  ")
+	if err != nil {
+		v.DecodeError = fmt.Sprintf("schema id %d: decoded, but not representable as JSON: %v", id, err)
+		return
+	}
+	v.DecodedValue, v.ValueSchemaID = js, &id
+}
+
+func (v *shownDeadLetter) writeText(w io.Writer) error {
+	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
+	d := v.DeadLetter
+	field := func(name string, value any) { fmt.Fprintf(tw, "%s\t%v\n", name, value) }
+	field("id", d.ID)
+	field("identity", d.Identity)
+	field("projection", d.Projection)
+	field("topic", d.Topic)
+	field("partition", d.Partition)
+	field("offset", d.Offset)
+	field("key", keyText(d))
+	field("record time", timeOrDash(d.RecordTime))
+	field("status", d.Status)
+	field("error class", d.ErrorClass)
+	field("error", oneLine(d.Error))
+	field("schema id", intOrDash(d.SchemaID))
+	field("trace id", orDashString(d.TraceID))
+	field("attempts", d.Attempts)
+	field("replays", d.Replays)
+	field("first seen", d.FirstSeen.Format(timeFormat))
+	field("last seen", d.LastSeen.Format(timeFormat))
+	field("replayed at", timeOrDash(d.ReplayedAt))
+	field("resolved at", timeOrDash(d.ResolvedAt))
+	if len(v.Headers) == 0 {
+		field("headers", "(none)")
+	} else {
+		field("headers", len(v.Headers))
+		for _, h := range v.Headers {
+			switch {
+			case h.Value == nil:
+				fmt.Fprintf(tw, "  %s\t(null)\n", h.Key)
+			case h.Encoding == "base64":
+				fmt.Fprintf(tw, "  %s\t(base64) %s\n", h.Key, *h.Value)
+			default:
+				fmt.Fprintf(tw, "  %s\t%s\n", h.Key, oneLine(*h.Value))
+			}
+		}
+	}
+	if err := tw.Flush(); err != nil {
+		return err
+	}
+	switch {
+	case v.DecodedValue != nil:
+		_, err := fmt.Fprintf(w, "value (decoded, schema id %d):\n%s\n", *v.ValueSchemaID, v.DecodedValue)
+		return err
+	case v.Value == nil:
+		_, err := fmt.Fprintln(w, "value: (null)")
+		return err
+	default:
+		_, err := fmt.Fprintf(w, "value (base64, %d bytes; not decoded: %s):\n%s\n", len(v.Value), v.DecodeError, base64.StdEncoding.EncodeToString(v.Value))
+		return err
+	}
+}
+
+func dlqReplayCommand(stdout, stderr io.Writer) *ffcli.Command {
+	var (
+		c       common
+		filters dlqFilters
+		ids     idList
+		dryRun  bool
+		execute bool
+		perSec  float64
+		actor   string
+		fset    *flag.FlagSet
+	)
+	return newCommand("replay", "projector dlq replay (--id N ... | filters) [--execute] [flags]",
+		"Produce dead letters again to their original topic, with the header "+dlqpublish.IDHeader+". A dry run unless --execute.", stderr,
+		func(fs *flag.FlagSet) {
+			fset = fs
+			c.register(fs, "database-url", "brokers")
+			filters.register(fs, 0, "most entries to replay, oldest first; 0: no limit")
+			fs.Lookup("status").Usage = "only this status: " + strings.Join(postgres.Statuses, ", ") + "; empty: open, or any status with --id"
+			fs.Var(&ids, "id", "replay this dead letter (repeatable, or comma-separated)")
+			fs.BoolVar(&dryRun, "dry-run", true, "only print what would be replayed")
+			fs.BoolVar(&execute, "execute", false, "produce the records (the same as --dry-run=false)")
+			fs.Float64Var(&perSec, "rate", 10, "most records to produce per second")
+			fs.StringVar(&actor, "actor", defaultActor(), "who replays, for the audit log (default: $USER)")
+		},
+		func(ctx context.Context, _ []string) error {
+			dryRunSet := false
+			fset.Visit(func(f *flag.Flag) { dryRunSet = dryRunSet || f.Name == "dry-run" })
+			if execute {
+				if dryRunSet && dryRun {
+					return errors.New("--execute and --dry-run=true contradict each other: drop one")
+				}
+				dryRun = false
+			}
+			if perSec <= 0 || math.IsInf(perSec, 0) || math.IsNaN(perSec) {
+				return fmt.Errorf("--rate %v: must be a positive number of records per second", perSec)
+			}
+			if actor == "" {
+				return errors.New("--actor must not be empty")
+			}
+			f, err := filters.filter(time.Now())
+			if err != nil {
+				return err
+			}
+			if len(ids) > 0 {
+				f.IDs = slices.Clone(ids)
+			} else if f.Status == "" {
+				f.Status = postgres.StatusOpen
+			}
+			var brokers []string
+			if !dryRun {
+				if brokers, err = c.brokerList(); err != nil {
+					return err
+				}
+			}
+			pool, err := connect(ctx, c.databaseURL)
+			if err != nil {
+				return err
+			}
+			defer pool.Close()
+			entries, err := selectDeadLetters(ctx, pool, f, ids)
+			if err != nil {
+				return err
+			}
+			var purged []string
+			for _, d := range entries {
+				if d.Status == postgres.StatusPurged {
+					purged = append(purged, strconv.FormatInt(d.ID, 10))
+				}
+			}
+			if len(purged) > 0 {
+				return fmt.Errorf("refusing to replay purged dead letters (%s): purged entries are never replayed", strings.Join(purged, ", "))
+			}
+			if len(entries) == 0 {
+				fmt.Fprintln(stdout, "no dead letters match: nothing to replay")
+				return nil
+			}
+			if dryRun {
+				fmt.Fprintf(stdout, "dry run: would replay %d dead letters (add --execute to produce them):\n", len(entries))
+				tw := tabwriter.NewWriter(stdout, 0, 4, 2, ' ', 0)
+				fmt.Fprintln(tw, "ID\tTOPIC\tPARTITION\tOFFSET\tKEY\tERROR")
+				for _, d := range entries {
+					fmt.Fprintf(tw, "%d\t%s\t%d\t%d\t%s\t%s\n", d.ID, d.Topic, d.Partition, d.Offset, keyText(d), oneLine(d.Error))
+				}
+				return tw.Flush()
+			}
+			cl, err := kgo.NewClient(kgo.SeedBrokers(brokers...), kgo.RecordPartitioner(kgo.ManualPartitioner()))
+			if err != nil {
+				return fmt.Errorf("--brokers: %w", err)
+			}
+			defer cl.Close()
+			n, replayErr := dlqpublish.Replay(ctx, pool, cl, entries, perSec)
+			var auditErr error
+			if n > 0 {
+				done := make([]int64, n)
+				for i := range done {
+					done[i] = entries[i].ID
+				}
+				actx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
+				auditErr = postgres.Audit(actx, pool, actor, postgres.AuditReplay, f, done,
+					fmt.Sprintf("produced %d of %d at most %v per second", n, len(entries), perSec))
+				cancel()
+			}
+			fmt.Fprintf(stdout, "replayed %d of %d dead letters\n", n, len(entries))
+			return errors.Join(replayErr, auditErr)
+		})
+}
+
+// selectDeadLetters loads the dead letters matching f (no limit unless
+// f.Limit says so). When ids were asked for, every one must exist and
+// match the other filters.
+func selectDeadLetters(ctx context.Context, pool *pgxpool.Pool, f postgres.DeadLetterFilter, ids []int64) ([]postgres.DeadLetter, error) {
+	if f.Limit == 0 {
+		f.Limit = math.MaxInt32
+	}
+	entries, err := postgres.ListDeadLetters(ctx, pool, f)
+	if err != nil {
+		return nil, err
+	}
+	if err := checkIDs(ctx, pool, ids, entries); err != nil {
+		return nil, err
+	}
+	return entries, nil
+}
+
+// checkIDs reports ids that do not exist or that the other filters left
+// out of found.
+func checkIDs(ctx context.Context, pool *pgxpool.Pool, ids []int64, found []postgres.DeadLetter) error {
+	have := map[int64]bool{}
+	for _, d := range found {
+		have[d.ID] = true
+	}
+	var unknown, filtered []string
+	for _, id := range ids {
+		if have[id] {
+			continue
+		}
+		_, err := postgres.GetDeadLetter(ctx, pool, id)
+		switch {
+		case errors.Is(err, postgres.ErrNoDeadLetter):
+			unknown = append(unknown, strconv.FormatInt(id, 10))
+		case err != nil:
+			return err
+		default:
+			filtered = append(filtered, strconv.FormatInt(id, 10))
+		}
+	}
+	if len(unknown) > 0 {
+		return fmt.Errorf("--id: no dead letter with id %s", strings.Join(unknown, ", "))
+	}
+	if len(filtered) > 0 {
+		return fmt.Errorf("--id: dead letter %s does not match the other filters (or is beyond --limit)", strings.Join(filtered, ", "))
+	}
+	return nil
+}
+
+func dlqPurgeCommand(stdout, stderr io.Writer) *ffcli.Command {
+	var (
+		c       common
+		filters dlqFilters
+		ids     idList
+		yes     bool
+		actor   string
+	)
+	return newCommand("purge", "projector dlq purge (--id N ... | filters) --yes [flags]",
+		"Delete dead letters for good. Without --yes, only says how many would go.", stderr,
+		func(fs *flag.FlagSet) {
+			c.register(fs, "database-url")
+			filters.register(fs, 0, "most entries to purge, oldest first; 0: no limit")
+			fs.Var(&ids, "id", "purge this dead letter (repeatable, or comma-separated)")
+			fs.BoolVar(&yes, "yes", false, "really delete them (command line only: PROJECTOR_YES is refused)")
+			fs.StringVar(&actor, "actor", defaultActor(), "who purges, for the audit log (default: $USER)")
+		},
+		func(ctx context.Context, _ []string) error {
+			if os.Getenv("PROJECTOR_YES") != "" {
+				return errors.New("PROJECTOR_YES is set: purging must be confirmed with --yes on the command line; unset PROJECTOR_YES")
+			}
+			if actor == "" {
+				return errors.New("--actor must not be empty")
+			}
+			f, err := filters.filter(time.Now())
+			if err != nil {
+				return err
+			}
+			if len(ids) > 0 {
+				f.IDs = slices.Clone(ids)
+			}
+			pool, err := connect(ctx, c.databaseURL)
+			if err != nil {
+				return err
+			}
+			defer pool.Close()
+			matched, err := postgres.DeadLetterIDs(ctx, pool, f)
+			if err != nil {
+				return err
+			}
+			if len(ids) > 0 {
+				found := make([]postgres.DeadLetter, len(matched))
+				for i, id := range matched {
+					found[i].ID = id
+				}
+				if err := checkIDs(ctx, pool, ids, found); err != nil {
+					return err
+				}
+			}
+			if len(matched) == 0 {
+				fmt.Fprintln(stdout, "no dead letters match: nothing to purge")
+				return nil
+			}
+			if !yes {
+				fmt.Fprintf(stdout, "would purge %d dead letters\n", len(matched))
+				return fmt.Errorf("refusing to purge %d dead letters without --yes: add --yes to delete them", len(matched))
+			}
+			exact := f
+			exact.IDs, exact.Limit = matched, 0
+			n, err := postgres.PurgeDeadLetters(ctx, pool, exact)
+			if err != nil {
+				return err
+			}
+			actx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
+			defer cancel()
+			if err := postgres.Audit(actx, pool, actor, postgres.AuditPurge, f, matched, fmt.Sprintf("purged %d", n)); err != nil {
+				return fmt.Errorf("purged %d dead letters, but: %w", n, err)
+			}
+			fmt.Fprintf(stdout, "purged %d dead letters\n", n)
+			return nil
+		})
+}
+
+func dlqAuditCommand(stdout, stderr io.Writer) *ffcli.Command {
+	var (
+		c      common
+		limit  int
+		asJSON bool
+	)
+	return newCommand("audit", "projector dlq audit [flags]", "List replays and purges, newest first.", stderr,
+		func(fs *flag.FlagSet) {
+			c.register(fs, "database-url")
+			fs.IntVar(&limit, "limit", 100, "most entries to print; 0: all")
+			fs.BoolVar(&asJSON, "json", false, "print a JSON array")
+		},
+		func(ctx context.Context, _ []string) error {
+			if limit < 0 {
+				return fmt.Errorf("--limit %d: must not be negative", limit)
+			}
+			pool, err := connect(ctx, c.databaseURL)
+			if err != nil {
+				return err
+			}
+			defer pool.Close()
+			entries, err := postgres.ListAudit(ctx, pool, limit)
+			if err != nil {
+				return err
+			}
+			if asJSON {
+				if entries == nil {
+					entries = []postgres.AuditEntry{}
+				}
+				return writeJSON(stdout, entries)
+			}
+			tw := tabwriter.NewWriter(stdout, 0, 4, 2, ' ', 0)
+			fmt.Fprintln(tw, "ID\tAT\tACTOR\tACTION\tENTRIES\tFILTER\tDETAIL")
+			for _, a := range entries {
+				fmt.Fprintf(tw, "%d\t%s\t%s\t%s\t%d\t%s\t%s\n", a.ID, a.At.Format(timeFormat), a.Actor, a.Action, len(a.EntryIDs), a.Filter, a.Detail)
+			}
+			return tw.Flush()
+		})
+}
+
+func writeJSON(w io.Writer, v any) error {
+	enc := json.NewEncoder(w)
+	enc.SetIndent("", "  ")
+	return enc.Encode(v)
+}
+
+// bytesText is b as text when it is valid UTF-8, else in base64.
+func bytesText(b []byte) (s, encoding string) {
+	if utf8.Valid(b) {
+		return string(b), "text"
+	}
+	return base64.StdEncoding.EncodeToString(b), "base64"
+}
+
+// keyText is a record key for a table cell.
+func keyText(d postgres.DeadLetter) string {
+	if d.KeyNull {
+		return "(null)"
+	}
+	s, enc := bytesText([]byte(d.Key))
+	if enc == "base64" {
+		return "(base64) " + s
+	}
+	return oneLine(s)
+}
+
+// oneLine keeps a text on one line of a table.
+func oneLine(s string) string {
+	return strings.NewReplacer("\r", `\r`, "\n", `\n`, "\t", `\t`).Replace(s)
+}
+
+func timeOrDash(t *time.Time) string {
+	if t == nil {
+		return "-"
+	}
+	return t.Format(timeFormat)
+}
+
+func intOrDash(p *int) string {
+	if p == nil {
+		return "-"
+	}
+	return strconv.Itoa(*p)
+}
+
+func orDashString(s string) string {
+	if s == "" {
+		return "-"
+	}
+	return s
+}

@@ -1,0 +1,90 @@
+package dlqpublish
+
+import (
+	"context"
+	"fmt"
+	"strconv"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/twmb/franz-go/pkg/kgo"
+	"golang.org/x/time/rate"
+
+	"github.com/projector-dev/projector/sinks/postgres"
+)
+
+// IDHeader is the header naming the dead letter (its id in decimal) a
+// record was produced from, on replayed records and on dead-letter topic
+// records. It equals partition.ReplayHeader.
+const IDHeader = "projector-dlq-id"
+
+// markTimeout bounds the bookkeeping done after the broker acknowledged a
+// record, which runs even when the caller's context has just ended.
+const markTimeout = 10 * time.Second
+
+// ReplayRecord is the record Replay produces for d: its original topic,
+// key, value and headers, byte for byte, with IDHeader set to d's id
+// (replacing an IDHeader already there, as a record replayed before
+// carries one), and Partition set to the original partition.
+func ReplayRecord(d postgres.DeadLetter) *kgo.Record {
+	headers := make([]kgo.RecordHeader, 0, len(d.Headers)+1)
+	for _, h := range d.Headers {
+		if h.Key != IDHeader {
+			headers = append(headers, kgo.RecordHeader{Key: h.Key, Value: h.Value})
+		}
+	}
+	headers = append(headers, kgo.RecordHeader{Key: IDHeader, Value: []byte(strconv.FormatInt(d.ID, 10))})
+	return &kgo.Record{
+		Topic:     d.Topic,
+		Partition: d.Partition,
+		Key:       d.RecordKey(),
+		Value:     d.Value,
+		Headers:   headers,
+	}
+}
+
+// Replay produces each entry again to its original topic (see
+// ReplayRecord), one at a time, at most perSecond per second (no limit
+// when perSecond is not positive), waiting for the broker's
+// acknowledgement of each and then marking it replayed
+// (postgres.MarkReplayed). It returns how many it produced; on an error
+// the entries before it are produced and marked, the rest untouched.
+//
+// The record's partition is decided by cl's partitioner: give Replay a
+// client built with kgo.RecordPartitioner(kgo.ManualPartitioner()) to
+// keep each record on its original partition (so the same worker sees
+// the aggregate's events); with the default partitioner the key's hash
+// decides.
+//
+// Replay refuses, before producing anything, when an entry has status
+// purged.
+func Replay(ctx context.Context, pool *pgxpool.Pool, cl *kgo.Client, entries []postgres.DeadLetter, perSecond float64) (int, error) {
+	for _, d := range entries {
+		if d.Status == postgres.StatusPurged {
+			return 0, fmt.Errorf("dead letter %d is purged: refusing to replay it", d.ID)
+		}
+	}
+	limit := rate.Inf
+	if perSecond > 0 {
+		limit = rate.Limit(perSecond)
+	}
+	lim := rate.NewLimiter(limit, 1)
+	n := 0
+	for _, d := range entries {
+		if err := lim.Wait(ctx); err != nil {
+			return n, fmt.Errorf("replay: %d of %d produced: %w", n, len(entries), err)
+		}
+		if err := cl.ProduceSync(ctx, ReplayRecord(d)).FirstErr(); err != nil {
+			return n, fmt.Errorf("replay dead letter %d to %s: %d of %d produced: %w", d.ID, d.Topic, n, len(entries), err)
+		}
+		n++
+		// The record is out: record it even if ctx ended meanwhile.
+		mctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), markTimeout)
+		err := postgres.MarkReplayed(mctx, pool, []int64{d.ID})
+		cancel()
+		if err != nil {
+			return n, fmt.Errorf("replay dead letter %d: produced, but: %w", d.ID, err)
+		}
+	}
+	return n, nil
+}

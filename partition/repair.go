@@ -1,0 +1,337 @@
+package partition
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"sync"
+	"time"
+
+	"github.com/projector-dev/projector/projection"
+	"github.com/projector-dev/projector/repair"
+)
+
+// Repairer fetches an aggregate's state at or beyond a missing version
+// (package repair has HTTP and SQL ones).
+type Repairer interface {
+	Repair(ctx context.Context, key string, missing int64) (repair.Result, error)
+}
+
+// gaps tracks the aggregates of a partition that have parked events: when
+// the oldest was parked, and the repair attempts made so far. The worker
+// goroutine writes it after commits; the repair goroutine reads it.
+type gaps struct {
+	mu   sync.Mutex
+	aggs map[string]*gap
+}
+
+type gap struct {
+	count    int
+	since    time.Time
+	attempts int
+	nextTry  time.Time
+	inFlight bool
+}
+
+func (g *gaps) has(key string) bool {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	return g.aggs[key] != nil
+}
+
+// update applies a committed batch's parks and unparks and returns how
+// many aggregates no longer wait.
+func (g *gaps) update(parked []StoredEvent, unparked []ParkedRef, now time.Time) (closed int) {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	for _, p := range parked {
+		a := g.aggs[p.Key]
+		if a == nil {
+			a = &gap{since: now}
+			g.aggs[p.Key] = a
+		}
+		a.count++
+	}
+	for _, u := range unparked {
+		if a := g.aggs[u.Key]; a != nil {
+			a.count--
+			if a.count <= 0 {
+				delete(g.aggs, u.Key)
+				closed++
+			}
+		}
+	}
+	return closed
+}
+
+// totals returns the parked event count and the oldest parked time.
+func (g *gaps) totals() (int, time.Time) {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	n, oldest := 0, time.Time{}
+	for _, a := range g.aggs {
+		n += a.count
+		if oldest.IsZero() || a.since.Before(oldest) {
+			oldest = a.since
+		}
+	}
+	return n, oldest
+}
+
+// due returns the aggregates parked longer than timeout whose next
+// repair attempt is due, marking them in flight.
+func (g *gaps) due(now time.Time, timeout time.Duration) []string {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	var keys []string
+	for k, a := range g.aggs {
+		if !a.inFlight && now.Sub(a.since) >= timeout && !now.Before(a.nextTry) {
+			a.inFlight = true
+			keys = append(keys, k)
+		}
+	}
+	return keys
+}
+
+// failed records a failed attempt and when to try again; it returns the
+// attempts made.
+func (g *gaps) failed(key string, base, ceiling time.Duration) int {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	a := g.aggs[key]
+	if a == nil {
+		return 0
+	}
+	a.inFlight = false
+	a.attempts++
+	limit := ceiling
+	if a.attempts < 30 {
+		limit = min(ceiling, base<<a.attempts)
+	}
+	a.nextTry = time.Now().Add(time.Duration(rand.Int64N(int64(limit) + 1)))
+	return a.attempts
+}
+
+func (g *gaps) release(key string) {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	if a := g.aggs[key]; a != nil {
+		a.inFlight = false
+	}
+}
+
+// repaired is the outcome of asking the repairer about one aggregate.
+type repaired struct {
+	key     string
+	missing int64
+	result  repair.Result
+	err     error
+}
+
+// repairLoop asks the repairer about aggregates parked longer than the
+// projection's gap timeout and hands the answers to the worker goroutine,
+// which commits them between batches. Network calls never block batches.
+func (w *Worker) repairLoop(ctx context.Context, out chan<- repaired) {
+	tick := time.NewTicker(min(w.proj.GapTimeout/4+time.Millisecond, time.Second))
+	defer tick.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-w.stop:
+			return
+		case <-tick.C:
+		}
+		for _, key := range w.gaps.due(time.Now(), w.proj.GapTimeout) {
+			r := repaired{key: key}
+			st, err := w.sink.Load(ctx, w.claim.TP, []string{key})
+			if err != nil {
+				r.err = fmt.Errorf("load %q: %w", key, err)
+			} else {
+				r.missing = st.Versions[key] + 1
+				rctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+				r.result, r.err = w.repairer.Repair(rctx, key, r.missing)
+				cancel()
+			}
+			select {
+			case out <- r:
+			case <-ctx.Done():
+				return
+			case <-w.stop:
+				return
+			}
+		}
+	}
+}
+
+// applyRepair commits a repair answer: the repaired state and the parked
+// events that follow it, or after the last attempt the parked events as
+// dead letters with the gap in their error.
+func (w *Worker) applyRepair(ctx context.Context, r repaired) error {
+	if r.err != nil {
+		attempts := w.gaps.failed(r.key, w.cfg.RetryBase, w.cfg.RetryCap)
+		w.log.Warn("gap repair failed", "key", r.key, "missing", r.missing, "attempt", attempts, "err", r.err)
+		if attempts < w.cfg.MaxAttempts {
+			return nil
+		}
+		cause := fmt.Errorf("gap: version %d of %q never arrived; repair failed after %d attempts: %w", r.missing, r.key, attempts, r.err)
+		return w.commitRepair(ctx, r.key, func(st State) (Changes, outcomes, error) {
+			return w.planGapDeadLetters(ctx, r.key, st, cause)
+		}, "dead_lettered")
+	}
+	return w.commitRepair(ctx, r.key, func(st State) (Changes, outcomes, error) {
+		return w.planRepair(ctx, r, st)
+	}, "repaired")
+}
+
+func (w *Worker) commitRepair(ctx context.Context, key string, plan func(State) (Changes, outcomes, error), resolution string) error {
+	var (
+		ch  Changes
+		out outcomes
+	)
+	wrapped := func(st State) (Changes, error) {
+		var err error
+		ch, out, err = plan(st)
+		return ch, err
+	}
+	for attempt := 0; ; attempt++ {
+		err := w.sink.CommitBatch(ctx, w.claim, w.claim.NextOffset, []string{key}, []string{key}, wrapped)
+		if err == nil {
+			break
+		}
+		if errors.Is(err, ErrFenced) || ctx.Err() != nil {
+			return err
+		}
+		var rej *RejectedRows
+		if errors.As(err, &rej) {
+			// The repaired row itself is refused: leave the events parked
+			// and try the repair again later.
+			w.gaps.failed(key, w.cfg.RetryBase, w.cfg.RetryCap)
+			return nil
+		}
+		if err := w.backoff(ctx, attempt, "commit repair", err); err != nil {
+			return err
+		}
+	}
+	w.done()
+	w.gaps.release(key)
+	w.gaps.update(nil, ch.Unpark, time.Now())
+	name := w.proj.Name
+	if len(ch.Unpark) > 0 || len(ch.Upserts)+len(ch.Deletes) > 0 {
+		w.metrics.gaps.WithLabelValues(name, resolution).Inc()
+	}
+	for class, n := range out.deadLettered {
+		w.metrics.deadLetters.WithLabelValues(name, class).Add(float64(n))
+	}
+	return nil
+}
+
+// planRepair applies a repair result to the aggregate and drains what it
+// unblocks.
+func (w *Worker) planRepair(ctx context.Context, r repaired, st State) (Changes, outcomes, error) {
+	var (
+		ch  Changes
+		out = outcomes{deadLettered: map[string]int{}}
+		agg = &aggState{row: st.Rows[r.key]}
+	)
+	agg.gate.Version = st.Versions[r.key]
+	if r.result.Version <= agg.gate.Version {
+		return ch, out, nil // filled meanwhile
+	}
+	for _, ev := range st.Parked {
+		it := &item{offset: ev.Offset, recordKey: ev.RecordKey, value: ev.Value, headers: ev.Headers, timestamp: ev.Timestamp, restored: true}
+		if err := w.decode(ctx, it); err != nil {
+			return ch, out, err
+		}
+		it.key, it.version = ev.Key, ev.Version
+		agg.gate.Restore(ev.Version, it)
+	}
+	var failed *item
+	apply := func(v int64, it *item) error {
+		row, err := w.proj.Fold(agg.row, projection.Event{Key: it.key, Version: v, Type: it.typ, Fields: it.fields})
+		if err != nil {
+			failed = it
+			return err
+		}
+		agg.row = row
+		ch.Unpark = append(ch.Unpark, ParkedRef{Key: it.key, Version: v})
+		return nil
+	}
+	drop := func(v int64, it *item) { ch.Unpark = append(ch.Unpark, ParkedRef{Key: it.key, Version: v}) }
+
+	if r.result.Snapshot != nil {
+		row, err := w.snapshotRow(r.key, r.result.Snapshot)
+		if err != nil {
+			return ch, out, fmt.Errorf("repaired snapshot of %q: %w", r.key, err)
+		}
+		agg.row = row
+	} else {
+		for _, ev := range r.result.Events {
+			if ev.Version <= agg.gate.Version {
+				continue
+			}
+			ev.Key = r.key
+			row, err := w.proj.Fold(agg.row, ev)
+			if err != nil {
+				return ch, out, fmt.Errorf("fold repaired event %q v%d: %w", r.key, ev.Version, err)
+			}
+			agg.row = row
+		}
+	}
+	if err := agg.gate.Jump(r.result.Version, drop, apply); err != nil && failed != nil {
+		f := *failed
+		f.fail(ClassFold, fmt.Errorf("fold %q v%d after repair: %w", failed.key, failed.version, err))
+		out.deadLettered[f.class]++
+		ch.DeadLetters = append(ch.DeadLetters, DeadLetter{Offset: f.offset, RecordKey: f.recordKey, Value: f.value,
+			Headers: f.headers, Timestamp: f.timestamp, Err: f.err.Error(), Class: f.class, Attempts: 1, TraceID: traceID(f.headers)})
+		ch.Unpark = append(ch.Unpark, ParkedRef{Key: f.key, Version: f.version})
+	}
+	if agg.row == nil {
+		ch.Deletes = append(ch.Deletes, RowDelete{Key: r.key, Version: agg.gate.Version})
+	} else {
+		ch.Upserts = append(ch.Upserts, RowWrite{Key: r.key, Version: agg.gate.Version, Row: agg.row})
+	}
+	return ch, out, nil
+}
+
+// snapshotRow turns a repaired snapshot into a row of the projection's
+// columns; the key column always holds the aggregate id.
+func (w *Worker) snapshotRow(key string, snap projection.Row) (projection.Row, error) {
+	cols := w.proj.Columns
+	row := make(projection.Row, len(cols))
+	row[cols[0].Name] = key
+	for _, c := range cols[1:] {
+		v, ok := snap[c.Name]
+		if !ok {
+			v = snap[c.Field]
+		}
+		conv, err := c.Convert(v)
+		if err != nil {
+			return nil, err
+		}
+		row[c.Name] = conv
+	}
+	return row, nil
+}
+
+// planGapDeadLetters moves an aggregate's parked events to the DLQ.
+func (w *Worker) planGapDeadLetters(ctx context.Context, key string, st State, cause error) (Changes, outcomes, error) {
+	var (
+		ch  Changes
+		out = outcomes{deadLettered: map[string]int{}}
+	)
+	for _, ev := range st.Parked {
+		if ev.Key != key {
+			continue
+		}
+		it := &item{offset: ev.Offset, recordKey: ev.RecordKey, value: ev.Value, headers: ev.Headers, timestamp: ev.Timestamp}
+		_ = w.decode(ctx, it) // for the schema id; the record is dead-lettered either way
+		out.deadLettered[ClassGap]++
+		ch.DeadLetters = append(ch.DeadLetters, DeadLetter{Offset: ev.Offset, RecordKey: ev.RecordKey, Value: ev.Value,
+			Headers: ev.Headers, Timestamp: ev.Timestamp, Err: cause.Error(), Class: ClassGap, Attempts: w.cfg.MaxAttempts,
+			SchemaID: it.schemaID, TraceID: traceID(ev.Headers)})
+		ch.Unpark = append(ch.Unpark, ParkedRef{Key: ev.Key, Version: ev.Version})
+	}
+	return ch, out, nil
+}
