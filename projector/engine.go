@@ -118,17 +118,17 @@ type Decoders func(p *projection.Projection) partition.Decoder
 // Engine runs the projections of one consumer identity as one member of
 // its consumer group: one worker goroutine per assigned partition.
 type Engine struct {
-	cfg      Config
-	pool     *pgxpool.Pool
-	offsets  *postgres.Offsets
-	byTopic  map[string]*projection.Projection
-	sinks    map[string]partition.Sink
+	cfg       Config
+	pool      *pgxpool.Pool
+	offsets   *postgres.Offsets
+	byTopic   map[string]*projection.Projection
+	sinks     map[string]partition.Sink
 	decoders  map[string]partition.Decoder
 	repairers map[string]partition.Repairer
 	closers   []func()
 	metrics   *partition.Metrics
-	group    *groupMetrics
-	log      *slog.Logger
+	group     *groupMetrics
+	log       *slog.Logger
 
 	cl  *kgo.Client
 	adm *kadm.Client
@@ -152,15 +152,15 @@ func New(cfg Config, pool *pgxpool.Pool, decoderOf Decoders) (*Engine, error) {
 		return nil, err
 	}
 	e := &Engine{
-		cfg:      cfg,
-		pool:     pool,
-		offsets:  postgres.NewOffsets(pool, cfg.Identity),
-		byTopic:  map[string]*projection.Projection{},
-		sinks:    map[string]partition.Sink{},
+		cfg:       cfg,
+		pool:      pool,
+		offsets:   postgres.NewOffsets(pool, cfg.Identity),
+		byTopic:   map[string]*projection.Projection{},
+		sinks:     map[string]partition.Sink{},
 		decoders:  map[string]partition.Decoder{},
 		repairers: map[string]partition.Repairer{},
 		log:       cfg.Logger.With("group", cfg.Identity),
-		workers:  map[partition.TP]*running{},
+		workers:   map[partition.TP]*running{},
 	}
 	var topics []string
 	for _, p := range cfg.Projections {
