@@ -68,6 +68,14 @@ func DefaultOptions() Options {
 
 // Generate returns the stream in the order it is produced.
 func Generate(o Options) []Record {
+	records, _ := GenerateWithDropped(o)
+	return records
+}
+
+// GenerateWithDropped also returns the events left out of the stream to
+// make gaps (what a repair source would know).
+func GenerateWithDropped(o Options) ([]Record, []Event) {
+	var dropped []Event
 	rng := rand.New(rand.NewPCG(o.Seed, o.Seed^0x9e3779b97f4a7c15))
 	base := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
 	type agg struct {
@@ -97,6 +105,7 @@ func Generate(o Options) []Record {
 		}
 		if o.GapEvery > 0 && i%o.GapEvery == o.GapEvery-1 && n > 2 {
 			drop := 1 + rng.IntN(n-2) // never v1, never the last
+			dropped = append(dropped, a.events[drop])
 			a.events = append(a.events[:drop], a.events[drop+1:]...)
 		}
 		for j := 0; j+1 < len(a.events); j++ {
@@ -144,5 +153,5 @@ func Generate(o Options) []Record {
 		copy(out[pos+1:], out[pos:])
 		out[pos] = r
 	}
-	return out
+	return out, dropped
 }
