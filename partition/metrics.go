@@ -11,6 +11,7 @@ type Metrics struct {
 	backoff        *prometheus.GaugeVec
 	deadLetters    *prometheus.CounterVec
 	gaps           *prometheus.CounterVec
+	skipped        *prometheus.CounterVec
 }
 
 // NewMetrics registers the worker metrics with reg.
@@ -46,6 +47,10 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 		Name: "projector_gaps_total",
 		Help: "Aggregates that stopped waiting for a missing version, by resolution: filled (it arrived), repaired, dead_lettered.",
 	}, []string{"projection", "resolution"})
-	reg.MustRegister(m.processed, m.commitDuration, m.fenced, m.retries, m.backoff, m.deadLetters, m.gaps)
+	m.skipped = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "projector_records_skipped_total",
+		Help: "Offsets skipped because retention deleted them before they were applied (--on-offset-lost=skip).",
+	}, []string{"group", "topic", "partition"})
+	reg.MustRegister(m.processed, m.commitDuration, m.fenced, m.retries, m.backoff, m.deadLetters, m.gaps, m.skipped)
 	return m
 }

@@ -131,6 +131,8 @@ type Worker struct {
 
 	gaps     gaps
 	repairer Repairer // nil: no repair
+	skips    chan skipRequest
+	halted   atomic.Pointer[string]
 }
 
 // NewWorker returns a worker for a claimed partition.
@@ -140,9 +142,10 @@ func NewWorker(cfg Config, group string, claim Claim, p *projection.Projection, 
 	cfg.defaults()
 	w := &Worker{
 		cfg: cfg, group: group, claim: claim, proj: p, sink: sink, dec: dec, fetcher: f, metrics: m, repairer: repairer,
-		log:  log.With("topic", claim.Topic, "partition", claim.Partition, "epoch", claim.Epoch),
-		wake: make(chan struct{}, 1),
-		stop: make(chan struct{}),
+		log:   log.With("topic", claim.Topic, "partition", claim.Partition, "epoch", claim.Epoch),
+		wake:  make(chan struct{}, 1),
+		skips: make(chan skipRequest),
+		stop:  make(chan struct{}),
 	}
 	w.next.Store(claim.NextOffset)
 	w.hwm.Store(-1)
@@ -211,6 +214,8 @@ type Status struct {
 	// when the oldest of them was parked.
 	Parked       int
 	OldestParked time.Time
+	// Halted says why the partition stopped, "" while it runs.
+	Halted string
 }
 
 // Status reports the worker's committed position.
@@ -220,6 +225,9 @@ func (w *Worker) Status() Status {
 	w.mu.Unlock()
 	st := Status{TP: w.claim.TP, NextOffset: w.next.Load(), HighWatermark: w.hwm.Load(), Oldest: oldest}
 	st.Parked, st.OldestParked = w.gaps.totals()
+	if h := w.halted.Load(); h != nil {
+		st.Halted = *h
+	}
 	if ns := w.backoffSince.Load(); ns != 0 {
 		st.BackoffSince = time.Unix(0, ns)
 		st.Unready = time.Since(st.BackoffSince) > w.cfg.UnreadyAfter
@@ -262,17 +270,20 @@ func (w *Worker) Run(ctx context.Context) error {
 		}()
 	}
 	for {
-		recs, rep, ok := w.nextBatch(ctx, repairs)
+		j, ok := w.nextBatch(ctx, repairs)
 		if !ok {
 			if ctx.Err() != nil {
 				return ctx.Err()
 			}
 			return nil
 		}
-		if rep != nil {
-			err = w.applyRepair(ctx, *rep)
-		} else {
-			err = w.process(ctx, recs)
+		switch {
+		case j.repair != nil:
+			err = w.applyRepair(ctx, *j.repair)
+		case j.skip != nil:
+			err = w.skip(ctx, *j.skip)
+		default:
+			err = w.process(ctx, j.recs)
 		}
 		if err != nil {
 			if errors.Is(err, ErrFenced) {
@@ -288,7 +299,7 @@ func (w *Worker) Run(ctx context.Context) error {
 // nextBatch waits for records and gathers up to BatchMaxRecords of them,
 // waiting at most BatchMaxWait after the first. ok is false when the worker
 // must stop.
-func (w *Worker) nextBatch(ctx context.Context, repairs <-chan repaired) ([]*kgo.Record, *repaired, bool) {
+func (w *Worker) nextBatch(ctx context.Context, repairs <-chan repaired) (job, bool) {
 	var deadline <-chan time.Time
 	for {
 		w.mu.Lock()
@@ -297,20 +308,25 @@ func (w *Worker) nextBatch(ctx context.Context, repairs <-chan repaired) ([]*kgo
 		if n >= w.cfg.BatchMaxRecords {
 			break
 		}
-		if n > 0 && deadline == nil {
+		var skips <-chan skipRequest
+		if n == 0 {
+			skips = w.skips // records fetched before the skip go first
+		} else if deadline == nil {
 			t := time.NewTimer(w.cfg.BatchMaxWait)
 			defer t.Stop()
 			deadline = t.C
 		}
 		select {
 		case <-ctx.Done():
-			return nil, nil, false
+			return job{}, false
 		case <-w.stop:
-			return nil, nil, false
+			return job{}, false
 		case <-w.wake:
 			continue
 		case r := <-repairs:
-			return nil, &r, true
+			return job{repair: &r}, true
+		case s := <-skips:
+			return job{skip: &s}, true
 		case <-deadline:
 		}
 		break
@@ -326,12 +342,69 @@ func (w *Worker) nextBatch(ctx context.Context, repairs <-chan repaired) ([]*kgo
 	if w.paused && len(w.queue) < w.cfg.MaxBuffered/2 {
 		w.paused = false
 		if w.backoffSince.Load() != 0 {
-			return batch, nil, true // stays paused until the backoff ends
+			return job{recs: batch}, true // stays paused until the backoff ends
 		}
 		w.fetcher.ResumeFetchPartitions(map[string][]int32{w.claim.Topic: {w.claim.Partition}})
 	}
-	return batch, nil, true
+	return job{recs: batch}, true
 }
+
+// job is the worker's next piece of work: a batch of records, a repair
+// answer, or a skip past records deleted by retention.
+type job struct {
+	recs   []*kgo.Record
+	repair *repaired
+	skip   *skipRequest
+}
+
+type skipRequest struct {
+	to   int64
+	done chan error
+}
+
+// SkipTo moves the stored offset forward to offset without applying the
+// records before it (they were deleted by retention). It runs after the
+// records already handed to the worker and returns once committed.
+func (w *Worker) SkipTo(ctx context.Context, offset int64) error {
+	req := skipRequest{to: offset, done: make(chan error, 1)}
+	select {
+	case w.skips <- req:
+	case <-ctx.Done():
+		return ctx.Err()
+	case <-w.stop:
+		return errors.New("worker stopped")
+	}
+	select {
+	case err := <-req.done:
+		return err
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+}
+
+func (w *Worker) skip(ctx context.Context, req skipRequest) error {
+	from := w.claim.NextOffset
+	if req.to <= from {
+		req.done <- nil
+		return nil
+	}
+	err := w.retry(ctx, "skip deleted records", func() error {
+		return w.sink.CommitBatch(ctx, w.claim, req.to, nil, nil, func(State) (Changes, error) { return Changes{}, nil })
+	})
+	if err == nil {
+		w.claim.NextOffset = req.to
+		w.next.Store(req.to)
+		w.halted.Store(nil)
+		w.log.Warn("skipped records deleted by retention before they were applied", "from", from, "to", req.to, "lost", req.to-from)
+		w.metrics.skipped.WithLabelValues(w.group, w.claim.Topic, strconv.Itoa(int(w.claim.Partition))).Add(float64(req.to - from))
+	}
+	req.done <- err
+	return err
+}
+
+// Halt marks the partition as stopped by a condition an operator must
+// resolve (records deleted before they were applied); /readyz reports it.
+func (w *Worker) Halt(reason string) { w.halted.Store(&reason) }
 
 // retry runs fn until it succeeds, backing off with full jitter between
 // attempts, or until ctx ends.

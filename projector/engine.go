@@ -7,6 +7,7 @@ import (
 	"log/slog"
 	"math/rand/v2"
 	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"time"
@@ -14,6 +15,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/twmb/franz-go/pkg/kadm"
+	"github.com/twmb/franz-go/pkg/kerr"
 	"github.com/twmb/franz-go/pkg/kgo"
 	"github.com/twmb/franz-go/plugin/kprom"
 
@@ -23,6 +25,12 @@ import (
 	"github.com/projector-dev/projector/repair"
 	"github.com/projector-dev/projector/schemas"
 	"github.com/projector-dev/projector/sinks/postgres"
+)
+
+// What to do when retention deleted records before they were applied.
+const (
+	OffsetLostHalt = "halt"
+	OffsetLostSkip = "skip"
 )
 
 // Start positions for partitions without a stored offset.
@@ -60,6 +68,12 @@ type Config struct {
 	// DLQTopic, when set, is the Kafka topic dead letters are also
 	// published to (from an outbox written in the batch's transaction).
 	DLQTopic string
+	// OnOffsetLost is what happens when retention deleted records beyond a
+	// partition's stored offset before they were applied: "halt" (default:
+	// the partition stops, says so in the log, in
+	// projector_partition_halted and in /readyz) or "skip" (continue from
+	// the log start; the skipped offsets are counted).
+	OnOffsetLost string
 	// Repairers gives projections with on_gap repair their repair source,
 	// by projection name. A projection missing here gets one built from
 	// its Repair spec (HTTP or SQL).
@@ -99,6 +113,13 @@ func (c *Config) validate() error {
 	case StartEarliest, StartLatest:
 	default:
 		return fmt.Errorf("config: StartFrom: %q, want earliest or latest", c.StartFrom)
+	}
+	switch c.OnOffsetLost {
+	case "":
+		c.OnOffsetLost = OffsetLostHalt
+	case OffsetLostHalt, OffsetLostSkip:
+	default:
+		return fmt.Errorf("config: OnOffsetLost: %q, want halt or skip", c.OnOffsetLost)
 	}
 	if c.RevokeTimeout <= 0 {
 		c.RevokeTimeout = 10 * time.Second
@@ -249,10 +270,13 @@ func (e *Engine) Run(ctx context.Context) error {
 			return nil
 		}
 		fetches.EachError(func(topic string, p int32, err error) {
-			if errors.Is(err, context.Canceled) {
-				return
+			switch {
+			case errors.Is(err, context.Canceled):
+			case errors.Is(err, kerr.OffsetOutOfRange):
+				e.offsetLost(runCtx, partition.TP{Topic: topic, Partition: p})
+			default:
+				e.log.Error("fetch failed", "topic", topic, "partition", p, "err", err)
 			}
-			e.log.Error("fetch failed", "topic", topic, "partition", p, "err", err)
 		})
 		e.mu.Lock()
 		fetches.EachPartition(func(fp kgo.FetchTopicPartition) {
@@ -434,6 +458,41 @@ func (e *Engine) wait(stopping []*running) {
 	}
 }
 
+// offsetLost handles a partition whose stored offset is no longer in the
+// log: retention deleted records before they were applied. It runs in the
+// poll loop, where moving the fetch position is safe.
+func (e *Engine) offsetLost(ctx context.Context, tp partition.TP) {
+	e.mu.Lock()
+	r := e.workers[tp]
+	e.mu.Unlock()
+	if r == nil {
+		return
+	}
+	st := r.w.Status()
+	var logStart int64 = -1
+	if res, err := e.adm.ListStartOffsets(ctx, tp.Topic); err == nil {
+		if o, ok := res.Lookup(tp.Topic, tp.Partition); ok && o.Err == nil {
+			logStart = o.Offset
+		}
+	}
+	if e.cfg.OnOffsetLost == OffsetLostSkip && logStart > st.NextOffset {
+		if err := r.w.SkipTo(ctx, logStart); err != nil {
+			e.log.Error("skipping deleted records failed", "topic", tp.Topic, "partition", tp.Partition, "err", err)
+			return
+		}
+		e.cl.SetOffsets(map[string]map[int32]kgo.EpochOffset{tp.Topic: {tp.Partition: {Epoch: -1, Offset: logStart}}})
+		e.group.halted.WithLabelValues(tp.Topic, strconv.Itoa(int(tp.Partition))).Set(0)
+		return
+	}
+	reason := fmt.Sprintf("records from offset %d were deleted (log starts at %d) before they were applied; "+
+		"the partition is halted: restore them, or run with --on-offset-lost=skip to continue from the log start and lose them",
+		st.NextOffset, logStart)
+	r.w.Halt(reason)
+	e.group.halted.WithLabelValues(tp.Topic, strconv.Itoa(int(tp.Partition))).Set(1)
+	e.log.Error("partition halted: stored offset is no longer in the log", "topic", tp.Topic, "partition", tp.Partition,
+		"stored_offset", st.NextOffset, "log_start", logStart, "reason", reason)
+}
+
 // Workers returns the status of every running partition worker.
 func (e *Engine) Workers() []partition.Status {
 	e.mu.Lock()
@@ -461,6 +520,9 @@ func (e *Engine) Ready(ctx context.Context) map[string]error {
 	for _, s := range e.Workers() {
 		if s.Unready {
 			stuck = append(stuck, fmt.Sprintf("%s/%d backing off since %s", s.Topic, s.Partition, s.BackoffSince.UTC().Format(time.RFC3339)))
+		}
+		if s.Halted != "" {
+			stuck = append(stuck, fmt.Sprintf("%s/%d halted: %s", s.Topic, s.Partition, s.Halted))
 		}
 	}
 	checks["partitions"] = nil

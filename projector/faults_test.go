@@ -6,6 +6,7 @@ import (
 	"encoding/hex"
 	"net/http"
 	"net/url"
+	"strconv"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -357,4 +358,82 @@ func TestParkedEventsSurviveRestart(t *testing.T) {
 	if balance != 50 || version != 3 {
 		t.Errorf("gap-1: balance %d at v%d, want 50 at v3", balance, version)
 	}
+}
+
+// TestOffsetLost deletes records beyond a partition's stored offset, as
+// retention would, while no member runs. By default the partition halts,
+// visibly; with OnOffsetLost skip it continues from the log start.
+func TestOffsetLost(t *testing.T) {
+	ctx := context.Background()
+	f := faultSetup(t, demo.Options{Aggregates: 1, MeanEvents: 1}, 1)
+	opened := func(from, to int) []demo.Record {
+		var out []demo.Record
+		for i := from; i < to; i++ {
+			id := "lost-" + strconv.Itoa(i)
+			out = append(out, demo.Record{Key: id, Event: demo.Event{AccountID: id, Version: 1, Type: "AccountOpened", Owner: "o"}})
+		}
+		return out
+	}
+	f.produce(t, opened(0, 10))
+	f.records = opened(0, 10)
+	stop := run(t, f.engine(t, "lost", projector.Config{}))
+	f.verify(t, "lost")
+	stop()
+
+	f.produce(t, opened(10, 30))
+	adm := kadm.NewClient(f.kafkaClient(t))
+	var del kadm.Offsets
+	del.Add(kadm.Offset{Topic: demo.Topic, Partition: 0, At: 20})
+	if _, err := adm.DeleteRecords(ctx, del); err != nil {
+		t.Fatal(err)
+	}
+
+	reg := prometheus.NewRegistry()
+	e := f.engine(t, "lost", projector.Config{Registerer: reg})
+	stop = run(t, e)
+	waitFor(t, "the partition to halt", 20*time.Second, func() bool {
+		ws := e.Workers()
+		return len(ws) == 1 && ws[0].Halted != ""
+	})
+	if err := e.Ready(ctx)["partitions"]; err == nil || !strings.Contains(err.Error(), "halted") || !strings.Contains(err.Error(), "--on-offset-lost=skip") {
+		t.Errorf("/readyz partitions check: %v, want it to say the partition halted and how to continue", err)
+	}
+	if got := gauge(t, reg, "projector_partition_halted"); got != 1 {
+		t.Errorf("projector_partition_halted = %v, want 1", got)
+	}
+	if n, _, _ := demo.Committed(ctx, f.db.Pool, "lost", demo.Topic, f.end); n != 10 {
+		t.Errorf("a halted partition moved its offset to %d", n)
+	}
+	stop()
+
+	run(t, f.engine(t, "lost", projector.Config{OnOffsetLost: projector.OffsetLostSkip}))
+	f.records = append(opened(0, 10), opened(20, 30)...)
+	f.verify(t, "lost")
+}
+
+func (b *bundle) kafkaClient(t *testing.T) *kgo.Client {
+	t.Helper()
+	cl, err := kgo.NewClient(kgo.SeedBrokers(b.kafka.ListenAddrs()...))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(cl.Close)
+	return cl
+}
+
+func gauge(t *testing.T, g prometheus.Gatherer, name string) float64 {
+	t.Helper()
+	mfs, err := g.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var sum float64
+	for _, mf := range mfs {
+		if mf.GetName() == name {
+			for _, m := range mf.GetMetric() {
+				sum += m.GetGauge().GetValue()
+			}
+		}
+	}
+	return sum
 }

@@ -16,6 +16,7 @@ type groupMetrics struct {
 	assigned      prometheus.Gauge
 	revoked, lost prometheus.Counter
 	lastRebalance prometheus.Gauge
+	halted        *prometheus.GaugeVec
 }
 
 func newGroupMetrics(reg prometheus.Registerer, group string) *groupMetrics {
@@ -37,7 +38,10 @@ func newGroupMetrics(reg prometheus.Registerer, group string) *groupMetrics {
 			Name: "projector_last_rebalance_timestamp_seconds", Help: "Unix time of the last rebalance this member saw.", ConstLabels: labels,
 		}),
 	}
-	reg.MustRegister(m.rebalances, m.assigned, m.revoked, m.lost, m.lastRebalance)
+	m.halted = prometheus.NewGaugeVec(prometheus.GaugeOpts{
+		Name: "projector_partition_halted", Help: "1 while a partition is halted because records were deleted before they were applied.", ConstLabels: labels,
+	}, []string{"topic", "partition"})
+	reg.MustRegister(m.rebalances, m.assigned, m.revoked, m.lost, m.lastRebalance, m.halted)
 	return m
 }
 

@@ -41,6 +41,7 @@ type runFlags struct {
 	retryCap        time.Duration
 	unreadyAfter    time.Duration
 	dlqTopic        string
+	onOffsetLost    string
 }
 
 func runCommand(_, stderr io.Writer) *ffcli.Command {
@@ -84,6 +85,7 @@ func (f *runFlags) register(fs *flag.FlagSet) {
 	fs.DurationVar(&f.retryCap, "retry-cap", 30*time.Second, "cap of the exponential backoff; each delay is random in [0, min(cap, base·2^attempt)] (PROJECTOR_RETRY_CAP)")
 	fs.DurationVar(&f.unreadyAfter, "unready-after", 30*time.Second, "a partition backing off longer than this makes /readyz fail (PROJECTOR_UNREADY_AFTER)")
 	fs.StringVar(&f.dlqTopic, "dlq-topic", "", "also publish dead letters to this Kafka topic, with Kafka Connect's __connect.errors.* headers (PROJECTOR_DLQ_TOPIC)")
+	fs.StringVar(&f.onOffsetLost, "on-offset-lost", projector.OffsetLostHalt, "when retention deleted records before they were applied: halt the partition, or skip to the log start (PROJECTOR_ON_OFFSET_LOST)")
 	fs.DurationVar(&f.revokeTimeout, "revoke-timeout", 10*time.Second, "longest a revoked partition may take to finish its open batch (PROJECTOR_REVOKE_TIMEOUT)")
 }
 
@@ -102,6 +104,9 @@ func (f *runFlags) validate() error {
 	}
 	if f.retryBase <= 0 || f.retryCap < f.retryBase {
 		return fmt.Errorf("--retry-base %s, --retry-cap %s: want 0 < base <= cap", f.retryBase, f.retryCap)
+	}
+	if f.onOffsetLost != projector.OffsetLostHalt && f.onOffsetLost != projector.OffsetLostSkip {
+		return fmt.Errorf("--on-offset-lost %q: want halt or skip", f.onOffsetLost)
 	}
 	if f.startFrom != projector.StartEarliest && f.startFrom != projector.StartLatest {
 		return fmt.Errorf("--start-from %q: want earliest or latest", f.startFrom)
@@ -202,6 +207,7 @@ func startEngine(ctx context.Context, f *runFlags, log *slog.Logger, pool *pgxpo
 			UnreadyAfter:    f.unreadyAfter,
 		},
 		DLQTopic:       f.dlqTopic,
+		OnOffsetLost:   f.onOffsetLost,
 		RevokeTimeout:  f.revokeTimeout,
 		SessionTimeout: f.sessionTimeout,
 		InstanceID:     f.instanceID,
