@@ -15,7 +15,10 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/twmb/franz-go/pkg/kadm"
+	"github.com/twmb/franz-go/pkg/kerr"
+	"github.com/twmb/franz-go/pkg/kfake"
 	"github.com/twmb/franz-go/pkg/kgo"
+	"github.com/twmb/franz-go/pkg/kmsg"
 	"github.com/twmb/franz-go/pkg/sr/srfake"
 
 	"github.com/projector-dev/projector/internal/demo"
@@ -436,4 +439,42 @@ func gauge(t *testing.T, g prometheus.Gatherer, name string) float64 {
 		}
 	}
 	return sum
+}
+
+// TestBrokerFetchErrors makes the broker fail every fetch of the topic for
+// ten seconds mid-stream (NOT_LEADER_FOR_PARTITION, then
+// REQUEST_TIMED_OUT): nothing may be dead-lettered or skipped, and after
+// the broker heals the table equals the fold.
+func TestBrokerFetchErrors(t *testing.T) {
+	ctx := context.Background()
+	opts := demo.DefaultOptions()
+	opts.Aggregates = 800
+	f := faultSetup(t, opts, 3)
+	half := len(f.records) / 2
+	f.produce(t, f.records[:half])
+
+	e := f.engine(t, "broker", projector.Config{})
+	run(t, e)
+	waitFor(t, "some progress", 20*time.Second, func() bool {
+		n, _, _ := demo.Committed(ctx, f.db.Pool, "broker", demo.Topic, f.end)
+		return n > 0
+	})
+	heal := time.Now().Add(10 * time.Second)
+	until := func(kmsg.Request) bool { return time.Now().Before(heal) }
+	h := f.kafka.Fault(
+		kfake.Fault{Keys: []kmsg.Key{kmsg.Fetch}, Topic: demo.Topic, Err: kerr.NotLeaderForPartition, Count: -1,
+			When: func(r kmsg.Request) bool { return time.Now().Before(heal.Add(-5 * time.Second)) }},
+		kfake.Fault{Keys: []kmsg.Key{kmsg.Fetch}, Topic: demo.Topic, Err: kerr.RequestTimedOut, Count: -1, When: until},
+	)
+	f.produce(t, f.records[half:])
+	before, _, _ := demo.Committed(ctx, f.db.Pool, "broker", demo.Topic, f.end)
+	for time.Now().Before(heal) {
+		time.Sleep(100 * time.Millisecond)
+	}
+	h.Remove()
+	if h.Hits() == 0 {
+		t.Fatal("no fetch was faulted: the test injected nothing")
+	}
+	t.Logf("%d fetches faulted; %d records committed when the faults began", h.Hits(), before)
+	f.verify(t, "broker")
 }
