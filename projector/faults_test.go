@@ -4,6 +4,7 @@ import (
 	"context"
 	cryptorand "crypto/rand"
 	"encoding/hex"
+	"fmt"
 	"net/http"
 	"net/url"
 	"strconv"
@@ -477,4 +478,42 @@ func TestBrokerFetchErrors(t *testing.T) {
 	}
 	t.Logf("%d fetches faulted; %d records committed when the faults began", h.Hits(), before)
 	f.verify(t, "broker")
+}
+
+// TestPostgresRestart restarts a private Postgres twice (fast shutdown:
+// connections cut, open transactions rolled back) while batches commit.
+func TestPostgresRestart(t *testing.T) {
+	ctx := context.Background()
+	srv := testenv.StartPostgres(t)
+	opts := demo.DefaultOptions()
+	opts.Aggregates = 1500
+	f := faultSetup(t, opts, 3)
+	pool, err := pgxpool.New(ctx, srv.URL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer pool.Close()
+	if err := postgres.Migrate(ctx, pool, f.projs...); err != nil {
+		t.Fatal(err)
+	}
+	f.db = &testenv.DB{Pool: pool, URL: srv.URL}
+	f.produce(t, f.records)
+
+	reg := prometheus.NewRegistry()
+	cfg := fastRetry
+	cfg.BatchMaxRecords = 100
+	run(t, f.engine(t, "restart", projector.Config{Partition: cfg, Registerer: reg}))
+	total := int64(len(f.records))
+	for i, at := range []int64{total / 4, total / 2} {
+		waitFor(t, fmt.Sprintf("%d records committed", at), time.Minute, func() bool {
+			n, _, err := demo.Committed(ctx, pool, "restart", demo.Topic, f.end)
+			return err == nil && n >= at
+		})
+		srv.Restart(t)
+		t.Logf("restart %d after %d records", i+1, at)
+	}
+	f.verify(t, "restart")
+	if counter(t, reg, "projector_retries_total") == 0 {
+		t.Error("Postgres restarted twice but no batch was retried")
+	}
 }
