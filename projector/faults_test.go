@@ -121,11 +121,20 @@ func TestRegistryOutage(t *testing.T) {
 
 	f.down.Store(true)
 	reg := prometheus.NewRegistry()
-	e := f.engine(t, "outage", projector.Config{Partition: fastRetry, Registerer: reg})
+	cfg := fastRetry
+	cfg.UnreadyAfter = 200 * time.Millisecond
+	e := f.engine(t, "outage", projector.Config{Partition: cfg, Registerer: reg})
 	run(t, e)
 	waitFor(t, "retries while the registry is down", 20*time.Second, func() bool {
 		return counter(t, reg, "projector_retries_total") >= 10
 	})
+	waitFor(t, "/readyz to report the partitions backing off", 20*time.Second, func() bool {
+		err := e.Ready(context.Background())["partitions"]
+		return err != nil && strings.Contains(err.Error(), "backing off since")
+	})
+	if got := gauge(t, reg, "projector_backoff_active"); got < 1 {
+		t.Errorf("projector_backoff_active = %v while the registry is down, want at least 1", got)
+	}
 	if n := deadLetters(t, f.db.Pool); n != 0 {
 		t.Fatalf("%d dead letters while the registry was down", n)
 	}
@@ -257,7 +266,23 @@ func TestPoisonKinds(t *testing.T) {
 		t.Fatal(err)
 	}
 	const lateID = 900
+	// A writer schema the projection cannot resolve: version is a string.
+	other := `{"type":"record","name":"AccountEvent","namespace":"demo.accounts","fields":[
+		{"name":"account_id","type":"string"},{"name":"version","type":"string"}]}`
+	otherIDs, err := schemas.Register(ctx, f.reg, "other-value", other)
+	if err != nil {
+		t.Fatal(err)
+	}
+	otherSchema, err := schemas.ReaderSchema(ctx, f.reg, other, "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	unresolvable, err := schemas.AppendWire(nil, otherIDs[0], otherSchema, map[string]any{"account_id": "bad-schema-1", "version": "one"})
+	if err != nil {
+		t.Fatal(err)
+	}
 	extra := []*kgo.Record{
+		{Key: []byte("bad-schema-1"), Value: unresolvable},
 		{Key: []byte("huge-1"), Value: encode(ids.ID, demo.Event{AccountID: "huge-1", Version: 1, Type: "AccountOpened", Owner: random(12000)})},
 		{Key: []byte("huge-1"), Value: encode(ids.ID, demo.Event{AccountID: "huge-1", Version: 2, Type: "Deposited", Amount: 5})},
 		{Key: []byte("big-1"), Value: encode(ids.ID, demo.Event{AccountID: "big-1", Version: 1, Type: "AccountOpened", Owner: random(30000)})},
@@ -296,7 +321,7 @@ func TestPoisonKinds(t *testing.T) {
 	}
 	classes := map[string]string{}
 	rows, err := f.db.Pool.Query(ctx, `SELECT convert_from(record_key, 'UTF8'), error_class FROM projector_dead_letters
-		WHERE record_key IN ('huge-1', 'big-1', 'late-1') ORDER BY "offset"`)
+		WHERE record_key IN ('huge-1', 'big-1', 'late-1', 'bad-schema-1') ORDER BY "offset"`)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -317,10 +342,10 @@ func TestPoisonKinds(t *testing.T) {
 	if parked == 1 {
 		wantHuge = "rejected "
 	}
-	if classes["huge-1"] != wantHuge || classes["big-1"] != "oversized " || classes["late-1"] != "" {
-		t.Errorf("dead letters by key: %q, want huge-1 %q, big-1 oversized, late-1 none (huge-1 v2 parked: %d)", classes, wantHuge, parked)
+	if classes["huge-1"] != wantHuge || classes["big-1"] != "oversized " || classes["late-1"] != "" || classes["bad-schema-1"] != "decode " {
+		t.Errorf("dead letters by key: %q, want huge-1 %q, big-1 oversized, bad-schema-1 decode, late-1 none (huge-1 v2 parked: %d)", classes, wantHuge, parked)
 	}
-	if n, want := deadLetters(t, f.db.Pool), exp.Poison+1+len(strings.Fields(wantHuge)); n != want {
+	if n, want := deadLetters(t, f.db.Pool), exp.Poison+2+len(strings.Fields(wantHuge)); n != want {
 		t.Errorf("dead letters: %d, want %d", n, want)
 	}
 }

@@ -17,7 +17,8 @@ import (
 	"github.com/projector-dev/projector/projector"
 )
 
-// TestGapRepair loses one version of every tenth account. A repair source
+// TestGapRepair disturbs about 30% of the stream and loses one version of
+// every tenth account. A repair source
 // (HTTP) knows the lost events of half of them and answers 503 for the
 // other half: the first half must end up complete, the second half keeps
 // its contiguous prefix and its parked events move to the DLQ with class
@@ -25,7 +26,10 @@ import (
 func TestGapRepair(t *testing.T) {
 	ctx := context.Background()
 	opts := demo.DefaultOptions()
+	// About 30% of the stream is disturbed: duplicates, swapped versions,
+	// and one lost version in every tenth account.
 	opts.Aggregates, opts.GapEvery, opts.Seed = 400, 10, 5
+	opts.Duplicate, opts.Reorder = 0.15, 0.15
 	records, dropped := demo.GenerateWithDropped(opts)
 	lost := map[string]demo.Event{}
 	for _, ev := range dropped {
