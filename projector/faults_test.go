@@ -450,22 +450,7 @@ func (b *bundle) kafkaClient(t *testing.T) *kgo.Client {
 	return cl
 }
 
-func gauge(t *testing.T, g prometheus.Gatherer, name string) float64 {
-	t.Helper()
-	mfs, err := g.Gather()
-	if err != nil {
-		t.Fatal(err)
-	}
-	var sum float64
-	for _, mf := range mfs {
-		if mf.GetName() == name {
-			for _, m := range mf.GetMetric() {
-				sum += m.GetGauge().GetValue()
-			}
-		}
-	}
-	return sum
-}
+func gauge(t *testing.T, g prometheus.Gatherer, name string) float64 { return counter(t, g, name) }
 
 // TestBrokerFetchErrors makes the broker fail every fetch of the topic for
 // ten seconds mid-stream (NOT_LEADER_FOR_PARTITION, then

@@ -111,7 +111,7 @@ func (c *lagCollector) Collect(ch chan<- prometheus.Metric) {
 		ch <- prometheus.MustNewConstMetric(oldestParkedDesc, prometheus.GaugeValue, age, name)
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), time.Second)
-	depth, err := postgres.DeadLetterDepth(ctx, c.e.pool, c.e.cfg.Identity)
+	depth, err := postgres.DepthByProjection(ctx, c.e.pool, c.e.cfg.Identity)
 	cancel()
 	if err == nil {
 		for _, p := range c.e.cfg.Projections {

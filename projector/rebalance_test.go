@@ -144,6 +144,7 @@ func TestFencedOwnerStops(t *testing.T) {
 	b.verify(t, "fence")
 }
 
+// counter sums every sample of a counter or gauge family.
 func counter(t *testing.T, g prometheus.Gatherer, name string) float64 {
 	t.Helper()
 	mfs, err := g.Gather()
@@ -154,7 +155,7 @@ func counter(t *testing.T, g prometheus.Gatherer, name string) float64 {
 	for _, mf := range mfs {
 		if mf.GetName() == name {
 			for _, m := range mf.GetMetric() {
-				sum += m.GetCounter().GetValue()
+				sum += m.GetCounter().GetValue() + m.GetGauge().GetValue()
 			}
 		}
 	}

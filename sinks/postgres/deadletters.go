@@ -337,10 +337,10 @@ func ListAudit(ctx context.Context, pool *pgxpool.Pool, limit int) ([]AuditEntry
 }
 
 // DepthByProjection counts the open dead letters of each projection that
-// has any.
-func DepthByProjection(ctx context.Context, pool *pgxpool.Pool) (map[string]int64, error) {
+// has any, for one identity ("" for all).
+func DepthByProjection(ctx context.Context, pool *pgxpool.Pool, identity string) (map[string]int64, error) {
 	rows, err := pool.Query(ctx, `SELECT projection, count(*) FROM projector_dead_letters
-		WHERE status = 'open' GROUP BY projection`)
+		WHERE status = 'open' AND ($1 = '' OR identity = $1) GROUP BY projection`, identity)
 	if err != nil {
 		return nil, fmt.Errorf("count open dead letters: %w", err)
 	}
@@ -359,25 +359,3 @@ func DepthByProjection(ctx context.Context, pool *pgxpool.Pool) (map[string]int6
 	return out, nil
 }
 
-// DeadLetterDepth counts the open dead letters of one identity, by
-// projection.
-func DeadLetterDepth(ctx context.Context, pool *pgxpool.Pool, identity string) (map[string]int64, error) {
-	rows, err := pool.Query(ctx, `SELECT projection, count(*) FROM projector_dead_letters
-		WHERE status = 'open' AND identity = $1 GROUP BY projection`, identity)
-	if err != nil {
-		return nil, fmt.Errorf("count open dead letters: %w", err)
-	}
-	out := map[string]int64{}
-	var (
-		name string
-		n    int64
-	)
-	_, err = pgx.ForEachRow(rows, []any{&name, &n}, func() error {
-		out[name] = n
-		return nil
-	})
-	if err != nil {
-		return nil, fmt.Errorf("count open dead letters: %w", err)
-	}
-	return out, nil
-}

@@ -274,7 +274,7 @@ func TestAuditLog(t *testing.T) {
 func TestDeadLetterDepthByProjection(t *testing.T) {
 	pool := dlDB(t)
 	ctx := context.Background()
-	if got, err := postgres.DepthByProjection(ctx, pool); err != nil || len(got) != 0 {
+	if got, err := postgres.DepthByProjection(ctx, pool, ""); err != nil || len(got) != 0 {
 		t.Fatalf("empty: %v, %v", got, err)
 	}
 	dlInsert(t, pool, dlRow{offset: 1})
@@ -282,7 +282,7 @@ func TestDeadLetterDepthByProjection(t *testing.T) {
 	dlInsert(t, pool, dlRow{offset: 3, status: "replayed"})
 	dlInsert(t, pool, dlRow{offset: 4, projection: "ledger"})
 	dlInsert(t, pool, dlRow{offset: 5, projection: "closed", status: "resolved"})
-	got, err := postgres.DepthByProjection(ctx, pool)
+	got, err := postgres.DepthByProjection(ctx, pool, "")
 	if err != nil {
 		t.Fatal(err)
 	}
