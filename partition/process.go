@@ -8,6 +8,9 @@ import (
 	"time"
 
 	"github.com/twmb/franz-go/pkg/kgo"
+	"github.com/twmb/franz-go/plugin/kotel"
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/codes"
 	"go.opentelemetry.io/otel/propagation"
 	"go.opentelemetry.io/otel/trace"
 
@@ -54,8 +57,16 @@ type foldRetry struct{ err error }
 func (f *foldRetry) Error() string { return f.err.Error() }
 func (f *foldRetry) Unwrap() error { return f.err }
 
-func (w *Worker) process(ctx context.Context, recs []*kgo.Record) error {
+func (w *Worker) process(ctx context.Context, recs []*kgo.Record) (err error) {
 	start := w.claim.NextOffset
+	ctx, span := w.startSpan(ctx, recs)
+	defer func() {
+		if err != nil {
+			span.RecordError(err)
+			span.SetStatus(codes.Error, err.Error())
+		}
+		span.End()
+	}()
 	items := make([]*item, 0, len(recs))
 	for _, r := range recs {
 		if r.Offset < start || r.Attrs.IsControl() {
@@ -104,7 +115,7 @@ func (w *Worker) process(ctx context.Context, recs []*kgo.Record) error {
 	}
 	for attempt := 0; ; attempt++ {
 		began := time.Now()
-		err := w.sink.CommitBatch(ctx, w.claim, end, keys, parked, plan)
+		err := w.commitTraced(ctx, end, keys, parked, plan)
 		if err == nil {
 			w.metrics.commitDuration.Observe(time.Since(began).Seconds())
 			break
@@ -158,6 +169,49 @@ func (w *Worker) process(ctx context.Context, recs []*kgo.Record) error {
 }
 
 var traceContext = propagation.TraceContext{}
+
+// startSpan starts the batch's consumer span, linked to the producer
+// context each record carries in its traceparent header.
+func (w *Worker) startSpan(ctx context.Context, recs []*kgo.Record) (context.Context, trace.Span) {
+	if w.cfg.Tracer == nil {
+		return ctx, trace.SpanFromContext(context.Background()) // a no-op span
+	}
+	links := make([]trace.Link, 0, len(recs))
+	for _, r := range recs {
+		sc := trace.SpanContextFromContext(traceContext.Extract(context.Background(), kotel.NewRecordCarrier(r)))
+		if sc.IsValid() {
+			links = append(links, trace.Link{SpanContext: sc})
+		}
+	}
+	return w.cfg.Tracer.Start(ctx, "process "+w.claim.Topic,
+		trace.WithSpanKind(trace.SpanKindConsumer),
+		trace.WithLinks(links...),
+		trace.WithAttributes(
+			attribute.String("messaging.system", "kafka"),
+			attribute.String("messaging.operation.type", "process"),
+			attribute.String("messaging.operation.name", "process"),
+			attribute.String("messaging.destination.name", w.claim.Topic),
+			attribute.String("messaging.destination.partition.id", strconv.Itoa(int(w.claim.Partition))),
+			attribute.String("messaging.consumer.group.name", w.group),
+			attribute.Int("messaging.batch.message_count", len(recs)),
+		))
+}
+
+// commitTraced runs the batch transaction, as a child span when tracing.
+func (w *Worker) commitTraced(ctx context.Context, end int64, keys, parked []string, plan func(State) (Changes, error)) error {
+	if w.cfg.Tracer == nil {
+		return w.sink.CommitBatch(ctx, w.claim, end, keys, parked, plan)
+	}
+	ctx, span := w.cfg.Tracer.Start(ctx, "commit batch", trace.WithSpanKind(trace.SpanKindClient),
+		trace.WithAttributes(attribute.String("db.system.name", "postgresql"), attribute.String("db.operation.name", "COMMIT")))
+	defer span.End()
+	err := w.sink.CommitBatch(ctx, w.claim, end, keys, parked, plan)
+	if err != nil {
+		span.RecordError(err)
+		span.SetStatus(codes.Error, err.Error())
+	}
+	return err
+}
 
 func recordItem(r *kgo.Record) *item {
 	it := &item{offset: r.Offset, recordKey: r.Key, value: r.Value, timestamp: r.Timestamp, tombstone: r.Value == nil}

@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/twmb/franz-go/pkg/kgo"
+	"go.opentelemetry.io/otel/trace"
 
 	"github.com/projector-dev/projector/projection"
 )
@@ -55,6 +56,10 @@ type Config struct {
 	// UnreadyAfter is how long a partition may back off before it counts
 	// as not ready (default 30s).
 	UnreadyAfter time.Duration
+	// Tracer, when set, traces each batch: a "process <topic>" consumer
+	// span linked to every record's producer span, with the Postgres
+	// commit as a child span. Nil: no tracing.
+	Tracer trace.Tracer
 }
 
 // Class is how an error is handled.

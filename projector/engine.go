@@ -18,6 +18,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kerr"
 	"github.com/twmb/franz-go/pkg/kgo"
 	"github.com/twmb/franz-go/plugin/kprom"
+	"go.opentelemetry.io/otel/trace"
 
 	"github.com/projector-dev/projector/dlqpublish"
 	"github.com/projector-dev/projector/partition"
@@ -78,6 +79,9 @@ type Config struct {
 	// by projection name. A projection missing here gets one built from
 	// its Repair spec (HTTP or SQL).
 	Repairers map[string]partition.Repairer
+	// TracerProvider, when set, traces each batch (see partition.Config
+	// Tracer). Nil: no tracing.
+	TracerProvider trace.TracerProvider
 	// Logger receives the engine's logs (default slog.Default()).
 	Logger *slog.Logger
 	// Registerer receives the engine's metrics (default: a private
@@ -198,6 +202,9 @@ func New(cfg Config, pool *pgxpool.Pool, decoderOf Decoders) (*Engine, error) {
 			return nil, err
 		}
 		e.repairers[p.Topic] = r
+	}
+	if cfg.TracerProvider != nil {
+		e.cfg.Partition.Tracer = cfg.TracerProvider.Tracer("github.com/projector-dev/projector")
 	}
 	e.metrics = partition.NewMetrics(cfg.Registerer)
 	e.group = newGroupMetrics(cfg.Registerer, cfg.Identity)

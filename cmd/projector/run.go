@@ -17,6 +17,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/twmb/franz-go/pkg/sr"
+	"go.opentelemetry.io/otel/trace"
 	"golang.org/x/sync/errgroup"
 
 	"github.com/projector-dev/projector/partition"
@@ -62,7 +63,16 @@ func runCommand(_, stderr io.Writer) *ffcli.Command {
 			}
 			defer pool.Close()
 			metrics := newRegistry()
-			e, err := startEngine(ctx, f, log, pool, metrics)
+			tp, shutdown, err := tracing(ctx)
+			if err != nil {
+				return err
+			}
+			defer func() {
+				sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
+				defer cancel()
+				_ = shutdown(sctx) // best effort: spans of the last seconds
+			}()
+			e, err := startEngine(ctx, f, log, pool, metrics, tp)
 			if err != nil {
 				return err
 			}
@@ -171,7 +181,7 @@ func newRegistry() *prometheus.Registry {
 }
 
 // startEngine loads projections, migrates, and builds an engine.
-func startEngine(ctx context.Context, f *runFlags, log *slog.Logger, pool *pgxpool.Pool, metrics prometheus.Registerer) (*projector.Engine, error) {
+func startEngine(ctx context.Context, f *runFlags, log *slog.Logger, pool *pgxpool.Pool, metrics prometheus.Registerer, tp trace.TracerProvider) (*projector.Engine, error) {
 	brokers, err := f.brokerList()
 	if err != nil {
 		return nil, err

@@ -1,0 +1,98 @@
+package projector_test
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	"github.com/twmb/franz-go/pkg/kadm"
+	"github.com/twmb/franz-go/pkg/kgo"
+	"go.opentelemetry.io/otel/attribute"
+	sdktrace "go.opentelemetry.io/otel/sdk/trace"
+	"go.opentelemetry.io/otel/sdk/trace/tracetest"
+	"go.opentelemetry.io/otel/trace"
+
+	"github.com/projector-dev/projector/internal/demo"
+	"github.com/projector-dev/projector/projector"
+)
+
+// TestBatchSpansLinkToProducers produces records carrying a producer's
+// traceparent; the batch that applies them is a "process" consumer span
+// linked to that producer span, with messaging attributes, and the
+// Postgres commit is its child.
+func TestBatchSpansLinkToProducers(t *testing.T) {
+	ctx := context.Background()
+	f := faultSetup(t, demo.Options{Aggregates: 1, MeanEvents: 1}, 1)
+	producerTrace, _ := trace.TraceIDFromHex("4bf92f3577b34da6a3ce929d0e0e4736")
+	records := []demo.Record{
+		{Key: "traced-1", Event: demo.Event{AccountID: "traced-1", Version: 1, Type: "AccountOpened", Owner: "o"}},
+		{Key: "traced-1", Event: demo.Event{AccountID: "traced-1", Version: 2, Type: "Deposited", Amount: 3}},
+	}
+	var krecs []*kgo.Record
+	for _, r := range records {
+		v, err := f.enc.Encode(r)
+		if err != nil {
+			t.Fatal(err)
+		}
+		krecs = append(krecs, &kgo.Record{Topic: demo.Topic, Key: []byte(r.Key), Value: v, Headers: []kgo.RecordHeader{
+			{Key: "traceparent", Value: []byte("00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01")},
+		}})
+	}
+	cl := f.kafkaClient(t)
+	if err := cl.ProduceSync(ctx, krecs...).FirstErr(); err != nil {
+		t.Fatal(err)
+	}
+	var err error
+	if f.end, err = demo.EndOffsets(ctx, kadm.NewClient(cl), demo.Topic); err != nil {
+		t.Fatal(err)
+	}
+	f.records = records
+
+	spans := tracetest.NewInMemoryExporter()
+	tp := sdktrace.NewTracerProvider(sdktrace.WithSyncer(spans))
+	defer tp.Shutdown(ctx) //nolint:errcheck // in-memory
+	run(t, f.engine(t, "traced", projector.Config{TracerProvider: tp}))
+	f.verify(t, "traced")
+
+	var process, commit *tracetest.SpanStub
+	waitFor(t, "the batch spans", 10*time.Second, func() bool {
+		for _, s := range spans.GetSpans() {
+			switch s.Name {
+			case "process " + demo.Topic:
+				process = &s
+			case "commit batch":
+				commit = &s
+			}
+		}
+		return process != nil && commit != nil
+	})
+	if process.SpanKind != trace.SpanKindConsumer {
+		t.Errorf("process span kind %v, want consumer", process.SpanKind)
+	}
+	linked := false
+	for _, l := range process.Links {
+		linked = linked || l.SpanContext.TraceID() == producerTrace
+	}
+	if !linked {
+		t.Errorf("process span links %v, want one to the producer trace %s", process.Links, producerTrace)
+	}
+	want := map[attribute.Key]string{
+		"messaging.system":                   "kafka",
+		"messaging.operation.type":           "process",
+		"messaging.destination.name":         demo.Topic,
+		"messaging.destination.partition.id": "0",
+		"messaging.consumer.group.name":      "traced",
+	}
+	got := map[attribute.Key]string{}
+	for _, a := range process.Attributes {
+		got[a.Key] = a.Value.Emit()
+	}
+	for k, v := range want {
+		if got[k] != v {
+			t.Errorf("process span attribute %s = %q, want %q", k, got[k], v)
+		}
+	}
+	if commit.Parent.SpanID() != process.SpanContext.SpanID() {
+		t.Errorf("commit span's parent %s, want the process span %s", commit.Parent.SpanID(), process.SpanContext.SpanID())
+	}
+}
