@@ -157,6 +157,9 @@ type Engine struct {
 
 	cl  *kgo.Client
 	adm *kadm.Client
+	// clientReady is closed once cl and adm are set: the group may call
+	// back before kgo.NewClient has returned.
+	clientReady chan struct{}
 
 	runCtx context.Context
 	wg     sync.WaitGroup
@@ -177,15 +180,16 @@ func New(cfg Config, pool *pgxpool.Pool, decoderOf Decoders) (*Engine, error) {
 		return nil, err
 	}
 	e := &Engine{
-		cfg:       cfg,
-		pool:      pool,
-		offsets:   postgres.NewOffsets(pool, cfg.Identity),
-		byTopic:   map[string]*projection.Projection{},
-		sinks:     map[string]partition.Sink{},
-		decoders:  map[string]partition.Decoder{},
-		repairers: map[string]partition.Repairer{},
-		log:       cfg.Logger.With("group", cfg.Identity),
-		workers:   map[partition.TP]*running{},
+		cfg:         cfg,
+		pool:        pool,
+		offsets:     postgres.NewOffsets(pool, cfg.Identity),
+		byTopic:     map[string]*projection.Projection{},
+		sinks:       map[string]partition.Sink{},
+		decoders:    map[string]partition.Decoder{},
+		repairers:   map[string]partition.Repairer{},
+		log:         cfg.Logger.With("group", cfg.Identity),
+		workers:     map[partition.TP]*running{},
+		clientReady: make(chan struct{}),
 	}
 	var topics []string
 	for _, p := range cfg.Projections {
@@ -243,6 +247,7 @@ func New(cfg Config, pool *pgxpool.Pool, decoderOf Decoders) (*Engine, error) {
 	}
 	e.cl = cl
 	e.adm = kadm.NewClient(cl)
+	close(e.clientReady)
 	return e, nil
 }
 
@@ -297,11 +302,13 @@ func (e *Engine) Run(ctx context.Context) error {
 }
 
 func (e *Engine) assigned(_ context.Context, _ *kgo.Client, assigned map[string][]int32) {
+	<-e.clientReady
 	e.group.assignedNow(assigned)
 	e.log.Info("partitions assigned", "partitions", assigned)
 }
 
 func (e *Engine) revoked(_ context.Context, _ *kgo.Client, revoked map[string][]int32) {
+	<-e.clientReady
 	e.group.removed(revoked)
 	e.group.revoked.Add(float64(count(revoked)))
 	e.log.Info("partitions revoked", "partitions", revoked)
@@ -309,6 +316,7 @@ func (e *Engine) revoked(_ context.Context, _ *kgo.Client, revoked map[string][]
 }
 
 func (e *Engine) lost(_ context.Context, _ *kgo.Client, lost map[string][]int32) {
+	<-e.clientReady
 	e.group.removed(lost)
 	e.group.lost.Add(float64(count(lost)))
 	e.log.Warn("partitions lost", "partitions", lost)
@@ -320,6 +328,11 @@ func (e *Engine) lost(_ context.Context, _ *kgo.Client, lost map[string][]int32)
 // worker for each, and tells the client to fetch from the stored offsets.
 // Kafka's committed offsets are ignored.
 func (e *Engine) claim(ctx context.Context, offsets map[string]map[int32]kgo.Offset) (map[string]map[int32]kgo.Offset, error) {
+	select {
+	case <-e.clientReady:
+	case <-ctx.Done():
+		return nil, ctx.Err()
+	}
 	var tps []partition.TP
 	for t, ps := range offsets {
 		for p := range ps {
