@@ -22,6 +22,7 @@ import (
 	"github.com/twmb/franz-go/pkg/sr/srfake"
 
 	"github.com/projector-dev/projector/internal/demo"
+	"github.com/projector-dev/projector/outbox"
 	"github.com/projector-dev/projector/partition"
 	"github.com/projector-dev/projector/projection"
 	"github.com/projector-dev/projector/projector"
@@ -49,7 +50,7 @@ func demoCommand(stdout, stderr io.Writer) *ffcli.Command {
 			fs.IntVar(&f.aggregates, "aggregates", demo.DefaultOptions().Aggregates, "accounts in the generated stream (about 11 events each)")
 			fs.IntVar(&f.partitions, "partitions", 6, "partitions of the demo topic")
 			fs.StringVar(&f.httpAddr, "http-addr", "", "serve the first member's /metrics and /readyz here while the demo runs")
-			fs.StringVar(&f.logLevel, "log-level", "warn", "engine log level")
+			fs.StringVar(&f.logLevel, "log-level", "error", "log level of the members and the relay (debug, info, warn, error)")
 			fs.DurationVar(&f.timeout, "timeout", 5*time.Minute, "give up when the members have not caught up by then")
 		},
 		func(ctx context.Context, _ []string) error { return runDemo(ctx, f, stdout, stderr) })
@@ -120,6 +121,33 @@ func runDemo(ctx context.Context, f *demoFlags, stdout, stderr io.Writer) error 
 	}
 	defer producer.Close()
 
+	// The source service writes its changes and their events in one
+	// transaction; the relay publishes the outbox.
+	source, err := demo.NewSource(ctx, pool, enc)
+	if err != nil {
+		return err
+	}
+	relayClient, err := kgo.NewClient(kgo.SeedBrokers(cluster.ListenAddrs()...), kgo.ProducerLinger(2*time.Millisecond))
+	if err != nil {
+		return err
+	}
+	defer relayClient.Close()
+	relay, err := outbox.New(pool, outbox.Config{
+		Client: relayClient, Registry: regClient, BatchSize: 2000,
+		Logger: log.With("component", "relay"), Registerer: prometheus.NewRegistry(),
+	})
+	if err != nil {
+		return err
+	}
+	relayCtx, stopRelay := context.WithCancel(ctx)
+	relayDone := make(chan error, 1)
+	go func() { relayDone <- relay.Run(relayCtx) }()
+	defer func() {
+		stopRelay()
+		<-relayDone
+	}()
+	say("source     accounts service: each change and its event commit together (transactional outbox); the relay publishes them")
+
 	const identity = "demo"
 	newMember := func(name string) (*member, error) {
 		m := &member{name: name, metrics: prometheus.NewRegistry(), done: make(chan error, 1)}
@@ -158,6 +186,41 @@ func runDemo(ctx context.Context, f *demoFlags, stdout, stderr io.Writer) error 
 	defer stopAll() //nolint:errcheck // the error path already reports
 
 	start := time.Now()
+	var (
+		produced   int
+		producedMu sync.Mutex
+	)
+	progressDone := make(chan struct{})
+	progressStopped := make(chan struct{})
+	go func() {
+		defer close(progressStopped)
+		t := time.NewTicker(time.Second)
+		defer t.Stop()
+		for {
+			select {
+			case <-progressDone:
+				return
+			case <-t.C:
+			}
+			producedMu.Lock()
+			p := produced
+			producedMu.Unlock()
+			pending, _ := demo.Pending(ctx, pool)
+			committed, _, _ := demo.Committed(ctx, pool, identity, demo.Topic, nil)
+			el := time.Since(start).Seconds()
+			say("progress   %5.1fs  source %d/%d  outbox pending %d  committed %d  %.0f records/s",
+				el, p, len(records), pending, committed, float64(committed)/el)
+		}
+	}()
+	stopProgress := func() {
+		select {
+		case <-progressDone:
+		default:
+			close(progressDone)
+			<-progressStopped
+		}
+	}
+	defer stopProgress()
 	m1, err := newMember("member-1")
 	if err != nil {
 		return err
@@ -165,17 +228,17 @@ func runDemo(ctx context.Context, f *demoFlags, stdout, stderr io.Writer) error 
 	members = append(members, m1)
 	say("member-1   joined group %q", identity)
 
-	// Produce while member-1 consumes; member-2 joins a third of the way
-	// in, which rebalances the group mid-stream.
+	// The source produces (through the outbox and relay; duplicates and
+	// poison pills straight to the topic) while member-1 consumes;
+	// member-2 joins a third of the way in, which rebalances the group
+	// mid-stream.
 	var (
-		produced   int
-		producedMu sync.Mutex
-		joinOnce   sync.Once
-		joinErr    = make(chan error, 1)
+		joinOnce sync.Once
+		joinErr  = make(chan error, 1)
 	)
 	prodErr := make(chan error, 1)
 	go func() {
-		prodErr <- demo.Produce(ctx, producer, enc, records, func(done int) {
+		prodErr <- source.Run(ctx, producer, records, func(done int) {
 			producedMu.Lock()
 			produced = done
 			producedMu.Unlock()
@@ -197,6 +260,11 @@ func runDemo(ctx context.Context, f *demoFlags, stdout, stderr io.Writer) error 
 		return err
 	}
 	say("member-2   joined group %q a third of the way in", identity)
+	if err := waitPublished(ctx, pool, f.timeout); err != nil {
+		return err
+	}
+	published := time.Since(start)
+	say("relay      every outbox row published after %.1fs", published.Seconds())
 	end, err := demo.EndOffsets(ctx, kadm.NewClient(producer), demo.Topic)
 	if err != nil {
 		return err
@@ -204,22 +272,12 @@ func runDemo(ctx context.Context, f *demoFlags, stdout, stderr io.Writer) error 
 
 	wctx, cancel := context.WithTimeout(ctx, f.timeout)
 	defer cancel()
-	last := time.Now()
-	err = demo.WaitCommitted(wctx, pool, identity, demo.Topic, end, func(committed int64) {
-		if time.Since(last) < time.Second {
-			return
-		}
-		last = time.Now()
-		producedMu.Lock()
-		p := produced
-		producedMu.Unlock()
-		el := time.Since(start).Seconds()
-		say("progress   %6.1fs  produced %d  committed %d/%d  %.0f records/s", el, p, committed, len(records), float64(committed)/el)
-	})
+	err = demo.WaitCommitted(wctx, pool, identity, demo.Topic, end, nil)
 	if err != nil {
 		return err
 	}
 	elapsed := time.Since(start)
+	stopProgress()
 	gathered := []prometheus.Gatherer{}
 	for _, m := range members {
 		gathered = append(gathered, m.metrics)
@@ -235,7 +293,9 @@ func runDemo(ctx context.Context, f *demoFlags, stdout, stderr io.Writer) error 
 	dead := sum("projector_records_processed_total", map[string]string{"outcome": "dead_lettered"})
 	rebalances := sum("projector_rebalances_total", nil)
 	say("")
-	say("summary    %d records in %.1fs: %.0f records/s end to end (produce, fetch, decode, gate, commit)", len(records), elapsed.Seconds(), float64(len(records))/elapsed.Seconds())
+	say("summary    %d records in %.1fs: %.0f records/s end to end (source transactions, relay, fetch, decode, gate, commit);",
+		len(records), elapsed.Seconds(), float64(len(records))/elapsed.Seconds())
+	say("           the projector caught up %.1fs after the relay published the last event", (elapsed - published).Seconds())
 	say("           applied on arrival %.0f, stale %.0f, parked %.0f (of which %d still wait for a missing version), dead-lettered %.0f",
 		applied, stale, parked, exp.Parked, dead)
 	say("           rebalances seen by the members: %.0f", rebalances)
@@ -354,4 +414,23 @@ func matches(m *dto.Metric, labels map[string]string) bool {
 		}
 	}
 	return true
+}
+
+// waitPublished polls until the relay has published every outbox row.
+func waitPublished(ctx context.Context, pool *pgxpool.Pool, timeout time.Duration) error {
+	ctx, cancel := context.WithTimeout(ctx, timeout)
+	defer cancel()
+	t := time.NewTicker(50 * time.Millisecond)
+	defer t.Stop()
+	for {
+		n, err := demo.Pending(ctx, pool)
+		if err == nil && n == 0 {
+			return nil
+		}
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("the relay did not publish the outbox: %d rows pending (%v)", n, err)
+		case <-t.C:
+		}
+	}
 }

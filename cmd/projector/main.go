@@ -52,6 +52,7 @@ func Main(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 			migrateCommand(stdout, stderr),
 			statusCommand(stdout, stderr),
 			dlqCommand(stdout, stderr),
+			relayCommand(stdout, stderr),
 		},
 		Exec: func(context.Context, []string) error { return flag.ErrHelp },
 	}

@@ -1,0 +1,332 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"math/rand/v2"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/twmb/franz-go/pkg/kadm"
+	"github.com/twmb/franz-go/pkg/kgo"
+
+	"github.com/projector-dev/projector/internal/demo"
+	"github.com/projector-dev/projector/internal/testenv"
+	"github.com/projector-dev/projector/outbox"
+	"github.com/projector-dev/projector/schemas"
+)
+
+// committedEvent is what the writer knows it committed.
+type committedEvent struct {
+	key     string
+	version int64
+}
+
+// TestRelayCrashOrder runs two relay processes on one outbox while three
+// writers append events for 600 aggregates, and kills a relay with SIGKILL
+// eight times (alternating, each time after a further 1,500 events were
+// marked published since the last kill) and restarts it. Afterwards every
+// committed event must be in Kafka, no event of a rolled-back transaction
+// may be, and every aggregate's versions must first appear in order
+// 1, 2, 3 … (a repeated version, a crash's republished batch, is allowed).
+func TestRelayCrashOrder(t *testing.T) {
+	ctx := context.Background()
+	db := testenv.NewDB(t)
+	cluster := testenv.Kafka(t, demo.Topic, 6)
+	reg, regClient := testenv.Registry(t)
+	enc, err := demo.RegisterSchemas(ctx, regClient)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := outbox.Migrate(ctx, db.Pool); err != nil {
+		t.Fatal(err)
+	}
+	args := []string{"relay",
+		"--brokers", cluster.ListenAddrs()[0],
+		"--registry-url", reg.URL(),
+		"--database-url", db.URL,
+		"--http-addr", "",
+		"--batch-size", "50",
+		"--poll-interval", "200ms",
+		"--log-level", "warn",
+	}
+	relays := []*child{startChild(t, args...), startChild(t, args...)}
+
+	// Writers: each owns a third of the aggregates, so an aggregate's
+	// versions are appended in order, each after the previous committed.
+	// Every tenth transaction rolls back.
+	const aggregates, writers = 600, 3
+	var (
+		mu         sync.Mutex
+		committed  = map[string]committedEvent{} // by event id
+		rolledBack = map[string]bool{}
+	)
+	wctx, stopWriters := context.WithCancel(ctx)
+	defer stopWriters()
+	var wg sync.WaitGroup
+	for w := range writers {
+		wg.Go(func() {
+			rng := rand.New(rand.NewPCG(uint64(w), 42))
+			next := map[string]int64{}
+			for n := 0; wctx.Err() == nil; n++ {
+				var evs []outbox.Event
+				for range 1 + rng.IntN(8) {
+					key := fmt.Sprintf("acc-%04d", w+writers*rng.IntN(aggregates/writers))
+					for range 1 + rng.IntN(3) {
+						evs = append(evs, accountEvent(t, enc, key, next[key]+int64(countKey(evs, key))+1, rng.IntN(2) == 0))
+					}
+				}
+				for i := range evs {
+					evs[i].ID = fmt.Sprintf("w%d-%d-%d", w, n, i)
+				}
+				rollback := n%10 == 9
+				// Not wctx: a transaction cancelled while committing may
+				// have committed or not.
+				err := pgx.BeginFunc(ctx, db.Pool, func(tx pgx.Tx) error {
+					if err := outbox.Append(ctx, tx, evs...); err != nil {
+						return err
+					}
+					if rollback {
+						return errRollback
+					}
+					return nil
+				})
+				mu.Lock()
+				switch {
+				case err == errRollback:
+					for _, e := range evs {
+						rolledBack[e.ID] = true
+					}
+				case err != nil:
+					mu.Unlock()
+					t.Errorf("writer %d: %v", w, err)
+					return
+				default:
+					for _, e := range evs {
+						committed[e.ID] = committedEvent{e.AggregateID, e.Version}
+						next[e.AggregateID] = e.Version
+					}
+				}
+				mu.Unlock()
+				time.Sleep(time.Duration(rng.IntN(3)) * time.Millisecond)
+			}
+		})
+	}
+
+	published := func() int {
+		var n int
+		if err := db.Pool.QueryRow(ctx, `SELECT count(*) FROM projector_outbox WHERE published_at IS NOT NULL`).Scan(&n); err != nil {
+			t.Fatal(err)
+		}
+		return n
+	}
+	waitUntil := func(what string, timeout time.Duration, cond func() bool) {
+		t.Helper()
+		deadline := time.Now().Add(timeout)
+		for !cond() {
+			for i, c := range relays {
+				select {
+				case err := <-c.done:
+					t.Fatalf("relay %d exited while waiting for %s: %v\n%s", i, what, err, c.stderr)
+				default:
+				}
+			}
+			if time.Now().After(deadline) {
+				t.Fatalf("timed out waiting for %s; relay stderr:\n%s\n---\n%s", what, relays[0].stderr, relays[1].stderr)
+			}
+			time.Sleep(10 * time.Millisecond)
+		}
+	}
+	// Both processes share the shards before the first kill.
+	waitUntil("both relays owning 8 shards each", 20*time.Second, func() bool {
+		owners, err := outbox.ShardOwners(ctx, db.Pool)
+		if err != nil {
+			t.Fatal(err)
+		}
+		per := map[int32]int{}
+		for _, pid := range owners {
+			per[pid]++
+		}
+		return len(per) == 2 && len(owners) == 16 && per[owners[0]] == 8
+	})
+
+	const kills, step = 8, 1500
+	last := published()
+	for k := range kills {
+		target := last + step
+		waitUntil(fmt.Sprintf("%d events published", target), time.Minute, func() bool { return published() >= target })
+		i := k % 2
+		relays[i].kill(t)
+		last = published()
+		relays[i] = startChild(t, args...)
+		t.Logf("kill %d: relay %d killed at %d events published", k+1, i, last)
+	}
+	// Let the restarted relays run beside the writers, then stop writing.
+	waitUntil("more events published after the last restart", time.Minute, func() bool { return published() >= last+step })
+	stopWriters()
+	wg.Wait()
+	waitUntil("every committed event published", 2*time.Minute, func() bool {
+		var pending int
+		if err := db.Pool.QueryRow(ctx, `SELECT count(*) FROM projector_outbox WHERE published_at IS NULL`).Scan(&pending); err != nil {
+			t.Fatal(err)
+		}
+		return pending == 0
+	})
+	for i, c := range relays {
+		if err := c.cmd.Process.Signal(syscall.SIGTERM); err != nil {
+			t.Fatal(err)
+		}
+		if err := <-c.done; err != nil {
+			t.Errorf("relay %d did not stop cleanly on SIGTERM: %v\n%s", i, err, c.stderr)
+		}
+		c.done <- nil
+	}
+
+	// Read the topic and check it.
+	cl, err := kgo.NewClient(kgo.SeedBrokers(cluster.ListenAddrs()...), kgo.ConsumeTopics(demo.Topic), kgo.ConsumeResetOffset(kgo.NewOffset().AtStart()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cl.Close()
+	rctx, cancel := context.WithTimeout(ctx, time.Minute)
+	defer cancel()
+	ends, err := kadm.NewClient(cl).ListEndOffsets(rctx, demo.Topic)
+	if err != nil {
+		t.Fatal(err)
+	}
+	left := map[int32]int64{}
+	ends.Each(func(o kadm.ListedOffset) {
+		if o.Offset > 0 {
+			left[o.Partition] = o.Offset
+		}
+	})
+	dec := schemas.NewDecoder(regClient, nil)
+	var (
+		inKafka  = map[string]int{}   // event id → copies
+		lastSeen = map[string]int64{} // aggregate → highest version so far
+		records  int
+	)
+	for len(left) > 0 {
+		fs := cl.PollFetches(rctx)
+		if rctx.Err() != nil {
+			t.Fatalf("reading the topic: %v", rctx.Err())
+		}
+		fs.EachRecord(func(r *kgo.Record) {
+			end, ok := left[r.Partition]
+			if !ok {
+				return
+			}
+			if r.Offset+1 >= end {
+				delete(left, r.Partition)
+			}
+			records++
+			var id string
+			for _, h := range r.Headers {
+				if h.Key == outbox.HeaderCEID {
+					id = string(h.Value)
+				}
+			}
+			v, _, err := dec.Decode(rctx, r.Value)
+			if err != nil {
+				t.Fatalf("record %s at %d/%d: %v", r.Key, r.Partition, r.Offset, err)
+			}
+			version, key := v["version"].(int64), string(r.Key)
+			if v["account_id"] != key {
+				t.Fatalf("record key %s carries account %v", key, v["account_id"])
+			}
+			inKafka[id]++
+			switch {
+			case inKafka[id] > 1 && version <= lastSeen[key]:
+				// A copy republished after a crash: allowed.
+			case version == lastSeen[key]+1:
+				lastSeen[key] = version
+			default:
+				t.Fatalf("aggregate %s: version %d (event %s) first published after version %d: order inverted", key, version, id, lastSeen[key])
+			}
+		})
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	for id, e := range committed {
+		if inKafka[id] == 0 {
+			t.Errorf("committed event %s (%s v%d) is not in Kafka", id, e.key, e.version)
+		}
+	}
+	for id := range rolledBack {
+		if inKafka[id] > 0 {
+			t.Errorf("event %s of a rolled-back transaction is in Kafka", id)
+		}
+	}
+	if len(inKafka) != len(committed) {
+		t.Errorf("%d distinct events in Kafka, %d committed", len(inKafka), len(committed))
+	}
+	dups := records - len(inKafka)
+	if dups > kills*50 {
+		t.Errorf("%d duplicate records: more than one batch (50) per kill (%d)", dups, kills)
+	}
+	t.Logf("%d events committed (%d rolled back) over %d aggregates; %d records in Kafka, %d of them copies republished after a kill",
+		len(committed), len(rolledBack), len(lastSeen), records, dups)
+}
+
+var errRollback = fmt.Errorf("roll back on purpose")
+
+func countKey(evs []outbox.Event, key string) int {
+	n := 0
+	for _, e := range evs {
+		if e.AggregateID == key {
+			n++
+		}
+	}
+	return n
+}
+
+// accountEvent is a demo account event, either as a Value the relay
+// encodes or as a Payload encoded here.
+func accountEvent(t *testing.T, enc *demo.Encoder, key string, version int64, payload bool) outbox.Event {
+	ev := demo.Event{AccountID: key, Version: version, Type: "Deposited", Amount: version, OccurredAt: time.Now().UTC().Truncate(time.Millisecond)}
+	if version == 1 {
+		ev.Type, ev.Owner, ev.Amount = "AccountOpened", "owner "+key, 0
+	}
+	e := outbox.Event{AggregateType: "account", AggregateID: key, Version: version, Type: ev.Type, Topic: demo.Topic}
+	if payload {
+		b, err := enc.Encode(demo.Record{Key: key, Event: ev})
+		if err != nil {
+			t.Error(err)
+		}
+		e.Payload = b
+		return e
+	}
+	v := map[string]any{"account_id": key, "version": version, "type": ev.Type, "amount": ev.Amount, "occurred_at": ev.OccurredAt, "owner": nil}
+	if ev.Owner != "" {
+		v["owner"] = ev.Owner
+	}
+	e.Value = v
+	return e
+}
+
+// TestRelayFlags: bad relay flags stop the command with an error naming
+// the flag.
+func TestRelayFlags(t *testing.T) {
+	for _, tc := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"relay"}, "--brokers"},
+		{[]string{"relay", "--brokers", "b", "--batch-size", "0"}, "--batch-size"},
+		{[]string{"relay", "--brokers", "b", "--shards", "0"}, "--shards"},
+		{[]string{"relay", "--brokers", "b", "--poll-interval", "0s"}, "--poll-interval"},
+		{[]string{"relay", "--brokers", "b", "--retention", "0s"}, "--retention"},
+		{[]string{"relay", "--brokers", "b", "--database-url", "postgres://postgres@127.0.0.1:1/test?connect_timeout=2"}, "cannot connect to PostgreSQL"},
+	} {
+		var out bytes.Buffer
+		err := Main(context.Background(), tc.args, &out, &out)
+		if err == nil || !strings.Contains(err.Error(), tc.want) {
+			t.Errorf("projector %s: got error %v, want one naming %q", strings.Join(tc.args, " "), err, tc.want)
+		}
+	}
+}
