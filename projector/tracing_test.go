@@ -13,6 +13,7 @@ import (
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/projector-dev/projector/internal/demo"
+	"github.com/projector-dev/projector/outbox"
 	"github.com/projector-dev/projector/projector"
 )
 
@@ -94,5 +95,61 @@ func TestBatchSpansLinkToProducers(t *testing.T) {
 	}
 	if commit.Parent.SpanID() != process.SpanContext.SpanID() {
 		t.Errorf("commit span's parent %s, want the process span %s", commit.Parent.SpanID(), process.SpanContext.SpanID())
+	}
+}
+
+// TestTraceAcrossOutbox writes an event through the outbox inside a
+// traced request; after the relay publishes it, the projector's process
+// span links to that request's trace.
+func TestTraceAcrossOutbox(t *testing.T) {
+	ctx := context.Background()
+	f := faultSetup(t, demo.Options{Aggregates: 1, MeanEvents: 1}, 1)
+	if err := outbox.Migrate(ctx, f.db.Pool); err != nil {
+		t.Fatal(err)
+	}
+	requestTrace, _ := trace.TraceIDFromHex("0af7651916cd43dd8448eb211c80319c")
+	requestSpan, _ := trace.SpanIDFromHex("b7ad6b7169203331")
+	reqCtx := trace.ContextWithSpanContext(ctx, trace.NewSpanContext(trace.SpanContextConfig{
+		TraceID: requestTrace, SpanID: requestSpan, TraceFlags: trace.FlagsSampled,
+	}))
+	rec := demo.Record{Key: "outboxed-1", Event: demo.Event{AccountID: "outboxed-1", Version: 1, Type: "AccountOpened", Owner: "o"}}
+	value, err := f.enc.Encode(rec)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := outbox.AppendPool(reqCtx, f.db.Pool, outbox.Event{
+		AggregateType: "account", AggregateID: rec.Key, Version: 1, Type: "AccountOpened", Topic: demo.Topic, Payload: value,
+	}); err != nil {
+		t.Fatal(err)
+	}
+	relay, err := outbox.New(f.db.Pool, outbox.Config{Client: f.kafkaClient(t), Registry: f.reg, PollInterval: 50 * time.Millisecond})
+	if err != nil {
+		t.Fatal(err)
+	}
+	rctx, cancel := context.WithCancel(ctx)
+	relayDone := make(chan error, 1)
+	go func() { relayDone <- relay.Run(rctx) }()
+	defer func() {
+		cancel()
+		<-relayDone
+	}()
+
+	spans := tracetest.NewInMemoryExporter()
+	tp := sdktrace.NewTracerProvider(sdktrace.WithSyncer(spans))
+	defer tp.Shutdown(ctx) //nolint:errcheck // in-memory
+	run(t, f.engine(t, "outboxed", projector.Config{TracerProvider: tp}))
+	waitFor(t, "a process span linked to the request's trace", 30*time.Second, func() bool {
+		for _, s := range spans.GetSpans() {
+			for _, l := range s.Links {
+				if s.Name == "process "+demo.Topic && l.SpanContext.TraceID() == requestTrace && l.SpanContext.SpanID() == requestSpan {
+					return true
+				}
+			}
+		}
+		return false
+	})
+	var owner string
+	if err := f.db.Pool.QueryRow(ctx, `SELECT owner FROM accounts WHERE account_id = 'outboxed-1'`).Scan(&owner); err != nil || owner != "o" {
+		t.Errorf("outboxed-1: owner %q (err %v), want o", owner, err)
 	}
 }
