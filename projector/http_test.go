@@ -13,6 +13,8 @@ import (
 	"github.com/prometheus/client_golang/prometheus/testutil/promlint"
 
 	"github.com/projector-dev/projector/internal/demo"
+	"github.com/projector-dev/projector/partition"
+	"github.com/projector-dev/projector/projection"
 	"github.com/projector-dev/projector/projector"
 )
 
@@ -42,9 +44,19 @@ func TestHTTPSurface(t *testing.T) {
 	srv := httptest.NewServer(projector.Handler(reg, e.Ready))
 	defer srv.Close()
 
-	if code, body := get(t, srv.URL+"/readyz"); code != http.StatusServiceUnavailable || !strings.Contains(body, "group failed") {
-		t.Errorf("/readyz before joining: %d %q, want 503 naming the group check", code, body)
+	// A member whose brokers cannot be reached never joins: not ready.
+	lonely, err := projector.New(projector.Config{Brokers: []string{"127.0.0.1:1"}, Identity: "lonely", Projections: b.projs},
+		b.db.Pool, func(*projection.Projection) partition.Decoder { return nil })
+	if err != nil {
+		t.Fatal(err)
 	}
+	lonelySrv := httptest.NewServer(projector.Handler(prometheus.NewRegistry(), lonely.Ready))
+	defer lonelySrv.Close()
+	if code, body := get(t, lonelySrv.URL+"/readyz"); code != http.StatusServiceUnavailable || !strings.Contains(body, "group failed") {
+		t.Errorf("/readyz of a member that has not joined: %d %q, want 503 naming the group check", code, body)
+	}
+	stopLonely := run(t, lonely)
+	stopLonely()
 	for _, path := range []string{"/livez", "/healthz"} {
 		if code, _ := get(t, srv.URL+path); code != http.StatusOK {
 			t.Errorf("%s: %d, want 200", path, code)
