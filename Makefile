@@ -23,8 +23,12 @@ test: ## Run the whole test suite with the race detector.
 	$(GO) test -race -count=1 -timeout 15m ./...
 
 .PHONY: bench
-bench: ## Run the Go microbenchmarks.
+bench: ## projector bench: engine vs COPY limit and hand-written consumers (BENCH_FLAGS="--runs 3"); BENCH=go: the Go microbenchmarks.
+ifeq ($(BENCH),go)
 	$(GO) test -run '^$$' -bench . -benchmem ./...
+else
+	$(GO) run ./cmd/projector bench $(BENCH_FLAGS)
+endif
 
 .PHONY: lint
 lint: ## gofmt and go vet.

@@ -53,6 +53,7 @@ func Main(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 			statusCommand(stdout, stderr),
 			dlqCommand(stdout, stderr),
 			relayCommand(stdout, stderr),
+			benchCommand(stdout, stderr),
 		},
 		Exec: func(context.Context, []string) error { return flag.ErrHelp },
 	}

@@ -1,0 +1,136 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"os"
+	"os/exec"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/peterbourgon/ff/v3/ffcli"
+
+	"github.com/projector-dev/projector/internal/bench"
+)
+
+type benchFlags struct {
+	databaseURL     string
+	brokers         string
+	events          int
+	aggregates      string
+	partitions      int
+	skew            string
+	valueBytes      int
+	runs            int
+	modes           string
+	jsonOut         bool
+	timeLimit       time.Duration
+	freshFor        time.Duration
+	freshLoad       float64
+	batchMaxRecords int
+	batchMaxWait    time.Duration
+	copyConns       int
+	profileDir      string
+	keepSchemas     bool
+	logLevel        string
+	worker          string
+}
+
+// benchSpawn starts a child of this program running args. Tests replace it
+// (their binary is the test binary).
+var benchSpawn = func(args []string) *exec.Cmd {
+	exe, err := os.Executable()
+	if err != nil {
+		exe = os.Args[0]
+	}
+	return exec.Command(exe, args...)
+}
+
+func benchCommand(stdout, stderr io.Writer) *ffcli.Command {
+	f := &benchFlags{}
+	return newCommand("bench", "projector bench [flags]",
+		"Measure the engine against Postgres's COPY limit and hand-written consumers, on one generated stream, with a reference-fold check.", stderr,
+		func(fs *flag.FlagSet) {
+			fs.StringVar(&f.databaseURL, "database-url", DefaultDatabaseURL, "PostgreSQL connection URL (PROJECTOR_DATABASE_URL); every run gets a fresh schema, dropped afterwards")
+			fs.StringVar(&f.brokers, "brokers", "", "real Kafka seed brokers, comma-separated; empty: an embedded broker (kfake)")
+			fs.IntVar(&f.events, "events", 1_000_000, "events in the stream (10000000 shows whether the engine's RSS stays flat: add --modes engine-fold)")
+			fs.StringVar(&f.aggregates, "aggregates", "100000", "accounts the events spread over; a comma list (10000,100000,1000000) adds an engine events/s per size (scaling)")
+			fs.IntVar(&f.partitions, "partitions", 12, "partitions of the topic")
+			fs.StringVar(&f.skew, "skew", "uniform", "which account each event belongs to: uniform, or zipf (hot accounts: many events of one account per batch)")
+			fs.IntVar(&f.valueBytes, "value-bytes", 200, "size of each Avro value (the writer schema pads the event)")
+			fs.IntVar(&f.runs, "runs", 1, "run every row this many times and report the median")
+			fs.StringVar(&f.modes, "modes", strings.Join(bench.AllModes, ","), "rows to run: "+strings.Join(bench.AllModes, ","))
+			fs.BoolVar(&f.jsonOut, "json", false, "print the report as JSON")
+			fs.DurationVar(&f.timeLimit, "time-limit", 15*time.Second, "the naive and watermill consumers stop after this and are measured on the prefix they committed")
+			fs.DurationVar(&f.freshFor, "fresh-for", 10*time.Second, "how long the freshness run produces")
+			fs.Float64Var(&f.freshLoad, "fresh-load", 0.25, "the freshness run's arrival rate, as a fraction of the fold engine's measured events/s")
+			fs.IntVar(&f.batchMaxRecords, "batch-max-records", 1000, "engine: most records in one batch transaction (as projector run)")
+			fs.DurationVar(&f.batchMaxWait, "batch-max-wait", 50*time.Millisecond, "engine: longest a batch waits for more records (as projector run)")
+			fs.IntVar(&f.copyConns, "copy-conns", 1, "limit: connections that COPY in parallel")
+			fs.StringVar(&f.profileDir, "cpuprofile-dir", "", "write a CPU profile of every engine run here (engine-fold.pprof, engine-snapshot.pprof)")
+			fs.BoolVar(&f.keepSchemas, "keep-schemas", false, "keep every run's Postgres schema (to inspect or EXPLAIN)")
+			fs.StringVar(&f.logLevel, "log-level", "warn", "log level of the consumers under test")
+			fs.StringVar(&f.worker, "worker", "", "internal: run one benchmark child (JSON spec)")
+		},
+		func(ctx context.Context, _ []string) error {
+			if f.worker != "" {
+				var spec bench.WorkerSpec
+				if err := json.Unmarshal([]byte(f.worker), &spec); err != nil {
+					return fmt.Errorf("--worker: %w", err)
+				}
+				return bench.RunWorker(ctx, spec, os.Stdin, stdout, stderr)
+			}
+			return runBench(ctx, f, stdout, stderr)
+		})
+}
+
+func runBench(ctx context.Context, f *benchFlags, stdout, stderr io.Writer) error {
+	cfg := bench.Config{
+		Events: f.events, Partitions: f.partitions, Skew: f.skew, ValueBytes: f.valueBytes, Runs: f.runs,
+		DatabaseURL: f.databaseURL, TimeLimit: f.timeLimit, FreshFor: f.freshFor, FreshLoad: f.freshLoad,
+		BatchMaxRecords: f.batchMaxRecords, BatchMaxWait: f.batchMaxWait, CopyConns: f.copyConns,
+		ProfileDir: f.profileDir, KeepSchemas: f.keepSchemas, LogLevel: f.logLevel,
+		Spawn: benchSpawn, Log: stderr, ChildStderr: stderr,
+	}
+	for _, a := range strings.Split(f.aggregates, ",") {
+		if a = strings.TrimSpace(a); a == "" {
+			continue
+		}
+		n, err := strconv.Atoi(strings.ReplaceAll(a, "_", ""))
+		if err != nil || n < 1 {
+			return fmt.Errorf("--aggregates %q: want positive counts, comma-separated", f.aggregates)
+		}
+		cfg.Aggregates = append(cfg.Aggregates, n)
+	}
+	for _, m := range strings.Split(f.modes, ",") {
+		if m = strings.TrimSpace(m); m != "" {
+			cfg.Modes = append(cfg.Modes, m)
+		}
+	}
+	for _, b := range strings.Split(f.brokers, ",") {
+		if b = strings.TrimSpace(b); b != "" {
+			cfg.Brokers = append(cfg.Brokers, b)
+		}
+	}
+	if f.profileDir != "" {
+		if err := os.MkdirAll(f.profileDir, 0o755); err != nil {
+			return err
+		}
+	}
+	rep, err := bench.Run(ctx, cfg)
+	if rep == nil {
+		return err
+	}
+	var perr error
+	if f.jsonOut {
+		perr = rep.JSON(stdout)
+	} else {
+		perr = rep.Table(stdout)
+	}
+	return errors.Join(err, perr)
+}

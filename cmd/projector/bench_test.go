@@ -1,0 +1,78 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"os"
+	"os/exec"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/projector-dev/projector/internal/testenv"
+)
+
+// TestBenchSmoke runs `projector bench` on a small stream: every row must
+// be there and every reference-fold check must pass. No timing is
+// asserted. The benchmark's children are this test binary, started through
+// TestMain like the crash test's.
+func TestBenchSmoke(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts several child processes")
+	}
+	old := benchSpawn
+	benchSpawn = func(args []string) *exec.Cmd {
+		raw, err := json.Marshal(args)
+		if err != nil {
+			t.Fatal(err)
+		}
+		cmd := exec.Command(os.Args[0], "-test.run=^$")
+		cmd.Env = append(os.Environ(), childEnv+"="+string(raw))
+		return cmd
+	}
+	t.Cleanup(func() { benchSpawn = old })
+
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+	defer cancel()
+	var stdout, stderr bytes.Buffer
+	err := Main(ctx, []string{"bench", "--events", "20000", "--aggregates", "2000",
+		"--database-url", testenv.DatabaseURL(), "--time-limit", "4s", "--fresh-for", "2s"}, &stdout, &stderr)
+	out := stdout.String()
+	if err != nil {
+		t.Fatalf("projector bench: %v\n%s\nstderr:\n%s", err, out, stderr.String())
+	}
+	for _, row := range []string{"limit (COPY)", "engine snapshot", "engine fold", "naive (tx/event)", "watermill (tx/event)"} {
+		line := lineWith(out, row)
+		if line == "" {
+			t.Errorf("no %q row in the table:\n%s", row, out)
+			continue
+		}
+		if strings.Contains(line, "not run") {
+			t.Errorf("%s was not run: %s", row, line)
+		}
+		if !strings.HasSuffix(strings.TrimSpace(line), "ok") {
+			t.Errorf("%s: check did not pass: %s", row, line)
+		}
+	}
+	if !strings.Contains(out, "freshness (engine fold):") || !strings.Contains(out, "check ok") {
+		t.Errorf("no passed freshness run in:\n%s", out)
+	}
+	want := "reference fold: engine snapshot, engine fold, naive (tx/event), watermill (tx/event), freshness equal the reference fold"
+	if !strings.Contains(out, want) {
+		t.Errorf("missing %q in:\n%s", want, out)
+	}
+	if strings.Contains(out, "FAILED") {
+		t.Errorf("a check failed:\n%s", out)
+	}
+	t.Log("\n" + out)
+}
+
+func lineWith(s, prefix string) string {
+	for _, line := range strings.Split(s, "\n") {
+		if strings.HasPrefix(strings.TrimSpace(line), prefix) {
+			return line
+		}
+	}
+	return ""
+}

@@ -1,0 +1,186 @@
+package bench
+
+import (
+	"context"
+	"fmt"
+	"math"
+	"slices"
+	"sort"
+	"sync"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/twmb/franz-go/pkg/kgo"
+
+	"github.com/projector-dev/projector/internal/demo"
+)
+
+// Freshness is the result of the freshness run: how long after its
+// record timestamp an event is visible in the fold projection's table,
+// at a steady arrival rate below the engine's maximum.
+type Freshness struct {
+	TargetRate   float64 `json:"target_events_per_sec"`
+	ProducedRate float64 `json:"produced_events_per_sec"`
+	Events       int     `json:"events"`
+	Seconds      float64 `json:"seconds"`
+	P50MS        float64 `json:"p50_ms"`
+	P90MS        float64 `json:"p90_ms"`
+	P99MS        float64 `json:"p99_ms"`
+	MaxMS        float64 `json:"max_ms"`
+	Batches      int     `json:"batches"`
+	GoCPUSeconds float64 `json:"go_cpu_seconds"`
+	Check        string  `json:"check"`
+}
+
+// runFreshness starts an engine (fold) on an empty topic, and once it runs
+// produces a new stream to it at rate events/s, each record stamped with
+// the time it is handed to the producer (the record timestamp, kept at
+// nanosecond precision on this side). The engine child notes when the
+// COMMIT of every batch returned and which offsets it covered; an event's
+// freshness is that commit time minus its timestamp.
+func (b *bench) runFreshness(ctx context.Context, main *dataset, rate float64) (*Freshness, error) {
+	cfg := b.cfg
+	n := max(1, int(math.Round(rate*cfg.FreshFor.Seconds())))
+	aggs := max(1, int(math.Round(float64(n)*float64(cfg.Aggregates[0])/float64(cfg.Events))))
+	ds := &dataset{opts: GenOptions{Events: n, Aggregates: aggs, Skew: cfg.Skew, CloseEvery: DefaultCloseEvery, Seed: cfg.Seed + 1000}}
+	var err error
+	if ds.records, err = Generate(ds.opts); err != nil {
+		return nil, err
+	}
+	ds.exp = demo.Fold(ds.records)
+	if ds.topic, err = b.topic(ctx, "fresh"); err != nil {
+		return nil, err
+	}
+	values := make([][]byte, n)
+	for i, r := range ds.records {
+		values[i] = AppendValue(nil, b.schemaID, r.Event, cfg.ValueBytes)
+	}
+	prod, err := kgo.NewClient(kgo.SeedBrokers(b.brokers...), kgo.ProducerLinger(0))
+	if err != nil {
+		return nil, err
+	}
+	defer prod.Close()
+	stamp := make([]int64, n)
+	ds.partOf = make([]int32, n)
+	ds.offOf = make([]int64, n)
+	fr := &Freshness{TargetRate: rate, Events: n}
+
+	during := func(ctx context.Context, started <-chan struct{}, send func(command) error) error {
+		// Wait until the engine runs a worker for every partition, so
+		// that joining the group does not count as latency.
+		select {
+		case <-started:
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(2 * time.Minute):
+			return fmt.Errorf("the engine did not start a worker for every partition of %s within 2 minutes", ds.topic)
+		}
+		var (
+			mu       sync.Mutex
+			firstErr error
+			wg       sync.WaitGroup
+		)
+		start := time.Now()
+		tick := time.NewTicker(time.Millisecond)
+		defer tick.Stop()
+		for i := 0; i < n; {
+			due := min(n, int(time.Since(start).Seconds()*rate)+1)
+			for ; i < due; i++ {
+				rec := &kgo.Record{Topic: ds.topic, Key: []byte(ds.records[i].Key), Value: values[i]}
+				now := time.Now()
+				rec.Timestamp = now
+				stamp[i] = now.UnixNano()
+				idx := i
+				wg.Add(1)
+				prod.Produce(ctx, rec, func(r *kgo.Record, err error) {
+					defer wg.Done()
+					if err != nil {
+						mu.Lock()
+						if firstErr == nil {
+							firstErr = err
+						}
+						mu.Unlock()
+						return
+					}
+					ds.partOf[idx], ds.offOf[idx] = r.Partition, r.Offset
+				})
+			}
+			if i < n {
+				select {
+				case <-tick.C:
+				case <-ctx.Done():
+					return ctx.Err()
+				}
+			}
+		}
+		wg.Wait()
+		fr.Seconds = time.Since(start).Seconds()
+		fr.ProducedRate = float64(n) / fr.Seconds
+		if firstErr != nil {
+			return fmt.Errorf("produce: %w", firstErr)
+		}
+		end, err := demo.EndOffsets(ctx, b.adm, ds.topic)
+		if err != nil {
+			return err
+		}
+		ds.end = end
+		return send(command{Cmd: "end", End: end})
+	}
+	spec := WorkerSpec{
+		Mode: ModeEngineFold, Topic: ds.topic, Partitions: cfg.Partitions,
+		BatchMaxRecords: cfg.BatchMaxRecords, BatchMaxWait: cfg.BatchMaxWait, CommitLog: true,
+	}
+	s, err := b.runChild(ctx, spec, during, func(ctx context.Context, pool *pgxpool.Pool, _ *WorkerResult) error {
+		if err := demo.Verify(ctx, pool, demo.Table, ds.exp); err != nil {
+			return err
+		}
+		return checkEngineTables(ctx, pool)
+	})
+	if err != nil {
+		return nil, err
+	}
+	fr.Check = "ok"
+	if s.Check != nil {
+		fr.Check = "FAILED: " + s.Check.Error()
+	}
+	fr.GoCPUSeconds = s.Result.CPUSeconds
+	fr.Batches = len(s.Result.Commits)
+	lat, err := latencies(s.Result.Commits, ds.partOf, ds.offOf, stamp)
+	if err != nil {
+		return nil, err
+	}
+	fr.P50MS, fr.P90MS, fr.P99MS, fr.MaxMS = pct(lat, 0.50), pct(lat, 0.90), pct(lat, 0.99), pct(lat, 1)
+	return fr, nil
+}
+
+// latencies maps every produced record to the commit that covered its
+// offset and returns commit time minus record timestamp, in milliseconds.
+func latencies(commits []Commit, partOf []int32, offOf []int64, stamp []int64) ([]float64, error) {
+	byPart := map[int32][]Commit{}
+	for _, c := range commits {
+		byPart[c.Partition] = append(byPart[c.Partition], c)
+	}
+	for _, cs := range byPart {
+		slices.SortFunc(cs, func(a, b Commit) int { return int(a.From - b.From) })
+	}
+	out := make([]float64, 0, len(stamp))
+	for i := range stamp {
+		cs := byPart[partOf[i]]
+		j := sort.Search(len(cs), func(j int) bool { return cs[j].To > offOf[i] })
+		if j == len(cs) || cs[j].From > offOf[i] {
+			return nil, fmt.Errorf("no commit covers partition %d offset %d", partOf[i], offOf[i])
+		}
+		out = append(out, float64(cs[j].At-stamp[i])/1e6)
+	}
+	slices.Sort(out)
+	return out, nil
+}
+
+// pct is the q-quantile of sorted values (nearest rank).
+func pct(sorted []float64, q float64) float64 {
+	if len(sorted) == 0 {
+		return 0
+	}
+	i := int(math.Ceil(q*float64(len(sorted)))) - 1
+	return sorted[max(0, min(i, len(sorted)-1))]
+}

@@ -1,0 +1,377 @@
+package bench
+
+import (
+	"encoding/json"
+	"fmt"
+	"io"
+	"math"
+	"slices"
+	"strings"
+	"text/tabwriter"
+)
+
+// Report is what `projector bench` prints, as a table or as JSON.
+type Report struct {
+	Settings  Settings     `json:"settings"`
+	Rows      []*Row       `json:"rows"`
+	NotRun    []NotRun     `json:"not_run,omitempty"`
+	Freshness *Freshness   `json:"freshness,omitempty"`
+	Scaling   []ScalePoint `json:"scaling,omitempty"`
+	Targets   []Target     `json:"targets"`
+	Failed    []string     `json:"failed,omitempty"`
+}
+
+// Settings describe the run.
+type Settings struct {
+	Events           int     `json:"events"`
+	Aggregates       int     `json:"aggregates"`
+	Distinct         int     `json:"aggregates_with_events"`
+	Partitions       int     `json:"partitions"`
+	Skew             string  `json:"skew"`
+	ValueBytes       float64 `json:"value_bytes_mean"`
+	Runs             int     `json:"runs"`
+	CPUs             int     `json:"cpus"`
+	GoVersion        string  `json:"go_version"`
+	Postgres         string  `json:"postgres_version"`
+	Database         string  `json:"database"`
+	Fsync            string  `json:"fsync"`
+	SyncCommit       string  `json:"synchronous_commit"`
+	SharedBuffers    string  `json:"shared_buffers"`
+	Kafka            string  `json:"kafka"`
+	TimeLimitSeconds float64 `json:"naive_time_limit_seconds"`
+	BatchMaxRecords  int     `json:"batch_max_records"`
+	BatchMaxWaitMS   float64 `json:"batch_max_wait_ms"`
+	CopyConns        int     `json:"copy_connections"`
+}
+
+// Row is one line of the table.
+type Row struct {
+	Mode         string   `json:"mode"`
+	Name         string   `json:"name"`
+	Events       int64    `json:"events"`
+	Seconds      float64  `json:"seconds"`
+	EventsPerSec float64  `json:"events_per_sec"`
+	VsLimit      *float64 `json:"ratio_to_limit,omitempty"`
+	VsNaive      *float64 `json:"ratio_to_naive,omitempty"`
+	VsWatermill  *float64 `json:"ratio_to_watermill,omitempty"`
+	GoCPU        float64  `json:"go_cpu_seconds"`
+	GoCPUPerEvUS float64  `json:"go_cpu_us_per_event"`
+	PGCPU        *float64 `json:"pg_cpu_seconds"` // null: n/a
+	PGCPUPerEvUS *float64 `json:"pg_cpu_us_per_event"`
+	PGCPUNote    string   `json:"pg_cpu_note,omitempty"`
+	PeakRSSMB    float64  `json:"peak_rss_mb"`
+	// RSSQuartilesMB is the RSS at 25, 50, 75 and 100% of the window.
+	RSSQuartilesMB []float64 `json:"rss_quartiles_mb,omitempty"`
+	FreshP50MS     *float64  `json:"freshness_p50_ms,omitempty"`
+	FreshP99MS     *float64  `json:"freshness_p99_ms,omitempty"`
+	JoinSeconds    float64   `json:"join_seconds,omitempty"`
+	RowWrites      int64     `json:"row_writes,omitempty"`
+	Phases         *Phases   `json:"batch_phases,omitempty"`
+	// Prefix is set when the run stopped at the time limit: it was
+	// measured on the first Events events (per partition, a prefix).
+	Prefix bool   `json:"prefix"`
+	Total  int    `json:"stream_events"`
+	Check  string `json:"check"`
+}
+
+// NotRun is a row left out, and why.
+type NotRun struct {
+	Mode   string `json:"mode"`
+	Reason string `json:"reason"`
+}
+
+// ScalePoint is the fold engine over one stream size.
+type ScalePoint struct {
+	Aggregates   int     `json:"aggregates"`
+	Events       int     `json:"events"`
+	EventsPerSec float64 `json:"events_per_sec"`
+	RowWrites    int64   `json:"row_writes"`
+	Check        string  `json:"check"`
+}
+
+// Target is one of the issue's targets, met or not.
+type Target struct {
+	Name string `json:"name"`
+	Want string `json:"want"`
+	Got  string `json:"got"`
+	Met  *bool  `json:"met"` // null: not measured
+}
+
+var rowNames = map[string]string{
+	ModeLimit:          "limit (COPY)",
+	ModeEngineSnapshot: "engine snapshot",
+	ModeEngineFold:     "engine fold",
+	ModeNaive:          "naive (tx/event)",
+	ModeWatermill:      "watermill (tx/event)",
+}
+
+func (r *Report) row(mode string) *Row {
+	for _, row := range r.Rows {
+		if row.Mode == mode {
+			return row
+		}
+	}
+	return nil
+}
+
+func (r *Report) add(mode string, s *Sample, total int) {
+	res := s.Result
+	row := &Row{
+		Mode: mode, Name: rowNames[mode], Events: res.Events, Seconds: res.Seconds, EventsPerSec: s.EPS(),
+		GoCPU: res.CPUSeconds, PGCPU: s.PGCPU, PGCPUNote: s.PGCPUNote, PeakRSSMB: s.PeakRSSMB,
+		JoinSeconds: res.JoinSeconds, RowWrites: res.RowWrites, Phases: res.Phases,
+		Prefix: res.TimedOut, Total: total, Check: "ok",
+	}
+	if res.Events > 0 {
+		row.GoCPUPerEvUS = res.CPUSeconds / float64(res.Events) * 1e6
+		if s.PGCPU != nil {
+			v := *s.PGCPU / float64(res.Events) * 1e6
+			row.PGCPUPerEvUS = &v
+		}
+	}
+	if n := len(s.RSSSamples); n > 0 {
+		for _, q := range []float64{0.25, 0.5, 0.75, 1} {
+			row.RSSQuartilesMB = append(row.RSSQuartilesMB, s.RSSSamples[max(0, int(math.Ceil(q*float64(n)))-1)])
+		}
+	}
+	if s.Check != nil {
+		row.Check = "FAILED: " + s.Check.Error()
+		r.Failed = append(r.Failed, fmt.Sprintf("%s: %v", row.Name, s.Check))
+	}
+	r.Rows = append(r.Rows, row)
+}
+
+// finish computes the ratios and the targets.
+func (r *Report) finish() {
+	ratio := func(a, b *Row) *float64 {
+		if a == nil || b == nil || b.EventsPerSec == 0 {
+			return nil
+		}
+		v := a.EventsPerSec / b.EventsPerSec
+		return &v
+	}
+	limit, naive, wm := r.row(ModeLimit), r.row(ModeNaive), r.row(ModeWatermill)
+	for _, row := range r.Rows {
+		row.VsLimit, row.VsNaive, row.VsWatermill = ratio(row, limit), ratio(row, naive), ratio(row, wm)
+	}
+	fold := r.row(ModeEngineFold)
+	met := func(ok bool) *bool { return &ok }
+	target := func(name, want string, got *float64, min float64, format string, why string) {
+		t := Target{Name: name, Want: want, Got: "not measured: " + why}
+		if got != nil {
+			t.Got = fmt.Sprintf(format, *got)
+			t.Met = met(*got >= min)
+		}
+		r.Targets = append(r.Targets, t)
+	}
+	var vsLimit, vsNaive, vsWM *float64
+	if fold != nil {
+		vsLimit, vsNaive, vsWM = fold.VsLimit, fold.VsNaive, fold.VsWatermill
+	}
+	if vsLimit != nil {
+		v := *vsLimit * 100
+		vsLimit = &v
+	}
+	target("engine fold vs COPY limit", "≥ 30%", vsLimit, 30, "%.0f%%", "needs the limit and engine fold rows")
+	target("engine fold vs naive", "≥ 25×", vsNaive, 25, "%.1f×", "needs the naive and engine fold rows")
+	why := "needs the watermill and engine fold rows"
+	for _, n := range r.NotRun {
+		if n.Mode == ModeWatermill {
+			why = "watermill not run"
+		}
+	}
+	target("engine fold vs watermill", "≥ 25×", vsWM, 25, "%.1f×", why)
+	flat := Target{Name: "engine RSS flat over 10,000,000 events", Want: "flat",
+		Got: "not measured: run projector bench --events 10000000 --modes engine-fold"}
+	if fold != nil && r.Settings.Events >= 10_000_000 && len(fold.RSSQuartilesMB) == 4 {
+		q := fold.RSSQuartilesMB
+		growth := q[3] / q[0]
+		flat.Got = fmt.Sprintf("%.0f → %.0f → %.0f → %.0f MB at 25/50/75/100%% of the run (×%.2f)", q[0], q[1], q[2], q[3], growth)
+		flat.Met = met(growth <= 1.2)
+	}
+	r.Targets = append(r.Targets, flat)
+}
+
+// JSON writes the report as indented JSON.
+func (r *Report) JSON(w io.Writer) error {
+	enc := json.NewEncoder(w)
+	enc.SetIndent("", "  ")
+	return enc.Encode(r)
+}
+
+// Table writes the report for people.
+func (r *Report) Table(w io.Writer) error {
+	s := r.Settings
+	fmt.Fprintf(w, "projector bench: %s events over %s aggregates (%s, %s with events), %d partitions, Avro values of %.0f bytes on average\n",
+		group(int64(s.Events)), group(int64(s.Aggregates)), s.Skew, group(int64(s.Distinct)), s.Partitions, s.ValueBytes)
+	fmt.Fprintf(w, "postgres %s at %s (fsync %s, synchronous_commit %s, shared_buffers %s); kafka: %s; %d CPUs, %s; ",
+		s.Postgres, s.Database, s.Fsync, s.SyncCommit, s.SharedBuffers, s.Kafka, s.CPUs, s.GoVersion)
+	if s.Runs > 1 {
+		fmt.Fprintf(w, "median of %d runs\n", s.Runs)
+	} else {
+		fmt.Fprintln(w, "1 run")
+	}
+	fmt.Fprintln(w)
+	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
+	fmt.Fprintln(tw, "run\tevents\tseconds\tevents/s\t×limit\t×naive\t×watermill\tgo cpu s (µs/ev)\tpg cpu s (µs/ev)\tpeak rss\tfresh p50/p99\tcheck\t")
+	for _, row := range r.Rows {
+		ev := group(row.Events)
+		if row.Prefix {
+			ev += "*"
+		}
+		pg := "n/a"
+		if row.PGCPU != nil && row.PGCPUPerEvUS != nil {
+			pg = fmt.Sprintf("%.1f (%.1f)", *row.PGCPU, *row.PGCPUPerEvUS)
+		}
+		fresh := "-"
+		if row.FreshP50MS != nil {
+			fresh = fmt.Sprintf("%.0f/%.0f ms", *row.FreshP50MS, *row.FreshP99MS)
+		}
+		check := row.Check
+		if strings.HasPrefix(check, "FAILED") {
+			check = "FAILED"
+		}
+		fmt.Fprintf(tw, "%s\t%s\t%.1f\t%s\t%s\t%s\t%s\t%.1f (%.1f)\t%s\t%.0f MB\t%s\t%s\t\n",
+			row.Name, ev, row.Seconds, group(int64(math.Round(row.EventsPerSec))), ratioText(row.VsLimit), ratioText(row.VsNaive), ratioText(row.VsWatermill),
+			row.GoCPU, row.GoCPUPerEvUS, pg, row.PeakRSSMB, fresh, check)
+	}
+	for _, n := range r.NotRun {
+		fmt.Fprintf(tw, "%s\tnot run: %s\t\t\t\t\t\t\t\t\t\t\t\n", rowNames[n.Mode], oneLine(n.Reason))
+	}
+	if err := tw.Flush(); err != nil {
+		return err
+	}
+	fmt.Fprintln(w)
+	for _, row := range r.Rows {
+		if row.Prefix {
+			fmt.Fprintf(w, "* %s: measured on the first %s of %s events (per partition a prefix, stopped at the %.0fs time limit);\n"+
+				"  events/s is that prefix's rate, so the whole stream would take about %.0fs (extrapolated, not run).\n",
+				row.Name, group(row.Events), group(int64(row.Total)), s.TimeLimitSeconds, float64(row.Total)/row.EventsPerSec)
+		}
+	}
+	for _, row := range r.Rows {
+		if row.PGCPU == nil && row.PGCPUNote != "" {
+			fmt.Fprintf(w, "pg cpu n/a for %s: %s\n", row.Name, row.PGCPUNote)
+		}
+	}
+	fmt.Fprintf(w, "engine: batch-max-records %d, batch-max-wait %.0fms, the pool as `projector run` opens it; limit: COPY over %d connection(s) into an append-only table.\n",
+		s.BatchMaxRecords, s.BatchMaxWaitMS, s.CopyConns)
+	fmt.Fprintln(w, "cpu: the consumer's own process (each run is a child process; the embedded broker and registry are in the parent) and the Postgres backends serving its connections, within the measured window.")
+	for _, mode := range []string{ModeEngineSnapshot, ModeEngineFold} {
+		row := r.row(mode)
+		if row == nil {
+			continue
+		}
+		fmt.Fprintf(w, "%s: %s row writes for %s events (%.2f per event); group join and claim %.2fs of the window",
+			row.Name, group(row.RowWrites), group(row.Events), float64(row.RowWrites)/math.Max(1, float64(row.Events)), row.JoinSeconds)
+		if q := row.RSSQuartilesMB; len(q) == 4 {
+			fmt.Fprintf(w, "; rss %.0f → %.0f → %.0f → %.0f MB at 25/50/75/100%%", q[0], q[1], q[2], q[3])
+		}
+		fmt.Fprintln(w)
+		if p := row.Phases; p != nil && p.Batches > 0 {
+			total := p.Begin + p.Load + p.Plan + p.Write + p.Commit
+			fmt.Fprintf(w, "  %d batches (%.0f events each), %.1fms per batch transaction: begin %.0f%%, load state %.0f%%, plan (Go) %.0f%%, write pipeline %.0f%%, commit %.0f%%\n",
+				p.Batches, float64(row.Events)/float64(p.Batches), total/float64(p.Batches)*1e3,
+				100*p.Begin/total, 100*p.Load/total, 100*p.Plan/total, 100*p.Write/total, 100*p.Commit/total)
+		}
+	}
+	if f := r.Freshness; f != nil {
+		fmt.Fprintf(w, "freshness (engine fold): %s events produced at %s events/s (target %s = %.0f%% of the fold engine's events/s) for %.1fs:\n"+
+			"  record timestamp → COMMIT of its batch returned: p50 %.1fms, p90 %.1fms, p99 %.1fms, max %.1fms over %d batches; check %s\n",
+			group(int64(f.Events)), group(int64(math.Round(f.ProducedRate))), group(int64(math.Round(f.TargetRate))),
+			100*f.TargetRate/math.Max(1, ratioBase(r)), f.Seconds, f.P50MS, f.P90MS, f.P99MS, f.MaxMS, f.Batches, shortCheck(f.Check))
+	}
+	if len(r.Scaling) > 0 {
+		fmt.Fprintln(w)
+		fmt.Fprintln(w, "scaling (engine fold):")
+		tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
+		fmt.Fprintln(tw, "aggregates\tevents\tevents/s\trow writes\tcheck\t")
+		for _, p := range r.Scaling {
+			fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t\n", group(int64(p.Aggregates)), group(int64(p.Events)), group(int64(math.Round(p.EventsPerSec))), group(p.RowWrites), shortCheck(p.Check))
+		}
+		if err := tw.Flush(); err != nil {
+			return err
+		}
+	}
+	fmt.Fprintln(w)
+	fmt.Fprintln(w, "targets:")
+	for _, t := range r.Targets {
+		state := "not measured"
+		if t.Met != nil {
+			state = map[bool]string{true: "met", false: "NOT MET"}[*t.Met]
+		}
+		fmt.Fprintf(w, "  %-40s want %-6s got %s: %s\n", t.Name, t.Want, t.Got, state)
+	}
+	if len(r.Failed) > 0 {
+		fmt.Fprintln(w)
+		fmt.Fprintln(w, "REFERENCE CHECK FAILED:")
+		for _, f := range r.Failed {
+			fmt.Fprintf(w, "  %s\n", f)
+		}
+	} else {
+		var checked []string
+		for _, row := range r.Rows {
+			if row.Mode != ModeLimit {
+				checked = append(checked, row.Name)
+			}
+		}
+		if r.Freshness != nil {
+			checked = append(checked, "freshness")
+		}
+		if len(checked) > 0 {
+			fmt.Fprintf(w, "\nreference fold: %s equal the reference fold of what they consumed.\n", strings.Join(checked, ", "))
+		}
+	}
+	return nil
+}
+
+func ratioBase(r *Report) float64 {
+	if row := r.row(ModeEngineFold); row != nil {
+		return row.EventsPerSec
+	}
+	return r.Freshness.TargetRate * 4
+}
+
+func ratioText(v *float64) string {
+	switch {
+	case v == nil:
+		return "-"
+	case *v >= 10:
+		return fmt.Sprintf("%.0f×", *v)
+	}
+	return fmt.Sprintf("%.2f×", *v)
+}
+
+func shortCheck(c string) string {
+	if strings.HasPrefix(c, "FAILED") {
+		return "FAILED"
+	}
+	return c
+}
+
+func oneLine(s string) string {
+	s = strings.Join(strings.Fields(s), " ")
+	if len(s) > 200 {
+		s = s[:200] + "…"
+	}
+	return s
+}
+
+// group formats n with thousands separators.
+func group(n int64) string {
+	s := fmt.Sprint(n)
+	neg := strings.HasPrefix(s, "-")
+	s = strings.TrimPrefix(s, "-")
+	var parts []string
+	for len(s) > 3 {
+		parts = append(parts, s[len(s)-3:])
+		s = s[:len(s)-3]
+	}
+	parts = append(parts, s)
+	slices.Reverse(parts)
+	out := strings.Join(parts, ",")
+	if neg {
+		out = "-" + out
+	}
+	return out
+}

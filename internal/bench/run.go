@@ -1,0 +1,655 @@
+package bench
+
+import (
+	"bufio"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"math/rand/v2"
+	"net/url"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"runtime"
+	"slices"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/twmb/franz-go/pkg/kadm"
+	"github.com/twmb/franz-go/pkg/kfake"
+	"github.com/twmb/franz-go/pkg/kgo"
+	"github.com/twmb/franz-go/pkg/sr"
+	"github.com/twmb/franz-go/pkg/sr/srfake"
+
+	"github.com/projector-dev/projector/internal/demo"
+)
+
+// Config is one `projector bench` invocation.
+type Config struct {
+	Events int
+	// Aggregates lists stream sizes: the first gets every row of the
+	// table, each further one an engine (fold) run for the scaling table.
+	Aggregates  []int
+	Partitions  int
+	Skew        string
+	ValueBytes  int
+	Runs        int
+	DatabaseURL string
+	// Brokers are real Kafka seed brokers; empty: an embedded kfake
+	// cluster in this process.
+	Brokers []string
+	// Modes to run, of ModeLimit, ModeEngineSnapshot, ModeEngineFold,
+	// ModeNaive, ModeWatermill and "freshness".
+	Modes []string
+	// TimeLimit bounds the naive and Watermill runs: they are measured on
+	// the prefix they commit within it.
+	TimeLimit time.Duration
+	// FreshFor and FreshLoad: the freshness run produces at FreshLoad
+	// times the fold engine's measured events/s for FreshFor.
+	FreshFor  time.Duration
+	FreshLoad float64
+	// BatchMaxRecords and BatchMaxWait configure the engine (0: the
+	// engine's defaults, as `projector run` has them).
+	BatchMaxRecords int
+	BatchMaxWait    time.Duration
+	CopyConns       int
+	Seed            uint64
+	// ProfileDir, when set, receives a CPU profile of every engine child
+	// (<mode>.pprof) for `go tool pprof`.
+	ProfileDir string
+	// KeepSchemas leaves the runs' Postgres schemas in place (for EXPLAIN).
+	KeepSchemas bool
+	LogLevel    string
+	// Spawn returns the command that starts a child running the given
+	// arguments of this program (`bench --worker <spec>`).
+	Spawn func(args []string) *exec.Cmd
+	// Log receives progress lines; ChildStderr the children's logs.
+	Log         io.Writer
+	ChildStderr io.Writer
+}
+
+// ModeFreshness is the freshness run (an engine fold run at a steady
+// arrival rate).
+const ModeFreshness = "freshness"
+
+// AllModes are the rows of a full run, in order.
+var AllModes = []string{ModeLimit, ModeEngineSnapshot, ModeEngineFold, ModeNaive, ModeWatermill, ModeFreshness}
+
+// Sample is one child run.
+type Sample struct {
+	Mode       string
+	Result     WorkerResult
+	PGCPU      *float64 // nil: /proc of the backends not readable
+	PGCPUNote  string
+	PeakRSSMB  float64
+	RSSSamples []float64 // every 250 ms through the window
+	Check      error
+}
+
+// EPS is the sample's events per second.
+func (s *Sample) EPS() float64 {
+	if s.Result.Seconds <= 0 {
+		return 0
+	}
+	return float64(s.Result.Events) / s.Result.Seconds
+}
+
+// dataset is a generated stream produced to its own topic.
+type dataset struct {
+	topic      string
+	opts       GenOptions
+	records    []demo.Record
+	partOf     []int32
+	offOf      []int64
+	end        map[int32]int64
+	valueBytes float64 // mean value size
+	exp        demo.Expected
+}
+
+// bench is one Run's shared state.
+type bench struct {
+	cfg      Config
+	admin    *pgxpool.Pool
+	brokers  []string
+	regURL   string
+	reg      *sr.Client
+	schemaID int
+	prod     *kgo.Client
+	adm      *kadm.Client
+	topics   []string
+	tmp      string
+	runID    string
+}
+
+func (b *bench) logf(format string, args ...any) {
+	if b.cfg.Log != nil {
+		fmt.Fprintf(b.cfg.Log, "bench: "+format+"\n", args...)
+	}
+}
+
+// Run runs the benchmark and returns its report. A run whose result
+// differs from the reference fold does not stop the others: it is marked
+// in its row and Report.Failed, and Run returns the report with an error.
+func Run(ctx context.Context, cfg Config) (*Report, error) {
+	if err := cfg.defaults(); err != nil {
+		return nil, err
+	}
+	b := &bench{cfg: cfg, runID: fmt.Sprintf("%06x", rand.Uint32()&0xffffff)}
+	var err error
+	if b.tmp, err = os.MkdirTemp("", "projector-bench-"); err != nil {
+		return nil, err
+	}
+	defer os.RemoveAll(b.tmp)
+	if b.admin, err = pgxpool.New(ctx, cfg.DatabaseURL); err != nil {
+		return nil, fmt.Errorf("--database-url: %w", err)
+	}
+	defer b.admin.Close()
+	pctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	err = b.admin.Ping(pctx)
+	cancel()
+	if err != nil {
+		return nil, fmt.Errorf("cannot connect to PostgreSQL (--database-url): %w", err)
+	}
+	rep := &Report{Settings: Settings{
+		Events: cfg.Events, Aggregates: cfg.Aggregates[0], Partitions: cfg.Partitions, Skew: cfg.Skew,
+		Runs: cfg.Runs, CPUs: runtime.NumCPU(), GoVersion: runtime.Version(),
+		TimeLimitSeconds: cfg.TimeLimit.Seconds(), BatchMaxRecords: cfg.BatchMaxRecords, BatchMaxWaitMS: float64(cfg.BatchMaxWait) / 1e6,
+		CopyConns: cfg.CopyConns,
+	}}
+	_ = b.admin.QueryRow(ctx, `SELECT current_setting('server_version'), current_setting('fsync'), current_setting('synchronous_commit'), current_setting('shared_buffers')`).
+		Scan(&rep.Settings.Postgres, &rep.Settings.Fsync, &rep.Settings.SyncCommit, &rep.Settings.SharedBuffers)
+	if u, err := url.Parse(cfg.DatabaseURL); err == nil {
+		rep.Settings.Database = u.Host + u.Path
+	}
+
+	if len(cfg.Brokers) == 0 {
+		cluster, err := kfake.NewCluster(kfake.NumBrokers(1))
+		if err != nil {
+			return nil, fmt.Errorf("start embedded broker: %w", err)
+		}
+		defer cluster.Close()
+		b.brokers = cluster.ListenAddrs()
+		rep.Settings.Kafka = "embedded kfake (in the parent process)"
+	} else {
+		b.brokers = cfg.Brokers
+		rep.Settings.Kafka = strings.Join(cfg.Brokers, ",")
+	}
+	registry := srfake.New()
+	defer registry.Close()
+	b.regURL = registry.URL()
+	if b.reg, err = sr.NewClient(sr.URLs(b.regURL)); err != nil {
+		return nil, err
+	}
+	if b.prod, err = kgo.NewClient(kgo.SeedBrokers(b.brokers...), kgo.ProducerLinger(5*time.Millisecond),
+		kgo.MaxBufferedRecords(100_000), kgo.ProducerBatchMaxBytes(1<<20)); err != nil {
+		return nil, err
+	}
+	defer b.prod.Close()
+	b.adm = kadm.NewClient(b.prod)
+	defer b.deleteTopics()
+
+	main, err := b.dataset(ctx, cfg.Aggregates[0], cfg.Events, cfg.Seed, "main")
+	if err != nil {
+		return nil, err
+	}
+	rep.Settings.ValueBytes = main.valueBytes
+	rep.Settings.Distinct = len(main.exp.Accounts) + main.exp.Deleted
+
+	samples := map[string][]*Sample{}
+	has := func(m string) bool { return slices.Contains(cfg.Modes, m) }
+	for run := 1; run <= cfg.Runs; run++ {
+		for _, mode := range []string{ModeLimit, ModeEngineSnapshot, ModeEngineFold, ModeNaive, ModeWatermill} {
+			if !has(mode) {
+				continue
+			}
+			b.logf("run %d/%d: %s", run, cfg.Runs, mode)
+			s, err := b.runThroughput(ctx, mode, main)
+			if err != nil {
+				if mode == ModeWatermill {
+					rep.NotRun = append(rep.NotRun, NotRun{Mode: mode, Reason: err.Error()})
+					b.logf("watermill: not run: %v", err)
+					cfg.Modes = slices.DeleteFunc(cfg.Modes, func(m string) bool { return m == ModeWatermill })
+					continue
+				}
+				return nil, fmt.Errorf("%s: %w", mode, err)
+			}
+			if s.Check != nil {
+				b.logf("%s: FAILED the reference check: %v", mode, s.Check)
+			}
+			b.logf("%s: %d events in %.1fs = %.0f events/s", mode, s.Result.Events, s.Result.Seconds, s.EPS())
+			samples[mode] = append(samples[mode], s)
+		}
+	}
+	for _, mode := range []string{ModeLimit, ModeEngineSnapshot, ModeEngineFold, ModeNaive, ModeWatermill} {
+		if ss := samples[mode]; len(ss) > 0 {
+			rep.add(mode, median(ss), len(main.records))
+		}
+	}
+
+	if has(ModeFreshness) {
+		var maxEPS float64
+		if r := rep.row(ModeEngineFold); r != nil {
+			maxEPS = r.EventsPerSec
+		} else {
+			s, err := b.runThroughput(ctx, ModeEngineFold, main)
+			if err != nil {
+				return nil, err
+			}
+			maxEPS = s.EPS()
+		}
+		b.logf("freshness: producing at %.0f events/s for %s", maxEPS*cfg.FreshLoad, cfg.FreshFor)
+		fr, err := b.runFreshness(ctx, main, maxEPS*cfg.FreshLoad)
+		if err != nil {
+			return nil, fmt.Errorf("freshness: %w", err)
+		}
+		rep.Freshness = fr
+		if r := rep.row(ModeEngineFold); r != nil {
+			r.FreshP50MS, r.FreshP99MS = &fr.P50MS, &fr.P99MS
+		}
+		if fr.Check != "ok" {
+			rep.Failed = append(rep.Failed, "freshness run: "+fr.Check)
+		}
+	}
+
+	if len(cfg.Aggregates) > 1 {
+		rep.Scaling = append(rep.Scaling, ScalePoint{Aggregates: cfg.Aggregates[0], Events: cfg.Events})
+		if r := rep.row(ModeEngineFold); r != nil {
+			rep.Scaling[0].EventsPerSec = r.EventsPerSec
+			rep.Scaling[0].RowWrites = r.RowWrites
+		}
+		for i, size := range cfg.Aggregates[1:] {
+			ds, err := b.dataset(ctx, size, cfg.Events, cfg.Seed+uint64(i)+1, fmt.Sprintf("a%d", size))
+			if err != nil {
+				return nil, err
+			}
+			var ss []*Sample
+			for run := 1; run <= cfg.Runs; run++ {
+				b.logf("scaling: %d aggregates, run %d/%d", size, run, cfg.Runs)
+				s, err := b.runThroughput(ctx, ModeEngineFold, ds)
+				if err != nil {
+					return nil, fmt.Errorf("scaling %d aggregates: %w", size, err)
+				}
+				ss = append(ss, s)
+			}
+			s := median(ss)
+			p := ScalePoint{Aggregates: size, Events: cfg.Events, EventsPerSec: s.EPS(), RowWrites: s.Result.RowWrites, Check: "ok"}
+			if s.Check != nil {
+				p.Check = "FAILED: " + s.Check.Error()
+				rep.Failed = append(rep.Failed, fmt.Sprintf("engine fold over %d aggregates: %v", size, s.Check))
+			}
+			rep.Scaling = append(rep.Scaling, p)
+			ds.records = nil
+		}
+		if r := rep.row(ModeEngineFold); r != nil {
+			rep.Scaling[0].Check = r.Check
+		}
+	}
+	rep.finish()
+	if len(rep.Failed) > 0 {
+		return rep, fmt.Errorf("reference check failed: %s", strings.Join(rep.Failed, "; "))
+	}
+	return rep, nil
+}
+
+func (c *Config) defaults() error {
+	if c.Events < 1 {
+		return errors.New("--events must be at least 1")
+	}
+	if len(c.Aggregates) == 0 {
+		c.Aggregates = []int{100_000}
+	}
+	for _, a := range c.Aggregates {
+		if a < 1 {
+			return errors.New("--aggregates: every size must be at least 1")
+		}
+	}
+	if c.Partitions < 1 {
+		return errors.New("--partitions must be at least 1")
+	}
+	switch c.Skew {
+	case "", "none":
+		c.Skew = SkewUniform
+	case SkewUniform, SkewZipf:
+	default:
+		return fmt.Errorf("--skew %q: want uniform or zipf", c.Skew)
+	}
+	if c.Runs < 1 {
+		c.Runs = 1
+	}
+	if len(c.Modes) == 0 {
+		c.Modes = AllModes
+	}
+	for _, m := range c.Modes {
+		if !slices.Contains(AllModes, m) {
+			return fmt.Errorf("--modes: %q: want some of %s", m, strings.Join(AllModes, ","))
+		}
+	}
+	if c.TimeLimit <= 0 {
+		c.TimeLimit = 15 * time.Second
+	}
+	if c.FreshFor <= 0 {
+		c.FreshFor = 10 * time.Second
+	}
+	if c.FreshLoad <= 0 {
+		c.FreshLoad = 0.25
+	}
+	if c.BatchMaxRecords <= 0 {
+		c.BatchMaxRecords = 1000
+	}
+	if c.BatchMaxWait <= 0 {
+		c.BatchMaxWait = 50 * time.Millisecond
+	}
+	if c.CopyConns <= 0 {
+		c.CopyConns = 1
+	}
+	if c.ValueBytes <= 0 {
+		c.ValueBytes = 200
+	}
+	if c.Seed == 0 {
+		c.Seed = 1
+	}
+	if c.Spawn == nil {
+		return errors.New("bench: Config.Spawn is required")
+	}
+	return nil
+}
+
+// dataset generates a stream and produces it to a topic of its own.
+func (b *bench) dataset(ctx context.Context, aggregates, events int, seed uint64, name string) (*dataset, error) {
+	ds := &dataset{opts: GenOptions{Events: events, Aggregates: aggregates, Skew: b.cfg.Skew, CloseEvery: DefaultCloseEvery, Seed: seed}}
+	began := time.Now()
+	var err error
+	if ds.records, err = Generate(ds.opts); err != nil {
+		return nil, err
+	}
+	ds.exp = demo.Fold(ds.records)
+	if ds.topic, err = b.topic(ctx, name); err != nil {
+		return nil, err
+	}
+	b.logf("%s: %d events over %d aggregates generated; producing to %s", name, events, aggregates, ds.topic)
+	ds.partOf = make([]int32, len(ds.records))
+	ds.offOf = make([]int64, len(ds.records))
+	var (
+		mu       sync.Mutex
+		firstErr error
+		total    int64
+	)
+	const chunk = 20_000
+	for start := 0; start < len(ds.records); start += chunk {
+		recs := ds.records[start:min(start+chunk, len(ds.records))]
+		arena := make([]byte, 0, len(recs)*(b.cfg.ValueBytes+8))
+		for i, r := range recs {
+			from := len(arena)
+			arena = AppendValue(arena, b.schemaID, r.Event, b.cfg.ValueBytes)
+			total += int64(len(arena) - from)
+			idx := start + i
+			rec := &kgo.Record{Topic: ds.topic, Key: []byte(r.Key), Value: arena[from:len(arena):len(arena)]}
+			b.prod.Produce(ctx, rec, func(r *kgo.Record, err error) {
+				if err != nil {
+					mu.Lock()
+					if firstErr == nil {
+						firstErr = err
+					}
+					mu.Unlock()
+					return
+				}
+				ds.partOf[idx], ds.offOf[idx] = r.Partition, r.Offset
+			})
+		}
+	}
+	if err := b.prod.Flush(ctx); err != nil {
+		return nil, err
+	}
+	if firstErr != nil {
+		return nil, fmt.Errorf("produce: %w", firstErr)
+	}
+	ds.valueBytes = float64(total) / float64(max(1, len(ds.records)))
+	if ds.end, err = demo.EndOffsets(ctx, b.adm, ds.topic); err != nil {
+		return nil, err
+	}
+	b.logf("%s: %d events produced in %.1fs (values %.0f bytes on average)", name, len(ds.records), time.Since(began).Seconds(), ds.valueBytes)
+	return ds, nil
+}
+
+// topic creates a topic of the run and registers the writer schema under
+// its value subject.
+func (b *bench) topic(ctx context.Context, name string) (string, error) {
+	t := fmt.Sprintf("projector-bench-%s-%s", b.runID, name)
+	if _, err := b.adm.CreateTopic(ctx, int32(b.cfg.Partitions), -1, nil, t); err != nil {
+		return "", fmt.Errorf("create topic %s: %w", t, err)
+	}
+	b.topics = append(b.topics, t)
+	ss, err := b.reg.CreateSchema(ctx, t+"-value", sr.Schema{Schema: WriterSchema, Type: sr.TypeAvro})
+	if err != nil {
+		return "", fmt.Errorf("register writer schema: %w", err)
+	}
+	b.schemaID = ss.ID
+	return t, nil
+}
+
+func (b *bench) deleteTopics() {
+	if len(b.topics) == 0 || len(b.cfg.Brokers) == 0 {
+		return // the embedded cluster goes away as a whole
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	_, _ = b.adm.DeleteTopics(ctx, b.topics...)
+}
+
+// runThroughput runs one mode over a produced dataset and checks its result
+// against the reference fold.
+func (b *bench) runThroughput(ctx context.Context, mode string, ds *dataset) (*Sample, error) {
+	spec := WorkerSpec{
+		Mode: mode, Topic: ds.topic, Partitions: b.cfg.Partitions, End: ds.end,
+		BatchMaxRecords: b.cfg.BatchMaxRecords, BatchMaxWait: b.cfg.BatchMaxWait,
+		TimeLimit: b.cfg.TimeLimit, Gen: ds.opts, ValueBytes: b.cfg.ValueBytes, CopyConns: b.cfg.CopyConns,
+	}
+	if b.cfg.ProfileDir != "" && (mode == ModeEngineFold || mode == ModeEngineSnapshot) {
+		spec.CPUProfile = filepath.Join(b.cfg.ProfileDir, mode+".pprof")
+	}
+	return b.runChild(ctx, spec, nil, func(ctx context.Context, pool *pgxpool.Pool, res *WorkerResult) error {
+		return b.check(ctx, pool, mode, ds, res)
+	})
+}
+
+// runChild runs one child process: it gives it a fresh schema, starts its
+// window once it is ready, samples its RSS, reads the CPU time of its
+// Postgres backends before and after, and checks the result. during, if
+// set, runs once the window has started (the freshness producer).
+func (b *bench) runChild(ctx context.Context, spec WorkerSpec, during func(ctx context.Context, started <-chan struct{}, send func(command) error) error,
+	check func(ctx context.Context, pool *pgxpool.Pool, res *WorkerResult) error) (*Sample, error) {
+	schema := fmt.Sprintf("bench_%s_%s_%x", b.runID, strings.ReplaceAll(spec.Mode, "-", "_"), rand.Uint32()&0xffff)
+	if _, err := b.admin.Exec(ctx, "CREATE SCHEMA "+schema); err != nil {
+		return nil, fmt.Errorf("create schema: %w", err)
+	}
+	if !b.cfg.KeepSchemas {
+		defer func() {
+			dctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), time.Minute)
+			defer cancel()
+			_, _ = b.admin.Exec(dctx, "DROP SCHEMA "+schema+" CASCADE")
+		}()
+	} else {
+		b.logf("%s: schema %s kept", spec.Mode, schema)
+	}
+	u, err := url.Parse(b.cfg.DatabaseURL)
+	if err != nil {
+		return nil, err
+	}
+	q := u.Query()
+	q.Set("search_path", schema)
+	q.Set("application_name", schema)
+	u.RawQuery = q.Encode()
+	spec.DatabaseURL = u.String()
+	spec.Brokers = b.brokers
+	spec.RegistryURL = b.regURL
+	spec.LogLevel = b.cfg.LogLevel
+	if spec.Identity == "" {
+		spec.Identity = schema
+	}
+	raw, err := json.Marshal(spec)
+	if err != nil {
+		return nil, err
+	}
+	cmd := b.cfg.Spawn([]string{"bench", "--worker", string(raw)})
+	stdin, err := cmd.StdinPipe()
+	if err != nil {
+		return nil, err
+	}
+	stdout, err := cmd.StdoutPipe()
+	if err != nil {
+		return nil, err
+	}
+	if b.cfg.ChildStderr != nil {
+		cmd.Stderr = b.cfg.ChildStderr
+	}
+	if err := cmd.Start(); err != nil {
+		return nil, fmt.Errorf("start child: %w", err)
+	}
+	exited := false
+	defer func() {
+		if !exited {
+			_ = cmd.Process.Kill()
+			_ = cmd.Wait()
+		}
+	}()
+	var sendMu sync.Mutex
+	enc := json.NewEncoder(stdin)
+	send := func(c command) error {
+		sendMu.Lock()
+		defer sendMu.Unlock()
+		return enc.Encode(c)
+	}
+	msgs := make(chan wireMsg, 4)
+	go func() {
+		defer close(msgs)
+		sc := bufio.NewScanner(stdout)
+		sc.Buffer(make([]byte, 1<<20), 1<<28)
+		for sc.Scan() {
+			var m wireMsg
+			if err := json.Unmarshal(sc.Bytes(), &m); err == nil && m.Event != "" {
+				msgs <- m
+			}
+		}
+	}()
+	next := func(timeout time.Duration) (wireMsg, error) {
+		select {
+		case m, ok := <-msgs:
+			if !ok {
+				return wireMsg{}, errors.New("child exited without a result (its log is above)")
+			}
+			if m.Event == "error" {
+				return m, errors.New(m.Error)
+			}
+			return m, nil
+		case <-time.After(timeout):
+			return wireMsg{}, fmt.Errorf("child silent for %s", timeout)
+		case <-ctx.Done():
+			return wireMsg{}, ctx.Err()
+		}
+	}
+	if _, err := next(5 * time.Minute); err != nil {
+		return nil, err
+	}
+	s := &Sample{Mode: spec.Mode}
+	base, pgErr := readBackends(ctx, b.admin, schema)
+	if err := send(command{Cmd: "go"}); err != nil {
+		return nil, err
+	}
+	pid := cmd.Process.Pid
+	stopRSS := make(chan struct{})
+	rssDone := make(chan []float64, 1)
+	go func() {
+		var out []float64
+		t := time.NewTicker(250 * time.Millisecond)
+		defer t.Stop()
+		for {
+			select {
+			case <-stopRSS:
+				rssDone <- out
+				return
+			case <-t.C:
+				if mb, err := rssMB(pid); err == nil {
+					out = append(out, mb)
+				}
+			}
+		}
+	}()
+	duringErr := make(chan error, 1)
+	started := make(chan struct{})
+	dctx, cancelDuring := context.WithCancel(ctx)
+	defer cancelDuring()
+	if during != nil {
+		go func() { duringErr <- during(dctx, started, send) }()
+	} else {
+		duringErr <- nil
+	}
+	var m wireMsg
+	for {
+		m, err = next(time.Hour)
+		if err != nil || m.Event != "started" {
+			break
+		}
+		select {
+		case <-started:
+		default:
+			close(started)
+		}
+	}
+	cancelDuring()
+	close(stopRSS)
+	s.RSSSamples = <-rssDone
+	if err != nil {
+		return nil, err
+	}
+	if err := <-duringErr; err != nil {
+		return nil, err
+	}
+	s.Result = *m.Result
+	if pgErr == nil {
+		var after backendCPU
+		if after, pgErr = readBackends(ctx, b.admin, schema); pgErr == nil {
+			v := after.since(base)
+			s.PGCPU = &v
+		}
+	}
+	if pgErr != nil {
+		s.PGCPUNote = pgErr.Error()
+	}
+	if err := send(command{Cmd: "exit"}); err != nil {
+		return nil, err
+	}
+	stdin.Close()
+	werr := cmd.Wait()
+	exited = true
+	s.PeakRSSMB = s.Result.PeakRSSMB
+	if werr != nil {
+		return nil, fmt.Errorf("child: %w", werr)
+	}
+	pool, err := pgxpool.New(ctx, spec.DatabaseURL)
+	if err != nil {
+		return nil, err
+	}
+	defer pool.Close()
+	s.Check = check(ctx, pool, &s.Result)
+	return s, nil
+}
+
+// median returns the sample with the median events/s (the lower middle one
+// for an even count).
+func median(ss []*Sample) *Sample {
+	sorted := slices.Clone(ss)
+	slices.SortFunc(sorted, func(a, b *Sample) int {
+		switch {
+		case a.EPS() < b.EPS():
+			return -1
+		case a.EPS() > b.EPS():
+			return 1
+		}
+		return 0
+	})
+	return sorted[(len(sorted)-1)/2]
+}

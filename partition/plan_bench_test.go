@@ -1,0 +1,158 @@
+package partition
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"log/slog"
+	"runtime"
+	"testing"
+	"time"
+
+	"github.com/twmb/franz-go/pkg/kgo"
+	"github.com/twmb/franz-go/pkg/sr"
+	"github.com/twmb/franz-go/pkg/sr/srfake"
+
+	"github.com/projector-dev/projector/internal/demo"
+	"github.com/projector-dev/projector/projection"
+	"github.com/projector-dev/projector/schemas"
+)
+
+// benchBatch is one batch as a worker sees it: 1000 records of the demo's
+// accounts stream, 200 accounts with 5 consecutive versions each,
+// interleaved; half of the accounts already have a row.
+type benchBatch struct {
+	w     *Worker
+	recs  []*kgo.Record
+	state State
+}
+
+const benchBatchSize = 1000
+
+func newBenchBatch(b *testing.B) *benchBatch {
+	b.Helper()
+	ctx := context.Background()
+	reg := srfake.New()
+	b.Cleanup(reg.Close)
+	cl, err := sr.NewClient(sr.URLs(reg.URL()))
+	if err != nil {
+		b.Fatal(err)
+	}
+	enc, err := demo.RegisterSchemas(ctx, cl)
+	if err != nil {
+		b.Fatal(err)
+	}
+	projs, err := projection.Parse(demo.Projections, ".")
+	if err != nil {
+		b.Fatal(err)
+	}
+	p := projs[0]
+	const accounts, versions = 200, 5
+	bb := &benchBatch{state: State{Rows: map[string]projection.Row{}, Versions: map[string]int64{}}}
+	at := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
+	for v := 1; v <= versions; v++ {
+		for a := 0; a < accounts; a++ {
+			id := fmt.Sprintf("acc-%07d", a)
+			base := int64(0)
+			if a%2 == 0 { // has a row at version 10 already
+				base = 10
+			}
+			ev := demo.Event{AccountID: id, Version: base + int64(v), Type: "Deposited", Amount: int64(a + v), OccurredAt: at}
+			if base == 0 && v == 1 {
+				ev.Type, ev.Owner = "AccountOpened", "owner "+id
+			}
+			value, err := enc.Encode(demo.Record{Key: id, Event: ev})
+			if err != nil {
+				b.Fatal(err)
+			}
+			bb.recs = append(bb.recs, &kgo.Record{Key: []byte(id), Value: value, Offset: int64(len(bb.recs)), Timestamp: at})
+		}
+	}
+	for a := 0; a < accounts; a += 2 {
+		id := fmt.Sprintf("acc-%07d", a)
+		bb.state.Rows[id] = projection.Row{"account_id": id, "owner": "owner " + id, "balance": int64(100), "opened_at": at.Format(time.RFC3339Nano)}
+		bb.state.Versions[id] = 10
+	}
+	log := slog.New(slog.NewTextHandler(io.Discard, nil))
+	dec := schemas.NewDecoder(cl, enc.ReaderSchema())
+	bb.w = NewWorker(Config{}, "bench", Claim{TP: TP{Topic: demo.Topic}}, p, nil, dec, nil, nil, log, nil)
+	return bb
+}
+
+func (bb *benchBatch) items(b *testing.B) []*item {
+	items := make([]*item, len(bb.recs))
+	for i, r := range bb.recs {
+		items[i] = recordItem(r)
+	}
+	if err := bb.w.decodeAll(context.Background(), items); err != nil {
+		b.Fatal(err)
+	}
+	return items
+}
+
+// perEvent reports time, allocations and bytes per event of the batch.
+func perEvent(b *testing.B, events int, f func()) {
+	b.Helper()
+	var before, after runtime.MemStats
+	runtime.ReadMemStats(&before)
+	n := 0
+	for b.Loop() {
+		f()
+		n++
+	}
+	runtime.ReadMemStats(&after)
+	total := float64(n * events)
+	b.ReportMetric(float64(b.Elapsed().Nanoseconds())/total, "ns/event")
+	b.ReportMetric(float64(after.Mallocs-before.Mallocs)/total, "allocs/event")
+	b.ReportMetric(float64(after.TotalAlloc-before.TotalAlloc)/total, "B/event")
+}
+
+// BenchmarkPlan is the plan step of a batch: the version gate and the fold
+// of 1000 decoded events into the rows to write.
+func BenchmarkPlan(b *testing.B) {
+	bb := newBenchBatch(b)
+	items := bb.items(b)
+	ctx := context.Background()
+	ch, out, err := bb.w.plan(ctx, items, bb.state, map[string]string{}, false)
+	if err != nil || out.applied != benchBatchSize || len(ch.Upserts) != 200 {
+		b.Fatalf("plan: %v, %d applied, %d upserts", err, out.applied, len(ch.Upserts))
+	}
+	b.ReportAllocs()
+	perEvent(b, benchBatchSize, func() {
+		if _, _, err := bb.w.plan(ctx, items, bb.state, map[string]string{}, false); err != nil {
+			b.Fatal(err)
+		}
+	})
+}
+
+// BenchmarkDecodeItems is the decode step of a batch: records to items,
+// decoded through the registry-backed decoder (schema cached).
+func BenchmarkDecodeItems(b *testing.B) {
+	bb := newBenchBatch(b)
+	bb.items(b) // warm the schema cache
+	b.ReportAllocs()
+	perEvent(b, benchBatchSize, func() { bb.items(b) })
+}
+
+// BenchmarkBatchGoSide is everything a worker does in Go for one batch
+// besides Postgres: records to items, decode, the batch's keys, plan.
+func BenchmarkBatchGoSide(b *testing.B) {
+	bb := newBenchBatch(b)
+	bb.items(b)
+	ctx := context.Background()
+	b.ReportAllocs()
+	perEvent(b, benchBatchSize, func() {
+		items := bb.items(b)
+		keys := make([]string, 0, len(items))
+		seen := make(map[string]bool, len(items))
+		for _, it := range items {
+			if !seen[it.key] {
+				seen[it.key] = true
+				keys = append(keys, it.key)
+			}
+		}
+		if _, _, err := bb.w.plan(ctx, items, bb.state, map[string]string{}, false); err != nil {
+			b.Fatal(err)
+		}
+	})
+}
