@@ -145,7 +145,9 @@ func createTableSQL(p *projection.Projection) string {
 		}
 		b.WriteString(",\n")
 	}
-	b.WriteString("\tversion bigint NOT NULL\n)")
+	// Room on each page for updated row versions: upserts can then stay
+	// heap-only (no index update) and write less WAL.
+	b.WriteString("\tversion bigint NOT NULL\n) WITH (fillfactor = 80)")
 	return b.String()
 }
 

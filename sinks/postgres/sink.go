@@ -67,12 +67,12 @@ func rowSQL(p *projection.Projection) (load, upsert, del string) {
 	n := len(p.Columns)
 	sets = append(sets, "version = excluded.version")
 
-	load = fmt.Sprintf(`SELECT k.key, t.version, d.version, %s
+	// Rows and tombstones are looked up by separate index probes: a join
+	// of both kept in a cached plan degrades with the tombstone count.
+	load = fmt.Sprintf(`SELECT k.key, t.version, %s
 		FROM unnest($1::text[]) AS k(key)
-		LEFT JOIN %s t ON t.%s = k.key::%s
-		LEFT JOIN projector_tombstones d ON d.table_name = $2 AND d.key = k.key
-		WHERE t.%s IS NOT NULL OR d.key IS NOT NULL`,
-		strings.Join(sel, ", "), table, keyCol, key.Type, keyCol)
+		JOIN %s t ON t.%s = k.key::%s`,
+		strings.Join(sel, ", "), table, keyCol, key.Type)
 	upsert = fmt.Sprintf(`INSERT INTO %s (%s, version)
 		SELECT %s, u.version FROM unnest(%s, $%d::bigint[]) AS u(%s, version)
 		ON CONFLICT (%s) DO UPDATE SET %s WHERE %s.version < excluded.version`,
@@ -84,6 +84,11 @@ func rowSQL(p *projection.Projection) (load, upsert, del string) {
 }
 
 const (
+	tombstoneLoadSQL = `SELECT key, version FROM projector_tombstones WHERE table_name = $1 AND key = ANY($2::text[])`
+	// customPlans makes each statement of the batch transaction planned for
+	// its actual parameters: a generic plan cached while the tables were
+	// small would stay in use as they grow.
+	customPlans   = `SET LOCAL plan_cache_mode = force_custom_plan`
 	parkedLoadSQL = `SELECT key, version, "offset", record_key, value, headers, record_time
 		FROM projector_parked
 		WHERE identity = $1 AND topic = $2 AND partition = $3 AND key = ANY($4::text[])`
@@ -243,14 +248,15 @@ func (s *Sink) load(ctx context.Context, tx pgx.Tx, tp partition.TP, keys, parke
 	}
 	b := &pgx.Batch{}
 	cols := s.p.Columns
-	b.Queue(s.loadSQL, keys, s.p.Table).Query(func(rows pgx.Rows) error {
+	b.Queue(customPlans)
+	b.Queue(s.loadSQL, keys).Query(func(rows pgx.Rows) error {
 		var (
-			key        string
-			rowV, delV *int64
-			texts      = make([]*string, len(cols))
-			dest       = make([]any, 0, 3+len(cols))
+			key   string
+			rowV  int64
+			texts = make([]*string, len(cols))
+			dest  = make([]any, 0, 2+len(cols))
 		)
-		dest = append(dest, &key, &rowV, &delV)
+		dest = append(dest, &key, &rowV)
 		for i := range texts {
 			dest = append(dest, &texts[i])
 		}
@@ -258,23 +264,29 @@ func (s *Sink) load(ctx context.Context, tx pgx.Tx, tp partition.TP, keys, parke
 			if err := rows.Scan(dest...); err != nil {
 				return err
 			}
-			var v int64
-			if delV != nil {
-				v = *delV
-			}
-			if rowV != nil {
-				row := make(projection.Row, len(cols))
-				for i, c := range cols {
-					val, err := c.DecodeText(texts[i])
-					if err != nil {
-						return fmt.Errorf("row %q: %w", key, err)
-					}
-					row[c.Name] = val
+			row := make(projection.Row, len(cols))
+			for i, c := range cols {
+				val, err := c.DecodeText(texts[i])
+				if err != nil {
+					return fmt.Errorf("row %q: %w", key, err)
 				}
-				st.Rows[key] = row
-				v = max(v, *rowV)
+				row[c.Name] = val
 			}
-			st.Versions[key] = v
+			st.Rows[key] = row
+			st.Versions[key] = max(st.Versions[key], rowV)
+		}
+		return rows.Err()
+	})
+	b.Queue(tombstoneLoadSQL, s.p.Table, keys).Query(func(rows pgx.Rows) error {
+		var (
+			key string
+			v   int64
+		)
+		for rows.Next() {
+			if err := rows.Scan(&key, &v); err != nil {
+				return err
+			}
+			st.Versions[key] = max(st.Versions[key], v)
 		}
 		return rows.Err()
 	})
