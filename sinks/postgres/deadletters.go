@@ -358,4 +358,3 @@ func DepthByProjection(ctx context.Context, pool *pgxpool.Pool, identity string)
 	}
 	return out, nil
 }
-
