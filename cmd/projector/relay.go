@@ -6,18 +6,14 @@ import (
 	"flag"
 	"fmt"
 	"io"
-	"net"
-	"net/http"
 	"time"
 
 	"github.com/peterbourgon/ff/v3/ffcli"
 	"github.com/twmb/franz-go/pkg/kgo"
 	"github.com/twmb/franz-go/pkg/sr"
 	"github.com/twmb/franz-go/plugin/kprom"
-	"golang.org/x/sync/errgroup"
 
 	"github.com/projector-dev/projector/outbox"
-	"github.com/projector-dev/projector/projector"
 )
 
 type relayFlags struct {
@@ -93,29 +89,7 @@ func relayCommand(_, stderr io.Writer) *ffcli.Command {
 			}
 			log.Info("outbox relay running", "shards", f.shards, "batch_size", f.batchSize, "poll_interval", f.pollInterval)
 
-			g, ctx := errgroup.WithContext(ctx)
-			if f.httpAddr != "" {
-				ln, err := net.Listen("tcp", f.httpAddr)
-				if err != nil {
-					return fmt.Errorf("--http-addr %s: %w", f.httpAddr, err)
-				}
-				srv := &http.Server{Handler: projector.Handler(metrics, r.Ready), ReadHeaderTimeout: 5 * time.Second}
-				log.Info("serving metrics and health", "addr", ln.Addr().String())
-				g.Go(func() error {
-					if err := srv.Serve(ln); !errors.Is(err, http.ErrServerClosed) {
-						return fmt.Errorf("http: %w", err)
-					}
-					return nil
-				})
-				g.Go(func() error {
-					<-ctx.Done()
-					sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
-					defer cancel()
-					return srv.Shutdown(sctx)
-				})
-			}
-			g.Go(func() error { return r.Run(ctx) })
-			return g.Wait()
+			return serve(ctx, log, f.httpAddr, metrics, r.Ready, r.Run)
 		})
 }
 

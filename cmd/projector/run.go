@@ -77,7 +77,7 @@ func runCommand(_, stderr io.Writer) *ffcli.Command {
 				return err
 			}
 			log.Info("projector running", "identity", f.identity, "config", f.config)
-			return serve(ctx, log, f.httpAddr, e, metrics)
+			return serve(ctx, log, f.httpAddr, metrics, e.Ready, e.Run)
 		})
 }
 
@@ -141,15 +141,16 @@ func readerSchemas(ctx context.Context, reg *sr.Client, projs []*projection.Proj
 	return out, nil
 }
 
-// serve runs the engine with its HTTP surface until ctx ends.
-func serve(ctx context.Context, log *slog.Logger, httpAddr string, e *projector.Engine, reg *prometheus.Registry) error {
+// serve runs work (an engine or a relay) with its HTTP surface — metrics
+// from reg, readiness from ready — until ctx ends.
+func serve(ctx context.Context, log *slog.Logger, httpAddr string, reg prometheus.Gatherer, ready projector.ReadyFunc, work func(context.Context) error) error {
 	g, ctx := errgroup.WithContext(ctx)
 	if httpAddr != "" {
 		ln, err := net.Listen("tcp", httpAddr)
 		if err != nil {
 			return fmt.Errorf("--http-addr %s: %w", httpAddr, err)
 		}
-		srv := &http.Server{Handler: projector.Handler(reg, e.Ready), ReadHeaderTimeout: 5 * time.Second}
+		srv := &http.Server{Handler: projector.Handler(reg, ready), ReadHeaderTimeout: 5 * time.Second}
 		log.Info("serving metrics and health", "addr", ln.Addr().String())
 		g.Go(func() error {
 			if err := srv.Serve(ln); !errors.Is(err, http.ErrServerClosed) {
@@ -164,7 +165,7 @@ func serve(ctx context.Context, log *slog.Logger, httpAddr string, e *projector.
 			return srv.Shutdown(sctx)
 		})
 	}
-	g.Go(func() error { return e.Run(ctx) })
+	g.Go(func() error { return work(ctx) })
 	return g.Wait()
 }
 
