@@ -249,6 +249,10 @@ func (w *Worker) Run(ctx context.Context) error {
 		parked, err = w.sink.Parked(ctx, w.claim.TP)
 		return err
 	})
+	if errors.Is(err, errStopped) {
+		w.done()
+		return nil
+	}
 	if err != nil {
 		return err
 	}
@@ -291,6 +295,10 @@ func (w *Worker) Run(ctx context.Context) error {
 			err = w.process(ctx, j.recs)
 		}
 		if err != nil {
+			if errors.Is(err, errStopped) {
+				w.done()
+				return nil // revoked while backing off: the open batch is abandoned
+			}
 			if errors.Is(err, ErrFenced) {
 				w.metrics.fenced.Inc()
 				w.log.Warn("partition fenced: a newer owner claimed it; stopping this worker")
@@ -300,6 +308,9 @@ func (w *Worker) Run(ctx context.Context) error {
 		}
 	}
 }
+
+// errStopped ends a backoff when the worker is asked to stop.
+var errStopped = errors.New("worker stopped")
 
 // nextBatch waits for records and gathers up to BatchMaxRecords of them,
 // waiting at most BatchMaxWait after the first. ok is false when the worker
@@ -377,7 +388,7 @@ func (w *Worker) SkipTo(ctx context.Context, offset int64) error {
 	case <-ctx.Done():
 		return ctx.Err()
 	case <-w.stop:
-		return errors.New("worker stopped")
+		return errStopped
 	}
 	select {
 	case err := <-req.done:
@@ -448,6 +459,8 @@ func (w *Worker) backoff(ctx context.Context, attempt int, what string, cause er
 	select {
 	case <-ctx.Done():
 		return ctx.Err()
+	case <-w.stop:
+		return errStopped // a revocation must not wait out the delay
 	case <-t.C:
 		return nil
 	}

@@ -527,3 +527,34 @@ func TestPostgresRestart(t *testing.T) {
 		t.Error("Postgres restarted twice but no batch was retried")
 	}
 }
+
+// TestRevokeDuringBackoff revokes partitions from a member that is backing
+// off (the registry is down) with long delays: the revocation must not
+// wait out the delay, so a joining member gets its partitions promptly.
+func TestRevokeDuringBackoff(t *testing.T) {
+	opts := demo.DefaultOptions()
+	opts.Aggregates = 200
+	f := faultSetup(t, opts, 4)
+	f.produce(t, f.records)
+	f.down.Store(true)
+
+	slow := partition.Config{RetryBase: 2 * time.Second, RetryCap: time.Minute, ClassifyDecode: projector.ClassifyDecode}
+	regA := prometheus.NewRegistry()
+	stopA := run(t, f.engine(t, "revoke", projector.Config{Partition: slow, RevokeTimeout: time.Minute, Registerer: regA}))
+	waitFor(t, "member a to back off with long delays", 30*time.Second, func() bool {
+		return counter(t, regA, "projector_retries_total") >= 8 // two rounds per partition: delays now up to 8s
+	})
+	b := f.engine(t, "revoke", projector.Config{Partition: slow, RevokeTimeout: time.Minute})
+	joined := time.Now()
+	stopB := run(t, b)
+	waitFor(t, "member b to get partitions", 20*time.Second, func() bool { return len(b.Workers()) > 0 })
+	t.Logf("member b got partitions %.1fs after joining", time.Since(joined).Seconds())
+
+	// Both back off for up to a minute now; a member with short delays
+	// finishes the stream once the registry is back.
+	stopA()
+	stopB()
+	f.down.Store(false)
+	run(t, f.engine(t, "revoke", projector.Config{Partition: fastRetry}))
+	f.verify(t, "revoke")
+}
