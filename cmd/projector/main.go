@@ -1,5 +1,5 @@
 // Command projector turns Kafka event streams into versioned read models in
-// PostgreSQL. Subcommands: run, demo, migrate, status, dlq.
+// PostgreSQL. Subcommands: run, relay, demo, migrate, status, dlq, bench.
 //
 // Every flag can also be set through an environment variable: PROJECTOR_
 // followed by the flag name in upper case with dashes as underscores
