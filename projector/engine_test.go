@@ -34,33 +34,11 @@ type bundle struct {
 	end     map[int32]int64
 }
 
+// setup is a bundle whose generated stream is already produced.
 func setup(t *testing.T, opts demo.Options, partitions int) *bundle {
 	t.Helper()
-	ctx := context.Background()
-	b := &bundle{db: testenv.NewDB(t), kafka: testenv.Kafka(t, demo.Topic, partitions)}
-	_, b.reg = testenv.Registry(t)
-	var err error
-	if b.enc, err = demo.RegisterSchemas(ctx, b.reg); err != nil {
-		t.Fatal(err)
-	}
-	if b.projs, err = projection.Parse(demo.Projections, "."); err != nil {
-		t.Fatal(err)
-	}
-	if err := postgres.Migrate(ctx, b.db.Pool, b.projs...); err != nil {
-		t.Fatal(err)
-	}
-	b.records = demo.Generate(opts)
-	prod, err := kgo.NewClient(kgo.SeedBrokers(b.kafka.ListenAddrs()...))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer prod.Close()
-	if err := demo.Produce(ctx, prod, b.enc, b.records, nil); err != nil {
-		t.Fatal(err)
-	}
-	if b.end, err = demo.EndOffsets(ctx, kadm.NewClient(prod), demo.Topic); err != nil {
-		t.Fatal(err)
-	}
+	b := faultSetup(t, opts, partitions).bundle
+	b.produce(t, b.records)
 	return b
 }
 

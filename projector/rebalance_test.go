@@ -6,13 +6,9 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
-	"github.com/twmb/franz-go/pkg/kadm"
-	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/projector-dev/projector/internal/demo"
-	"github.com/projector-dev/projector/internal/testenv"
 	"github.com/projector-dev/projector/partition"
-	"github.com/projector-dev/projector/projection"
 	"github.com/projector-dev/projector/projector"
 	"github.com/projector-dev/projector/sinks/postgres"
 )
@@ -21,27 +17,9 @@ import (
 // flow, so partitions move with batches in flight; the table must still
 // equal the reference fold and nothing may be stored twice.
 func TestRebalancesWhileBatchesAreOpen(t *testing.T) {
-	ctx := context.Background()
-	b := &bundle{db: testenv.NewDB(t), kafka: testenv.Kafka(t, demo.Topic, 6)}
-	_, b.reg = testenv.Registry(t)
-	var err error
-	if b.enc, err = demo.RegisterSchemas(ctx, b.reg); err != nil {
-		t.Fatal(err)
-	}
-	if b.projs, err = projection.Parse(demo.Projections, "."); err != nil {
-		t.Fatal(err)
-	}
-	if err := postgres.Migrate(ctx, b.db.Pool, b.projs...); err != nil {
-		t.Fatal(err)
-	}
 	opts := demo.DefaultOptions()
 	opts.Aggregates, opts.Seed = 3000, 11
-	b.records = demo.Generate(opts)
-	prod, err := kgo.NewClient(kgo.SeedBrokers(b.kafka.ListenAddrs()...))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer prod.Close()
+	b := faultSetup(t, opts, 6).bundle
 
 	cfg := func(reg prometheus.Registerer) projector.Config {
 		return projector.Config{
@@ -63,9 +41,7 @@ func TestRebalancesWhileBatchesAreOpen(t *testing.T) {
 		if i == 4 {
 			part = b.records[i*chunk:]
 		}
-		if err := demo.Produce(ctx, prod, b.enc, part, nil); err != nil {
-			t.Fatal(err)
-		}
+		b.produce(t, part)
 	}
 	steps := []func(){
 		func() { start("a") },
@@ -77,9 +53,6 @@ func TestRebalancesWhileBatchesAreOpen(t *testing.T) {
 	for i, step := range steps {
 		produce(i)
 		step()
-	}
-	if b.end, err = demo.EndOffsets(ctx, kadm.NewClient(prod), demo.Topic); err != nil {
-		t.Fatal(err)
 	}
 	b.verify(t, "rebalance")
 
