@@ -26,8 +26,9 @@ type Event struct {
 type Row map[string]any
 
 // FoldFunc folds one event into the aggregate's state. state is nil when the
-// aggregate has no row (never seen, or deleted). Returning a nil Row deletes
-// the row. A returned error fails this event: wrap it with Terminal when
+// aggregate has no row (never seen, or deleted). It must not be modified
+// (the engine keeps it in its state cache): return a new Row. Returning a
+// nil Row deletes the row. A returned error fails this event: wrap it with Terminal when
 // retrying cannot help, so the event is dead-lettered.
 type FoldFunc func(state Row, ev Event) (Row, error)
 

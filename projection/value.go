@@ -195,3 +195,44 @@ func (c Column) DecodeText(s *string) (any, error) {
 	}
 	return *s, nil
 }
+
+// Stored returns v as reading it back from this column gives it: the Go
+// type of the column's kind (see Row), a real rounded to single precision.
+// Text values keep the text they were written in; Postgres may render some
+// types (timestamptz, numeric, jsonb) differently when they are read, with
+// the same meaning.
+func (c Column) Stored(v any) (any, error) {
+	single := c.Type == "real" || c.Type == "float4"
+	switch x := v.(type) {
+	case nil:
+		return nil, nil
+	case int64:
+		if c.Kind() == KindInt {
+			return x, nil
+		}
+	case float64:
+		if c.Kind() == KindFloat && !single {
+			return x, nil
+		}
+	case bool:
+		if c.Kind() == KindBool {
+			return x, nil
+		}
+	case string:
+		if c.Kind() == KindText {
+			return x, nil
+		}
+	}
+	t, err := c.EncodeText(v)
+	if err != nil || t == nil {
+		return nil, err
+	}
+	if single {
+		f, err := strconv.ParseFloat(*t, 32)
+		if err != nil {
+			return nil, fmt.Errorf("column %s: %q: %w", c.Name, *t, err)
+		}
+		return strconv.ParseFloat(strconv.FormatFloat(f, 'g', -1, 32), 64)
+	}
+	return c.DecodeText(t)
+}

@@ -55,6 +55,13 @@ type Config struct {
 	// Partition tunes the partition workers (batch size and wait, buffer,
 	// retry backoff).
 	Partition partition.Config
+	// StateCacheRows is how many aggregates' rows each projection keeps in
+	// memory, so that a batch reads from Postgres only the aggregates it
+	// has not seen recently (0: postgres.DefaultStateCacheRows; negative:
+	// no cache, every batch reads its aggregates). projector must be the
+	// only writer of its tables: a row changed behind its back is noticed
+	// (the batch is retried from Postgres) only when the version moved.
+	StateCacheRows int
 	// RevokeTimeout bounds how long a revoked partition's worker may take
 	// to finish its open batch before it is abandoned (default 10s).
 	RevokeTimeout time.Duration
@@ -194,7 +201,11 @@ func New(cfg Config, pool *pgxpool.Pool, decoderOf Decoders) (*Engine, error) {
 	var topics []string
 	for _, p := range cfg.Projections {
 		e.byTopic[p.Topic] = p
-		e.sinks[p.Topic] = postgres.NewSink(pool, cfg.Identity, p, cfg.DLQTopic)
+		sink := postgres.NewSink(pool, cfg.Identity, p, cfg.DLQTopic)
+		if cfg.StateCacheRows != 0 {
+			sink.SetStateCache(max(0, cfg.StateCacheRows))
+		}
+		e.sinks[p.Topic] = sink
 		e.decoders[p.Topic] = decoderOf(p)
 		topics = append(topics, p.Topic)
 		if p.OnGap != projection.GapRepair {
@@ -452,6 +463,13 @@ func (e *Engine) stop(tps map[string][]int32) {
 	e.mu.Unlock()
 	e.cl.ResumeFetchPartitions(tps)
 	e.wait(stopping)
+	for t, ps := range tps {
+		if f, ok := e.sinks[t].(interface{ Forget(partition.TP) }); ok {
+			for _, p := range ps {
+				f.Forget(partition.TP{Topic: t, Partition: p})
+			}
+		}
+	}
 }
 
 func (e *Engine) stopAll() {

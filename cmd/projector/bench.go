@@ -16,6 +16,7 @@ import (
 	"github.com/peterbourgon/ff/v3/ffcli"
 
 	"github.com/projector-dev/projector/internal/bench"
+	"github.com/projector-dev/projector/sinks/postgres"
 )
 
 type benchFlags struct {
@@ -33,6 +34,7 @@ type benchFlags struct {
 	freshFor        time.Duration
 	freshLoad       float64
 	batchMaxRecords int
+	stateCacheRows  int
 	batchMaxWait    time.Duration
 	copyConns       int
 	profileDir      string
@@ -70,6 +72,7 @@ func benchCommand(stdout, stderr io.Writer) *ffcli.Command {
 			fs.DurationVar(&f.freshFor, "fresh-for", 10*time.Second, "how long the freshness run produces")
 			fs.Float64Var(&f.freshLoad, "fresh-load", 0.25, "the freshness run's arrival rate, as a fraction of the fold engine's measured events/s")
 			fs.IntVar(&f.batchMaxRecords, "batch-max-records", 1000, "engine: most records in one batch transaction (as projector run)")
+			fs.IntVar(&f.stateCacheRows, "state-cache-rows", postgres.DefaultStateCacheRows, "engine: aggregates whose rows are kept in memory; 0 disables (as projector run)")
 			fs.DurationVar(&f.batchMaxWait, "batch-max-wait", 50*time.Millisecond, "engine: longest a batch waits for more records (as projector run)")
 			fs.IntVar(&f.copyConns, "copy-conns", 1, "limit: connections that COPY in parallel")
 			fs.StringVar(&f.profileDir, "cpuprofile-dir", "", "write a CPU profile of every engine run here (engine-fold.pprof, engine-snapshot.pprof)")
@@ -94,7 +97,8 @@ func runBench(ctx context.Context, f *benchFlags, stdout, stderr io.Writer) erro
 		Events: f.events, Partitions: f.partitions, Skew: f.skew, ValueBytes: f.valueBytes, Runs: f.runs,
 		DatabaseURL: f.databaseURL, TimeLimit: f.timeLimit, FreshFor: f.freshFor, FreshLoad: f.freshLoad,
 		BatchMaxRecords: f.batchMaxRecords, BatchMaxWait: f.batchMaxWait, CopyConns: f.copyConns,
-		ProfileDir: f.profileDir, KeepSchemas: f.keepSchemas, LogLevel: f.logLevel,
+		StateCacheRows: cacheRows(f.stateCacheRows),
+		ProfileDir:     f.profileDir, KeepSchemas: f.keepSchemas, LogLevel: f.logLevel,
 		Spawn: benchSpawn, Log: stderr, ChildStderr: stderr,
 	}
 	for _, a := range strings.Split(f.aggregates, ",") {

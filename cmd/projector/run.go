@@ -32,6 +32,7 @@ type runFlags struct {
 	httpAddr        string
 	startFrom       string
 	batchMaxRecords int
+	stateCacheRows  int
 	batchMaxWait    time.Duration
 	revokeTimeout   time.Duration
 	sessionTimeout  time.Duration
@@ -87,6 +88,7 @@ func (f *runFlags) register(fs *flag.FlagSet) {
 	fs.StringVar(&f.startFrom, "start-from", projector.StartEarliest, "where a partition without a stored offset starts: earliest or latest (PROJECTOR_START_FROM)")
 	fs.IntVar(&f.batchMaxRecords, "batch-max-records", 1000, "most records in one batch transaction (PROJECTOR_BATCH_MAX_RECORDS)")
 	fs.DurationVar(&f.batchMaxWait, "batch-max-wait", 50*time.Millisecond, "longest a batch waits for more records after its first (PROJECTOR_BATCH_MAX_WAIT)")
+	fs.IntVar(&f.stateCacheRows, "state-cache-rows", postgres.DefaultStateCacheRows, "aggregates per projection whose rows are kept in memory, so a batch reads only the others from Postgres; 0 disables (PROJECTOR_STATE_CACHE_ROWS)")
 	fs.DurationVar(&f.sessionTimeout, "session-timeout", 45*time.Second, "how long the group waits for a silent member before reassigning its partitions; Kafka's session.timeout.ms (PROJECTOR_SESSION_TIMEOUT)")
 	fs.StringVar(&f.instanceID, "instance-id", "", "static group membership id, e.g. the pod name of a StatefulSet; Kafka's group.instance.id (PROJECTOR_INSTANCE_ID)")
 	fs.IntVar(&f.maxAttempts, "max-attempts", 5, "attempts for an error that may succeed on retry (unknown schema id, fold error) before the record is dead-lettered (PROJECTOR_MAX_ATTEMPTS)")
@@ -102,6 +104,9 @@ func (f *runFlags) register(fs *flag.FlagSet) {
 func (f *runFlags) validate() error {
 	if f.batchMaxRecords < 1 {
 		return fmt.Errorf("--batch-max-records %d: must be at least 1", f.batchMaxRecords)
+	}
+	if f.stateCacheRows < 0 {
+		return fmt.Errorf("--state-cache-rows %d: must be 0 (off) or more", f.stateCacheRows)
 	}
 	if f.batchMaxWait <= 0 {
 		return fmt.Errorf("--batch-max-wait %s: must be positive", f.batchMaxWait)
@@ -217,6 +222,7 @@ func startEngine(ctx context.Context, f *runFlags, log *slog.Logger, pool *pgxpo
 			RetryCap:        f.retryCap,
 			UnreadyAfter:    f.unreadyAfter,
 		},
+		StateCacheRows: cacheRows(f.stateCacheRows),
 		DLQTopic:       f.dlqTopic,
 		OnOffsetLost:   f.onOffsetLost,
 		RevokeTimeout:  f.revokeTimeout,
@@ -227,4 +233,13 @@ func startEngine(ctx context.Context, f *runFlags, log *slog.Logger, pool *pgxpo
 	}, pool, func(p *projection.Projection) partition.Decoder {
 		return schemas.NewDecoder(reg, readers[p.Name])
 	})
+}
+
+// cacheRows maps the --state-cache-rows flag (0: off) to
+// projector.Config.StateCacheRows (0: the default, negative: off).
+func cacheRows(flag int) int {
+	if flag == 0 {
+		return -1
+	}
+	return flag
 }

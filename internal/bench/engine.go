@@ -131,8 +131,9 @@ func runEngine(ctx context.Context, e *runEnv) error {
 			BatchMaxWait:    spec.BatchMaxWait,
 			ClassifyDecode:  projector.ClassifyDecode,
 		},
-		Logger:     e.log,
-		Registerer: prometheus.NewRegistry(),
+		StateCacheRows: spec.StateCacheRows,
+		Logger:         e.log,
+		Registerer:     prometheus.NewRegistry(),
 	}, pool, func(*projection.Projection) partition.Decoder { return schemas.NewDecoder(reg, reader) })
 	if err != nil {
 		return err

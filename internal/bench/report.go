@@ -8,6 +8,8 @@ import (
 	"slices"
 	"strings"
 	"text/tabwriter"
+
+	"github.com/projector-dev/projector/sinks/postgres"
 )
 
 // Report is what `projector bench` prints, as a table or as JSON.
@@ -41,6 +43,7 @@ type Settings struct {
 	TimeLimitSeconds float64 `json:"naive_time_limit_seconds"`
 	BatchMaxRecords  int     `json:"batch_max_records"`
 	BatchMaxWaitMS   float64 `json:"batch_max_wait_ms"`
+	StateCacheRows   int     `json:"state_cache_rows"` // 0: the default, negative: off
 	CopyConns        int     `json:"copy_connections"`
 }
 
@@ -254,8 +257,15 @@ func (r *Report) Table(w io.Writer) error {
 			fmt.Fprintf(w, "pg cpu n/a for %s: %s\n", row.Name, row.PGCPUNote)
 		}
 	}
-	fmt.Fprintf(w, "engine: batch-max-records %d, batch-max-wait %.0fms, the pool as `projector run` opens it; limit: COPY over %d connection(s) into an append-only table.\n",
-		s.BatchMaxRecords, s.BatchMaxWaitMS, s.CopyConns)
+	cache := fmt.Sprintf("%d rows", s.StateCacheRows)
+	switch {
+	case s.StateCacheRows == 0:
+		cache = fmt.Sprintf("%d rows (default)", postgres.DefaultStateCacheRows)
+	case s.StateCacheRows < 0:
+		cache = "off"
+	}
+	fmt.Fprintf(w, "engine: batch-max-records %d, batch-max-wait %.0fms, state cache %s, the pool as `projector run` opens it; limit: COPY over %d connection(s) into an append-only table.\n",
+		s.BatchMaxRecords, s.BatchMaxWaitMS, cache, s.CopyConns)
 	fmt.Fprintln(w, "cpu: the consumer's own process (each run is a child process; the embedded broker and registry are in the parent) and the Postgres backends serving its connections, within the measured window.")
 	for _, mode := range []string{ModeEngineSnapshot, ModeEngineFold} {
 		row := r.row(mode)

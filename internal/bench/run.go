@@ -56,8 +56,11 @@ type Config struct {
 	// engine's defaults, as `projector run` has them).
 	BatchMaxRecords int
 	BatchMaxWait    time.Duration
-	CopyConns       int
-	Seed            uint64
+	// StateCacheRows is the engine's state cache (0: the default, as
+	// `projector run` has it; negative: off).
+	StateCacheRows int
+	CopyConns      int
+	Seed           uint64
 	// ProfileDir, when set, receives a CPU profile of every engine child
 	// (<mode>.pprof) for `go tool pprof`.
 	ProfileDir string
@@ -158,7 +161,8 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 		Events: cfg.Events, Aggregates: cfg.Aggregates[0], Partitions: cfg.Partitions, Skew: cfg.Skew,
 		Runs: cfg.Runs, CPUs: runtime.NumCPU(), GoVersion: runtime.Version(),
 		TimeLimitSeconds: cfg.TimeLimit.Seconds(), BatchMaxRecords: cfg.BatchMaxRecords, BatchMaxWaitMS: float64(cfg.BatchMaxWait) / 1e6,
-		CopyConns: cfg.CopyConns,
+		StateCacheRows: cfg.StateCacheRows,
+		CopyConns:      cfg.CopyConns,
 	}}
 	_ = b.admin.QueryRow(ctx, `SELECT current_setting('server_version'), current_setting('fsync'), current_setting('synchronous_commit'), current_setting('shared_buffers')`).
 		Scan(&rep.Settings.Postgres, &rep.Settings.Fsync, &rep.Settings.SyncCommit, &rep.Settings.SharedBuffers)
@@ -445,7 +449,7 @@ func (b *bench) deleteTopics() {
 func (b *bench) runThroughput(ctx context.Context, mode string, ds *dataset) (*Sample, error) {
 	spec := WorkerSpec{
 		Mode: mode, Topic: ds.topic, Partitions: b.cfg.Partitions, End: ds.end,
-		BatchMaxRecords: b.cfg.BatchMaxRecords, BatchMaxWait: b.cfg.BatchMaxWait,
+		BatchMaxRecords: b.cfg.BatchMaxRecords, BatchMaxWait: b.cfg.BatchMaxWait, StateCacheRows: b.cfg.StateCacheRows,
 		TimeLimit: b.cfg.TimeLimit, Gen: ds.opts, ValueBytes: b.cfg.ValueBytes, CopyConns: b.cfg.CopyConns,
 	}
 	if b.cfg.ProfileDir != "" && (mode == ModeEngineFold || mode == ModeEngineSnapshot) {

@@ -92,6 +92,9 @@ func (t *tracer) TraceQueryEnd(ctx context.Context, conn *pgx.Conn, data pgx.Tra
 		if data.Err != nil || data.CommandTag.String() != "COMMIT" || tt.advance == nil || tt.writeEnd.IsZero() {
 			return
 		}
+		if tt.loadEnd.IsZero() { // every aggregate came from the state cache
+			tt.loadStart, tt.loadEnd = tt.beginEnd, tt.beginEnd
+		}
 		c := *tt.advance
 		c.At = now.UnixNano()
 		t.mu.Lock()

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"slices"
 	"strings"
 	"time"
 
@@ -24,6 +25,7 @@ type Sink struct {
 	p        *projection.Projection
 
 	dlqTopic string
+	cache    *stateCache
 
 	loadSQL   string
 	upsertSQL string
@@ -36,10 +38,23 @@ var _ partition.Sink = (*Sink)(nil)
 // Migrate first. With dlqTopic set, every new dead letter is also queued
 // (in the same transaction) for publishing to that Kafka topic.
 func NewSink(pool *pgxpool.Pool, identity string, p *projection.Projection, dlqTopic string) *Sink {
-	s := &Sink{pool: pool, identity: identity, p: p, dlqTopic: dlqTopic}
+	s := &Sink{pool: pool, identity: identity, p: p, dlqTopic: dlqTopic, cache: newStateCache(DefaultStateCacheRows)}
 	s.loadSQL, s.upsertSQL, s.deleteSQL = rowSQL(p)
 	return s
 }
+
+// SetStateCache sets how many aggregates' rows the sink keeps in memory
+// (across its partitions) so that a batch reads only the others from
+// Postgres; 0 turns the cache off. Call it before the first batch.
+func (s *Sink) SetStateCache(rows int) { s.cache = newStateCache(rows) }
+
+// Forget drops what the sink keeps in memory about a partition; call it
+// when the partition is revoked.
+func (s *Sink) Forget(tp partition.TP) { s.cache.drop(tp) }
+
+// errStaleState reports a batch planned on cached state that Postgres
+// contradicts; the transaction is rolled back and retried from Postgres.
+var errStaleState = errors.New("the cached state of an aggregate differs from Postgres (was the table written by something else?); retrying from Postgres")
 
 // rowSQL builds the set-based statements of a projection's table. Values
 // travel as text arrays and are cast to the column types in SQL, so one
@@ -90,10 +105,6 @@ const (
 	tombstoneLoadSQL = `SELECT k.key, t.version FROM unnest($2::text[]) AS k(key)
 		CROSS JOIN LATERAL (SELECT version FROM projector_tombstones t
 		                    WHERE t.table_name = $1 AND t.key = k.key LIMIT 1) t`
-	// customPlans makes each statement of the batch transaction planned for
-	// its actual parameters: a generic plan cached while the tables were
-	// small would stay in use as they grow.
-	customPlans   = `SET LOCAL plan_cache_mode = force_custom_plan`
 	parkedLoadSQL = `SELECT key, version, "offset", record_key, value, headers, record_time
 		FROM projector_parked
 		WHERE identity = $1 AND topic = $2 AND partition = $3 AND key = ANY($4::text[])`
@@ -152,7 +163,10 @@ const (
 func (s *Sink) CommitBatch(ctx context.Context, claim partition.Claim, end int64, keys, parkedKeys []string, plan func(partition.State) (partition.Changes, error)) error {
 	err := s.commit(ctx, claim, end, keys, parkedKeys, plan, false)
 	if rowLevel(err) {
-		return s.commit(ctx, claim, end, keys, parkedKeys, plan, true)
+		err = s.commit(ctx, claim, end, keys, parkedKeys, plan, true)
+	}
+	if err != nil {
+		s.cache.drop(claim.TP)
 	}
 	return err
 }
@@ -178,14 +192,19 @@ func (s *Sink) commit(ctx context.Context, claim partition.Claim, end int64, key
 	}
 	defer tx.Rollback(context.WithoutCancel(ctx)) //nolint:errcheck // a no-op after commit
 
-	state, err := s.load(ctx, tx, claim.TP, keys, parkedKeys)
-	if err != nil {
+	state := partition.State{
+		Rows:     make(map[string]projection.Row, len(keys)),
+		Versions: make(map[string]int64, len(keys)),
+	}
+	misses, hits := s.cache.lookup(claim, keys, state)
+	if err := s.load(ctx, tx, claim.TP, misses, parkedKeys, &state); err != nil {
 		return err
 	}
 	ch, err := plan(state)
 	if err != nil {
 		return err
 	}
+	upserts := ch.Upserts
 	if isolate {
 		if err := s.isolateUpserts(ctx, tx, ch.Upserts); err != nil {
 			return err
@@ -193,7 +212,8 @@ func (s *Sink) commit(ctx context.Context, claim partition.Claim, end int64, key
 		ch.Upserts = nil // written one by one above
 	}
 	b := &pgx.Batch{}
-	if err := s.queueChanges(b, claim.TP, ch); err != nil {
+	written, err := s.queueChanges(b, claim.TP, ch)
+	if err != nil {
 		return err
 	}
 	advance := b.Queue(advanceSQL, end, s.identity, claim.Topic, claim.Partition, claim.Epoch, claim.NextOffset)
@@ -208,10 +228,72 @@ func (s *Sink) commit(ctx context.Context, claim partition.Claim, end int64, key
 	if fenced {
 		return partition.ErrFenced
 	}
+	// A row the plan expected to write but Postgres kept (it holds that
+	// version or a newer one) means the state came from a stale cache.
+	if hits > 0 && *written < int64(len(ch.Upserts)) {
+		return errStaleState
+	}
 	if err := tx.Commit(ctx); err != nil {
 		return fmt.Errorf("commit: %w", err)
 	}
+	if s.cache.max > 0 {
+		stored, err := s.storedRows(upserts)
+		if err != nil {
+			s.cache.drop(claim.TP) // committed; the next batch reads from Postgres
+			return nil
+		}
+		s.cache.store(claim, misses, state, stored, ch.Deletes)
+	}
 	return nil
+}
+
+// storedRows returns rows as a load from Postgres would return them (see
+// projection.Column.Stored), reusing those already in that form.
+func (s *Sink) storedRows(rows []partition.RowWrite) ([]partition.RowWrite, error) {
+	out, copied := rows, false
+	for i, w := range rows {
+		var conv projection.Row
+		for _, c := range s.p.Columns {
+			v := w.Row[c.Name]
+			st, err := c.Stored(v)
+			if err != nil {
+				return nil, err
+			}
+			if conv == nil && !sameStored(st, v) {
+				conv = make(projection.Row, len(s.p.Columns))
+				for _, c2 := range s.p.Columns {
+					conv[c2.Name] = w.Row[c2.Name]
+				}
+			}
+			if conv != nil {
+				conv[c.Name] = st
+			}
+		}
+		if conv == nil && len(w.Row) != len(s.p.Columns) {
+			conv = make(projection.Row, len(s.p.Columns)) // extra keys: keep the columns only
+			for _, c := range s.p.Columns {
+				conv[c.Name] = w.Row[c.Name]
+			}
+		}
+		if conv != nil {
+			if !copied {
+				out, copied = slices.Clone(rows), true
+			}
+			out[i].Row = conv
+		}
+	}
+	return out, nil
+}
+
+// sameStored reports whether Stored left v as it was.
+func sameStored(st, v any) bool {
+	switch x := v.(type) {
+	case nil:
+		return st == nil
+	case int64, float64, bool, string:
+		return st == x
+	}
+	return false
 }
 
 // isolateUpserts writes each row under its own savepoint and returns the
@@ -246,14 +328,13 @@ func (s *Sink) isolateUpserts(ctx context.Context, tx pgx.Tx, rows []partition.R
 	return nil
 }
 
-func (s *Sink) load(ctx context.Context, tx pgx.Tx, tp partition.TP, keys, parkedKeys []string) (partition.State, error) {
-	st := partition.State{
-		Rows:     make(map[string]projection.Row, len(keys)),
-		Versions: make(map[string]int64, len(keys)),
+// load reads the state of keys and the parked events of parkedKeys into st.
+func (s *Sink) load(ctx context.Context, tx pgx.Tx, tp partition.TP, keys, parkedKeys []string, st *partition.State) error {
+	if len(keys) == 0 && len(parkedKeys) == 0 {
+		return nil
 	}
 	b := &pgx.Batch{}
 	cols := s.p.Columns
-	b.Queue(customPlans)
 	b.Queue(s.loadSQL, keys).Query(func(rows pgx.Rows) error {
 		var (
 			key   string
@@ -318,12 +399,15 @@ func (s *Sink) load(ctx context.Context, tx pgx.Tx, tp partition.TP, keys, parke
 		})
 	}
 	if err := tx.SendBatch(ctx, b).Close(); err != nil {
-		return st, fmt.Errorf("load state of %d aggregates: %w", len(keys), err)
+		return fmt.Errorf("load state of %d aggregates: %w", len(keys), err)
 	}
-	return st, nil
+	return nil
 }
 
-func (s *Sink) queueChanges(b *pgx.Batch, tp partition.TP, ch partition.Changes) error {
+// queueChanges queues the batch's writes; the returned count is filled with
+// the rows the upsert wrote when the batch has run.
+func (s *Sink) queueChanges(b *pgx.Batch, tp partition.TP, ch partition.Changes) (*int64, error) {
+	written := new(int64)
 	if len(ch.Deletes) > 0 {
 		keys := make([]string, len(ch.Deletes))
 		versions := make([]int64, len(ch.Deletes))
@@ -336,9 +420,12 @@ func (s *Sink) queueChanges(b *pgx.Batch, tp partition.TP, ch partition.Changes)
 	if len(ch.Upserts) > 0 {
 		args, err := s.upsertArgs(ch.Upserts)
 		if err != nil {
-			return err
+			return nil, err
 		}
-		b.Queue(s.upsertSQL, args...)
+		b.Queue(s.upsertSQL, args...).Exec(func(tag pgconn.CommandTag) error {
+			*written = tag.RowsAffected()
+			return nil
+		})
 	}
 	if len(ch.Unpark) > 0 {
 		keys := make([]string, len(ch.Unpark))
@@ -369,7 +456,7 @@ func (s *Sink) queueChanges(b *pgx.Batch, tp partition.TP, ch partition.Changes)
 	if len(ch.Resolved) > 0 {
 		b.Queue(resolvedSQL, ch.Resolved, s.identity)
 	}
-	return nil
+	return written, nil
 }
 
 func (s *Sink) queueDeadLetters(b *pgx.Batch, tp partition.TP, dls []partition.DeadLetter) {
@@ -465,7 +552,9 @@ func (s *Sink) Load(ctx context.Context, tp partition.TP, keys []string) (partit
 		return partition.State{}, fmt.Errorf("begin: %w", err)
 	}
 	defer tx.Rollback(context.WithoutCancel(ctx)) //nolint:errcheck // read-only
-	return s.load(ctx, tx, tp, keys, keys)
+	st := partition.State{Rows: map[string]projection.Row{}, Versions: map[string]int64{}}
+	err = s.load(ctx, tx, tp, keys, keys, &st)
+	return st, err
 }
 
 // ParkedKeys lists the aggregates of the partition with parked events.

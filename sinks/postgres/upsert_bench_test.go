@@ -83,7 +83,7 @@ func BenchmarkQueueChanges(b *testing.B) {
 	b.ReportAllocs()
 	perRow(b, n, func() {
 		batch := &pgx.Batch{}
-		if err := s.queueChanges(batch, tp, ch); err != nil {
+		if _, err := s.queueChanges(batch, tp, ch); err != nil {
 			b.Fatal(err)
 		}
 		batch.Queue(advanceSQL, int64(2000), s.identity, tp.Topic, tp.Partition, int64(1), int64(1000))

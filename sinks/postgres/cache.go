@@ -1,0 +1,174 @@
+package postgres
+
+import (
+	"sync"
+
+	"github.com/projector-dev/projector/partition"
+	"github.com/projector-dev/projector/projection"
+)
+
+// DefaultStateCacheRows is how many aggregates' rows a sink keeps in memory
+// unless told otherwise (see Sink.SetStateCache).
+const DefaultStateCacheRows = 100_000
+
+// stateCache keeps the state of the aggregates a sink has read or written,
+// per partition, so that a batch reads from Postgres only the aggregates it
+// has not seen. It is right because the sink is the only writer of its
+// partitions' aggregates while it holds their claim: an entry is only
+// stored after its transaction committed, a partition's entries are
+// dropped when its claim epoch changes and after any failed transaction,
+// and a batch whose cached state Postgres contradicts is rolled back and
+// retried from Postgres.
+type stateCache struct {
+	max int // rows across partitions; 0 disables the cache
+
+	mu    sync.Mutex
+	size  int
+	parts map[partition.TP]*partCache
+}
+
+type partCache struct {
+	epoch int64
+	rows  map[string]cachedAgg
+}
+
+// cachedAgg is one aggregate as Postgres holds it: its last applied
+// version (0: never seen) and its row (nil: none, or deleted).
+type cachedAgg struct {
+	version int64
+	row     projection.Row
+}
+
+func newStateCache(max int) *stateCache {
+	return &stateCache{max: max, parts: map[partition.TP]*partCache{}}
+}
+
+// lookup fills st with the cached aggregates among keys and returns the
+// keys it does not hold. The rows it hands out are the cached ones: folds
+// do not modify the state they are given (see projection.FoldFunc).
+func (c *stateCache) lookup(claim partition.Claim, keys []string, st partition.State) (misses []string, hits int) {
+	if c.max <= 0 {
+		return keys, 0
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	pc := c.part(claim)
+	for _, k := range keys {
+		a, ok := pc.rows[k]
+		if !ok {
+			misses = append(misses, k)
+			continue
+		}
+		hits++
+		if a.version > 0 {
+			st.Versions[k] = a.version
+		}
+		if a.row != nil {
+			st.Rows[k] = a.row
+		}
+	}
+	return misses, hits
+}
+
+// part returns the partition's entries under claim, dropping those of an
+// earlier claim. Call with mu held.
+func (c *stateCache) part(claim partition.Claim) *partCache {
+	pc := c.parts[claim.TP]
+	if pc == nil || pc.epoch != claim.Epoch {
+		if pc != nil {
+			c.size -= len(pc.rows)
+		}
+		pc = &partCache{epoch: claim.Epoch, rows: map[string]cachedAgg{}}
+		c.parts[claim.TP] = pc
+	}
+	return pc
+}
+
+// store records what a committed transaction read (the state of the
+// missed keys, in loaded) and wrote (rows, already in stored form, and
+// deletes).
+func (c *stateCache) store(claim partition.Claim, misses []string, loaded partition.State, rows []partition.RowWrite, deletes []partition.RowDelete) {
+	if c.max <= 0 {
+		return
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	pc := c.part(claim)
+	put := func(k string, a cachedAgg) {
+		if _, ok := pc.rows[k]; !ok {
+			c.size++
+		}
+		pc.rows[k] = a
+	}
+	for _, k := range misses {
+		put(k, cachedAgg{version: loaded.Versions[k], row: loaded.Rows[k]})
+	}
+	// A write moves a known aggregate forward. One that Postgres would
+	// not have applied as given (an upsert at or below the known version,
+	// a delete below it), or of an aggregate whose state was not read,
+	// leaves nothing in the cache: its next batch reads Postgres.
+	for _, w := range rows {
+		if cur, ok := pc.rows[w.Key]; ok {
+			if w.Version > cur.version {
+				pc.rows[w.Key] = cachedAgg{version: w.Version, row: w.Row}
+			} else {
+				delete(pc.rows, w.Key)
+				c.size--
+			}
+		}
+	}
+	for _, d := range deletes {
+		if cur, ok := pc.rows[d.Key]; ok {
+			if d.Version >= cur.version {
+				pc.rows[d.Key] = cachedAgg{version: d.Version}
+			} else {
+				delete(pc.rows, d.Key)
+				c.size--
+			}
+		}
+	}
+	if c.size > c.max {
+		c.evict()
+	}
+}
+
+// evict drops arbitrary entries (Go's map order) of every partition until
+// the cache holds at most seven eighths of its maximum, so that eviction
+// runs once per many batches rather than on every one.
+func (c *stateCache) evict() {
+	target := c.max - c.max/8
+	for _, pc := range c.parts {
+		quota := (c.size - target) * len(pc.rows) / max(c.size, 1)
+		for k := range pc.rows {
+			if quota <= 0 {
+				break
+			}
+			delete(pc.rows, k)
+			c.size--
+			quota--
+		}
+	}
+	for _, pc := range c.parts { // rounding may leave a few
+		for k := range pc.rows {
+			if c.size <= target {
+				return
+			}
+			delete(pc.rows, k)
+			c.size--
+		}
+	}
+}
+
+// drop forgets a partition, after a failed transaction or when it is
+// revoked.
+func (c *stateCache) drop(tp partition.TP) {
+	if c.max <= 0 {
+		return
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if pc := c.parts[tp]; pc != nil {
+		c.size -= len(pc.rows)
+		delete(c.parts, tp)
+	}
+}

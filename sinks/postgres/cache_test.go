@@ -1,0 +1,145 @@
+package postgres_test
+
+import (
+	"errors"
+	"reflect"
+	"testing"
+
+	"github.com/projector-dev/projector/partition"
+	"github.com/projector-dev/projector/projection"
+)
+
+const numbersYAML = `projections:
+  - name: numbers
+    topic: numbers.events
+    table: numbers
+    key: id
+    mode: snapshot
+    columns:
+      id:    {type: text, primary_key: true}
+      big:   {type: bigint}
+      small: {type: smallint}
+      score: {type: double precision}
+      ratio: {type: real}
+      ok:    {type: boolean}
+      name:  {type: text}
+`
+
+// planOnce runs one batch over keys, handing the state it was planned on
+// to check and writing what write returns.
+func (e *env) planOnce(c partition.Claim, end int64, keys []string, write func(partition.State) partition.Changes) (partition.State, error) {
+	var seen partition.State
+	err := e.sink.CommitBatch(e.ctx, c, end, keys, nil, func(st partition.State) (partition.Changes, error) {
+		seen = st
+		return write(st), nil
+	})
+	return seen, err
+}
+
+// A batch planned on cached state sees exactly what a read from Postgres
+// gives: the same versions, and rows with the same Go values (a real
+// rounded to single precision, ints of any width as int64).
+func TestStateCacheMatchesPostgres(t *testing.T) {
+	e := newEnv(t, parseOne(t, numbersYAML))
+	c := e.claim(0)
+	rows := map[string]projection.Row{
+		"n1": {"id": "n1", "big": int64(1) << 40, "small": int32(-3), "score": 1.0 / 3, "ratio": 0.1, "ok": true, "name": "x"},
+		"n2": {"id": "n2", "big": nil, "small": nil, "score": nil, "ratio": nil, "ok": nil, "name": nil},
+		"n3": {"id": "n3", "big": int64(7), "ratio": float32(2.5), "extra": "not a column"},
+	}
+	keys := []string{"n1", "n2", "n3", "absent"}
+	_, err := e.planOnce(c, 1, keys, func(partition.State) partition.Changes {
+		var ch partition.Changes
+		for k, r := range rows {
+			ch.Upserts = append(ch.Upserts, partition.RowWrite{Key: k, Version: 3, Row: r})
+		}
+		return ch
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	c.NextOffset = 1
+
+	fromPG, err := e.sink.Load(e.ctx, e.tp, keys)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cached, err := e.planOnce(c, 2, keys, func(partition.State) partition.Changes { return partition.Changes{} })
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !reflect.DeepEqual(cached.Versions, fromPG.Versions) {
+		t.Errorf("cached versions %v, Postgres has %v", cached.Versions, fromPG.Versions)
+	}
+	if !reflect.DeepEqual(cached.Rows, fromPG.Rows) {
+		t.Errorf("cached rows\n%#v\nPostgres has\n%#v", cached.Rows, fromPG.Rows)
+	}
+}
+
+// A row changed behind the sink's back, to a newer version, fails the
+// batch planned on the cached state without writing anything; the retry
+// reads Postgres.
+func TestStateCacheNoticesOutsideWrite(t *testing.T) {
+	e := newEnv(t, demoProjection(t))
+	c := e.claim(0)
+	if _, err := e.planOnce(c, 1, []string{"a1"}, func(partition.State) partition.Changes {
+		return partition.Changes{Upserts: []partition.RowWrite{upsert("a1", 1, "ann", 10)}}
+	}); err != nil {
+		t.Fatal(err)
+	}
+	c.NextOffset = 1
+	if _, err := e.db.Pool.Exec(e.ctx, `UPDATE accounts SET version = 5, balance = 50`); err != nil {
+		t.Fatal(err)
+	}
+	next := func(st partition.State) partition.Changes {
+		return partition.Changes{Upserts: []partition.RowWrite{upsert("a1", st.Versions["a1"]+1, "ann", 11)}}
+	}
+	st, err := e.planOnce(c, 2, []string{"a1"}, next)
+	if err == nil || errors.Is(err, partition.ErrFenced) || st.Versions["a1"] != 1 {
+		t.Fatalf("batch planned on a1 v%d = %v, want an error for the stale cached v1", st.Versions["a1"], err)
+	}
+	e.wantOffset(1)
+	if a, _ := e.account("a1"); a.version != 5 || *a.balance != 50 {
+		t.Errorf("a1 = v%d balance %d, want the outside write kept", a.version, *a.balance)
+	}
+	st, err = e.planOnce(c, 2, []string{"a1"}, next)
+	if err != nil || st.Versions["a1"] != 5 {
+		t.Fatalf("retry planned on a1 v%d: %v, want v5 from Postgres", st.Versions["a1"], err)
+	}
+	if a, _ := e.account("a1"); a.version != 6 || *a.balance != 11 {
+		t.Errorf("a1 = v%d balance %d, want v6 written by the retry", a.version, *a.balance)
+	}
+	e.wantOffset(2)
+}
+
+// A new claim of the partition (another owner may have written in
+// between) starts from Postgres, as does a sink with the cache off.
+func TestStateCacheDroppedOnNewClaim(t *testing.T) {
+	for _, rows := range []int{-1, 0} {
+		e := newEnv(t, demoProjection(t))
+		if rows == 0 {
+			e.sink.SetStateCache(0)
+		}
+		c := e.claim(0)
+		if _, err := e.planOnce(c, 1, []string{"a1"}, func(partition.State) partition.Changes {
+			return partition.Changes{Upserts: []partition.RowWrite{upsert("a1", 1, "ann", 10)}}
+		}); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := e.db.Pool.Exec(e.ctx, `UPDATE accounts SET balance = 99`); err != nil {
+			t.Fatal(err)
+		}
+		if rows != 0 {
+			c = e.claim(0) // a new epoch
+		} else {
+			c.NextOffset = 1
+		}
+		st, err := e.planOnce(c, 2, []string{"a1"}, func(partition.State) partition.Changes { return partition.Changes{} })
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got := st.Rows["a1"]["balance"]; got != int64(99) {
+			t.Errorf("cache rows %d: a1's balance planned on = %v, want 99 as Postgres has it", rows, got)
+		}
+	}
+}
