@@ -57,8 +57,8 @@ func (s *Sink) Forget(tp partition.TP) { s.cache.drop(tp) }
 var errStaleState = errors.New("the cached state of an aggregate differs from Postgres (was the table written by something else?); retrying from Postgres")
 
 // rowSQL builds the set-based statements of a projection's table. Values
-// travel as text arrays and are cast to the column types in SQL, so one
-// code path serves every Postgres type.
+// travel as one array per column, binary for integers, floats and booleans
+// and text for every other type, and are cast to the column types in SQL.
 func rowSQL(p *projection.Projection) (load, upsert, del string) {
 	table := quoteTable(p.Table)
 	key := p.Columns[0]
@@ -70,7 +70,7 @@ func rowSQL(p *projection.Projection) (load, upsert, del string) {
 		sel = append(sel, "t."+q+"::text")
 		names = append(names, q)
 		casts = append(casts, fmt.Sprintf("u.c%d::%s", i, c.Type))
-		types = append(types, fmt.Sprintf("$%d::text[]", i+1))
+		types = append(types, fmt.Sprintf("$%d::%s", i+1, newColumn(c, 0).sqlType()))
 		if i > 0 {
 			sets = append(sets, fmt.Sprintf("%s = excluded.%s", q, q))
 		}
@@ -495,27 +495,24 @@ func (s *Sink) queueDeadLetters(b *pgx.Batch, tp partition.TP, dls []partition.D
 		classes, attempts, schemaIDs, traces, replays, s.dlqTopic)
 }
 
-// upsertArgs renders rows as one text array per column plus the versions.
+// upsertArgs renders rows as one array per column plus the versions.
 func (s *Sink) upsertArgs(rows []partition.RowWrite) ([]any, error) {
-	cols := s.p.Columns
-	arrays := make([][]*string, len(cols))
-	for i := range arrays {
-		arrays[i] = make([]*string, len(rows))
+	cols := make([]column, len(s.p.Columns))
+	for i, c := range s.p.Columns {
+		cols[i] = newColumn(c, len(rows))
 	}
 	versions := make([]int64, len(rows))
 	for r, w := range rows {
 		versions[r] = w.Version
-		for i, c := range cols {
-			v, err := c.EncodeText(w.Row[c.Name])
-			if err != nil {
+		for i, c := range s.p.Columns {
+			if err := cols[i].set(r, w.Row[c.Name]); err != nil {
 				return nil, fmt.Errorf("aggregate %q v%d: %w", w.Key, w.Version, err)
 			}
-			arrays[i][r] = v
 		}
 	}
 	args := make([]any, 0, len(cols)+1)
-	for _, a := range arrays {
-		args = append(args, a)
+	for _, c := range cols {
+		args = append(args, c.arg())
 	}
 	return append(args, versions), nil
 }
