@@ -19,7 +19,13 @@ var (
 )
 
 func kindOf(pgType string) Kind {
-	switch strings.TrimSpace(pgType) {
+	switch pgType {
+	case "text", "timestamptz", "bigint", "integer", "double precision", "boolean":
+		// the common spellings, without trimming
+	default:
+		pgType = strings.TrimSpace(pgType)
+	}
+	switch pgType {
 	case "smallint", "integer", "int", "int2", "int4", "int8", "bigint":
 		return KindInt
 	case "real", "float", "float4", "float8", "double precision":
