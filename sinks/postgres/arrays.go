@@ -11,7 +11,9 @@ import (
 // column is one array argument of the set-based upsert: the column's values
 // of every written row, in binary form where the column's kind has one.
 type column interface {
-	set(r int, v any) error
+	// set stores row r's value v; exact reports that v already had the
+	// Go type a load from Postgres gives (see projection.Column.Stored).
+	set(r int, v any) (exact bool, err error)
 	arg() any
 	sqlType() string // the array parameter's type
 }
@@ -32,7 +34,8 @@ func newColumn(c projection.Column, rows int) column {
 	case projection.KindInt:
 		return &intColumn{c: c, a: make(pgArray[pgtype.Int8], rows)}
 	case projection.KindFloat:
-		return &floatColumn{c: c, a: make(pgArray[pgtype.Float8], rows)}
+		single := c.Type == "real" || c.Type == "float4"
+		return &floatColumn{c: c, a: make(pgArray[pgtype.Float8], rows), single: single}
 	case projection.KindBool:
 		return &boolColumn{c: c, a: make(pgArray[pgtype.Bool], rows)}
 	}
@@ -62,29 +65,38 @@ type intColumn struct {
 	a pgArray[pgtype.Int8]
 }
 
-func (k *intColumn) set(r int, v any) error {
-	if v == nil {
-		return nil
+func (k *intColumn) set(r int, v any) (bool, error) {
+	switch x := v.(type) {
+	case nil:
+		return true, nil
+	case int64:
+		k.a[r] = pgtype.Int8{Int64: x, Valid: true}
+		return true, nil
 	}
 	n, err := convert[int64](k.c, v)
 	k.a[r] = pgtype.Int8{Int64: n, Valid: err == nil}
-	return err
+	return false, err
 }
 func (k *intColumn) arg() any        { return k.a }
 func (k *intColumn) sqlType() string { return "int8[]" }
 
 type floatColumn struct {
-	c projection.Column
-	a pgArray[pgtype.Float8]
+	c      projection.Column
+	a      pgArray[pgtype.Float8]
+	single bool // real: Postgres rounds the value
 }
 
-func (k *floatColumn) set(r int, v any) error {
-	if v == nil {
-		return nil
+func (k *floatColumn) set(r int, v any) (bool, error) {
+	switch x := v.(type) {
+	case nil:
+		return true, nil
+	case float64:
+		k.a[r] = pgtype.Float8{Float64: x, Valid: true}
+		return !k.single, nil
 	}
 	f, err := convert[float64](k.c, v)
 	k.a[r] = pgtype.Float8{Float64: f, Valid: err == nil}
-	return err
+	return false, err
 }
 func (k *floatColumn) arg() any        { return k.a }
 func (k *floatColumn) sqlType() string { return "float8[]" }
@@ -94,13 +106,17 @@ type boolColumn struct {
 	a pgArray[pgtype.Bool]
 }
 
-func (k *boolColumn) set(r int, v any) error {
-	if v == nil {
-		return nil
+func (k *boolColumn) set(r int, v any) (bool, error) {
+	switch x := v.(type) {
+	case nil:
+		return true, nil
+	case bool:
+		k.a[r] = pgtype.Bool{Bool: x, Valid: true}
+		return true, nil
 	}
 	b, err := convert[bool](k.c, v)
 	k.a[r] = pgtype.Bool{Bool: b, Valid: err == nil}
-	return err
+	return false, err
 }
 func (k *boolColumn) arg() any        { return k.a }
 func (k *boolColumn) sqlType() string { return "bool[]" }
@@ -112,17 +128,20 @@ type textColumn struct {
 	a pgArray[pgtype.Text]
 }
 
-func (k *textColumn) set(r int, v any) error {
-	if s, ok := v.(string); ok {
-		k.a[r] = pgtype.Text{String: s, Valid: true}
-		return nil
+func (k *textColumn) set(r int, v any) (bool, error) {
+	switch x := v.(type) {
+	case nil:
+		return true, nil
+	case string:
+		k.a[r] = pgtype.Text{String: x, Valid: true}
+		return true, nil
 	}
 	t, err := k.c.EncodeText(v)
 	if err != nil || t == nil {
-		return err
+		return false, err
 	}
 	k.a[r] = pgtype.Text{String: *t, Valid: true}
-	return nil
+	return false, nil
 }
 func (k *textColumn) arg() any        { return k.a }
 func (k *textColumn) sqlType() string { return "text[]" }

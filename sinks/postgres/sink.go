@@ -204,7 +204,7 @@ func (s *Sink) commit(ctx context.Context, claim partition.Claim, end int64, key
 	if err != nil {
 		return err
 	}
-	upserts := ch.Upserts
+	upserts, inexact := ch.Upserts, []int{} // inexact: rows storedRows must convert
 	if isolate {
 		if err := s.isolateUpserts(ctx, tx, ch.Upserts); err != nil {
 			return err
@@ -212,9 +212,12 @@ func (s *Sink) commit(ctx context.Context, claim partition.Claim, end int64, key
 		ch.Upserts = nil // written one by one above
 	}
 	b := &pgx.Batch{}
-	written, err := s.queueChanges(b, claim.TP, ch)
+	written, err := s.queueChanges(b, claim.TP, ch, &inexact)
 	if err != nil {
 		return err
+	}
+	if isolate {
+		inexact = nil // not known: check every row
 	}
 	advance := b.Queue(advanceSQL, end, s.identity, claim.Topic, claim.Partition, claim.Epoch, claim.NextOffset)
 	var fenced bool
@@ -237,7 +240,7 @@ func (s *Sink) commit(ctx context.Context, claim partition.Claim, end int64, key
 		return fmt.Errorf("commit: %w", err)
 	}
 	if s.cache.max > 0 {
-		stored, err := s.storedRows(upserts)
+		stored, err := s.storedRows(upserts, inexact)
 		if err != nil {
 			s.cache.drop(claim.TP) // committed; the next batch reads from Postgres
 			return nil
@@ -248,10 +251,26 @@ func (s *Sink) commit(ctx context.Context, claim partition.Claim, end int64, key
 }
 
 // storedRows returns rows as a load from Postgres would return them (see
-// projection.Column.Stored), reusing those already in that form.
-func (s *Sink) storedRows(rows []partition.RowWrite) ([]partition.RowWrite, error) {
+// projection.Column.Stored), reusing those already in that form. With only
+// not nil, the other rows are known to be in that form already.
+func (s *Sink) storedRows(rows []partition.RowWrite, only []int) ([]partition.RowWrite, error) {
 	out, copied := rows, false
-	for i, w := range rows {
+	check := func(yield func(int, partition.RowWrite) bool) {
+		if only == nil {
+			for i, w := range rows {
+				if !yield(i, w) {
+					return
+				}
+			}
+			return
+		}
+		for _, i := range only {
+			if !yield(i, rows[i]) {
+				return
+			}
+		}
+	}
+	for i, w := range check {
 		var conv projection.Row
 		for _, c := range s.p.Columns {
 			v := w.Row[c.Name]
@@ -301,7 +320,7 @@ func sameStored(st, v any) bool {
 func (s *Sink) isolateUpserts(ctx context.Context, tx pgx.Tx, rows []partition.RowWrite) error {
 	rejected := map[string]string{}
 	for _, w := range rows {
-		args, err := s.upsertArgs([]partition.RowWrite{w})
+		args, err := s.upsertArgs([]partition.RowWrite{w}, nil)
 		if err != nil {
 			return err
 		}
@@ -406,7 +425,8 @@ func (s *Sink) load(ctx context.Context, tx pgx.Tx, tp partition.TP, keys, parke
 
 // queueChanges queues the batch's writes; the returned count is filled with
 // the rows the upsert wrote when the batch has run.
-func (s *Sink) queueChanges(b *pgx.Batch, tp partition.TP, ch partition.Changes) (*int64, error) {
+// Rows not in the form a load returns are listed in inexact (see storedRows).
+func (s *Sink) queueChanges(b *pgx.Batch, tp partition.TP, ch partition.Changes, inexact *[]int) (*int64, error) {
 	written := new(int64)
 	if len(ch.Deletes) > 0 {
 		keys := make([]string, len(ch.Deletes))
@@ -418,7 +438,7 @@ func (s *Sink) queueChanges(b *pgx.Batch, tp partition.TP, ch partition.Changes)
 		b.Queue(tombstoneSQL, s.p.Table, keys, versions)
 	}
 	if len(ch.Upserts) > 0 {
-		args, err := s.upsertArgs(ch.Upserts)
+		args, err := s.upsertArgs(ch.Upserts, inexact)
 		if err != nil {
 			return nil, err
 		}
@@ -495,8 +515,10 @@ func (s *Sink) queueDeadLetters(b *pgx.Batch, tp partition.TP, dls []partition.D
 		classes, attempts, schemaIDs, traces, replays, s.dlqTopic)
 }
 
-// upsertArgs renders rows as one array per column plus the versions.
-func (s *Sink) upsertArgs(rows []partition.RowWrite) ([]any, error) {
+// upsertArgs renders rows as one array per column plus the versions. When
+// inexact is not nil, the rows holding a value not of its column kind's Go
+// type (or keys that are not columns) are listed in it.
+func (s *Sink) upsertArgs(rows []partition.RowWrite, inexact *[]int) ([]any, error) {
 	cols := make([]column, len(s.p.Columns))
 	for i, c := range s.p.Columns {
 		cols[i] = newColumn(c, len(rows))
@@ -504,10 +526,16 @@ func (s *Sink) upsertArgs(rows []partition.RowWrite) ([]any, error) {
 	versions := make([]int64, len(rows))
 	for r, w := range rows {
 		versions[r] = w.Version
+		exact := len(w.Row) == len(cols)
 		for i, c := range s.p.Columns {
-			if err := cols[i].set(r, w.Row[c.Name]); err != nil {
+			ok, err := cols[i].set(r, w.Row[c.Name])
+			if err != nil {
 				return nil, fmt.Errorf("aggregate %q v%d: %w", w.Key, w.Version, err)
 			}
+			exact = exact && ok
+		}
+		if !exact && inexact != nil {
+			*inexact = append(*inexact, r)
 		}
 	}
 	args := make([]any, 0, len(cols)+1)
