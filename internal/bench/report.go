@@ -89,7 +89,11 @@ type ScalePoint struct {
 	Events       int     `json:"events"`
 	EventsPerSec float64 `json:"events_per_sec"`
 	RowWrites    int64   `json:"row_writes"`
-	Check        string  `json:"check"`
+	// GoCPUPerEvUS and PGCPUPerEvUS are the CPU cost of an event in the
+	// consumer and in Postgres (nil: n/a).
+	GoCPUPerEvUS float64  `json:"go_cpu_us_per_event"`
+	PGCPUPerEvUS *float64 `json:"pg_cpu_us_per_event"`
+	Check        string   `json:"check"`
 }
 
 // Target is one of the issue's targets, met or not.
@@ -193,6 +197,14 @@ func (r *Report) finish() {
 		flat.Met = met(growth <= 1.2)
 	}
 	r.Targets = append(r.Targets, flat)
+	scale := Target{Name: "engine fold cost per event, most/fewest aggregates", Want: "≤ 1.5×",
+		Got: "not measured: run projector bench --aggregates 10000,100000,1000000 --modes engine-fold"}
+	if n := len(r.Scaling); n > 1 && r.Scaling[0].EventsPerSec > 0 && r.Scaling[n-1].EventsPerSec > 0 {
+		growth := r.Scaling[0].EventsPerSec / r.Scaling[n-1].EventsPerSec
+		scale.Got = fmt.Sprintf("×%.2f (%s → %s aggregates)", growth, group(int64(r.Scaling[0].Aggregates)), group(int64(r.Scaling[n-1].Aggregates)))
+		scale.Met = met(growth <= 1.5)
+	}
+	r.Targets = append(r.Targets, scale)
 }
 
 // JSON writes the report as indented JSON.
@@ -295,9 +307,14 @@ func (r *Report) Table(w io.Writer) error {
 		fmt.Fprintln(w)
 		fmt.Fprintln(w, "scaling (engine fold):")
 		tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
-		fmt.Fprintln(tw, "aggregates\tevents\tevents/s\trow writes\tcheck\t")
+		fmt.Fprintln(tw, "aggregates\tevents\tevents/s\trow writes\tgo cpu µs/ev\tpg cpu µs/ev\tcheck\t")
 		for _, p := range r.Scaling {
-			fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t\n", group(int64(p.Aggregates)), group(int64(p.Events)), group(int64(math.Round(p.EventsPerSec))), group(p.RowWrites), shortCheck(p.Check))
+			pg := "n/a"
+			if p.PGCPUPerEvUS != nil {
+				pg = fmt.Sprintf("%.1f", *p.PGCPUPerEvUS)
+			}
+			fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%.1f\t%s\t%s\t\n", group(int64(p.Aggregates)), group(int64(p.Events)),
+				group(int64(math.Round(p.EventsPerSec))), group(p.RowWrites), p.GoCPUPerEvUS, pg, shortCheck(p.Check))
 		}
 		if err := tw.Flush(); err != nil {
 			return err

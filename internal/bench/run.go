@@ -264,6 +264,7 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 		if r := rep.row(ModeEngineFold); r != nil {
 			rep.Scaling[0].EventsPerSec = r.EventsPerSec
 			rep.Scaling[0].RowWrites = r.RowWrites
+			rep.Scaling[0].GoCPUPerEvUS, rep.Scaling[0].PGCPUPerEvUS = r.GoCPUPerEvUS, r.PGCPUPerEvUS
 		}
 		for i, size := range cfg.Aggregates[1:] {
 			ds, err := b.dataset(ctx, size, cfg.Events, cfg.Seed+uint64(i)+1, fmt.Sprintf("a%d", size))
@@ -281,6 +282,13 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 			}
 			s := median(ss)
 			p := ScalePoint{Aggregates: size, Events: cfg.Events, EventsPerSec: s.EPS(), RowWrites: s.Result.RowWrites, Check: "ok"}
+			if ev := float64(s.Result.Events); ev > 0 {
+				p.GoCPUPerEvUS = s.Result.CPUSeconds / ev * 1e6
+				if s.PGCPU != nil {
+					us := *s.PGCPU / ev * 1e6
+					p.PGCPUPerEvUS = &us
+				}
+			}
 			if s.Check != nil {
 				p.Check = "FAILED: " + s.Check.Error()
 				rep.Failed = append(rep.Failed, fmt.Sprintf("engine fold over %d aggregates: %v", size, s.Check))
