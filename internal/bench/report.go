@@ -327,7 +327,7 @@ func (r *Report) Table(w io.Writer) error {
 		if t.Met != nil {
 			state = map[bool]string{true: "met", false: "NOT MET"}[*t.Met]
 		}
-		fmt.Fprintf(w, "  %-40s want %-6s got %s: %s\n", t.Name, t.Want, t.Got, state)
+		fmt.Fprintf(w, "  %-50s want %-6s got %s: %s\n", t.Name, t.Want, t.Got, state)
 	}
 	if len(r.Failed) > 0 {
 		fmt.Fprintln(w)
