@@ -98,6 +98,9 @@ type Config struct {
 	ClientOpts []kgo.Opt
 }
 
+// fetchMaxWait bounds how long the broker holds a fetch with no new data.
+var fetchMaxWait = 500 * time.Millisecond
+
 func (c *Config) validate() error {
 	if len(c.Brokers) == 0 {
 		return errors.New("config: Brokers: at least one seed broker is required")
@@ -238,6 +241,13 @@ func New(cfg Config, pool *pgxpool.Pool, decoderOf Decoders) (*Engine, error) {
 		// lag forever.
 		kgo.KeepControlRecords(),
 		kgo.ConsumeResetOffset(kgo.NoResetOffset()),
+		// A worker pauses its partition while its buffer is full. When it
+		// resumes, the partition waits for the fetch in flight, which the
+		// broker holds up to this long when the other partitions are at
+		// their log end: franz-go's 5s default left caught-up members
+		// idle for seconds at a time. 500ms is the Java consumer's
+		// fetch.max.wait.ms.
+		kgo.FetchMaxWait(fetchMaxWait),
 		kgo.OnPartitionsAssigned(e.assigned),
 		kgo.OnPartitionsRevoked(e.revoked),
 		kgo.OnPartitionsLost(e.lost),
