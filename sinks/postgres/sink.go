@@ -29,6 +29,7 @@ type Sink struct {
 
 	loadSQL   string
 	upsertSQL string
+	updateSQL string
 	deleteSQL string
 }
 
@@ -39,7 +40,7 @@ var _ partition.Sink = (*Sink)(nil)
 // (in the same transaction) for publishing to that Kafka topic.
 func NewSink(pool *pgxpool.Pool, identity string, p *projection.Projection, dlqTopic string) *Sink {
 	s := &Sink{pool: pool, identity: identity, p: p, dlqTopic: dlqTopic, cache: newStateCache(DefaultStateCacheRows)}
-	s.loadSQL, s.upsertSQL, s.deleteSQL = rowSQL(p)
+	s.loadSQL, s.upsertSQL, s.updateSQL, s.deleteSQL = rowSQL(p)
 	return s
 }
 
@@ -59,12 +60,12 @@ var errStaleState = errors.New("the cached state of an aggregate differs from Po
 // rowSQL builds the set-based statements of a projection's table. Values
 // travel as one array per column, binary for integers, floats and booleans
 // and text for every other type, and are cast to the column types in SQL.
-func rowSQL(p *projection.Projection) (load, upsert, del string) {
+func rowSQL(p *projection.Projection) (load, upsert, update, del string) {
 	table := quoteTable(p.Table)
 	key := p.Columns[0]
 	keyCol := quoteIdent(key.Name)
 
-	var sel, names, casts, types, sets []string
+	var sel, names, casts, types, sets, updSets []string
 	for i, c := range p.Columns {
 		q := quoteIdent(c.Name)
 		sel = append(sel, "t."+q+"::text")
@@ -73,6 +74,7 @@ func rowSQL(p *projection.Projection) (load, upsert, del string) {
 		types = append(types, fmt.Sprintf("$%d::%s", i+1, newColumn(c, 0).sqlType()))
 		if i > 0 {
 			sets = append(sets, fmt.Sprintf("%s = excluded.%s", q, q))
+			updSets = append(updSets, fmt.Sprintf("%s = u.c%d::%s", q, i, c.Type))
 		}
 	}
 	cols := make([]string, len(p.Columns))
@@ -97,15 +99,28 @@ func rowSQL(p *projection.Projection) (load, upsert, del string) {
 		table, strings.Join(names, ", "),
 		strings.Join(casts, ", "), strings.Join(types, ", "), n+1, strings.Join(cols, ", "),
 		keyCol, strings.Join(sets, ", "), table)
+	// Rows known to exist are updated in place: an upsert that meets its
+	// conflict also locks the row, one more WAL record per row. The join
+	// runs as index probes (see planIndexProbes).
+	updSets = append(updSets, "version = u.version")
+	update = fmt.Sprintf(`UPDATE %s AS t SET %s
+		FROM unnest(%s, $%d::bigint[]) AS u(%s, version)
+		WHERE t.%s = u.c0::%s AND t.version < u.version`,
+		table, strings.Join(updSets, ", "), strings.Join(types, ", "), n+1, strings.Join(cols, ", "),
+		keyCol, key.Type)
 	del = fmt.Sprintf(`DELETE FROM %s WHERE %s = ANY($1::text[]::%s[])`, table, keyCol, key.Type)
-	return load, upsert, del
+	return load, upsert, update, del
 }
 
 const (
 	tombstoneLoadSQL = `SELECT k.key, t.version FROM unnest($2::text[]) AS k(key)
 		CROSS JOIN LATERAL (SELECT version FROM projector_tombstones t
 		                    WHERE t.table_name = $1 AND t.key = k.key LIMIT 1) t`
-	parkedLoadSQL = `SELECT key, version, "offset", record_key, value, headers, record_time
+	// planIndexProbes keeps the joins of the rest of the transaction (the
+	// update of existing rows by key) nested loops over index probes: with
+	// a batch's keys the planner may otherwise hash a large table.
+	planIndexProbes = `SELECT set_config('enable_hashjoin', 'off', true), set_config('enable_mergejoin', 'off', true)`
+	parkedLoadSQL   = `SELECT key, version, "offset", record_key, value, headers, record_time
 		FROM projector_parked
 		WHERE identity = $1 AND topic = $2 AND partition = $3 AND key = ANY($4::text[])`
 	parkedKeysSQL = `SELECT DISTINCT key FROM projector_parked
@@ -204,6 +219,10 @@ func (s *Sink) commit(ctx context.Context, claim partition.Claim, end int64, key
 	if err != nil {
 		return err
 	}
+	// Rows the state says exist are updated, the others upserted; upserts
+	// lists them in that order.
+	var existing int
+	ch.Upserts, existing = existingFirst(ch.Upserts, state.Rows)
 	upserts, inexact := ch.Upserts, []int{} // inexact: rows storedRows must convert
 	if isolate {
 		if err := s.isolateUpserts(ctx, tx, ch.Upserts); err != nil {
@@ -212,7 +231,7 @@ func (s *Sink) commit(ctx context.Context, claim partition.Claim, end int64, key
 		ch.Upserts = nil // written one by one above
 	}
 	b := &pgx.Batch{}
-	written, err := s.queueChanges(b, claim.TP, ch, &inexact)
+	written, err := s.queueChanges(b, claim.TP, ch, existing, &inexact)
 	if err != nil {
 		return err
 	}
@@ -232,8 +251,10 @@ func (s *Sink) commit(ctx context.Context, claim partition.Claim, end int64, key
 		return partition.ErrFenced
 	}
 	// A row the plan expected to write but Postgres kept (it holds that
-	// version or a newer one) means the state came from a stale cache.
-	if hits > 0 && *written < int64(len(ch.Upserts)) {
+	// version or a newer one, or no longer exists for the update) means
+	// the state came from a stale cache or the table was written behind
+	// projector's back: retry from Postgres.
+	if (hits > 0 || existing > 0) && *written < int64(len(ch.Upserts)) {
 		return errStaleState
 	}
 	if err := tx.Commit(ctx); err != nil {
@@ -248,6 +269,24 @@ func (s *Sink) commit(ctx context.Context, claim partition.Claim, end int64, key
 		s.cache.store(claim, misses, state, stored, ch.Deletes)
 	}
 	return nil
+}
+
+// existingFirst returns upserts reordered with the rows that exist (those
+// in rows) first, and how many those are.
+func existingFirst(upserts []partition.RowWrite, rows map[string]projection.Row) ([]partition.RowWrite, int) {
+	out := make([]partition.RowWrite, 0, len(upserts))
+	for _, w := range upserts {
+		if _, ok := rows[w.Key]; ok {
+			out = append(out, w)
+		}
+	}
+	n := len(out)
+	for _, w := range upserts {
+		if _, ok := rows[w.Key]; !ok {
+			out = append(out, w)
+		}
+	}
+	return out, n
 }
 
 // storedRows returns rows as a load from Postgres would return them (see
@@ -320,7 +359,7 @@ func sameStored(st, v any) bool {
 func (s *Sink) isolateUpserts(ctx context.Context, tx pgx.Tx, rows []partition.RowWrite) error {
 	rejected := map[string]string{}
 	for _, w := range rows {
-		args, err := s.upsertArgs([]partition.RowWrite{w}, nil)
+		args, err := s.upsertArgs([]partition.RowWrite{w}, 0, nil)
 		if err != nil {
 			return err
 		}
@@ -426,7 +465,8 @@ func (s *Sink) load(ctx context.Context, tx pgx.Tx, tp partition.TP, keys, parke
 // queueChanges queues the batch's writes; the returned count is filled with
 // the rows the upsert wrote when the batch has run.
 // Rows not in the form a load returns are listed in inexact (see storedRows).
-func (s *Sink) queueChanges(b *pgx.Batch, tp partition.TP, ch partition.Changes, inexact *[]int) (*int64, error) {
+// The first existing upserts are of rows that exist.
+func (s *Sink) queueChanges(b *pgx.Batch, tp partition.TP, ch partition.Changes, existing int, inexact *[]int) (*int64, error) {
 	written := new(int64)
 	if len(ch.Deletes) > 0 {
 		keys := make([]string, len(ch.Deletes))
@@ -437,15 +477,24 @@ func (s *Sink) queueChanges(b *pgx.Batch, tp partition.TP, ch partition.Changes,
 		b.Queue(s.deleteSQL, keys)
 		b.Queue(tombstoneSQL, s.p.Table, keys, versions)
 	}
-	if len(ch.Upserts) > 0 {
-		args, err := s.upsertArgs(ch.Upserts, inexact)
+	count := func(tag pgconn.CommandTag) error {
+		*written += tag.RowsAffected()
+		return nil
+	}
+	if existing > 0 {
+		args, err := s.upsertArgs(ch.Upserts[:existing], 0, inexact)
 		if err != nil {
 			return nil, err
 		}
-		b.Queue(s.upsertSQL, args...).Exec(func(tag pgconn.CommandTag) error {
-			*written = tag.RowsAffected()
-			return nil
-		})
+		b.Queue(planIndexProbes)
+		b.Queue(s.updateSQL, args...).Exec(count)
+	}
+	if rest := ch.Upserts[existing:]; len(rest) > 0 {
+		args, err := s.upsertArgs(rest, existing, inexact)
+		if err != nil {
+			return nil, err
+		}
+		b.Queue(s.upsertSQL, args...).Exec(count)
 	}
 	if len(ch.Unpark) > 0 {
 		keys := make([]string, len(ch.Unpark))
@@ -518,7 +567,7 @@ func (s *Sink) queueDeadLetters(b *pgx.Batch, tp partition.TP, dls []partition.D
 // upsertArgs renders rows as one array per column plus the versions. When
 // inexact is not nil, the rows holding a value not of its column kind's Go
 // type (or keys that are not columns) are listed in it.
-func (s *Sink) upsertArgs(rows []partition.RowWrite, inexact *[]int) ([]any, error) {
+func (s *Sink) upsertArgs(rows []partition.RowWrite, base int, inexact *[]int) ([]any, error) {
 	cols := make([]column, len(s.p.Columns))
 	for i, c := range s.p.Columns {
 		cols[i] = newColumn(c, len(rows))
@@ -535,7 +584,7 @@ func (s *Sink) upsertArgs(rows []partition.RowWrite, inexact *[]int) ([]any, err
 			exact = exact && ok
 		}
 		if !exact && inexact != nil {
-			*inexact = append(*inexact, r)
+			*inexact = append(*inexact, base+r)
 		}
 	}
 	args := make([]any, 0, len(cols)+1)

@@ -80,7 +80,7 @@ func BenchmarkUpsertArgs(b *testing.B) {
 		b.Run(fmt.Sprintf("rows=%d", n), func(b *testing.B) {
 			b.ReportAllocs()
 			perRow(b, n, func() {
-				args, err := s.upsertArgs(rows, nil)
+				args, err := s.upsertArgs(rows, 0, nil)
 				if err != nil {
 					b.Fatal(err)
 				}
@@ -135,7 +135,7 @@ func BenchmarkQueueChanges(b *testing.B) {
 	b.ReportAllocs()
 	perRow(b, n, func() {
 		batch := &pgx.Batch{}
-		if _, err := s.queueChanges(batch, tp, ch, nil); err != nil {
+		if _, err := s.queueChanges(batch, tp, ch, 0, nil); err != nil {
 			b.Fatal(err)
 		}
 		batch.Queue(advanceSQL, int64(2000), s.identity, tp.Topic, tp.Partition, int64(1), int64(1000))
