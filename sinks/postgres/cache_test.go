@@ -3,6 +3,8 @@ package postgres_test
 import (
 	"errors"
 	"reflect"
+	"strconv"
+	"strings"
 	"testing"
 
 	"github.com/projector-dev/projector/partition"
@@ -142,4 +144,68 @@ func TestStateCacheDroppedOnNewClaim(t *testing.T) {
 			t.Errorf("cache rows %d: a1's balance planned on = %v, want 99 as Postgres has it", rows, got)
 		}
 	}
+}
+
+// A row Postgres refuses among updates of existing rows is found and
+// named, and nothing of the batch is written.
+func TestRejectedUpdateOfExistingRow(t *testing.T) {
+	e := newEnv(t, parseOne(t, numbersYAML))
+	c := e.claim(0)
+	row := func(id string, small int64) projection.Row {
+		return projection.Row{"id": id, "big": nil, "small": small, "score": nil, "ratio": nil, "ok": nil, "name": nil}
+	}
+	keys := []string{"n1", "n2"}
+	if _, err := e.planOnce(c, 1, keys, func(partition.State) partition.Changes {
+		return partition.Changes{Upserts: []partition.RowWrite{{Key: "n1", Version: 1, Row: row("n1", 1)}, {Key: "n2", Version: 1, Row: row("n2", 2)}}}
+	}); err != nil {
+		t.Fatal(err)
+	}
+	c.NextOffset = 1
+	_, err := e.planOnce(c, 2, keys, func(st partition.State) partition.Changes {
+		if len(st.Rows) != 2 {
+			t.Errorf("planned on %d existing rows, want 2", len(st.Rows))
+		}
+		return partition.Changes{Upserts: []partition.RowWrite{
+			{Key: "n1", Version: 2, Row: row("n1", 1<<20)}, // out of smallint's range
+			{Key: "n2", Version: 2, Row: row("n2", 3)},
+		}}
+	})
+	var rej *partition.RejectedRows
+	if !errors.As(err, &rej) || len(rej.Keys) != 1 || rej.Keys["n1"] == "" {
+		t.Fatalf("commit = %v, want n1 rejected alone", err)
+	}
+	e.wantOffset(1)
+	if n := e.count(`SELECT count(*) FROM numbers WHERE version = 1`); n != 2 {
+		t.Errorf("%d rows still at version 1, want both: the batch is not written", n)
+	}
+
+	// A data error outside the rows (a tombstone key too long for its
+	// index) reruns the batch row by row, finds every row fine, and fails
+	// the batch as it is.
+	_, err = e.planOnce(c, 2, keys, func(st partition.State) partition.Changes {
+		return partition.Changes{
+			Upserts: []partition.RowWrite{{Key: "n1", Version: 2, Row: row("n1", 5)}},
+			Deletes: []partition.RowDelete{{Key: incompressible(9000), Version: 1}},
+		}
+	})
+	if err == nil || errors.As(err, &rej) {
+		t.Fatalf("commit with an unindexable tombstone = %v, want the write error", err)
+	}
+	e.wantOffset(1)
+	if n := e.count(`SELECT count(*) FROM numbers WHERE version = 1`); n != 2 {
+		t.Errorf("%d rows still at version 1, want both: the batch is not written", n)
+	}
+}
+
+// incompressible returns n bytes of text Postgres cannot compress much.
+func incompressible(n int) string {
+	var b strings.Builder
+	x := uint64(88172645463325252)
+	for b.Len() < n {
+		x ^= x << 13
+		x ^= x >> 7
+		x ^= x << 17
+		b.WriteString(strconv.FormatUint(x, 36))
+	}
+	return b.String()[:n]
 }

@@ -228,7 +228,7 @@ func (s *Sink) commit(ctx context.Context, claim partition.Claim, end int64, key
 		if err := s.isolateUpserts(ctx, tx, ch.Upserts); err != nil {
 			return err
 		}
-		ch.Upserts = nil // written one by one above
+		ch.Upserts, existing = nil, 0 // written one by one above
 	}
 	b := &pgx.Batch{}
 	written, err := s.queueChanges(b, claim.TP, ch, existing, &inexact)
