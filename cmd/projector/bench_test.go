@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"fmt"
 	"os"
 	"os/exec"
 	"strings"
@@ -65,7 +66,28 @@ func TestBenchSmoke(t *testing.T) {
 	if strings.Contains(out, "FAILED") {
 		t.Errorf("a check failed:\n%s", out)
 	}
+	// Each partition's ~1,700 events take at least two batches of at most
+	// 1,000, and nearly every aggregate has events in both: its row is
+	// written once per batch, not once per event.
+	var aggregates, writes int
+	if _, err := fmt.Sscanf(strings.ReplaceAll(after(out, "(uniform, "), ",", ""), "%d", &aggregates); err != nil {
+		t.Errorf("no aggregate count in %q: %v", lineWith(out, "projector bench:"), err)
+	}
+	if _, err := fmt.Sscanf(strings.ReplaceAll(after(out, "engine fold: "), ",", ""), "%d row writes", &writes); err != nil {
+		t.Errorf("no row writes in %q: %v", lineWith(out, "engine fold: "), err)
+	}
+	if writes < aggregates*3/2 || writes > 20000/2 {
+		t.Errorf("engine fold wrote %d rows for 20,000 events of %d aggregates, want about two per aggregate", writes, aggregates)
+	}
 	t.Log("\n" + out)
+}
+
+// after returns what follows the first occurrence of marker in s.
+func after(s, marker string) string {
+	if i := strings.Index(s, marker); i >= 0 {
+		return s[i+len(marker):]
+	}
+	return ""
 }
 
 func lineWith(s, prefix string) string {

@@ -167,7 +167,7 @@ func (t *tracer) TraceBatchQuery(ctx context.Context, conn *pgx.Conn, data pgx.T
 		if ok1 && ok2 && ok3 {
 			tt.advance = &Commit{Partition: part, From: from, To: end}
 		}
-	case "upsert rows":
+	case "upsert rows", "update rows":
 		if n := len(data.Args); n > 0 {
 			if v, ok := data.Args[n-1].([]int64); ok {
 				tt.rows += int64(len(v))
@@ -202,6 +202,10 @@ func statementName(sql string) string {
 		return "load parked"
 	case strings.HasPrefix(s, "UPDATE projector_offsets"):
 		return "advance offset"
+	case strings.HasPrefix(s, "UPDATE"):
+		return "update rows"
+	case strings.HasPrefix(s, "SELECT set_config"):
+		return "plan settings"
 	case strings.HasPrefix(s, "INSERT INTO projector_tombstones"):
 		return "tombstones"
 	case strings.HasPrefix(s, "INSERT INTO projector_parked"):
