@@ -74,7 +74,12 @@ func runDemo(ctx context.Context, f *demoFlags, stdout, stderr io.Writer) error 
 		return fmt.Errorf("--log-level %q: want debug, info, warn or error", f.logLevel)
 	}
 	log := slog.New(slog.NewTextHandler(stderr, &slog.HandlerOptions{Level: level}))
-	say := func(format string, args ...any) { fmt.Fprintf(stdout, format+"\n", args...) }
+	var sayMu sync.Mutex // the progress goroutine prints too
+	say := func(format string, args ...any) {
+		sayMu.Lock()
+		defer sayMu.Unlock()
+		fmt.Fprintf(stdout, format+"\n", args...)
+	}
 
 	pool, err := demoDatabase(ctx, f)
 	if err != nil {
