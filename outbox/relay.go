@@ -200,6 +200,7 @@ type session struct {
 	memberNS int32  // first key of the relay membership locks
 	owned    []bool
 	count    int
+	mismatch bool // relays with another shard count are running
 }
 
 func (s *session) list() []int64 {
@@ -329,15 +330,30 @@ const memberSQL = `SELECT count(*) FILTER (WHERE objid = $2::int4::oid), count(*
 // ceil(Shards / relays): above it, it releases shards (it publishes
 // nothing while it does: rounds run on this goroutine); below it, it
 // tries to lock shards nobody holds, starting at a random one.
+//
+// While relays with another shard count run, it owns no shard but stays
+// a member, so that those relays see it and own none either: two shard
+// counts would split one aggregate's rows between two relays. Had it left
+// instead, they would take the shards in its absence and the two sides
+// would take turns.
 func (r *Relay) rebalance(ctx context.Context, s *session) error {
 	var same, other int
 	if err := s.conn.QueryRow(ctx, memberSQL, s.memberNS, r.cfg.Shards).Scan(&same, &other); err != nil {
 		return fmt.Errorf("count relays: %w", err)
 	}
-	if other > 0 {
-		return fmt.Errorf("%d relay(s) on this outbox run with a shard count other than %d: all replicas must use the same --shards, or per-aggregate order is lost; stop them or change this one", other, r.cfg.Shards)
+	if mismatch := other > 0; mismatch != s.mismatch {
+		s.mismatch = mismatch
+		if mismatch {
+			r.log.Error("outbox relay: relays with another shard count run on this outbox; all replicas must use the same --shards, or per-aggregate order is lost: publishing stops until they agree",
+				"other_relays", other, "shards", r.cfg.Shards)
+		} else {
+			r.log.Info("outbox relay: no relay with another shard count is left; publishing resumes")
+		}
 	}
 	fair := (r.cfg.Shards + max(same, 1) - 1) / max(same, 1)
+	if s.mismatch {
+		fair = 0
+	}
 	before := s.count
 	for shard := r.cfg.Shards - 1; shard >= 0 && s.count > fair; shard-- {
 		if !s.owned[shard] {
