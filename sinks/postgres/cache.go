@@ -30,7 +30,21 @@ type stateCache struct {
 type partCache struct {
 	epoch int64
 	rows  map[string]cachedAgg
+
+	// The cache only pays when batches find their aggregates in it. With
+	// far more aggregates than it holds (and no hot ones), nearly every
+	// lookup misses and keeping it costs more than it saves, so a
+	// partition whose hit rate over a window of lookups stays below
+	// minHitRate skips the cache for bypassLookups, then tries again.
+	looked, hit int // lookups and hits in the current window
+	bypass      int // lookups left to skip
 }
+
+const (
+	hitWindow     = 20_000
+	minHitRate    = 0.3
+	bypassLookups = 200_000
+)
 
 // cachedAgg is one aggregate as Postgres holds it: its last applied
 // version (0: never seen) and its row (nil: none, or deleted).
@@ -44,15 +58,34 @@ func newStateCache(max int) *stateCache {
 }
 
 // lookup fills st with the cached aggregates among keys and returns the
-// keys it does not hold. The rows it hands out are the cached ones: folds
-// do not modify the state they are given (see projection.FoldFunc).
-func (c *stateCache) lookup(claim partition.Claim, keys []string, st partition.State) (misses []string, hits int) {
+// keys it does not hold; caching reports whether the batch's outcome is to
+// be stored. The rows it hands out are the cached ones: folds do not
+// modify the state they are given (see projection.FoldFunc).
+func (c *stateCache) lookup(claim partition.Claim, keys []string, st partition.State) (misses []string, hits int, caching bool) {
 	if c.max <= 0 {
-		return keys, 0
+		return keys, 0, false
 	}
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	pc := c.part(claim)
+	if pc.bypass > 0 {
+		pc.bypass -= len(keys)
+		return keys, 0, false
+	}
+	defer func() {
+		pc.looked += len(keys)
+		pc.hit += hits
+		if pc.looked < hitWindow {
+			return
+		}
+		if float64(pc.hit) < minHitRate*float64(pc.looked) {
+			c.size -= len(pc.rows)
+			pc.rows = map[string]cachedAgg{}
+			pc.bypass = bypassLookups
+			caching = false
+		}
+		pc.looked, pc.hit = 0, 0
+	}()
 	for _, k := range keys {
 		a, ok := pc.rows[k]
 		if !ok {
@@ -67,7 +100,7 @@ func (c *stateCache) lookup(claim partition.Claim, keys []string, st partition.S
 			st.Rows[k] = a.row
 		}
 	}
-	return misses, hits
+	return misses, hits, true
 }
 
 // part returns the partition's entries under claim, dropping those of an
@@ -94,6 +127,9 @@ func (c *stateCache) store(claim partition.Claim, misses []string, loaded partit
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	pc := c.part(claim)
+	if pc.bypass > 0 {
+		return // dropped while this batch ran: nothing to keep up to date
+	}
 	put := func(k string, a cachedAgg) {
 		if _, ok := pc.rows[k]; !ok {
 			c.size++

@@ -50,3 +50,60 @@ func TestStateCacheBounded(t *testing.T) {
 		t.Errorf("partition 2 still cached after drop (size %d of %d)", c.size, total)
 	}
 }
+
+// A partition whose batches keep missing the cache (far more aggregates
+// than it holds) stops using it for a while, then tries again; one whose
+// batches find their aggregates keeps it.
+func TestStateCacheBypassedWhenItDoesNotPay(t *testing.T) {
+	c := newStateCache(1000)
+	cold := partition.Claim{TP: partition.TP{Topic: "t", Partition: 0}, Epoch: 1}
+	hot := partition.Claim{TP: partition.TP{Topic: "t", Partition: 1}, Epoch: 1}
+	batch := func(claim partition.Claim, keys []string) (hits int, caching bool) {
+		st := partition.State{Rows: map[string]projection.Row{}, Versions: map[string]int64{}}
+		misses, hits, caching := c.lookup(claim, keys, st)
+		if caching {
+			loaded := partition.State{Rows: map[string]projection.Row{}, Versions: map[string]int64{}}
+			for _, k := range misses {
+				loaded.Versions[k] = 1
+			}
+			c.store(claim, misses, loaded, nil, nil)
+		}
+		return hits, caching
+	}
+	hotKeys := make([]string, 100)
+	for i := range hotKeys {
+		hotKeys[i] = fmt.Sprintf("hot-%d", i)
+	}
+	next := 0
+	coldKeys := func() []string {
+		keys := make([]string, 500)
+		for i := range keys {
+			keys[i] = fmt.Sprintf("cold-%d", next)
+			next++
+		}
+		return keys
+	}
+	looked := 0
+	for looked < hitWindow {
+		batch(cold, coldKeys())
+		batch(hot, hotKeys)
+		looked += 500
+	}
+	if _, caching := batch(cold, coldKeys()); caching {
+		t.Fatalf("after %d lookups that all missed, the cold partition still caches", looked)
+	}
+	if n := len(c.parts[cold.TP].rows); n != 0 {
+		t.Errorf("the bypassed partition still holds %d rows", n)
+	}
+	if hits, caching := batch(hot, hotKeys); !caching || hits != len(hotKeys) {
+		t.Errorf("hot partition: %d hits of %d, caching %v; want every key from the cache", hits, len(hotKeys), caching)
+	}
+	for skipped := 500; skipped < bypassLookups; skipped += 500 {
+		if _, caching := batch(cold, coldKeys()); caching {
+			t.Fatalf("cold partition caches again after %d bypassed lookups, want %d", skipped, bypassLookups)
+		}
+	}
+	if _, caching := batch(cold, coldKeys()); !caching {
+		t.Errorf("cold partition still bypassed after %d lookups", bypassLookups)
+	}
+}

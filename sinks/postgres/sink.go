@@ -211,7 +211,7 @@ func (s *Sink) commit(ctx context.Context, claim partition.Claim, end int64, key
 		Rows:     make(map[string]projection.Row, len(keys)),
 		Versions: make(map[string]int64, len(keys)),
 	}
-	misses, hits := s.cache.lookup(claim, keys, state)
+	misses, hits, caching := s.cache.lookup(claim, keys, state)
 	if err := s.load(ctx, tx, claim.TP, misses, parkedKeys, &state); err != nil {
 		return err
 	}
@@ -260,7 +260,7 @@ func (s *Sink) commit(ctx context.Context, claim partition.Claim, end int64, key
 	if err := tx.Commit(ctx); err != nil {
 		return fmt.Errorf("commit: %w", err)
 	}
-	if s.cache.max > 0 {
+	if caching {
 		stored, err := s.storedRows(upserts, inexact)
 		if err != nil {
 			s.cache.drop(claim.TP) // committed; the next batch reads from Postgres
