@@ -60,7 +60,8 @@ type Config struct {
 	// has not seen recently (0: postgres.DefaultStateCacheRows; negative:
 	// no cache, every batch reads its aggregates). projector must be the
 	// only writer of its tables: a row changed behind its back is noticed
-	// (the batch is retried from Postgres) only when the version moved.
+	// (the batch is retried from Postgres) only when its version moved or
+	// it was deleted.
 	StateCacheRows int
 	// RevokeTimeout bounds how long a revoked partition's worker may take
 	// to finish its open batch before it is abandoned (default 10s).
@@ -99,7 +100,7 @@ type Config struct {
 }
 
 // fetchMaxWait bounds how long the broker holds a fetch with no new data.
-var fetchMaxWait = 500 * time.Millisecond
+const fetchMaxWait = 500 * time.Millisecond
 
 func (c *Config) validate() error {
 	if len(c.Brokers) == 0 {
