@@ -53,9 +53,10 @@ func (s *Sink) SetStateCache(rows int) { s.cache = newStateCache(rows) }
 // when the partition is revoked.
 func (s *Sink) Forget(tp partition.TP) { s.cache.drop(tp) }
 
-// errStaleState reports a batch planned on cached state that Postgres
-// contradicts; the transaction is rolled back and retried from Postgres.
-var errStaleState = errors.New("the cached state of an aggregate differs from Postgres (was the table written by something else?); retrying from Postgres")
+// errStaleState reports a batch planned on state (cached, or read earlier
+// in the transaction) that Postgres contradicts when the rows are written;
+// the transaction is rolled back and retried from Postgres.
+var errStaleState = errors.New("an aggregate's row in Postgres is not what the batch was planned on (was the table written by something else?); retrying from Postgres")
 
 // rowSQL builds the set-based statements of a projection's table. Values
 // travel as one array per column, binary for integers, floats and booleans
