@@ -5,11 +5,13 @@ import (
 	"errors"
 	"fmt"
 	"strings"
+	"sync/atomic"
 	"time"
 
 	"github.com/hamba/avro/v2"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/prometheus/client_golang/prometheus"
+	"github.com/twmb/franz-go/pkg/kgo"
 	"github.com/twmb/franz-go/pkg/sr"
 
 	"github.com/projector-dev/projector/internal/demo"
@@ -122,6 +124,7 @@ func runEngine(ctx context.Context, e *runEnv) error {
 	if err != nil {
 		return err
 	}
+	var fetched fetchCounter
 	eng, err := projector.New(projector.Config{
 		Brokers:     spec.Brokers,
 		Identity:    spec.Identity,
@@ -134,6 +137,7 @@ func runEngine(ctx context.Context, e *runEnv) error {
 		StateCacheRows: spec.StateCacheRows,
 		Logger:         e.log,
 		Registerer:     prometheus.NewRegistry(),
+		ClientOpts:     []kgo.Opt{kgo.WithHooks(&fetched)},
 	}, pool, func(*projection.Projection) partition.Decoder { return schemas.NewDecoder(reg, reader) })
 	if err != nil {
 		return err
@@ -207,7 +211,17 @@ func runEngine(ctx context.Context, e *runEnv) error {
 	}
 	rows, phases, commits := tr.result()
 	res.RowWrites, res.Phases, res.Commits = rows, &phases, commits
+	res.Fetched = fetched.records.Load()
 	res.Committed = end
 	e.report(ctx, res)
 	return nil
+}
+
+// fetchCounter counts the records the Kafka client decoded from fetch
+// responses: more than the events consumed means data fetched twice (a
+// partition paused with a fetch in flight has that data dropped).
+type fetchCounter struct{ records atomic.Int64 }
+
+func (f *fetchCounter) OnFetchBatchRead(_ kgo.BrokerMetadata, _ string, _ int32, m kgo.FetchBatchMetrics) {
+	f.records.Add(int64(m.NumRecords))
 }

@@ -69,7 +69,10 @@ type Row struct {
 	FreshP99MS     *float64  `json:"freshness_p99_ms,omitempty"`
 	JoinSeconds    float64   `json:"join_seconds,omitempty"`
 	RowWrites      int64     `json:"row_writes,omitempty"`
-	Phases         *Phases   `json:"batch_phases,omitempty"`
+	// Fetched is how many records the engine read from Kafka to consume
+	// Events (more: some were fetched twice).
+	Fetched int64   `json:"records_fetched,omitempty"`
+	Phases  *Phases `json:"batch_phases,omitempty"`
 	// Prefix is set when the run stopped at the time limit: it was
 	// measured on the first Events events (per partition, a prefix).
 	Prefix bool   `json:"prefix"`
@@ -126,7 +129,7 @@ func (r *Report) add(mode string, s *Sample, total int) {
 	row := &Row{
 		Mode: mode, Name: rowNames[mode], Events: res.Events, Seconds: res.Seconds, EventsPerSec: s.EPS(),
 		GoCPU: res.CPUSeconds, PGCPU: s.PGCPU, PGCPUNote: s.PGCPUNote, PeakRSSMB: s.PeakRSSMB,
-		JoinSeconds: res.JoinSeconds, RowWrites: res.RowWrites, Phases: res.Phases,
+		JoinSeconds: res.JoinSeconds, RowWrites: res.RowWrites, Fetched: res.Fetched, Phases: res.Phases,
 		Prefix: res.TimedOut, Total: total, Check: "ok",
 	}
 	if res.Events > 0 {
@@ -284,8 +287,9 @@ func (r *Report) Table(w io.Writer) error {
 		if row == nil {
 			continue
 		}
-		fmt.Fprintf(w, "%s: %s row writes for %s events (%.2f per event); group join and claim %.2fs of the window",
-			row.Name, group(row.RowWrites), group(row.Events), float64(row.RowWrites)/math.Max(1, float64(row.Events)), row.JoinSeconds)
+		fmt.Fprintf(w, "%s: %s row writes for %s events (%.2f per event); %s records fetched (%.2f per event); group join and claim %.2fs of the window",
+			row.Name, group(row.RowWrites), group(row.Events), float64(row.RowWrites)/math.Max(1, float64(row.Events)),
+			group(row.Fetched), float64(row.Fetched)/math.Max(1, float64(row.Events)), row.JoinSeconds)
 		if q := row.RSSQuartilesMB; len(q) == 4 {
 			fmt.Fprintf(w, "; rss %.0f → %.0f → %.0f → %.0f MB at 25/50/75/100%%", q[0], q[1], q[2], q[3])
 		}

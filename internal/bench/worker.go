@@ -104,6 +104,9 @@ type WorkerResult struct {
 	// RowWrites counts rows upserted or deleted (engine), to show that
 	// many events of one aggregate in one batch became one write.
 	RowWrites int64 `json:"row_writes,omitempty"`
+	// Fetched counts the records the engine's Kafka client read from
+	// fetch responses (engine).
+	Fetched int64 `json:"fetched,omitempty"`
 	// PeakRSSMB is the child's peak resident set (VmHWM of its own
 	// address space, read when the window closes).
 	PeakRSSMB float64  `json:"peak_rss_mb"`
