@@ -1,7 +1,10 @@
 package postgres
 
 import (
+	"encoding/binary"
+	"math"
 	"sync"
+	"unsafe"
 
 	"github.com/projector-dev/projector/partition"
 	"github.com/projector-dev/projector/projection"
@@ -20,7 +23,8 @@ const DefaultStateCacheRows = 100_000
 // and a batch whose cached state Postgres contradicts is rolled back and
 // retried from Postgres.
 type stateCache struct {
-	max int // rows across partitions; 0 disables the cache
+	max  int // rows across partitions; 0 disables the cache
+	cols []projection.Column
 
 	mu    sync.Mutex
 	size  int
@@ -47,20 +51,20 @@ const (
 )
 
 // cachedAgg is one aggregate as Postgres holds it: its last applied
-// version (0: never seen) and its row (nil: none, or deleted).
+// version (0: never seen) and its row (nil: none, or deleted) encoded by
+// encodeRow.
 type cachedAgg struct {
 	version int64
-	row     projection.Row
+	row     []byte
 }
 
-func newStateCache(max int) *stateCache {
-	return &stateCache{max: max, parts: map[partition.TP]*partCache{}}
+func newStateCache(max int, cols []projection.Column) *stateCache {
+	return &stateCache{max: max, cols: cols, parts: map[partition.TP]*partCache{}}
 }
 
 // lookup fills st with the cached aggregates among keys and returns the
 // keys it does not hold; caching reports whether the batch's outcome is to
-// be stored. The rows it hands out are the cached ones: folds do not
-// modify the state they are given (see projection.FoldFunc).
+// be stored.
 func (c *stateCache) lookup(claim partition.Claim, keys []string, st partition.State) (misses []string, hits int, caching bool) {
 	if c.max <= 0 {
 		return keys, 0, false
@@ -97,7 +101,7 @@ func (c *stateCache) lookup(claim partition.Claim, keys []string, st partition.S
 			st.Versions[k] = a.version
 		}
 		if a.row != nil {
-			st.Rows[k] = a.row
+			st.Rows[k] = decodeRow(c.cols, a.row)
 		}
 	}
 	return misses, hits, true
@@ -130,14 +134,25 @@ func (c *stateCache) store(claim partition.Claim, misses []string, loaded partit
 	if pc.bypass > 0 {
 		return // dropped while this batch ran: nothing to keep up to date
 	}
-	put := func(k string, a cachedAgg) {
+	put := func(k string, version int64, row projection.Row) {
+		a := cachedAgg{version: version}
+		if row != nil {
+			var ok bool
+			if a.row, ok = encodeRow(c.cols, row); !ok {
+				if _, had := pc.rows[k]; had {
+					delete(pc.rows, k)
+					c.size--
+				}
+				return
+			}
+		}
 		if _, ok := pc.rows[k]; !ok {
 			c.size++
 		}
 		pc.rows[k] = a
 	}
 	for _, k := range misses {
-		put(k, cachedAgg{version: loaded.Versions[k], row: loaded.Rows[k]})
+		put(k, loaded.Versions[k], loaded.Rows[k])
 	}
 	// A write moves a known aggregate forward. One that Postgres would
 	// not have applied as given (an upsert at or below the known version,
@@ -146,7 +161,7 @@ func (c *stateCache) store(claim partition.Claim, misses []string, loaded partit
 	for _, w := range rows {
 		if cur, ok := pc.rows[w.Key]; ok {
 			if w.Version > cur.version {
-				pc.rows[w.Key] = cachedAgg{version: w.Version, row: w.Row}
+				put(w.Key, w.Version, w.Row)
 			} else {
 				delete(pc.rows, w.Key)
 				c.size--
@@ -207,4 +222,94 @@ func (c *stateCache) drop(tp partition.TP) {
 		c.size -= len(pc.rows)
 		delete(c.parts, tp)
 	}
+}
+
+// A cached row is kept as bytes rather than as a Row: a hundred thousand
+// maps of boxed values are pointers the garbage collector follows on every
+// cycle (it cost the consumer more CPU than the cache saved it), bytes are
+// not. Per column, in the projection's order: a tag, then the value.
+const (
+	tagNil byte = iota
+	tagInt
+	tagFloat
+	tagFalse
+	tagTrue
+	tagString
+)
+
+// encodeRow encodes row's columns; ok is false for a value of a type a row
+// read from Postgres does not hold (see projection.Column.Stored). The
+// result is never modified: decodeRow's strings point into it.
+func encodeRow(cols []projection.Column, row projection.Row) (b []byte, ok bool) {
+	n := 0
+	for _, c := range cols {
+		switch v := row[c.Name].(type) {
+		case nil, bool:
+			n++
+		case int64:
+			n += 1 + binary.MaxVarintLen64
+		case float64:
+			n += 9
+		case string:
+			n += 1 + binary.MaxVarintLen64 + len(v)
+		default:
+			return nil, false
+		}
+	}
+	b = make([]byte, 0, n)
+	for _, c := range cols {
+		switch v := row[c.Name].(type) {
+		case nil:
+			b = append(b, tagNil)
+		case bool:
+			if v {
+				b = append(b, tagTrue)
+			} else {
+				b = append(b, tagFalse)
+			}
+		case int64:
+			b = binary.AppendVarint(append(b, tagInt), v)
+		case float64:
+			b = binary.LittleEndian.AppendUint64(append(b, tagFloat), math.Float64bits(v))
+		case string:
+			b = binary.AppendUvarint(append(b, tagString), uint64(len(v)))
+			b = append(b, v...)
+		}
+	}
+	return b, true
+}
+
+// decodeRow returns the row encodeRow encoded in b, a new map each time
+// (folds may keep it). Its strings share b's memory.
+func decodeRow(cols []projection.Column, b []byte) projection.Row {
+	row := make(projection.Row, len(cols))
+	for _, c := range cols {
+		tag := b[0]
+		b = b[1:]
+		switch tag {
+		case tagNil:
+			row[c.Name] = nil
+		case tagFalse:
+			row[c.Name] = false
+		case tagTrue:
+			row[c.Name] = true
+		case tagInt:
+			v, n := binary.Varint(b)
+			row[c.Name] = v
+			b = b[n:]
+		case tagFloat:
+			row[c.Name] = math.Float64frombits(binary.LittleEndian.Uint64(b))
+			b = b[8:]
+		case tagString:
+			l, n := binary.Uvarint(b)
+			b = b[n:]
+			if l == 0 {
+				row[c.Name] = ""
+				continue
+			}
+			row[c.Name] = unsafe.String(&b[0], int(l))
+			b = b[l:]
+		}
+	}
+	return row
 }

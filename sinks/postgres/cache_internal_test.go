@@ -2,6 +2,9 @@ package postgres
 
 import (
 	"fmt"
+	"maps"
+	"math"
+	"reflect"
 	"testing"
 
 	"github.com/projector-dev/projector/partition"
@@ -11,7 +14,7 @@ import (
 // The cache stays within its size across partitions and keeps what it
 // keeps right.
 func TestStateCacheBounded(t *testing.T) {
-	c := newStateCache(100)
+	c := newStateCache(100, []projection.Column{{Name: "n", Type: "bigint"}})
 	for p := int32(0); p < 3; p++ {
 		claim := partition.Claim{TP: partition.TP{Topic: "t", Partition: p}, Epoch: 1}
 		for b := 0; b < 10; b++ {
@@ -37,8 +40,8 @@ func TestStateCacheBounded(t *testing.T) {
 			if _, err := fmt.Sscanf(k, "p%d-k%d", &p, &i); err != nil || int32(p) != tp.Partition {
 				t.Fatalf("key %s cached under partition %d", k, tp.Partition)
 			}
-			if a.version != int64(i/50+1) || a.row["n"] != int64(i%50) {
-				t.Errorf("%s cached as v%d %v", k, a.version, a.row)
+			if row := decodeRow(c.cols, a.row); a.version != int64(i/50+1) || row["n"] != int64(i%50) {
+				t.Errorf("%s cached as v%d %v", k, a.version, row)
 			}
 		}
 	}
@@ -55,7 +58,7 @@ func TestStateCacheBounded(t *testing.T) {
 // than it holds) stops using it for a while, then tries again; one whose
 // batches find their aggregates keeps it.
 func TestStateCacheBypassedWhenItDoesNotPay(t *testing.T) {
-	c := newStateCache(1000)
+	c := newStateCache(1000, []projection.Column{{Name: "n", Type: "bigint"}})
 	cold := partition.Claim{TP: partition.TP{Topic: "t", Partition: 0}, Epoch: 1}
 	hot := partition.Claim{TP: partition.TP{Topic: "t", Partition: 1}, Epoch: 1}
 	batch := func(claim partition.Claim, keys []string) (hits int, caching bool) {
@@ -105,5 +108,41 @@ func TestStateCacheBypassedWhenItDoesNotPay(t *testing.T) {
 	}
 	if _, caching := batch(cold, coldKeys()); !caching {
 		t.Errorf("cold partition still bypassed after %d lookups", bypassLookups)
+	}
+}
+
+// A row comes out of the cache as it went in, for every kind of value a
+// row read from Postgres holds; a row holding anything else is not kept.
+func TestStateCacheRowEncoding(t *testing.T) {
+	cols := []projection.Column{
+		{Name: "id", Type: "text"}, {Name: "empty", Type: "text"}, {Name: "null", Type: "text"},
+		{Name: "n", Type: "bigint"}, {Name: "neg", Type: "bigint"}, {Name: "f", Type: "double precision"},
+		{Name: "yes", Type: "boolean"}, {Name: "no", Type: "boolean"}, {Name: "missing", Type: "bigint"},
+	}
+	row := projection.Row{
+		"id": "acc-1 ünïcode", "empty": "", "null": nil, "n": int64(math.MaxInt64), "neg": int64(-7),
+		"f": -0.1, "yes": true, "no": false, "extra": "not a column",
+	}
+	b, ok := encodeRow(cols, row)
+	if !ok {
+		t.Fatal("encodeRow refused a row of strings, integers, floats, booleans and nulls")
+	}
+	want := maps.Clone(row)
+	delete(want, "extra") // what a load from Postgres gives:
+	want["missing"] = nil // every column, and only columns
+	if got := decodeRow(cols, b); !reflect.DeepEqual(got, want) {
+		t.Errorf("decoded %v, want %v", got, want)
+	}
+	if _, ok := encodeRow(cols, projection.Row{"id": "a", "n": 3}); ok {
+		t.Error("encodeRow took an int where a row read from Postgres holds an int64")
+	}
+
+	c := newStateCache(10, cols)
+	claim := partition.Claim{TP: partition.TP{Topic: "t"}, Epoch: 1}
+	loaded := partition.State{Rows: map[string]projection.Row{"a": row}, Versions: map[string]int64{"a": 1}}
+	c.store(claim, []string{"a"}, loaded, []partition.RowWrite{{Key: "a", Version: 2, Row: projection.Row{"id": "a", "n": 3}}}, nil)
+	st := partition.State{Rows: map[string]projection.Row{}, Versions: map[string]int64{}}
+	if misses, _, _ := c.lookup(claim, []string{"a"}, st); len(misses) != 1 || c.size != 0 {
+		t.Errorf("a row the cache cannot hold left %v cached (misses %v, size %d)", st.Rows["a"], misses, c.size)
 	}
 }

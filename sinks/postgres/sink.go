@@ -39,7 +39,7 @@ var _ partition.Sink = (*Sink)(nil)
 // Migrate first. With dlqTopic set, every new dead letter is also queued
 // (in the same transaction) for publishing to that Kafka topic.
 func NewSink(pool *pgxpool.Pool, identity string, p *projection.Projection, dlqTopic string) *Sink {
-	s := &Sink{pool: pool, identity: identity, p: p, dlqTopic: dlqTopic, cache: newStateCache(DefaultStateCacheRows)}
+	s := &Sink{pool: pool, identity: identity, p: p, dlqTopic: dlqTopic, cache: newStateCache(DefaultStateCacheRows, p.Columns)}
 	s.loadSQL, s.upsertSQL, s.updateSQL, s.deleteSQL = rowSQL(p)
 	return s
 }
@@ -47,7 +47,7 @@ func NewSink(pool *pgxpool.Pool, identity string, p *projection.Projection, dlqT
 // SetStateCache sets how many aggregates' rows the sink keeps in memory
 // (across its partitions) so that a batch reads only the others from
 // Postgres; 0 turns the cache off. Call it before the first batch.
-func (s *Sink) SetStateCache(rows int) { s.cache = newStateCache(rows) }
+func (s *Sink) SetStateCache(rows int) { s.cache = newStateCache(rows, s.p.Columns) }
 
 // Forget drops what the sink keeps in memory about a partition; call it
 // when the partition is revoked.
