@@ -134,47 +134,50 @@ func (c *stateCache) store(claim partition.Claim, misses []string, loaded partit
 	if pc.bypass > 0 {
 		return // dropped while this batch ran: nothing to keep up to date
 	}
-	put := func(k string, version int64, row projection.Row) {
-		a := cachedAgg{version: version}
-		if row != nil {
-			var ok bool
-			if a.row, ok = encodeRow(c.cols, row); !ok {
-				if _, had := pc.rows[k]; had {
-					delete(pc.rows, k)
-					c.size--
-				}
-				return
-			}
-		}
-		if _, ok := pc.rows[k]; !ok {
-			c.size++
-		}
-		pc.rows[k] = a
+	// Large maps make every access a likely CPU cache miss: each key is
+	// looked up once and assigned once.
+	forget := func(k string) {
+		delete(pc.rows, k)
+		c.size--
 	}
 	for _, k := range misses {
-		put(k, loaded.Versions[k], loaded.Rows[k])
+		a := cachedAgg{version: loaded.Versions[k]}
+		if row := loaded.Rows[k]; row != nil {
+			var ok bool
+			if a.row, ok = encodeRow(c.cols, row); !ok {
+				continue // not cached: a miss again next time
+			}
+		}
+		n := len(pc.rows)
+		pc.rows[k] = a
+		c.size += len(pc.rows) - n
 	}
 	// A write moves a known aggregate forward. One that Postgres would
 	// not have applied as given (an upsert at or below the known version,
 	// a delete below it), or of an aggregate whose state was not read,
 	// leaves nothing in the cache: its next batch reads Postgres.
 	for _, w := range rows {
-		if cur, ok := pc.rows[w.Key]; ok {
-			if w.Version > cur.version {
-				put(w.Key, w.Version, w.Row)
-			} else {
-				delete(pc.rows, w.Key)
-				c.size--
-			}
+		cur, ok := pc.rows[w.Key]
+		if !ok {
+			continue
 		}
+		if w.Version <= cur.version {
+			forget(w.Key)
+			continue
+		}
+		enc, ok := encodeRow(c.cols, w.Row)
+		if !ok {
+			forget(w.Key)
+			continue
+		}
+		pc.rows[w.Key] = cachedAgg{version: w.Version, row: enc}
 	}
 	for _, d := range deletes {
 		if cur, ok := pc.rows[d.Key]; ok {
 			if d.Version >= cur.version {
 				pc.rows[d.Key] = cachedAgg{version: d.Version}
 			} else {
-				delete(pc.rows, d.Key)
-				c.size--
+				forget(d.Key)
 			}
 		}
 	}
