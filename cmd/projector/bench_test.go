@@ -79,6 +79,14 @@ func TestBenchSmoke(t *testing.T) {
 	if writes < aggregates*3/2 || writes > 20000/2 {
 		t.Errorf("engine fold wrote %d rows for 20,000 events of %d aggregates, want about two per aggregate", writes, aggregates)
 	}
+	// Every event consumed was fetched; the count shows refetching.
+	var fetched int
+	if _, err := fmt.Sscanf(strings.ReplaceAll(after(after(out, "engine fold: "), "per event); "), ",", ""), "%d records fetched", &fetched); err != nil {
+		t.Errorf("no records fetched in %q: %v", lineWith(out, "engine fold: "), err)
+	}
+	if fetched < 20000 {
+		t.Errorf("engine fold reports %d records fetched for 20,000 events consumed", fetched)
+	}
 	t.Log("\n" + out)
 }
 
