@@ -59,30 +59,37 @@ func (s *Sink) Forget(tp partition.TP) { s.cache.drop(tp) }
 var errStaleState = errors.New("an aggregate's row in Postgres is not what the batch was planned on (was the table written by something else?); retrying from Postgres")
 
 // rowSQL builds the set-based statements of a projection's table. Values
-// travel as one array per column, binary for integers, floats and booleans
-// and text for every other type, and are cast to the column types in SQL.
+// travel as arrays (see newColumn), binary for integers, floats, booleans
+// and timestamps and text for every other type, and are cast to the column
+// types in SQL.
 func rowSQL(p *projection.Projection) (load, upsert, update, del string) {
 	table := quoteTable(p.Table)
 	key := p.Columns[0]
 	keyCol := quoteIdent(key.Name)
 
-	var sel, names, casts, types, sets, updSets []string
+	var sel, names, values, params, unnested, sets, updSets []string
 	for i, c := range p.Columns {
 		q := quoteIdent(c.Name)
 		sel = append(sel, "t."+q+"::text")
 		names = append(names, q)
-		casts = append(casts, fmt.Sprintf("u.c%d::%s", i, c.Type))
-		types = append(types, fmt.Sprintf("$%d::%s", i+1, newColumn(c, 0).sqlType()))
+		col := newColumn(c, i == 0, 0)
+		var refs []string
+		for j, typ := range col.sqlTypes() {
+			name := fmt.Sprintf("c%d", i)
+			if j > 0 {
+				name = fmt.Sprintf("c%d_%d", i, j)
+			}
+			params = append(params, fmt.Sprintf("$%d::%s", len(params)+1, typ))
+			unnested = append(unnested, name)
+			refs = append(refs, "u."+name)
+		}
+		values = append(values, col.expr(refs))
 		if i > 0 {
 			sets = append(sets, fmt.Sprintf("%s = excluded.%s", q, q))
-			updSets = append(updSets, fmt.Sprintf("%s = u.c%d::%s", q, i, c.Type))
+			updSets = append(updSets, fmt.Sprintf("%s = %s", q, values[i]))
 		}
 	}
-	cols := make([]string, len(p.Columns))
-	for i := range cols {
-		cols[i] = fmt.Sprintf("c%d", i)
-	}
-	n := len(p.Columns)
+	versions := len(params) + 1
 	sets = append(sets, "version = excluded.version")
 
 	// Rows and tombstones are looked up by separate index probes: a join
@@ -98,7 +105,7 @@ func rowSQL(p *projection.Projection) (load, upsert, update, del string) {
 		SELECT %s, u.version FROM unnest(%s, $%d::bigint[]) AS u(%s, version)
 		ON CONFLICT (%s) DO UPDATE SET %s WHERE %s.version < excluded.version`,
 		table, strings.Join(names, ", "),
-		strings.Join(casts, ", "), strings.Join(types, ", "), n+1, strings.Join(cols, ", "),
+		strings.Join(values, ", "), strings.Join(params, ", "), versions, strings.Join(unnested, ", "),
 		keyCol, strings.Join(sets, ", "), table)
 	// Rows known to exist are updated in place: an upsert that meets its
 	// conflict also locks the row, one more WAL record per row. The join
@@ -107,7 +114,7 @@ func rowSQL(p *projection.Projection) (load, upsert, update, del string) {
 	update = fmt.Sprintf(`UPDATE %s AS t SET %s
 		FROM unnest(%s, $%d::bigint[]) AS u(%s, version)
 		WHERE t.%s = u.c0::%s AND t.version < u.version`,
-		table, strings.Join(updSets, ", "), strings.Join(types, ", "), n+1, strings.Join(cols, ", "),
+		table, strings.Join(updSets, ", "), strings.Join(params, ", "), versions, strings.Join(unnested, ", "),
 		keyCol, key.Type)
 	del = fmt.Sprintf(`DELETE FROM %s WHERE %s = ANY($1::text[]::%s[])`, table, keyCol, key.Type)
 	return load, upsert, update, del
@@ -571,7 +578,7 @@ func (s *Sink) queueDeadLetters(b *pgx.Batch, tp partition.TP, dls []partition.D
 func (s *Sink) upsertArgs(rows []partition.RowWrite, base int, inexact *[]int) ([]any, error) {
 	cols := make([]column, len(s.p.Columns))
 	for i, c := range s.p.Columns {
-		cols[i] = newColumn(c, len(rows))
+		cols[i] = newColumn(c, i == 0, len(rows))
 	}
 	versions := make([]int64, len(rows))
 	for r, w := range rows {
@@ -588,9 +595,9 @@ func (s *Sink) upsertArgs(rows []partition.RowWrite, base int, inexact *[]int) (
 			*inexact = append(*inexact, base+r)
 		}
 	}
-	args := make([]any, 0, len(cols)+1)
+	args := make([]any, 0, len(cols)+2)
 	for _, c := range cols {
-		args = append(args, c.arg())
+		args = append(args, c.args()...)
 	}
 	return append(args, versions), nil
 }

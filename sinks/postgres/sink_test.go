@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"errors"
+	"fmt"
 	"math"
 	"reflect"
 	"slices"
@@ -535,6 +536,73 @@ func TestCommitBatchUpsertRoundTrip(t *testing.T) {
 	}
 	check(4, 5)
 	e.wantOffset(14)
+}
+
+// TestCommitBatchTimestamptzForms writes timestamptz values in the forms
+// rows hold them (RFC 3339 from events, Postgres's own rendering from
+// loaded rows, times from Go folds) and in forms only Postgres parses, by
+// insert and by update, and wants each stored as Postgres itself reads the
+// value's text.
+func TestCommitBatchTimestamptzForms(t *testing.T) {
+	p := parseOne(t, typedYAML)
+	e := newEnv(t, p)
+	nanos := time.Date(2026, 2, 3, 4, 5, 6, 789012600, time.UTC)
+	forms := []any{
+		"2026-02-03T04:05:06.789012Z",
+		"2026-02-03T04:05:06+05:30",
+		"2026-02-03T04:05:06.7890126Z", // below a microsecond: Postgres rounds
+		"2026-02-03 04:05:06+00",
+		"2026-02-03 04:05:06.5+05:30",
+		"2026-02-03 04:05:06-03",
+		"2026-02-03 23:59:60Z", // a leap second: Postgres rolls over
+		"2026-02-03",
+		"2026-02-03 04:05:06 Europe/Paris",
+		"infinity",
+		"-infinity",
+		"9999-12-31T23:59:59Z",
+		"10000-01-01T00:00:00Z",
+		time.Date(2026, 2, 3, 4, 5, 6, 789012000, time.FixedZone("x", 3600)),
+		nanos,
+	}
+	text := func(v any) string {
+		if tm, ok := v.(time.Time); ok {
+			return tm.Format(time.RFC3339Nano)
+		}
+		return v.(string)
+	}
+	keys := make([]string, len(forms))
+	for i := range forms {
+		keys[i] = fmt.Sprintf("t%02d", i)
+	}
+	c := e.claim(0)
+	for round := range 2 { // insert, then update with every form moved to another row
+		var ups []partition.RowWrite
+		for i, k := range keys {
+			v := forms[(i+round)%len(forms)]
+			ups = append(ups, partition.RowWrite{Key: k, Version: int64(round + 1), Row: projection.Row{"id": k, "at": v}})
+		}
+		// The keys are read first: the second round updates rows known
+		// to exist (the statement that differs from the first round's).
+		err := e.sink.CommitBatch(e.ctx, c, int64(round+1), keys, nil, func(st partition.State) (partition.Changes, error) {
+			if len(st.Rows) != round*len(keys) {
+				t.Errorf("round %d: %d rows exist, want %d", round, len(st.Rows), round*len(keys))
+			}
+			return partition.Changes{Upserts: ups}, nil
+		})
+		if err != nil {
+			t.Fatalf("round %d: %v", round, err)
+		}
+		c.NextOffset = int64(round + 1)
+		for _, w := range ups {
+			var same bool
+			var stored string
+			err := e.db.Pool.QueryRow(e.ctx, `SELECT at = $2::timestamptz, at::text FROM typed WHERE id = $1 AND version = $3`,
+				w.Key, text(w.Row["at"]), w.Version).Scan(&same, &stored)
+			if err != nil || !same {
+				t.Errorf("round %d: %s = %#v stored as %s, want %s::timestamptz (err %v)", round, w.Key, w.Row["at"], stored, text(w.Row["at"]), err)
+			}
+		}
+	}
 }
 
 func TestCommitBatchBigintKey(t *testing.T) {

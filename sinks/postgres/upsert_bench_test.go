@@ -60,12 +60,14 @@ func perRow(b *testing.B, rows int, f func()) {
 func BenchmarkUpsertArgs(b *testing.B) {
 	m := pgtype.NewMap()
 	oidOf := map[string]uint32{"text[]": pgtype.TextArrayOID, "int8[]": pgtype.Int8ArrayOID,
-		"float8[]": pgtype.Float8ArrayOID, "bool[]": pgtype.BoolArrayOID}
+		"float8[]": pgtype.Float8ArrayOID, "bool[]": pgtype.BoolArrayOID, "timestamptz[]": pgtype.TimestamptzArrayOID}
 	for _, n := range []int{100, 1000} {
 		s, rows := benchRows(b, n)
 		var oids []uint32
-		for _, c := range s.p.Columns {
-			oids = append(oids, oidOf[newColumn(c, 0).sqlType()])
+		for i, c := range s.p.Columns {
+			for _, typ := range newColumn(c, i == 0, 0).sqlTypes() {
+				oids = append(oids, oidOf[typ])
+			}
 		}
 		oids = append(oids, pgtype.Int8ArrayOID)
 		encode := func(args []any, oids []uint32) {
@@ -88,7 +90,7 @@ func BenchmarkUpsertArgs(b *testing.B) {
 			})
 		})
 		b.Run(fmt.Sprintf("text-arrays/rows=%d", n), func(b *testing.B) {
-			textOIDs := make([]uint32, len(oids))
+			textOIDs := make([]uint32, len(s.p.Columns)+1)
 			for i := range textOIDs {
 				textOIDs[i] = pgtype.TextArrayOID
 			}
