@@ -87,19 +87,7 @@ func (w *Worker) process(ctx context.Context, recs []*kgo.Record) (err error) {
 		return err
 	}
 
-	keys := make([]string, 0, len(items))
-	var parked []string
-	seen := make(map[string]bool, len(items))
-	for _, it := range items {
-		if it.err != nil || seen[it.key] {
-			continue
-		}
-		seen[it.key] = true
-		keys = append(keys, it.key)
-		if w.gaps.has(it.key) {
-			parked = append(parked, it.key)
-		}
-	}
+	keys := batchKeys(items, w.gaps.has)
 
 	var (
 		out      outcomes
@@ -115,7 +103,7 @@ func (w *Worker) process(ctx context.Context, recs []*kgo.Record) (err error) {
 	}
 	for attempt := 0; ; attempt++ {
 		began := time.Now()
-		err := w.commitTraced(ctx, end, keys, parked, plan)
+		err := w.commitTraced(ctx, end, keys, plan)
 		if err == nil {
 			w.metrics.commitDuration.Observe(time.Since(began).Seconds())
 			break
@@ -168,6 +156,44 @@ func (w *Worker) process(ctx context.Context, recs []*kgo.Record) (err error) {
 	return nil
 }
 
+// batchKeys lists the aggregates of a batch's decoded items (see Keys);
+// parked reports those with parked events.
+func batchKeys(items []*item, parked func(string) bool) Keys {
+	var keys Keys
+	keys.All = make([]string, 0, len(items))
+	const notNew = -1
+	first := make(map[string]int64, len(items)) // lowest version, or notNew
+	for _, it := range items {
+		if it.err != nil {
+			continue
+		}
+		low, seen := first[it.key]
+		if !seen {
+			keys.All = append(keys.All, it.key)
+			if parked(it.key) {
+				keys.Parked = append(keys.Parked, it.key)
+				low = notNew
+			} else {
+				low = it.version
+			}
+		}
+		switch {
+		case low == notNew:
+		case it.tombstone:
+			low = notNew
+		default:
+			low = min(low, it.version)
+		}
+		first[it.key] = low
+	}
+	for _, k := range keys.All {
+		if first[k] == 1 {
+			keys.New = append(keys.New, k)
+		}
+	}
+	return keys
+}
+
 var traceContext = propagation.TraceContext{}
 
 // startSpan starts the batch's consumer span, linked to the producer
@@ -198,14 +224,14 @@ func (w *Worker) startSpan(ctx context.Context, recs []*kgo.Record) (context.Con
 }
 
 // commitTraced runs the batch transaction, as a child span when tracing.
-func (w *Worker) commitTraced(ctx context.Context, end int64, keys, parked []string, plan func(State) (Changes, error)) error {
+func (w *Worker) commitTraced(ctx context.Context, end int64, keys Keys, plan func(State) (Changes, error)) error {
 	if w.cfg.Tracer == nil {
-		return w.sink.CommitBatch(ctx, w.claim, end, keys, parked, plan)
+		return w.sink.CommitBatch(ctx, w.claim, end, keys, plan)
 	}
 	ctx, span := w.cfg.Tracer.Start(ctx, "commit batch", trace.WithSpanKind(trace.SpanKindClient),
 		trace.WithAttributes(attribute.String("db.system.name", "postgresql"), attribute.String("db.operation.name", "COMMIT")))
 	defer span.End()
-	err := w.sink.CommitBatch(ctx, w.claim, end, keys, parked, plan)
+	err := w.sink.CommitBatch(ctx, w.claim, end, keys, plan)
 	if err != nil {
 		span.RecordError(err)
 		span.SetStatus(codes.Error, err.Error())

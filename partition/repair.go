@@ -196,7 +196,7 @@ func (w *Worker) commitRepair(ctx context.Context, key string, plan func(State) 
 		return ch, err
 	}
 	for attempt := 0; ; attempt++ {
-		err := w.sink.CommitBatch(ctx, w.claim, w.claim.NextOffset, []string{key}, []string{key}, wrapped)
+		err := w.sink.CommitBatch(ctx, w.claim, w.claim.NextOffset, Keys{All: []string{key}, Parked: []string{key}}, wrapped)
 		if err == nil {
 			break
 		}

@@ -130,13 +130,29 @@ func (r *RejectedRows) Error() string {
 // batch was rolled back and this worker must stop.
 var ErrFenced = errors.New("partition claimed by a newer owner")
 
+// Keys names the aggregates of a batch.
+type Keys struct {
+	// All lists every aggregate the batch has events of.
+	All []string
+	// Parked lists those with events parked in earlier batches.
+	Parked []string
+	// New lists aggregates whose events in the batch start at version 1,
+	// with none parked and no record tombstone among them. Their state is
+	// all but always empty, so a sink may plan the batch assuming it is,
+	// without reading it, provided its writes verify the assumption (no
+	// row and no tombstone of the aggregate exists) and it plans again
+	// from the state it reads when they do not.
+	New []string
+}
+
 // Sink stores one projection's rows together with the partition's offset.
 type Sink interface {
-	// CommitBatch runs one transaction: it loads the state of keys (and the
-	// parked events of parkedKeys), calls plan, writes the changes, and
-	// moves the stored offset from claim.NextOffset to end, fenced by
-	// claim.Epoch. It returns ErrFenced when a newer owner exists.
-	CommitBatch(ctx context.Context, claim Claim, end int64, keys, parkedKeys []string, plan func(State) (Changes, error)) error
+	// CommitBatch runs one transaction: it loads the state of keys.All
+	// (and the parked events of keys.Parked), calls plan, writes the
+	// changes, and moves the stored offset from claim.NextOffset to end,
+	// fenced by claim.Epoch. It returns ErrFenced when a newer owner
+	// exists. plan may be called more than once.
+	CommitBatch(ctx context.Context, claim Claim, end int64, keys Keys, plan func(State) (Changes, error)) error
 	// Parked lists the aggregates of the partition with parked events.
 	Parked(ctx context.Context, tp TP) (map[string]ParkedInfo, error)
 	// Load reads the state of keys and their parked events outside a

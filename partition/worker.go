@@ -405,7 +405,7 @@ func (w *Worker) skip(ctx context.Context, req skipRequest) error {
 		return nil
 	}
 	err := w.retry(ctx, "skip deleted records", func() error {
-		return w.sink.CommitBatch(ctx, w.claim, req.to, nil, nil, func(State) (Changes, error) { return Changes{}, nil })
+		return w.sink.CommitBatch(ctx, w.claim, req.to, Keys{}, func(State) (Changes, error) { return Changes{}, nil })
 	})
 	if err == nil {
 		w.claim.NextOffset = req.to

@@ -168,9 +168,12 @@ func (t *tracer) TraceBatchQuery(ctx context.Context, conn *pgx.Conn, data pgx.T
 			tt.advance = &Commit{Partition: part, From: from, To: end}
 		}
 	case "upsert rows", "update rows":
-		if n := len(data.Args); n > 0 {
-			if v, ok := data.Args[n-1].([]int64); ok {
+		// One row per version: the last []int64 argument (an insert of
+		// aggregates assumed new has their keys and table after it).
+		for i := len(data.Args) - 1; i >= 0; i-- {
+			if v, ok := data.Args[i].([]int64); ok {
 				tt.rows += int64(len(v))
+				break
 			}
 		}
 	case "delete rows":

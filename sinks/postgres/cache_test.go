@@ -31,7 +31,7 @@ const numbersYAML = `projections:
 // to check and writing what write returns.
 func (e *env) planOnce(c partition.Claim, end int64, keys []string, write func(partition.State) partition.Changes) (partition.State, error) {
 	var seen partition.State
-	err := e.sink.CommitBatch(e.ctx, c, end, keys, nil, func(st partition.State) (partition.Changes, error) {
+	err := e.sink.CommitBatch(e.ctx, c, end, partition.Keys{All: keys}, func(st partition.State) (partition.Changes, error) {
 		seen = st
 		return write(st), nil
 	})

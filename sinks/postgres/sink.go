@@ -27,10 +27,12 @@ type Sink struct {
 	dlqTopic string
 	cache    *stateCache
 
-	loadSQL   string
-	upsertSQL string
-	updateSQL string
-	deleteSQL string
+	loadSQL      string
+	upsertSQL    string
+	updateSQL    string
+	insertSQL    string
+	insertNewSQL string
+	deleteSQL    string
 }
 
 var _ partition.Sink = (*Sink)(nil)
@@ -40,7 +42,7 @@ var _ partition.Sink = (*Sink)(nil)
 // (in the same transaction) for publishing to that Kafka topic.
 func NewSink(pool *pgxpool.Pool, identity string, p *projection.Projection, dlqTopic string) *Sink {
 	s := &Sink{pool: pool, identity: identity, p: p, dlqTopic: dlqTopic, cache: newStateCache(DefaultStateCacheRows, p.Columns)}
-	s.loadSQL, s.upsertSQL, s.updateSQL, s.deleteSQL = rowSQL(p)
+	s.loadSQL, s.upsertSQL, s.updateSQL, s.insertSQL, s.insertNewSQL, s.deleteSQL = rowSQL(p)
 	return s
 }
 
@@ -58,11 +60,18 @@ func (s *Sink) Forget(tp partition.TP) { s.cache.drop(tp) }
 // the transaction is rolled back and retried from Postgres.
 var errStaleState = errors.New("an aggregate's row in Postgres is not what the batch was planned on (was the table written by something else?); retrying from Postgres")
 
+// errNotNew reports a batch planned assuming that its new aggregates (see
+// partition.Keys.New) are unknown to Postgres when one of them is not, or
+// when the plan does more with one of them than insert its row (which is
+// where the assumption is verified); the batch is planned again from the
+// state Postgres holds.
+var errNotNew = errors.New("an aggregate assumed new is known to Postgres")
+
 // rowSQL builds the set-based statements of a projection's table. Values
 // travel as arrays (see newColumn), binary for integers, floats, booleans
 // and timestamps and text for every other type, and are cast to the column
 // types in SQL.
-func rowSQL(p *projection.Projection) (load, upsert, update, del string) {
+func rowSQL(p *projection.Projection) (load, upsert, update, insert, insertNew, del string) {
 	table := quoteTable(p.Table)
 	key := p.Columns[0]
 	keyCol := quoteIdent(key.Name)
@@ -116,8 +125,26 @@ func rowSQL(p *projection.Projection) (load, upsert, update, del string) {
 		WHERE t.%s = u.c0::%s AND t.version < u.version`,
 		table, strings.Join(updSets, ", "), strings.Join(params, ", "), versions, strings.Join(unnested, ", "),
 		keyCol, key.Type)
+	// Rows known not to exist are inserted without ON CONFLICT, whose
+	// speculative insertion costs about as much again; a row that exists
+	// after all fails the statement (see keyConflict). Rows of aggregates
+	// assumed new are inserted only when the aggregate has no tombstone
+	// either (an index probe each: see load); the rows inserted are
+	// counted against those planned.
+	insert = fmt.Sprintf(`INSERT INTO %s (%s, version)
+		SELECT %s, u.version FROM unnest(%s, $%d::bigint[]) AS u(%s, version)`,
+		table, strings.Join(names, ", "),
+		strings.Join(values, ", "), strings.Join(params, ", "), versions, strings.Join(unnested, ", "))
+	insertNew = fmt.Sprintf(`INSERT INTO %s (%s, version)
+		SELECT %s, u.version FROM unnest(%s, $%d::bigint[], $%d::text[]) AS u(%s, version, agg)
+		LEFT JOIN LATERAL (SELECT true AS found FROM projector_tombstones t
+		                   WHERE t.table_name = $%d AND t.key = u.agg LIMIT 1) t ON true
+		WHERE t.found IS NULL`,
+		table, strings.Join(names, ", "),
+		strings.Join(values, ", "), strings.Join(params, ", "), versions, versions+1, strings.Join(unnested, ", "),
+		versions+2)
 	del = fmt.Sprintf(`DELETE FROM %s WHERE %s = ANY($1::text[]::%s[])`, table, keyCol, key.Type)
-	return load, upsert, update, del
+	return load, upsert, update, insert, insertNew, del
 }
 
 const (
@@ -183,15 +210,32 @@ const (
 // data error, SQLSTATE classes 22, 23 and 54), the batch is run again with
 // each row under its own savepoint to find the refused ones, which are
 // returned as *partition.RejectedRows.
-func (s *Sink) CommitBatch(ctx context.Context, claim partition.Claim, end int64, keys, parkedKeys []string, plan func(partition.State) (partition.Changes, error)) error {
-	err := s.commit(ctx, claim, end, keys, parkedKeys, plan, false)
+func (s *Sink) CommitBatch(ctx context.Context, claim partition.Claim, end int64, keys partition.Keys, plan func(partition.State) (partition.Changes, error)) error {
+	err := s.commit(ctx, claim, end, keys, plan, true, false)
+	if errors.Is(err, errNotNew) || s.keyConflict(ctx, err) {
+		s.cache.drop(claim.TP)
+		err = s.commit(ctx, claim, end, keys, plan, false, false)
+	}
 	if rowLevel(err) {
-		err = s.commit(ctx, claim, end, keys, parkedKeys, plan, true)
+		err = s.commit(ctx, claim, end, keys, plan, false, true)
 	}
 	if err != nil {
 		s.cache.drop(claim.TP)
 	}
 	return err
+}
+
+// keyConflict reports err to be the violation of the table's primary key
+// by an insert of a row the batch's state said did not exist.
+func (s *Sink) keyConflict(ctx context.Context, err error) bool {
+	var pg *pgconn.PgError
+	if !errors.As(err, &pg) || pg.Code != "23505" {
+		return false
+	}
+	var isKey bool
+	qerr := s.pool.QueryRow(ctx, `SELECT EXISTS (SELECT FROM pg_constraint
+		WHERE conrelid = to_regclass($1) AND contype = 'p' AND conname = $2)`, s.p.Table, pg.ConstraintName).Scan(&isKey)
+	return qerr == nil && isKey
 }
 
 // rowLevel reports errors caused by the data of some row rather than by
@@ -208,7 +252,11 @@ func rowLevel(err error) bool {
 	return false
 }
 
-func (s *Sink) commit(ctx context.Context, claim partition.Claim, end int64, keys, parkedKeys []string, plan func(partition.State) (partition.Changes, error), isolate bool) error {
+// commit runs the batch transaction. With assume, the aggregates of
+// keys.New that are not cached are planned as new instead of read (see
+// partition.Keys); with isolate, every row is written under its own
+// savepoint.
+func (s *Sink) commit(ctx context.Context, claim partition.Claim, end int64, keys partition.Keys, plan func(partition.State) (partition.Changes, error), assume, isolate bool) error {
 	tx, err := s.pool.Begin(ctx)
 	if err != nil {
 		return fmt.Errorf("begin: %w", err)
@@ -216,30 +264,37 @@ func (s *Sink) commit(ctx context.Context, claim partition.Claim, end int64, key
 	defer tx.Rollback(context.WithoutCancel(ctx)) //nolint:errcheck // a no-op after commit
 
 	state := partition.State{
-		Rows:     make(map[string]projection.Row, len(keys)),
-		Versions: make(map[string]int64, len(keys)),
+		Rows:     make(map[string]projection.Row, len(keys.All)),
+		Versions: make(map[string]int64, len(keys.All)),
 	}
-	misses, hits, caching := s.cache.lookup(claim, keys, state)
-	if err := s.load(ctx, tx, claim.TP, misses, parkedKeys, &state); err != nil {
+	misses, _, caching := s.cache.lookup(claim, keys.All, state)
+	read, assumed := misses, map[string]bool(nil)
+	if assume && !isolate && len(keys.New) > 0 {
+		read, assumed = splitNew(misses, keys.New)
+	}
+	if err := s.load(ctx, tx, claim.TP, read, keys.Parked, &state); err != nil {
 		return err
 	}
 	ch, err := plan(state)
 	if err != nil {
 		return err
 	}
-	// Rows the state says exist are updated, the others upserted; upserts
-	// lists them in that order.
-	var existing int
-	ch.Upserts, existing = existingFirst(ch.Upserts, state.Rows)
+	if len(assumed) > 0 && !onlyInserts(ch, assumed) {
+		return errNotNew
+	}
+	// Rows the state says exist are updated, the others inserted, those of
+	// aggregates assumed new last; upserts lists them in that order.
+	var g upsertGroups
+	ch.Upserts, g = groupUpserts(ch.Upserts, state.Rows, assumed)
 	upserts, inexact := ch.Upserts, []int{} // inexact: rows storedRows must convert
 	if isolate {
 		if err := s.isolateUpserts(ctx, tx, ch.Upserts); err != nil {
 			return err
 		}
-		ch.Upserts, existing = nil, 0 // written one by one above
+		ch.Upserts, g = nil, upsertGroups{} // written one by one above
 	}
 	b := &pgx.Batch{}
-	written, err := s.queueChanges(b, claim.TP, ch, existing, &inexact)
+	counts, err := s.queueChanges(b, claim.TP, ch, g, &inexact)
 	if err != nil {
 		return err
 	}
@@ -258,12 +313,16 @@ func (s *Sink) commit(ctx context.Context, claim partition.Claim, end int64, key
 	if fenced {
 		return partition.ErrFenced
 	}
-	// A row the plan expected to write but Postgres kept (it holds that
-	// version or a newer one, or no longer exists for the update) means
-	// the state came from a stale cache or the table was written behind
-	// projector's back: retry from Postgres.
-	if (hits > 0 || existing > 0) && *written < int64(len(ch.Upserts)) {
+	// A row the plan expected to update but Postgres kept (it holds that
+	// version or a newer one, or no longer exists) means the state came
+	// from a stale cache or the table was written behind projector's back:
+	// retry from Postgres. An aggregate assumed new that has a tombstone
+	// was not inserted: plan again from what Postgres holds.
+	if counts.updated < int64(g.existing) {
 		return errStaleState
+	}
+	if counts.insertedNew < int64(g.assumed) {
+		return errNotNew
 	}
 	if err := tx.Commit(ctx); err != nil {
 		return fmt.Errorf("commit: %w", err)
@@ -279,22 +338,79 @@ func (s *Sink) commit(ctx context.Context, claim partition.Claim, end int64, key
 	return nil
 }
 
-// existingFirst returns upserts reordered with the rows that exist (those
-// in rows) first, and how many those are.
-func existingFirst(upserts []partition.RowWrite, rows map[string]projection.Row) ([]partition.RowWrite, int) {
+// splitNew splits misses into the keys to read and those of newKeys, which
+// are assumed new.
+func splitNew(misses, newKeys []string) (read []string, assumed map[string]bool) {
+	assumed = make(map[string]bool, len(newKeys))
+	for _, k := range newKeys {
+		assumed[k] = false // a candidate: not yet known to be a miss
+	}
+	read = make([]string, 0, len(misses))
+	for _, k := range misses {
+		if _, ok := assumed[k]; ok {
+			assumed[k] = true
+		} else {
+			read = append(read, k)
+		}
+	}
+	for k, miss := range assumed {
+		if !miss {
+			delete(assumed, k) // cached: its state is known
+		}
+	}
+	return read, assumed
+}
+
+// onlyInserts reports whether the only changes ch makes to the aggregates
+// in assumed are row writes, which verify that they are new. A dead letter
+// may stem from a fold of an assumed aggregate's event that would have
+// been stale; a batch with any is planned again from Postgres.
+func onlyInserts(ch partition.Changes, assumed map[string]bool) bool {
+	if len(ch.DeadLetters) > 0 {
+		return false
+	}
+	for _, d := range ch.Deletes {
+		if assumed[d.Key] {
+			return false
+		}
+	}
+	for _, e := range ch.Park {
+		if assumed[e.Key] {
+			return false
+		}
+	}
+	return true
+}
+
+// upsertGroups counts the rows of each statement, in their order in the
+// batch's upserts: updates of existing rows, inserts of rows known not to
+// exist, inserts of the rows of aggregates assumed new.
+type upsertGroups struct{ existing, absent, assumed int }
+
+// groupUpserts returns upserts reordered into upsertGroups: the rows that
+// exist (those in rows) first, those of assumed aggregates last.
+func groupUpserts(upserts []partition.RowWrite, rows map[string]projection.Row, assumed map[string]bool) ([]partition.RowWrite, upsertGroups) {
+	var g upsertGroups
 	out := make([]partition.RowWrite, 0, len(upserts))
 	for _, w := range upserts {
 		if _, ok := rows[w.Key]; ok {
 			out = append(out, w)
 		}
 	}
-	n := len(out)
+	g.existing = len(out)
 	for _, w := range upserts {
-		if _, ok := rows[w.Key]; !ok {
+		if _, ok := rows[w.Key]; !ok && !assumed[w.Key] {
 			out = append(out, w)
 		}
 	}
-	return out, n
+	g.absent = len(out) - g.existing
+	for _, w := range upserts {
+		if _, ok := rows[w.Key]; !ok && assumed[w.Key] {
+			out = append(out, w)
+		}
+	}
+	g.assumed = len(out) - g.existing - g.absent
+	return out, g
 }
 
 // storedRows returns rows as a load from Postgres would return them (see
@@ -470,12 +586,14 @@ func (s *Sink) load(ctx context.Context, tx pgx.Tx, tp partition.TP, keys, parke
 	return nil
 }
 
-// queueChanges queues the batch's writes; the returned count is filled with
-// the rows the upsert wrote when the batch has run.
+// writeCounts are the rows the statements of a batch wrote, filled in when
+// the batch has run.
+type writeCounts struct{ updated, insertedNew int64 }
+
+// queueChanges queues the batch's writes, the upserts grouped as g says.
 // Rows not in the form a load returns are listed in inexact (see storedRows).
-// The first existing upserts are of rows that exist.
-func (s *Sink) queueChanges(b *pgx.Batch, tp partition.TP, ch partition.Changes, existing int, inexact *[]int) (*int64, error) {
-	written := new(int64)
+func (s *Sink) queueChanges(b *pgx.Batch, tp partition.TP, ch partition.Changes, g upsertGroups, inexact *[]int) (*writeCounts, error) {
+	counts := new(writeCounts)
 	if len(ch.Deletes) > 0 {
 		keys := make([]string, len(ch.Deletes))
 		versions := make([]int64, len(ch.Deletes))
@@ -485,24 +603,39 @@ func (s *Sink) queueChanges(b *pgx.Batch, tp partition.TP, ch partition.Changes,
 		b.Queue(s.deleteSQL, keys)
 		b.Queue(tombstoneSQL, s.p.Table, keys, versions)
 	}
-	count := func(tag pgconn.CommandTag) error {
-		*written += tag.RowsAffected()
-		return nil
+	count := func(n *int64) func(pgconn.CommandTag) error {
+		return func(tag pgconn.CommandTag) error {
+			*n += tag.RowsAffected()
+			return nil
+		}
 	}
-	if existing > 0 {
-		args, err := s.upsertArgs(ch.Upserts[:existing], 0, inexact)
+	existing, absent := ch.Upserts[:g.existing], ch.Upserts[g.existing:g.existing+g.absent]
+	assumed := ch.Upserts[g.existing+g.absent:]
+	if len(existing) > 0 {
+		args, err := s.upsertArgs(existing, 0, inexact)
 		if err != nil {
 			return nil, err
 		}
 		b.Queue(planIndexProbes)
-		b.Queue(s.updateSQL, args...).Exec(count)
+		b.Queue(s.updateSQL, args...).Exec(count(&counts.updated))
 	}
-	if rest := ch.Upserts[existing:]; len(rest) > 0 {
-		args, err := s.upsertArgs(rest, existing, inexact)
+	if len(absent) > 0 {
+		args, err := s.upsertArgs(absent, g.existing, inexact)
 		if err != nil {
 			return nil, err
 		}
-		b.Queue(s.upsertSQL, args...).Exec(count)
+		b.Queue(s.insertSQL, args...)
+	}
+	if len(assumed) > 0 {
+		args, err := s.upsertArgs(assumed, g.existing+g.absent, inexact)
+		if err != nil {
+			return nil, err
+		}
+		keys := make([]string, len(assumed))
+		for i, w := range assumed {
+			keys[i] = w.Key
+		}
+		b.Queue(s.insertNewSQL, append(args, keys, s.p.Table)...).Exec(count(&counts.insertedNew))
 	}
 	if len(ch.Unpark) > 0 {
 		keys := make([]string, len(ch.Unpark))
@@ -533,7 +666,7 @@ func (s *Sink) queueChanges(b *pgx.Batch, tp partition.TP, ch partition.Changes,
 	if len(ch.Resolved) > 0 {
 		b.Queue(resolvedSQL, ch.Resolved, s.identity)
 	}
-	return written, nil
+	return counts, nil
 }
 
 func (s *Sink) queueDeadLetters(b *pgx.Batch, tp partition.TP, dls []partition.DeadLetter) {

@@ -106,7 +106,7 @@ func (e *env) claim(start int64) partition.Claim {
 }
 
 func (e *env) commit(c partition.Claim, end int64, ch partition.Changes) error {
-	return e.sink.CommitBatch(e.ctx, c, end, nil, nil, func(partition.State) (partition.Changes, error) { return ch, nil })
+	return e.sink.CommitBatch(e.ctx, c, end, partition.Keys{}, func(partition.State) (partition.Changes, error) { return ch, nil })
 }
 
 func (e *env) mustCommit(c *partition.Claim, end int64, ch partition.Changes) {
@@ -125,7 +125,7 @@ func (e *env) load(c partition.Claim, keys, parkedKeys []string) partition.State
 		st     partition.State
 		called bool
 	)
-	err := e.sink.CommitBatch(e.ctx, c, c.NextOffset, keys, parkedKeys, func(s partition.State) (partition.Changes, error) {
+	err := e.sink.CommitBatch(e.ctx, c, c.NextOffset, partition.Keys{All: keys, Parked: parkedKeys}, func(s partition.State) (partition.Changes, error) {
 		st, called = s, true
 		return partition.Changes{}, nil
 	})
@@ -443,7 +443,7 @@ func TestCommitBatchUpsertRoundTrip(t *testing.T) {
 	}
 
 	c := e.claim(10)
-	err := e.sink.CommitBatch(e.ctx, c, 13, []string{"k1", "k2", "k3"}, nil, func(st partition.State) (partition.Changes, error) {
+	err := e.sink.CommitBatch(e.ctx, c, 13, partition.Keys{All: []string{"k1", "k2", "k3"}}, func(st partition.State) (partition.Changes, error) {
 		if len(st.Rows) != 0 || len(st.Versions) != 0 || len(st.Parked) != 0 {
 			t.Errorf("state of new aggregates = %+v, want empty", st)
 		}
@@ -497,7 +497,7 @@ func TestCommitBatchUpsertRoundTrip(t *testing.T) {
 
 	// Loading gives the rows back in Row form; writing them back unchanged
 	// keeps every value.
-	err = e.sink.CommitBatch(e.ctx, c, 14, []string{"k1", "k2", "k3", "absent"}, nil, func(st partition.State) (partition.Changes, error) {
+	err = e.sink.CommitBatch(e.ctx, c, 14, partition.Keys{All: []string{"k1", "k2", "k3", "absent"}}, func(st partition.State) (partition.Changes, error) {
 		if want := map[string]int64{"k1": 1, "k2": 2, "k3": 3}; !reflect.DeepEqual(st.Versions, want) {
 			t.Errorf("versions = %v, want %v", st.Versions, want)
 		}
@@ -583,7 +583,7 @@ func TestCommitBatchTimestamptzForms(t *testing.T) {
 		}
 		// The keys are read first: the second round updates rows known
 		// to exist (the statement that differs from the first round's).
-		err := e.sink.CommitBatch(e.ctx, c, int64(round+1), keys, nil, func(st partition.State) (partition.Changes, error) {
+		err := e.sink.CommitBatch(e.ctx, c, int64(round+1), partition.Keys{All: keys}, func(st partition.State) (partition.Changes, error) {
 			if len(st.Rows) != round*len(keys) {
 				t.Errorf("round %d: %d rows exist, want %d", round, len(st.Rows), round*len(keys))
 			}
@@ -942,7 +942,7 @@ func TestCommitBatchPlanErrorRollsBack(t *testing.T) {
 	c := e.claim(0)
 	boom := errors.New("boom")
 	called := false
-	err := e.sink.CommitBatch(e.ctx, c, 5, []string{"a1"}, []string{"a1"}, func(partition.State) (partition.Changes, error) {
+	err := e.sink.CommitBatch(e.ctx, c, 5, partition.Keys{All: []string{"a1"}, Parked: []string{"a1"}}, func(partition.State) (partition.Changes, error) {
 		called = true
 		return fullBatch("a1"), boom
 	})
