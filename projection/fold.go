@@ -3,28 +3,44 @@ package projection
 import (
 	"fmt"
 	"maps"
+	"reflect"
 	"strings"
 )
 
 // snapshotFold builds the whole row from the event: every column takes the
 // Avro field of its Field name.
-func snapshotFold(p *Projection) FoldFunc {
-	cols := p.Columns
-	return func(_ Row, ev Event) (Row, error) {
-		if ev.Fields == nil || p.DeleteTypes[ev.Type] {
-			return nil, nil
-		}
-		row := make(Row, len(cols))
-		row[cols[0].Name] = ev.Key
-		for _, c := range cols[1:] {
-			v, err := c.Convert(ev.Fields[c.Field])
-			if err != nil {
-				return nil, Terminal(fmt.Errorf("field %s: %w", c.Field, err))
-			}
-			row[c.Name] = v
-		}
-		return row, nil
+func snapshotFold(p *Projection) FoldFunc { return snapshotFolder{p}.fold }
+
+type snapshotFolder struct{ p *Projection }
+
+// snapshotFoldCode identifies the functions snapshotFold returns: method
+// values of one method share their code (see Projection.FoldReadsRow).
+var snapshotFoldCode = reflect.ValueOf(snapshotFold(&Projection{})).Pointer()
+
+// FoldReadsRow reports whether p's fold may read the row it is given. A
+// declarative snapshot projection's does not: it builds every row from the
+// event alone, so that only whether a row exists matters, not what it
+// holds. Any other fold, a Go fold included, may.
+func (p *Projection) FoldReadsRow() bool {
+	return p.Fold == nil || reflect.ValueOf(p.Fold).Pointer() != snapshotFoldCode
+}
+
+func (s snapshotFolder) fold(_ Row, ev Event) (Row, error) {
+	p := s.p
+	if ev.Fields == nil || p.DeleteTypes[ev.Type] {
+		return nil, nil
 	}
+	cols := p.Columns
+	row := make(Row, len(cols))
+	row[cols[0].Name] = ev.Key
+	for _, c := range cols[1:] {
+		v, err := c.Convert(ev.Fields[c.Field])
+		if err != nil {
+			return nil, Terminal(fmt.Errorf("field %s: %w", c.Field, err))
+		}
+		row[c.Name] = v
+	}
+	return row, nil
 }
 
 type setOp struct {

@@ -537,3 +537,27 @@ func TestColumnKind(t *testing.T) {
 		}
 	}
 }
+
+func TestFoldReadsRow(t *testing.T) {
+	p := mustParse(t, `projections:
+  - name: snap
+    topic: t
+    table: snap
+    key: id
+    mode: snapshot
+    columns:
+      id: {type: text, primary_key: true}
+      n:  {type: bigint}
+`)
+	if p.FoldReadsRow() {
+		t.Error("a declarative snapshot projection reads rows")
+	}
+	snapshot := p.Fold
+	p.Fold = func(r projection.Row, ev projection.Event) (projection.Row, error) { return snapshot(r, ev) }
+	if !p.FoldReadsRow() {
+		t.Error("a Go fold on a snapshot projection is taken not to read rows")
+	}
+	if !mustParse(t, foldYAML).FoldReadsRow() {
+		t.Error("a fold-mode projection is taken not to read rows")
+	}
+}

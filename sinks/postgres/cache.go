@@ -25,6 +25,9 @@ const DefaultStateCacheRows = 100_000
 type stateCache struct {
 	max  int // rows across partitions; 0 disables the cache
 	cols []projection.Column
+	// noRows: only versions and whether rows exist are kept, for a
+	// projection whose fold does not read rows (see Sink.readsRows).
+	noRows bool
 
 	mu    sync.Mutex
 	size  int
@@ -52,14 +55,25 @@ const (
 
 // cachedAgg is one aggregate as Postgres holds it: its last applied
 // version (0: never seen) and its row (nil: none, or deleted) encoded by
-// encodeRow.
+// encodeRow, or rowExists when the cache keeps no rows.
 type cachedAgg struct {
 	version int64
 	row     []byte
 }
 
-func newStateCache(max int, cols []projection.Column) *stateCache {
-	return &stateCache{max: max, cols: cols, parts: map[partition.TP]*partCache{}}
+// rowExists marks a row that exists in a cache that keeps no rows.
+var rowExists = []byte{}
+
+func newStateCache(max int, cols []projection.Column, rows bool) *stateCache {
+	return &stateCache{max: max, cols: cols, noRows: !rows, parts: map[partition.TP]*partCache{}}
+}
+
+// encode returns row in cached form; ok is false when it cannot be cached.
+func (c *stateCache) encode(row projection.Row) ([]byte, bool) {
+	if c.noRows {
+		return rowExists, true
+	}
+	return encodeRow(c.cols, row)
 }
 
 // lookup fills st with the cached aggregates among keys and returns the
@@ -100,7 +114,11 @@ func (c *stateCache) lookup(claim partition.Claim, keys []string, st partition.S
 		if a.version > 0 {
 			st.Versions[k] = a.version
 		}
-		if a.row != nil {
+		switch {
+		case a.row == nil:
+		case c.noRows:
+			st.Rows[k] = presentRow
+		default:
 			st.Rows[k] = decodeRow(c.cols, a.row)
 		}
 	}
@@ -144,7 +162,7 @@ func (c *stateCache) store(claim partition.Claim, misses []string, loaded partit
 		a := cachedAgg{version: loaded.Versions[k]}
 		if row := loaded.Rows[k]; row != nil {
 			var ok bool
-			if a.row, ok = encodeRow(c.cols, row); !ok {
+			if a.row, ok = c.encode(row); !ok {
 				continue // not cached: a miss again next time
 			}
 		}
@@ -165,7 +183,7 @@ func (c *stateCache) store(claim partition.Claim, misses []string, loaded partit
 			forget(w.Key)
 			continue
 		}
-		enc, ok := encodeRow(c.cols, w.Row)
+		enc, ok := c.encode(w.Row)
 		if !ok {
 			forget(w.Key)
 			continue

@@ -14,7 +14,7 @@ import (
 // The cache stays within its size across partitions and keeps what it
 // keeps right.
 func TestStateCacheBounded(t *testing.T) {
-	c := newStateCache(100, []projection.Column{{Name: "n", Type: "bigint"}})
+	c := newStateCache(100, []projection.Column{{Name: "n", Type: "bigint"}}, true)
 	for p := int32(0); p < 3; p++ {
 		claim := partition.Claim{TP: partition.TP{Topic: "t", Partition: p}, Epoch: 1}
 		for b := 0; b < 10; b++ {
@@ -58,7 +58,7 @@ func TestStateCacheBounded(t *testing.T) {
 // than it holds) stops using it for a while, then tries again; one whose
 // batches find their aggregates keeps it.
 func TestStateCacheBypassedWhenItDoesNotPay(t *testing.T) {
-	c := newStateCache(1000, []projection.Column{{Name: "n", Type: "bigint"}})
+	c := newStateCache(1000, []projection.Column{{Name: "n", Type: "bigint"}}, true)
 	cold := partition.Claim{TP: partition.TP{Topic: "t", Partition: 0}, Epoch: 1}
 	hot := partition.Claim{TP: partition.TP{Topic: "t", Partition: 1}, Epoch: 1}
 	batch := func(claim partition.Claim, keys []string) (hits int, caching bool) {
@@ -137,7 +137,7 @@ func TestStateCacheRowEncoding(t *testing.T) {
 		t.Error("encodeRow took an int where a row read from Postgres holds an int64")
 	}
 
-	c := newStateCache(10, cols)
+	c := newStateCache(10, cols, true)
 	claim := partition.Claim{TP: partition.TP{Topic: "t"}, Epoch: 1}
 	loaded := partition.State{Rows: map[string]projection.Row{"a": row}, Versions: map[string]int64{"a": 1}}
 	c.store(claim, []string{"a"}, loaded, []partition.RowWrite{{Key: "a", Version: 2, Row: projection.Row{"id": "a", "n": 3}}}, nil)

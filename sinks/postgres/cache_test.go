@@ -42,7 +42,7 @@ func (e *env) planOnce(c partition.Claim, end int64, keys []string, write func(p
 // gives: the same versions, and rows with the same Go values (a real
 // rounded to single precision, ints of any width as int64).
 func TestStateCacheMatchesPostgres(t *testing.T) {
-	e := newEnv(t, parseOne(t, numbersYAML))
+	e := newEnv(t, readingRows(parseOne(t, numbersYAML)))
 	c := e.claim(0)
 	rows := map[string]projection.Row{
 		"n1": {"id": "n1", "big": int64(1) << 40, "small": int32(-3), "score": 1.0 / 3, "ratio": 0.1, "ok": true, "name": "x"},
@@ -211,4 +211,59 @@ func incompressible(n int) string {
 		b.WriteString(strconv.FormatUint(x, 36))
 	}
 	return b.String()[:n]
+}
+
+// A declarative snapshot projection builds every row from its event: the
+// sink reads and caches only versions and which rows exist, and a batch
+// planned on the cache sees what one planned on Postgres sees.
+func TestSnapshotStateIsVersionsOnly(t *testing.T) {
+	p := parseOne(t, numbersYAML)
+	if p.FoldReadsRow() {
+		t.Fatal("numbers is taken to read rows")
+	}
+	e := newEnv(t, p)
+	c := e.claim(0)
+	row := func(id string) projection.Row { return projection.Row{"id": id, "big": int64(len(id))} }
+	keys := []string{"n1", "n2", "gone", "absent"}
+	e.mustCommit(&c, 1, partition.Changes{Upserts: []partition.RowWrite{
+		{Key: "n1", Version: 3, Row: row("n1")}, {Key: "n2", Version: 1, Row: row("n2")}, {Key: "gone", Version: 1, Row: row("gone")},
+	}})
+	e.mustCommit(&c, 2, partition.Changes{Deletes: []partition.RowDelete{{Key: "gone", Version: 2}}})
+
+	check := func(from string, st partition.State, n2 int64) {
+		t.Helper()
+		if want := map[string]int64{"n1": 3, "n2": n2, "gone": 2}; !reflect.DeepEqual(st.Versions, want) {
+			t.Errorf("%s: versions %v, want %v", from, st.Versions, want)
+		}
+		if len(st.Rows) != 2 || st.Rows["n1"] == nil || st.Rows["n2"] == nil {
+			t.Errorf("%s: rows %v, want n1 and n2 present", from, st.Rows)
+		}
+		for k, r := range st.Rows {
+			if len(r) != 0 {
+				t.Errorf("%s: row %s read as %v, want only its presence", from, k, r)
+			}
+		}
+	}
+	fromPG, err := e.sink.Load(e.ctx, e.tp, keys)
+	if err != nil {
+		t.Fatal(err)
+	}
+	check("Postgres", fromPG, 1)
+	// The first batch reads Postgres and fills the cache, the second
+	// plans on the cache; each moves n2 on by the update of an existing
+	// row.
+	for i, from := range []string{"a batch reading Postgres", "a batch planned on the cache"} {
+		st, err := e.planOnce(c, int64(3+i), keys, func(st partition.State) partition.Changes {
+			v := st.Versions["n2"] + 1
+			return partition.Changes{Upserts: []partition.RowWrite{{Key: "n2", Version: v, Row: projection.Row{"id": "n2", "big": 100 * v}}}}
+		})
+		if err != nil {
+			t.Fatalf("%s: %v", from, err)
+		}
+		c.NextOffset = int64(3 + i)
+		check(from, st, int64(1+i))
+	}
+	if n := e.count(`SELECT count(*) FROM numbers WHERE id = 'n2' AND big = 300 AND version = 3`); n != 1 {
+		t.Errorf("n2 not at v3 after the two batches")
+	}
 }

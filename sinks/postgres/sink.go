@@ -26,6 +26,10 @@ type Sink struct {
 
 	dlqTopic string
 	cache    *stateCache
+	// readsRows is false for a projection whose fold builds every row from
+	// the event alone: only aggregates' versions and whether their row
+	// exists are read and cached, never the rows.
+	readsRows bool
 
 	loadSQL      string
 	upsertSQL    string
@@ -41,7 +45,8 @@ var _ partition.Sink = (*Sink)(nil)
 // Migrate first. With dlqTopic set, every new dead letter is also queued
 // (in the same transaction) for publishing to that Kafka topic.
 func NewSink(pool *pgxpool.Pool, identity string, p *projection.Projection, dlqTopic string) *Sink {
-	s := &Sink{pool: pool, identity: identity, p: p, dlqTopic: dlqTopic, cache: newStateCache(DefaultStateCacheRows, p.Columns)}
+	s := &Sink{pool: pool, identity: identity, p: p, dlqTopic: dlqTopic, readsRows: p.FoldReadsRow()}
+	s.cache = newStateCache(DefaultStateCacheRows, p.Columns, s.readsRows)
 	s.loadSQL, s.upsertSQL, s.updateSQL, s.insertSQL, s.insertNewSQL, s.deleteSQL = rowSQL(p)
 	return s
 }
@@ -49,7 +54,12 @@ func NewSink(pool *pgxpool.Pool, identity string, p *projection.Projection, dlqT
 // SetStateCache sets how many aggregates' rows the sink keeps in memory
 // (across its partitions) so that a batch reads only the others from
 // Postgres; 0 turns the cache off. Call it before the first batch.
-func (s *Sink) SetStateCache(rows int) { s.cache = newStateCache(rows, s.p.Columns) }
+func (s *Sink) SetStateCache(rows int) { s.cache = newStateCache(rows, s.p.Columns, s.readsRows) }
+
+// presentRow stands for a row that exists in the state of a projection
+// whose fold does not read rows (see Sink.readsRows). Nothing writes to
+// it.
+var presentRow = projection.Row{}
 
 // Forget drops what the sink keeps in memory about a partition; call it
 // when the partition is revoked.
@@ -110,6 +120,12 @@ func rowSQL(p *projection.Projection) (load, upsert, update, insert, insertNew, 
 		FROM unnest($1::text[]) AS k(key)
 		CROSS JOIN LATERAL (SELECT * FROM %s t WHERE t.%s = k.key::%s LIMIT 1) t`,
 		strings.Join(sel, ", "), table, keyCol, key.Type)
+	if !p.FoldReadsRow() {
+		load = fmt.Sprintf(`SELECT k.key, t.version
+		FROM unnest($1::text[]) AS k(key)
+		CROSS JOIN LATERAL (SELECT version FROM %s t WHERE t.%s = k.key::%s LIMIT 1) t`,
+			table, keyCol, key.Type)
+	}
 	upsert = fmt.Sprintf(`INSERT INTO %s (%s, version)
 		SELECT %s, u.version FROM unnest(%s, $%d::bigint[]) AS u(%s, version)
 		ON CONFLICT (%s) DO UPDATE SET %s WHERE %s.version < excluded.version`,
@@ -328,7 +344,10 @@ func (s *Sink) commit(ctx context.Context, claim partition.Claim, end int64, key
 		return fmt.Errorf("commit: %w", err)
 	}
 	if caching {
-		stored, err := s.storedRows(upserts, inexact)
+		stored, err := upserts, error(nil)
+		if s.readsRows {
+			stored, err = s.storedRows(upserts, inexact)
+		}
 		if err != nil {
 			s.cache.drop(claim.TP) // committed; the next batch reads from Postgres
 			return nil
@@ -518,6 +537,20 @@ func (s *Sink) load(ctx context.Context, tx pgx.Tx, tp partition.TP, keys, parke
 	b := &pgx.Batch{}
 	cols := s.p.Columns
 	b.Queue(s.loadSQL, keys).Query(func(rows pgx.Rows) error {
+		if !s.readsRows {
+			var (
+				key  string
+				rowV int64
+			)
+			for rows.Next() {
+				if err := rows.Scan(&key, &rowV); err != nil {
+					return err
+				}
+				st.Rows[key] = presentRow
+				st.Versions[key] = max(st.Versions[key], rowV)
+			}
+			return rows.Err()
+		}
 		var (
 			key   string
 			rowV  int64
