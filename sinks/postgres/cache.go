@@ -4,7 +4,8 @@ import (
 	"encoding/binary"
 	"math"
 	"sync"
-	"unsafe"
+
+	"github.com/jackc/pgx/v5/pgtype"
 
 	"github.com/projector-dev/projector/partition"
 	"github.com/projector-dev/projector/projection"
@@ -55,31 +56,34 @@ const (
 
 // cachedAgg is one aggregate as Postgres holds it: its last applied
 // version (0: never seen) and its row (nil: none, or deleted) encoded by
-// encodeRow, or rowExists when the cache keeps no rows.
+// encodeRow, or rowExists when the cache keeps no rows; and the row's ctid
+// when the sink knows it.
 type cachedAgg struct {
 	version int64
-	row     []byte
+	row     string     // "": none
+	tid     pgtype.TID // the row's ctid, when known
 }
 
-// rowExists marks a row that exists in a cache that keeps no rows.
-var rowExists = []byte{}
+// rowExists marks a row that exists in a cache that keeps no rows (an
+// encoded row is never empty either: every column takes a tag).
+const rowExists = "+"
 
 func newStateCache(max int, cols []projection.Column, rows bool) *stateCache {
 	return &stateCache{max: max, cols: cols, noRows: !rows, parts: map[partition.TP]*partCache{}}
 }
 
 // encode returns row in cached form; ok is false when it cannot be cached.
-func (c *stateCache) encode(row projection.Row) ([]byte, bool) {
+func (c *stateCache) encode(row projection.Row) (string, bool) {
 	if c.noRows {
 		return rowExists, true
 	}
 	return encodeRow(c.cols, row)
 }
 
-// lookup fills st with the cached aggregates among keys and returns the
-// keys it does not hold; caching reports whether the batch's outcome is to
-// be stored.
-func (c *stateCache) lookup(claim partition.Claim, keys []string, st partition.State) (misses []string, hits int, caching bool) {
+// lookup fills st with the cached aggregates among keys (and tids with
+// their rows' ctids where known) and returns the keys it does not hold;
+// caching reports whether the batch's outcome is to be stored.
+func (c *stateCache) lookup(claim partition.Claim, keys []string, st partition.State, tids map[string]pgtype.TID) (misses []string, hits int, caching bool) {
 	if c.max <= 0 {
 		return keys, 0, false
 	}
@@ -114,8 +118,11 @@ func (c *stateCache) lookup(claim partition.Claim, keys []string, st partition.S
 		if a.version > 0 {
 			st.Versions[k] = a.version
 		}
+		if a.row != "" && a.tid.Valid {
+			tids[k] = a.tid
+		}
 		switch {
-		case a.row == nil:
+		case a.row == "":
 		case c.noRows:
 			st.Rows[k] = presentRow
 		default:
@@ -141,8 +148,8 @@ func (c *stateCache) part(claim partition.Claim) *partCache {
 
 // store records what a committed transaction read (the state of the
 // missed keys, in loaded) and wrote (rows, already in stored form, and
-// deletes).
-func (c *stateCache) store(claim partition.Claim, misses []string, loaded partition.State, rows []partition.RowWrite, deletes []partition.RowDelete) {
+// deletes), with the rows' ctids as tids has them after the transaction.
+func (c *stateCache) store(claim partition.Claim, misses []string, loaded partition.State, rows []partition.RowWrite, deletes []partition.RowDelete, tids map[string]pgtype.TID) {
 	if c.max <= 0 {
 		return
 	}
@@ -159,7 +166,7 @@ func (c *stateCache) store(claim partition.Claim, misses []string, loaded partit
 		c.size--
 	}
 	for _, k := range misses {
-		a := cachedAgg{version: loaded.Versions[k]}
+		a := cachedAgg{version: loaded.Versions[k], tid: tids[k]}
 		if row := loaded.Rows[k]; row != nil {
 			var ok bool
 			if a.row, ok = c.encode(row); !ok {
@@ -188,7 +195,7 @@ func (c *stateCache) store(claim partition.Claim, misses []string, loaded partit
 			forget(w.Key)
 			continue
 		}
-		pc.rows[w.Key] = cachedAgg{version: w.Version, row: enc}
+		pc.rows[w.Key] = cachedAgg{version: w.Version, row: enc, tid: tids[w.Key]}
 	}
 	for _, d := range deletes {
 		if cur, ok := pc.rows[d.Key]; ok {
@@ -259,25 +266,10 @@ const (
 )
 
 // encodeRow encodes row's columns; ok is false for a value of a type a row
-// read from Postgres does not hold (see projection.Column.Stored). The
-// result is never modified: decodeRow's strings point into it.
-func encodeRow(cols []projection.Column, row projection.Row) (b []byte, ok bool) {
-	n := 0
-	for _, c := range cols {
-		switch v := row[c.Name].(type) {
-		case nil, bool:
-			n++
-		case int64:
-			n += 1 + binary.MaxVarintLen64
-		case float64:
-			n += 9
-		case string:
-			n += 1 + binary.MaxVarintLen64 + len(v)
-		default:
-			return nil, false
-		}
-	}
-	b = make([]byte, 0, n)
+// read from Postgres does not hold (see projection.Column.Stored).
+func encodeRow(cols []projection.Column, row projection.Row) (enc string, ok bool) {
+	var buf [256]byte
+	b := buf[:0]
 	for _, c := range cols {
 		switch v := row[c.Name].(type) {
 		case nil:
@@ -295,18 +287,20 @@ func encodeRow(cols []projection.Column, row projection.Row) (b []byte, ok bool)
 		case string:
 			b = binary.AppendUvarint(append(b, tagString), uint64(len(v)))
 			b = append(b, v...)
+		default:
+			return "", false
 		}
 	}
-	return b, true
+	return string(b), true
 }
 
-// decodeRow returns the row encodeRow encoded in b, a new map each time
-// (folds may keep it). Its strings share b's memory.
-func decodeRow(cols []projection.Column, b []byte) projection.Row {
+// decodeRow returns the row encodeRow encoded in s, a new map each time
+// (folds may keep it). Its strings share s's memory.
+func decodeRow(cols []projection.Column, s string) projection.Row {
 	row := make(projection.Row, len(cols))
 	for _, c := range cols {
-		tag := b[0]
-		b = b[1:]
+		tag := s[0]
+		s = s[1:]
 		switch tag {
 		case tagNil:
 			row[c.Name] = nil
@@ -315,22 +309,30 @@ func decodeRow(cols []projection.Column, b []byte) projection.Row {
 		case tagTrue:
 			row[c.Name] = true
 		case tagInt:
-			v, n := binary.Varint(b)
-			row[c.Name] = v
-			b = b[n:]
+			u, n := uvarint(s)
+			row[c.Name] = int64(u>>1) ^ -int64(u&1) // zig-zag, as binary.AppendVarint
+			s = s[n:]
 		case tagFloat:
-			row[c.Name] = math.Float64frombits(binary.LittleEndian.Uint64(b))
-			b = b[8:]
+			row[c.Name] = math.Float64frombits(binary.LittleEndian.Uint64([]byte(s[:8])))
+			s = s[8:]
 		case tagString:
-			l, n := binary.Uvarint(b)
-			b = b[n:]
-			if l == 0 {
-				row[c.Name] = ""
-				continue
-			}
-			row[c.Name] = unsafe.String(&b[0], int(l))
-			b = b[l:]
+			l, n := uvarint(s)
+			row[c.Name] = s[n : n+int(l)]
+			s = s[n+int(l):]
 		}
 	}
 	return row
+}
+
+// uvarint is binary.Uvarint for the bytes of a string encodeRow wrote.
+func uvarint(s string) (uint64, int) {
+	var x uint64
+	for i := 0; i < len(s); i++ {
+		b := s[i]
+		if b < 0x80 {
+			return x | uint64(b)<<(7*i), i + 1
+		}
+		x |= uint64(b&0x7f) << (7 * i)
+	}
+	return x, len(s)
 }

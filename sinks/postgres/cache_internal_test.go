@@ -5,7 +5,10 @@ import (
 	"maps"
 	"math"
 	"reflect"
+	"strings"
 	"testing"
+
+	"github.com/jackc/pgx/v5/pgtype"
 
 	"github.com/projector-dev/projector/partition"
 	"github.com/projector-dev/projector/projection"
@@ -26,7 +29,7 @@ func TestStateCacheBounded(t *testing.T) {
 				keys = append(keys, k)
 				rows = append(rows, partition.RowWrite{Key: k, Version: int64(b + 1), Row: projection.Row{"n": int64(i)}})
 			}
-			c.store(claim, keys, loaded, rows, nil)
+			c.store(claim, keys, loaded, rows, nil, nil)
 			if c.size > 100 {
 				t.Fatalf("after %d batches of partition %d the cache holds %d rows, want at most 100", b+1, p, c.size)
 			}
@@ -63,13 +66,13 @@ func TestStateCacheBypassedWhenItDoesNotPay(t *testing.T) {
 	hot := partition.Claim{TP: partition.TP{Topic: "t", Partition: 1}, Epoch: 1}
 	batch := func(claim partition.Claim, keys []string) (hits int, caching bool) {
 		st := partition.State{Rows: map[string]projection.Row{}, Versions: map[string]int64{}}
-		misses, hits, caching := c.lookup(claim, keys, st)
+		misses, hits, caching := c.lookup(claim, keys, st, map[string]pgtype.TID{})
 		if caching {
 			loaded := partition.State{Rows: map[string]projection.Row{}, Versions: map[string]int64{}}
 			for _, k := range misses {
 				loaded.Versions[k] = 1
 			}
-			c.store(claim, misses, loaded, nil, nil)
+			c.store(claim, misses, loaded, nil, nil, nil)
 		}
 		return hits, caching
 	}
@@ -118,10 +121,12 @@ func TestStateCacheRowEncoding(t *testing.T) {
 		{Name: "id", Type: "text"}, {Name: "empty", Type: "text"}, {Name: "null", Type: "text"},
 		{Name: "n", Type: "bigint"}, {Name: "neg", Type: "bigint"}, {Name: "f", Type: "double precision"},
 		{Name: "yes", Type: "boolean"}, {Name: "no", Type: "boolean"}, {Name: "missing", Type: "bigint"},
+		{Name: "min", Type: "bigint"}, {Name: "long", Type: "text"},
 	}
 	row := projection.Row{
 		"id": "acc-1 ünïcode", "empty": "", "null": nil, "n": int64(math.MaxInt64), "neg": int64(-7),
 		"f": -0.1, "yes": true, "no": false, "extra": "not a column",
+		"min": int64(math.MinInt64), "long": strings.Repeat("long text ", 40),
 	}
 	b, ok := encodeRow(cols, row)
 	if !ok {
@@ -140,9 +145,9 @@ func TestStateCacheRowEncoding(t *testing.T) {
 	c := newStateCache(10, cols, true)
 	claim := partition.Claim{TP: partition.TP{Topic: "t"}, Epoch: 1}
 	loaded := partition.State{Rows: map[string]projection.Row{"a": row}, Versions: map[string]int64{"a": 1}}
-	c.store(claim, []string{"a"}, loaded, []partition.RowWrite{{Key: "a", Version: 2, Row: projection.Row{"id": "a", "n": 3}}}, nil)
+	c.store(claim, []string{"a"}, loaded, []partition.RowWrite{{Key: "a", Version: 2, Row: projection.Row{"id": "a", "n": 3}}}, nil, nil)
 	st := partition.State{Rows: map[string]projection.Row{}, Versions: map[string]int64{}}
-	if misses, _, _ := c.lookup(claim, []string{"a"}, st); len(misses) != 1 || c.size != 0 {
+	if misses, _, _ := c.lookup(claim, []string{"a"}, st, map[string]pgtype.TID{}); len(misses) != 1 || c.size != 0 {
 		t.Errorf("a row the cache cannot hold left %v cached (misses %v, size %d)", st.Rows["a"], misses, c.size)
 	}
 }

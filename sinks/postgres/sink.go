@@ -11,6 +11,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgtype"
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/projector-dev/projector/partition"
@@ -31,12 +32,18 @@ type Sink struct {
 	// exists are read and cached, never the rows.
 	readsRows bool
 
-	loadSQL      string
-	upsertSQL    string
-	updateSQL    string
-	insertSQL    string
-	insertNewSQL string
-	deleteSQL    string
+	sql statements
+}
+
+// statements are the SQL of a projection's table (see rowSQL).
+type statements struct {
+	load        string // rows (or versions) and their ctids, by key
+	upsert      string // insert or update, one row at a time (isolated rows)
+	updateByKey string // rows known to exist, found by key
+	updateByTid string // rows known to exist, found by ctid
+	insert      string // rows known not to exist
+	insertNew   string // rows of aggregates assumed new
+	del         string
 }
 
 var _ partition.Sink = (*Sink)(nil)
@@ -47,7 +54,7 @@ var _ partition.Sink = (*Sink)(nil)
 func NewSink(pool *pgxpool.Pool, identity string, p *projection.Projection, dlqTopic string) *Sink {
 	s := &Sink{pool: pool, identity: identity, p: p, dlqTopic: dlqTopic, readsRows: p.FoldReadsRow()}
 	s.cache = newStateCache(DefaultStateCacheRows, p.Columns, s.readsRows)
-	s.loadSQL, s.upsertSQL, s.updateSQL, s.insertSQL, s.insertNewSQL, s.deleteSQL = rowSQL(p)
+	s.sql = rowSQL(p)
 	return s
 }
 
@@ -67,7 +74,7 @@ func (s *Sink) Forget(tp partition.TP) { s.cache.drop(tp) }
 
 // errStaleState reports a batch planned on state (cached, or read earlier
 // in the transaction) that Postgres contradicts when the rows are written;
-// the transaction is rolled back and retried from Postgres.
+// the transaction is rolled back and the batch planned again from Postgres.
 var errStaleState = errors.New("an aggregate's row in Postgres is not what the batch was planned on (was the table written by something else?); retrying from Postgres")
 
 // errNotNew reports a batch planned assuming that its new aggregates (see
@@ -81,7 +88,7 @@ var errNotNew = errors.New("an aggregate assumed new is known to Postgres")
 // travel as arrays (see newColumn), binary for integers, floats, booleans
 // and timestamps and text for every other type, and are cast to the column
 // types in SQL.
-func rowSQL(p *projection.Projection) (load, upsert, update, insert, insertNew, del string) {
+func rowSQL(p *projection.Projection) statements {
 	table := quoteTable(p.Table)
 	key := p.Columns[0]
 	keyCol := quoteIdent(key.Name)
@@ -116,51 +123,68 @@ func rowSQL(p *projection.Projection) (load, upsert, update, insert, insertNew, 
 	// LATERAL ... LIMIT 1 keeps every lookup an index probe: as a plain
 	// join the planner hashes the whole table once it has grown (a batch
 	// of 1,000 keys against 100,000 rows took ten times as long).
-	load = fmt.Sprintf(`SELECT k.key, t.version, %s
+	var st statements
+	st.load = fmt.Sprintf(`SELECT k.key, t.version, t.ctid, %s
 		FROM unnest($1::text[]) AS k(key)
-		CROSS JOIN LATERAL (SELECT * FROM %s t WHERE t.%s = k.key::%s LIMIT 1) t`,
+		CROSS JOIN LATERAL (SELECT *, ctid FROM %s t WHERE t.%s = k.key::%s LIMIT 1) t`,
 		strings.Join(sel, ", "), table, keyCol, key.Type)
 	if !p.FoldReadsRow() {
-		load = fmt.Sprintf(`SELECT k.key, t.version
+		st.load = fmt.Sprintf(`SELECT k.key, t.version, t.ctid
 		FROM unnest($1::text[]) AS k(key)
-		CROSS JOIN LATERAL (SELECT version FROM %s t WHERE t.%s = k.key::%s LIMIT 1) t`,
+		CROSS JOIN LATERAL (SELECT version, ctid FROM %s t WHERE t.%s = k.key::%s LIMIT 1) t`,
 			table, keyCol, key.Type)
 	}
-	upsert = fmt.Sprintf(`INSERT INTO %s (%s, version)
+	st.upsert = fmt.Sprintf(`INSERT INTO %s (%s, version)
 		SELECT %s, u.version FROM unnest(%s, $%d::bigint[]) AS u(%s, version)
 		ON CONFLICT (%s) DO UPDATE SET %s WHERE %s.version < excluded.version`,
 		table, strings.Join(names, ", "),
 		strings.Join(values, ", "), strings.Join(params, ", "), versions, strings.Join(unnested, ", "),
 		keyCol, strings.Join(sets, ", "), table)
 	// Rows known to exist are updated in place: an upsert that meets its
-	// conflict also locks the row, one more WAL record per row. The join
-	// runs as index probes (see planIndexProbes).
+	// conflict also locks the row, one more WAL record per row. A row
+	// whose ctid the sink knows (it read the row, or updated it last) is
+	// found by it, which costs half as much as an index probe; the key is
+	// checked as well, so that a ctid gone stale (the row updated behind
+	// the sink's back, the table rewritten) updates nothing. Both joins
+	// run as probes (see planIndexProbes). Each update returns the row's
+	// position in its arrays and its new ctid.
 	updSets = append(updSets, "version = u.version")
-	update = fmt.Sprintf(`UPDATE %s AS t SET %s
-		FROM unnest(%s, $%d::bigint[]) AS u(%s, version)
-		WHERE t.%s = u.c0::%s AND t.version < u.version`,
+	st.updateByKey = fmt.Sprintf(`UPDATE %s AS t SET %s
+		FROM unnest(%s, $%d::bigint[]) WITH ORDINALITY AS u(%s, version, i)
+		WHERE t.%s = u.c0::%s AND t.version < u.version
+		RETURNING u.i, t.ctid`,
 		table, strings.Join(updSets, ", "), strings.Join(params, ", "), versions, strings.Join(unnested, ", "),
+		keyCol, key.Type)
+	st.updateByTid = fmt.Sprintf(`UPDATE %s AS t SET %s
+		FROM unnest(%s, $%d::bigint[], $%d::tid[]) WITH ORDINALITY AS u(%s, version, tid, i)
+		WHERE t.ctid = u.tid AND t.%s = u.c0::%s AND t.version < u.version
+		RETURNING u.i, t.ctid`,
+		table, strings.Join(updSets, ", "), strings.Join(params, ", "), versions, versions+1, strings.Join(unnested, ", "),
 		keyCol, key.Type)
 	// Rows known not to exist are inserted without ON CONFLICT, whose
 	// speculative insertion costs about as much again; a row that exists
 	// after all fails the statement (see keyConflict). Rows of aggregates
 	// assumed new are inserted only when the aggregate has no tombstone
 	// either (an index probe each: see load); the rows inserted are
-	// counted against those planned.
-	insert = fmt.Sprintf(`INSERT INTO %s (%s, version)
-		SELECT %s, u.version FROM unnest(%s, $%d::bigint[]) AS u(%s, version)`,
+	// counted against those planned. Both return each row's key, as text,
+	// and ctid.
+	st.insert = fmt.Sprintf(`INSERT INTO %s (%s, version)
+		SELECT %s, u.version FROM unnest(%s, $%d::bigint[]) AS u(%s, version)
+		RETURNING %s::text, ctid`,
 		table, strings.Join(names, ", "),
-		strings.Join(values, ", "), strings.Join(params, ", "), versions, strings.Join(unnested, ", "))
-	insertNew = fmt.Sprintf(`INSERT INTO %s (%s, version)
+		strings.Join(values, ", "), strings.Join(params, ", "), versions, strings.Join(unnested, ", "),
+		keyCol)
+	st.insertNew = fmt.Sprintf(`INSERT INTO %s (%s, version)
 		SELECT %s, u.version FROM unnest(%s, $%d::bigint[], $%d::text[]) AS u(%s, version, agg)
 		LEFT JOIN LATERAL (SELECT true AS found FROM projector_tombstones t
 		                   WHERE t.table_name = $%d AND t.key = u.agg LIMIT 1) t ON true
-		WHERE t.found IS NULL`,
+		WHERE t.found IS NULL
+		RETURNING %s::text, ctid`,
 		table, strings.Join(names, ", "),
 		strings.Join(values, ", "), strings.Join(params, ", "), versions, versions+1, strings.Join(unnested, ", "),
-		versions+2)
-	del = fmt.Sprintf(`DELETE FROM %s WHERE %s = ANY($1::text[]::%s[])`, table, keyCol, key.Type)
-	return load, upsert, update, insert, insertNew, del
+		versions+2, keyCol)
+	st.del = fmt.Sprintf(`DELETE FROM %s WHERE %s = ANY($1::text[]::%s[])`, table, keyCol, key.Type)
+	return st
 }
 
 const (
@@ -228,7 +252,9 @@ const (
 // returned as *partition.RejectedRows.
 func (s *Sink) CommitBatch(ctx context.Context, claim partition.Claim, end int64, keys partition.Keys, plan func(partition.State) (partition.Changes, error)) error {
 	err := s.commit(ctx, claim, end, keys, plan, true, false)
-	if errors.Is(err, errNotNew) || s.keyConflict(ctx, err) {
+	if errors.Is(err, errNotNew) || errors.Is(err, errStaleState) || s.keyConflict(ctx, err) {
+		// Planned on what the sink assumed or remembered, which Postgres
+		// contradicts: plan again from what Postgres holds.
 		s.cache.drop(claim.TP)
 		err = s.commit(ctx, claim, end, keys, plan, false, false)
 	}
@@ -283,12 +309,13 @@ func (s *Sink) commit(ctx context.Context, claim partition.Claim, end int64, key
 		Rows:     make(map[string]projection.Row, len(keys.All)),
 		Versions: make(map[string]int64, len(keys.All)),
 	}
-	misses, _, caching := s.cache.lookup(claim, keys.All, state)
+	tids := make(map[string]pgtype.TID, len(keys.All)) // ctids of existing rows, where known
+	misses, _, caching := s.cache.lookup(claim, keys.All, state, tids)
 	read, assumed := misses, map[string]bool(nil)
 	if assume && !isolate && len(keys.New) > 0 {
 		read, assumed = splitNew(misses, keys.New)
 	}
-	if err := s.load(ctx, tx, claim.TP, read, keys.Parked, &state); err != nil {
+	if err := s.load(ctx, tx, claim.TP, read, keys.Parked, &state, tids); err != nil {
 		return err
 	}
 	ch, err := plan(state)
@@ -301,16 +328,19 @@ func (s *Sink) commit(ctx context.Context, claim partition.Claim, end int64, key
 	// Rows the state says exist are updated, the others inserted, those of
 	// aggregates assumed new last; upserts lists them in that order.
 	var g upsertGroups
-	ch.Upserts, g = groupUpserts(ch.Upserts, state.Rows, assumed)
+	ch.Upserts, g = groupUpserts(ch.Upserts, state.Rows, tids, assumed)
 	upserts, inexact := ch.Upserts, []int{} // inexact: rows storedRows must convert
 	if isolate {
 		if err := s.isolateUpserts(ctx, tx, ch.Upserts); err != nil {
 			return err
 		}
+		for _, w := range ch.Upserts {
+			delete(tids, w.Key) // moved, to where is not known
+		}
 		ch.Upserts, g = nil, upsertGroups{} // written one by one above
 	}
 	b := &pgx.Batch{}
-	counts, err := s.queueChanges(b, claim.TP, ch, g, &inexact)
+	counts, err := s.queueChanges(b, claim.TP, ch, g, tids, &inexact)
 	if err != nil {
 		return err
 	}
@@ -334,7 +364,7 @@ func (s *Sink) commit(ctx context.Context, claim partition.Claim, end int64, key
 	// from a stale cache or the table was written behind projector's back:
 	// retry from Postgres. An aggregate assumed new that has a tombstone
 	// was not inserted: plan again from what Postgres holds.
-	if counts.updated < int64(g.existing) {
+	if counts.updated < int64(g.byTid+g.byKey) {
 		return errStaleState
 	}
 	if counts.insertedNew < int64(g.assumed) {
@@ -352,7 +382,7 @@ func (s *Sink) commit(ctx context.Context, claim partition.Claim, end int64, key
 			s.cache.drop(claim.TP) // committed; the next batch reads from Postgres
 			return nil
 		}
-		s.cache.store(claim, misses, state, stored, ch.Deletes)
+		s.cache.store(claim, misses, state, stored, ch.Deletes, tids)
 	}
 	return nil
 }
@@ -402,34 +432,38 @@ func onlyInserts(ch partition.Changes, assumed map[string]bool) bool {
 }
 
 // upsertGroups counts the rows of each statement, in their order in the
-// batch's upserts: updates of existing rows, inserts of rows known not to
-// exist, inserts of the rows of aggregates assumed new.
-type upsertGroups struct{ existing, absent, assumed int }
+// batch's upserts: updates of existing rows by ctid and by key, inserts of
+// rows known not to exist, inserts of the rows of aggregates assumed new.
+type upsertGroups struct{ byTid, byKey, absent, assumed int }
 
 // groupUpserts returns upserts reordered into upsertGroups: the rows that
-// exist (those in rows) first, those of assumed aggregates last.
-func groupUpserts(upserts []partition.RowWrite, rows map[string]projection.Row, assumed map[string]bool) ([]partition.RowWrite, upsertGroups) {
-	var g upsertGroups
-	out := make([]partition.RowWrite, 0, len(upserts))
-	for _, w := range upserts {
+// exist (those in rows) first, those with a known ctid (in tids) before
+// the others, and those of assumed aggregates last.
+func groupUpserts(upserts []partition.RowWrite, rows map[string]projection.Row, tids map[string]pgtype.TID, assumed map[string]bool) ([]partition.RowWrite, upsertGroups) {
+	group := func(w partition.RowWrite) int {
 		if _, ok := rows[w.Key]; ok {
-			out = append(out, w)
+			if _, ok := tids[w.Key]; ok {
+				return 0
+			}
+			return 1
 		}
+		if assumed[w.Key] {
+			return 3
+		}
+		return 2
 	}
-	g.existing = len(out)
+	var n [4]int
 	for _, w := range upserts {
-		if _, ok := rows[w.Key]; !ok && !assumed[w.Key] {
-			out = append(out, w)
-		}
+		n[group(w)]++
 	}
-	g.absent = len(out) - g.existing
+	next := [4]int{0, n[0], n[0] + n[1], n[0] + n[1] + n[2]}
+	out := make([]partition.RowWrite, len(upserts))
 	for _, w := range upserts {
-		if _, ok := rows[w.Key]; !ok && assumed[w.Key] {
-			out = append(out, w)
-		}
+		k := group(w)
+		out[next[k]] = w
+		next[k]++
 	}
-	g.assumed = len(out) - g.existing - g.absent
-	return out, g
+	return out, upsertGroups{byTid: n[0], byKey: n[1], absent: n[2], assumed: n[3]}
 }
 
 // storedRows returns rows as a load from Postgres would return them (see
@@ -509,7 +543,7 @@ func (s *Sink) isolateUpserts(ctx context.Context, tx pgx.Tx, rows []partition.R
 		if _, err := tx.Exec(ctx, "SAVEPOINT projector_row"); err != nil {
 			return fmt.Errorf("savepoint: %w", err)
 		}
-		if _, err := tx.Exec(ctx, s.upsertSQL, args...); err != nil {
+		if _, err := tx.Exec(ctx, s.sql.upsert, args...); err != nil {
 			if !rowLevel(err) {
 				return fmt.Errorf("write row %q: %w", w.Key, err)
 			}
@@ -529,35 +563,41 @@ func (s *Sink) isolateUpserts(ctx context.Context, tx pgx.Tx, rows []partition.R
 	return nil
 }
 
-// load reads the state of keys and the parked events of parkedKeys into st.
-func (s *Sink) load(ctx context.Context, tx pgx.Tx, tp partition.TP, keys, parkedKeys []string, st *partition.State) error {
+// load reads the state of keys and the parked events of parkedKeys into st,
+// and the ctids of the rows into tids unless it is nil.
+func (s *Sink) load(ctx context.Context, tx pgx.Tx, tp partition.TP, keys, parkedKeys []string, st *partition.State, tids map[string]pgtype.TID) error {
 	if len(keys) == 0 && len(parkedKeys) == 0 {
 		return nil
 	}
 	b := &pgx.Batch{}
 	cols := s.p.Columns
-	b.Queue(s.loadSQL, keys).Query(func(rows pgx.Rows) error {
+	b.Queue(s.sql.load, keys).Query(func(rows pgx.Rows) error {
 		if !s.readsRows {
 			var (
 				key  string
 				rowV int64
+				tid  pgtype.TID
 			)
 			for rows.Next() {
-				if err := rows.Scan(&key, &rowV); err != nil {
+				if err := rows.Scan(&key, &rowV, &tid); err != nil {
 					return err
 				}
 				st.Rows[key] = presentRow
 				st.Versions[key] = max(st.Versions[key], rowV)
+				if tids != nil {
+					tids[key] = tid
+				}
 			}
 			return rows.Err()
 		}
 		var (
 			key   string
 			rowV  int64
+			tid   pgtype.TID
 			texts = make([]*string, len(cols))
-			dest  = make([]any, 0, 2+len(cols))
+			dest  = make([]any, 0, 3+len(cols))
 		)
-		dest = append(dest, &key, &rowV)
+		dest = append(dest, &key, &rowV, &tid)
 		for i := range texts {
 			dest = append(dest, &texts[i])
 		}
@@ -575,6 +615,9 @@ func (s *Sink) load(ctx context.Context, tx pgx.Tx, tp partition.TP, keys, parke
 			}
 			st.Rows[key] = row
 			st.Versions[key] = max(st.Versions[key], rowV)
+			if tids != nil {
+				tids[key] = tid
+			}
 		}
 		return rows.Err()
 	})
@@ -619,13 +662,39 @@ func (s *Sink) load(ctx context.Context, tx pgx.Tx, tp partition.TP, keys, parke
 	return nil
 }
 
+// inserted reads what an insert returned: it counts the rows in n (unless
+// nil) and notes each row's ctid in tids under its key column's text,
+// which is the aggregate key unless the key was written otherwise ("042"
+// for 42: that row's ctid stays unknown, and its next update finds it by
+// key).
+func inserted(tids map[string]pgtype.TID, n *int64) func(pgx.Rows) error {
+	return func(res pgx.Rows) error {
+		var (
+			key string
+			tid pgtype.TID
+		)
+		for res.Next() {
+			if err := res.Scan(&key, &tid); err != nil {
+				return err
+			}
+			if n != nil {
+				*n++
+			}
+			tids[key] = tid
+		}
+		return res.Err()
+	}
+}
+
 // writeCounts are the rows the statements of a batch wrote, filled in when
 // the batch has run.
 type writeCounts struct{ updated, insertedNew int64 }
 
-// queueChanges queues the batch's writes, the upserts grouped as g says.
-// Rows not in the form a load returns are listed in inexact (see storedRows).
-func (s *Sink) queueChanges(b *pgx.Batch, tp partition.TP, ch partition.Changes, g upsertGroups, inexact *[]int) (*writeCounts, error) {
+// queueChanges queues the batch's writes, the upserts grouped as g says,
+// the first found by their ctids in tids; the rows updated leave their new
+// ctids in tids when the batch has run. Rows not in the form a load
+// returns are listed in inexact (see storedRows).
+func (s *Sink) queueChanges(b *pgx.Batch, tp partition.TP, ch partition.Changes, g upsertGroups, tids map[string]pgtype.TID, inexact *[]int) (*writeCounts, error) {
 	counts := new(writeCounts)
 	if len(ch.Deletes) > 0 {
 		keys := make([]string, len(ch.Deletes))
@@ -633,34 +702,62 @@ func (s *Sink) queueChanges(b *pgx.Batch, tp partition.TP, ch partition.Changes,
 		for i, d := range ch.Deletes {
 			keys[i], versions[i] = d.Key, d.Version
 		}
-		b.Queue(s.deleteSQL, keys)
+		b.Queue(s.sql.del, keys)
 		b.Queue(tombstoneSQL, s.p.Table, keys, versions)
 	}
-	count := func(n *int64) func(pgconn.CommandTag) error {
-		return func(tag pgconn.CommandTag) error {
-			*n += tag.RowsAffected()
-			return nil
-		}
-	}
-	existing, absent := ch.Upserts[:g.existing], ch.Upserts[g.existing:g.existing+g.absent]
-	assumed := ch.Upserts[g.existing+g.absent:]
-	if len(existing) > 0 {
-		args, err := s.upsertArgs(existing, 0, inexact)
+	existing := g.byTid + g.byKey
+	byTid, byKey := ch.Upserts[:g.byTid], ch.Upserts[g.byTid:existing]
+	absent, assumed := ch.Upserts[existing:existing+g.absent], ch.Upserts[existing+g.absent:]
+	update := func(sql string, rows []partition.RowWrite, base int, extra ...any) error {
+		args, err := s.upsertArgs(rows, base, inexact)
 		if err != nil {
+			return err
+		}
+		b.Queue(sql, append(args, extra...)...).Query(func(res pgx.Rows) error {
+			var (
+				i   int64
+				tid pgtype.TID
+			)
+			for res.Next() {
+				if err := res.Scan(&i, &tid); err != nil {
+					return err
+				}
+				if i < 1 || int(i) > len(rows) {
+					return fmt.Errorf("update returned row %d of %d", i, len(rows))
+				}
+				counts.updated++
+				tids[rows[i-1].Key] = tid
+			}
+			return res.Err()
+		})
+		return nil
+	}
+	if existing > 0 {
+		b.Queue(planIndexProbes)
+	}
+	if len(byTid) > 0 {
+		at := make(pgArray[pgtype.TID], len(byTid))
+		for i, w := range byTid {
+			at[i] = tids[w.Key]
+		}
+		if err := update(s.sql.updateByTid, byTid, 0, at); err != nil {
 			return nil, err
 		}
-		b.Queue(planIndexProbes)
-		b.Queue(s.updateSQL, args...).Exec(count(&counts.updated))
+	}
+	if len(byKey) > 0 {
+		if err := update(s.sql.updateByKey, byKey, g.byTid); err != nil {
+			return nil, err
+		}
 	}
 	if len(absent) > 0 {
-		args, err := s.upsertArgs(absent, g.existing, inexact)
+		args, err := s.upsertArgs(absent, existing, inexact)
 		if err != nil {
 			return nil, err
 		}
-		b.Queue(s.insertSQL, args...)
+		b.Queue(s.sql.insert, args...).Query(inserted(tids, nil))
 	}
 	if len(assumed) > 0 {
-		args, err := s.upsertArgs(assumed, g.existing+g.absent, inexact)
+		args, err := s.upsertArgs(assumed, existing+g.absent, inexact)
 		if err != nil {
 			return nil, err
 		}
@@ -668,7 +765,7 @@ func (s *Sink) queueChanges(b *pgx.Batch, tp partition.TP, ch partition.Changes,
 		for i, w := range assumed {
 			keys[i] = w.Key
 		}
-		b.Queue(s.insertNewSQL, append(args, keys, s.p.Table)...).Exec(count(&counts.insertedNew))
+		b.Queue(s.sql.insertNew, append(args, keys, s.p.Table)...).Query(inserted(tids, &counts.insertedNew))
 	}
 	if len(ch.Unpark) > 0 {
 		keys := make([]string, len(ch.Unpark))
@@ -801,7 +898,7 @@ func (s *Sink) Load(ctx context.Context, tp partition.TP, keys []string) (partit
 	}
 	defer tx.Rollback(context.WithoutCancel(ctx)) //nolint:errcheck // read-only
 	st := partition.State{Rows: map[string]projection.Row{}, Versions: map[string]int64{}}
-	err = s.load(ctx, tx, tp, keys, keys, &st)
+	err = s.load(ctx, tx, tp, keys, keys, &st, nil)
 	return st, err
 }
 
