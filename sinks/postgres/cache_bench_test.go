@@ -1,0 +1,61 @@
+package postgres
+
+import (
+	"fmt"
+	"math/rand/v2"
+	"testing"
+
+	"github.com/jackc/pgx/v5/pgtype"
+
+	"github.com/projector-dev/projector/partition"
+	"github.com/projector-dev/projector/projection"
+)
+
+// BenchmarkStateCache is the cache's share of a batch: looking up 1,000
+// keys among 100,000 cached aggregates, then storing the batch's writes.
+func BenchmarkStateCache(b *testing.B) {
+	cols := []projection.Column{{Name: "account_id", Type: "text"}, {Name: "owner", Type: "text"},
+		{Name: "balance", Type: "bigint"}, {Name: "opened_at", Type: "timestamptz"}}
+	const aggregates, batch = 100_000, 1000
+	keys := make([]string, aggregates)
+	for i := range keys {
+		keys[i] = fmt.Sprintf("acc-%07d", i)
+	}
+	row := func(k string, n int64) projection.Row {
+		return projection.Row{"account_id": k, "owner": "owner " + k[4:], "balance": n, "opened_at": "2026-01-01 00:00:00+00"}
+	}
+	rows := make(map[string]projection.Row, aggregates)
+	for _, k := range keys {
+		rows[k] = row(k, 7)
+	}
+	c := newStateCache(aggregates+1, cols, true)
+	claim := partition.Claim{TP: partition.TP{Topic: "t"}, Epoch: 1}
+	loaded := partition.State{Rows: map[string]projection.Row{}, Versions: map[string]int64{}}
+	for _, k := range keys {
+		loaded.Rows[k], loaded.Versions[k] = row(k, 1), 1
+	}
+	c.store(claim, keys, loaded, nil, nil, nil)
+	rng := rand.New(rand.NewPCG(1, 2))
+	batches := make([][]string, 64)
+	for i := range batches {
+		batches[i] = make([]string, batch)
+		for j := range batches[i] {
+			batches[i][j] = keys[rng.IntN(aggregates)]
+		}
+	}
+	b.ReportAllocs()
+	n := 0
+	for b.Loop() {
+		ks := batches[n%len(batches)]
+		st := partition.State{Rows: make(map[string]projection.Row, batch), Versions: make(map[string]int64, batch)}
+		tids := make(map[string]pgtype.TID, batch)
+		misses, _, _ := c.lookup(claim, ks, st, tids)
+		writes := make([]partition.RowWrite, 0, len(ks))
+		for _, k := range ks {
+			writes = append(writes, partition.RowWrite{Key: k, Version: st.Versions[k] + 1, Row: rows[k]})
+		}
+		c.store(claim, misses, st, writes, nil, tids)
+		n++
+	}
+	b.ReportMetric(float64(b.Elapsed().Nanoseconds())/float64(n*batch), "ns/key")
+}
