@@ -446,7 +446,8 @@ func (w *Worker) plan(ctx context.Context, items []*item, st State, rejected map
 		failed *item
 	)
 	apply := func(v int64, it *item) error {
-		row, err := w.proj.Fold(cur.row, projection.Event{Key: it.key, Version: v, Type: it.typ, Fields: it.fields})
+		// cur.row is the plan's (see State.Rows) or an earlier fold's.
+		row, err := w.proj.FoldOwned(cur.row, projection.Event{Key: it.key, Version: v, Type: it.typ, Fields: it.fields})
 		if err != nil {
 			failed = it
 			return err

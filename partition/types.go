@@ -43,7 +43,11 @@ type StoredEvent struct {
 
 // State is what the sink has stored for the aggregates of a batch.
 type State struct {
-	// Rows holds the current row of each aggregate that has one.
+	// Rows holds the current row of each aggregate that has one. They are
+	// the plan's: it folds events into them (projection.FoldOwned), so a
+	// sink hands every plan rows of its own. A projection whose fold does
+	// not read rows (projection.FoldReadsRow) may be given empty rows that
+	// only say the row exists.
 	Rows map[string]projection.Row
 	// Versions holds each known aggregate's last applied version, including
 	// aggregates whose row was deleted.

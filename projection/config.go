@@ -186,11 +186,11 @@ func (s Spec) compile(dir string) (*Projection, error) {
 		if len(s.Events) == 0 {
 			return nil, bad("events: fold mode needs at least one event type")
 		}
-		fold, err := compileFold(p, s.Events)
+		decl, err := compileFold(p, s.Events)
 		if err != nil {
 			return nil, bad("%v", err)
 		}
-		p.Fold = fold
+		p.decl, p.Fold = decl, decl.fold
 	}
 	if err := p.Validate(); err != nil {
 		return nil, err

@@ -61,9 +61,9 @@ type eventOps struct {
 	delete bool
 }
 
-// compileFold turns the per-event-type verbs into a FoldFunc. Event types
-// the file does not name advance the version and change nothing.
-func compileFold(p *Projection, defs map[string]EventDef) (FoldFunc, error) {
+// compileFold turns the per-event-type verbs into a fold. Event types the
+// file does not name advance the version and change nothing.
+func compileFold(p *Projection, defs map[string]EventDef) (*declFold, error) {
 	ops := make(map[string]eventOps, len(defs))
 	for typ, d := range defs {
 		var eo eventOps
@@ -124,56 +124,95 @@ func compileFold(p *Projection, defs map[string]EventDef) (FoldFunc, error) {
 		}
 		ops[typ] = eo
 	}
-	cols := p.Columns
-	return func(state Row, ev Event) (Row, error) {
-		if ev.Fields == nil {
-			return nil, nil
+	return &declFold{cols: p.Columns, ops: ops}, nil
+}
+
+// declFold is the fold a fold-mode projection declares.
+type declFold struct {
+	cols []Column
+	ops  map[string]eventOps
+}
+
+// declFoldCode identifies declFold.fold method values (see FoldOwned).
+var declFoldCode = reflect.ValueOf((&declFold{}).fold).Pointer()
+
+// FoldOwned folds like Fold for a caller that owns row and will not use it
+// again: a declarative fold-mode projection then writes the new row into
+// row instead of copying it first. Whatever the fold, row is unchanged when
+// it fails.
+func (p *Projection) FoldOwned(row Row, ev Event) (Row, error) {
+	if p.decl != nil && reflect.ValueOf(p.Fold).Pointer() == declFoldCode {
+		return p.decl.apply(row, ev, true)
+	}
+	return p.Fold(row, ev)
+}
+
+func (d *declFold) fold(state Row, ev Event) (Row, error) { return d.apply(state, ev, false) }
+
+// apply folds ev into a copy of state or, with owned, into state itself;
+// state changes only once every value of the event has converted.
+func (d *declFold) apply(state Row, ev Event, owned bool) (Row, error) {
+	if ev.Fields == nil {
+		return nil, nil
+	}
+	eo, known := d.ops[ev.Type]
+	if !known {
+		if owned {
+			return state, nil // not this projection's concern: only the version moves
 		}
-		eo, known := ops[ev.Type]
-		if !known {
-			return maps.Clone(state), nil // not this projection's concern: only the version moves
-		}
-		if eo.delete {
-			return nil, nil
-		}
-		var row Row
-		if state == nil {
-			row = make(Row, len(cols))
-			for _, c := range cols[1:] {
-				row[c.Name] = c.Default
-			}
-		} else {
-			row = maps.Clone(state) // copies the map's storage in one piece
-		}
-		row[cols[0].Name] = ev.Key
-		for _, op := range eo.set {
-			v := op.literal
-			if op.field != "" {
-				f, ok := ev.Fields[op.field]
-				if !ok {
-					return nil, Terminal(fmt.Errorf("%s: set %s: event has no field %q", ev.Type, op.col.Name, op.field))
-				}
-				conv, err := op.col.Convert(f)
-				if err != nil {
-					return nil, Terminal(fmt.Errorf("%s: set from field %s: %w", ev.Type, op.field, err))
-				}
-				v = conv
-			}
-			row[op.col.Name] = v
-		}
-		for _, op := range eo.add {
+		return maps.Clone(state), nil
+	}
+	if eo.delete {
+		return nil, nil
+	}
+	var buf [8]any
+	vals := buf[:0] // the sets' values, then the adds' deltas
+	for _, op := range eo.set {
+		v := op.literal
+		if op.field != "" {
 			f, ok := ev.Fields[op.field]
-			if !ok || f == nil {
-				return nil, Terminal(fmt.Errorf("%s: add to %s: event has no value in field %q", ev.Type, op.col.Name, op.field))
+			if !ok {
+				return nil, Terminal(fmt.Errorf("%s: set %s: event has no field %q", ev.Type, op.col.Name, op.field))
 			}
-			delta, err := op.col.Convert(f)
+			conv, err := op.col.Convert(f)
 			if err != nil {
-				return nil, Terminal(fmt.Errorf("%s: add from field %s: %w", ev.Type, op.field, err))
+				return nil, Terminal(fmt.Errorf("%s: set from field %s: %w", ev.Type, op.field, err))
 			}
-			row[op.col.Name] = addValues(row[op.col.Name], delta, op.negate)
+			v = conv
 		}
-		return row, nil
-	}, nil
+		vals = append(vals, v)
+	}
+	for _, op := range eo.add {
+		f, ok := ev.Fields[op.field]
+		if !ok || f == nil {
+			return nil, Terminal(fmt.Errorf("%s: add to %s: event has no value in field %q", ev.Type, op.col.Name, op.field))
+		}
+		delta, err := op.col.Convert(f)
+		if err != nil {
+			return nil, Terminal(fmt.Errorf("%s: add from field %s: %w", ev.Type, op.field, err))
+		}
+		vals = append(vals, delta)
+	}
+	var row Row
+	switch {
+	case state == nil:
+		row = make(Row, len(d.cols))
+		for _, c := range d.cols[1:] {
+			row[c.Name] = c.Default
+		}
+	case owned:
+		row = state
+	default:
+		row = maps.Clone(state) // copies the map's storage in one piece
+	}
+	row[d.cols[0].Name] = ev.Key
+	for i, op := range eo.set {
+		row[op.col.Name] = vals[i]
+	}
+	for i, op := range eo.add {
+		row[op.col.Name] = addValues(row[op.col.Name], vals[len(eo.set)+i], op.negate)
+	}
+	return row, nil
 }
 
 // addValues adds two values of one numeric kind; a NULL counts as zero.

@@ -561,3 +561,62 @@ func TestFoldReadsRow(t *testing.T) {
 		t.Error("a fold-mode projection is taken not to read rows")
 	}
 }
+
+// FoldOwned gives the rows Fold gives, writing into the row it is handed
+// for a declarative fold-mode projection, and leaves that row unchanged
+// when the event does not fold.
+func TestFoldOwned(t *testing.T) {
+	p := mustParse(t, foldYAML)
+	at := time.Date(2026, 1, 2, 3, 4, 5, 0, time.UTC)
+	events := []projection.Event{
+		{Type: "Opened", Fields: map[string]any{"owner": "ann", "occurred_at": at}},
+		{Type: "Deposited", Fields: map[string]any{"amount": int64(50), "bonus": 0.5}},
+		{Type: "Deposited", Fields: map[string]any{"amount": "not a number", "bonus": 0.5}}, // fails
+		{Type: "Withdrawn", Fields: map[string]any{"amount": int64(20)}},
+		{Type: "Renamed", Fields: map[string]any{}}, // no new_owner: fails
+		{Type: "Somebody else's", Fields: map[string]any{"x": 1}},
+		{Type: "Renamed", Fields: map[string]any{"new_owner": "bob"}},
+		{Type: "Leveled", Fields: map[string]any{"lvl": int64(1) << 40}}, // out of integer's range: fails
+		{Type: "Cleared", Fields: map[string]any{}},
+		{Type: "Penalised", Fields: map[string]any{"fine": 0.25}},
+		{Type: "Closed", Fields: map[string]any{}},
+		{Type: "Opened", Fields: map[string]any{"owner": "cy", "occurred_at": at}},
+	}
+	var viaFold, owned projection.Row
+	for i, ev := range events {
+		ev.Key, ev.Version = "k", int64(i+1)
+		want, wantErr := p.Fold(viaFold, ev)
+		before := copyRow(owned)
+		got, err := p.FoldOwned(owned, ev)
+		if (err == nil) != (wantErr == nil) {
+			t.Fatalf("event %d (%s): FoldOwned error %v, Fold error %v", i, ev.Type, err, wantErr)
+		}
+		if err != nil {
+			if !reflect.DeepEqual(owned, before) {
+				t.Errorf("event %d (%s) failed and changed the row: %v, was %v", i, ev.Type, owned, before)
+			}
+			continue
+		}
+		if !reflect.DeepEqual(got, want) {
+			t.Errorf("event %d (%s): FoldOwned %v, Fold %v", i, ev.Type, got, want)
+		}
+		if owned != nil && got != nil && reflect.ValueOf(got).Pointer() != reflect.ValueOf(owned).Pointer() {
+			t.Errorf("event %d (%s): FoldOwned copied the row it owns", i, ev.Type)
+		}
+		viaFold, owned = want, got
+	}
+	if owned == nil || owned["owner"] != "cy" {
+		t.Errorf("final row %v, want the reopened account", owned)
+	}
+
+	// Any other fold is called as it is.
+	calls := 0
+	p.Fold = func(state projection.Row, ev projection.Event) (projection.Row, error) {
+		calls++
+		return projection.Row{"id": ev.Key}, nil
+	}
+	row := projection.Row{"id": "k", "owner": "x"}
+	if got, err := p.FoldOwned(row, projection.Event{Key: "k", Type: "Opened", Fields: map[string]any{}}); err != nil || calls != 1 || len(got) != 1 || row["owner"] != "x" {
+		t.Errorf("FoldOwned with a Go fold = %v, %v after %d calls (row %v)", got, err, calls, row)
+	}
+}

@@ -27,7 +27,7 @@ type Row map[string]any
 
 // FoldFunc folds one event into the aggregate's state. state is nil when the
 // aggregate has no row (never seen, or deleted). It must not be modified
-// (the engine keeps it in its state cache): return a new Row. Returning a
+// (the engine still needs it when the fold fails): return a new Row. Returning a
 // nil Row deletes the row. A returned error fails this event: wrap it with Terminal when
 // retrying cannot help, so the event is dead-lettered.
 type FoldFunc func(state Row, ev Event) (Row, error)
@@ -92,6 +92,7 @@ type Projection struct {
 	// Fold computes the new row. Declarative projections get one compiled
 	// from their events/columns; library users may set their own.
 	Fold FoldFunc
+	decl *declFold // the compiled fold of a fold-mode file (see FoldOwned)
 	// DeleteTypes are event types that delete the row (besides tombstones).
 	DeleteTypes map[string]bool
 	// GapTimeout is how long events wait for a missing version before a
