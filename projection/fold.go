@@ -136,10 +136,10 @@ type declFold struct {
 // declFoldCode identifies declFold.fold method values (see FoldOwned).
 var declFoldCode = reflect.ValueOf((&declFold{}).fold).Pointer()
 
-// FoldOwned folds like Fold for a caller that owns row and will not use it
-// again: a declarative fold-mode projection then writes the new row into
-// row instead of copying it first. Whatever the fold, row is unchanged when
-// it fails.
+// FoldOwned folds like Fold for a caller that owns row and, once the fold
+// succeeds, no longer needs it: a declarative fold-mode projection then
+// writes the new row into row instead of copying it first. Whatever the
+// fold, row is unchanged when it fails.
 func (p *Projection) FoldOwned(row Row, ev Event) (Row, error) {
 	if p.decl != nil && reflect.ValueOf(p.Fold).Pointer() == declFoldCode {
 		return p.decl.apply(row, ev, true)

@@ -55,13 +55,13 @@ const (
 )
 
 // cachedAgg is one aggregate as Postgres holds it: its last applied
-// version (0: never seen) and its row (nil: none, or deleted) encoded by
-// encodeRow, or rowExists when the cache keeps no rows; and the row's ctid
-// when the sink knows it.
+// version (0: never seen), its row encoded by encodeRow ("": none, or
+// deleted; rowExists when the cache keeps no rows) and the row's ctid when
+// the sink knows it.
 type cachedAgg struct {
 	version int64
-	row     string     // "": none
-	tid     pgtype.TID // the row's ctid, when known
+	row     string
+	tid     pgtype.TID
 }
 
 // rowExists marks a row that exists in a cache that keeps no rows (an
