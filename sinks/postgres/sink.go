@@ -453,15 +453,16 @@ func groupUpserts(upserts []partition.RowWrite, rows map[string]projection.Row, 
 		return 2
 	}
 	var n [4]int
-	for _, w := range upserts {
-		n[group(w)]++
+	groups := make([]int, len(upserts))
+	for i, w := range upserts {
+		groups[i] = group(w)
+		n[groups[i]]++
 	}
 	next := [4]int{0, n[0], n[0] + n[1], n[0] + n[1] + n[2]}
 	out := make([]partition.RowWrite, len(upserts))
-	for _, w := range upserts {
-		k := group(w)
-		out[next[k]] = w
-		next[k]++
+	for i, w := range upserts {
+		out[next[groups[i]]] = w
+		next[groups[i]]++
 	}
 	return out, upsertGroups{byTid: n[0], byKey: n[1], absent: n[2], assumed: n[3]}
 }
