@@ -144,16 +144,7 @@ func TestCommitBatchInsertMeetsExistingRow(t *testing.T) {
 // With a key column that is not text, the assumed aggregates are still
 // checked against their tombstones (kept by key text).
 func TestAssumedKeysWithBigintKey(t *testing.T) {
-	p := parseOne(t, `projections:
-  - name: numbered
-    topic: numbered.events
-    table: numbered
-    key: id
-    mode: snapshot
-    columns:
-      id:   {type: bigint, primary_key: true}
-      note: {type: text}
-`)
+	p := parseOne(t, bigintKeyYAML)
 	e := newEnv(t, p)
 	e.sink.SetStateCache(0)
 	c := e.claim(0)

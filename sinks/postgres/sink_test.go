@@ -614,8 +614,8 @@ func TestCommitBatchTimestamptzForms(t *testing.T) {
 	}
 }
 
-func TestCommitBatchBigintKey(t *testing.T) {
-	p := readingRows(parseOne(t, `projections:
+// bigintKeyYAML is a projection whose key column is not text.
+const bigintKeyYAML = `projections:
   - name: numbered
     topic: numbered.events
     table: numbered
@@ -624,7 +624,10 @@ func TestCommitBatchBigintKey(t *testing.T) {
     columns:
       id:   {type: bigint, primary_key: true}
       note: {type: text}
-`))
+`
+
+func TestCommitBatchBigintKey(t *testing.T) {
+	p := readingRows(parseOne(t, bigintKeyYAML))
 	e := newEnv(t, p)
 	c := e.claim(0)
 	row, err := p.Fold(nil, projection.Event{Key: "42", Version: 1, Fields: map[string]any{"note": "hi"}})
