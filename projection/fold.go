@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"maps"
 	"reflect"
+	"slices"
 	"strings"
 )
 
@@ -145,6 +146,37 @@ func (p *Projection) FoldOwned(row Row, ev Event) (Row, error) {
 		return p.decl.apply(row, ev, true)
 	}
 	return p.Fold(row, ev)
+}
+
+// ReadFields lists the event fields p reads: its key, version and type
+// fields and those its columns or verbs take values from; nil when its
+// fold is a Go function, which may read any.
+func (p *Projection) ReadFields() []string {
+	fields := []string{p.KeyField, p.VersionField}
+	if p.TypeField != "" {
+		fields = append(fields, p.TypeField)
+	}
+	switch {
+	case !p.FoldReadsRow(): // a declarative snapshot
+		for _, c := range p.Columns[1:] {
+			fields = append(fields, c.Field)
+		}
+	case p.decl != nil && reflect.ValueOf(p.Fold).Pointer() == declFoldCode:
+		for _, eo := range p.decl.ops {
+			for _, op := range eo.set {
+				if op.field != "" {
+					fields = append(fields, op.field)
+				}
+			}
+			for _, op := range eo.add {
+				fields = append(fields, op.field)
+			}
+		}
+	default:
+		return nil
+	}
+	slices.Sort(fields)
+	return slices.Compact(fields)
 }
 
 func (d *declFold) fold(state Row, ev Event) (Row, error) { return d.apply(state, ev, false) }

@@ -3,6 +3,7 @@ package projection_test
 import (
 	"math"
 	"reflect"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -619,4 +620,39 @@ func TestFoldOwned(t *testing.T) {
 	if got, err := p.FoldOwned(row, projection.Event{Key: "k", Type: "Opened", Fields: map[string]any{}}); err != nil || calls != 1 || len(got) != 1 || row["owner"] != "x" {
 		t.Errorf("FoldOwned with a Go fold = %v, %v after %d calls (row %v)", got, err, calls, row)
 	}
+}
+
+// ReadFields names every field a declarative projection's fold reads, so
+// that only those need decoding; a Go fold may read any.
+func TestReadFields(t *testing.T) {
+	p := mustParse(t, foldYAML)
+	want := []string{"amount", "bonus", "fine", "id", "lvl", "new_owner", "occurred_at", "owner", p.TypeField, p.VersionField}
+	slices.Sort(want)
+	if got := p.ReadFields(); !reflect.DeepEqual(got, slices.Compact(want)) {
+		t.Errorf("fold mode: ReadFields = %v, want %v", got, want)
+	}
+	snap := mustParse(t, `projections:
+  - name: snap
+    topic: t
+    table: snap
+    key: id
+    mode: snapshot
+    columns:
+      id:    {type: text, primary_key: true}
+      n:     {type: bigint}
+      owner: {type: text, field: holder}
+`)
+	if got, want := snap.ReadFields(), []string{"holder", "id", "n", snap.VersionField}; !reflect.DeepEqual(got, sorted(want)) {
+		t.Errorf("snapshot: ReadFields = %v, want %v", got, sorted(want))
+	}
+	snap.Fold = func(r projection.Row, ev projection.Event) (projection.Row, error) { return r, nil }
+	if got := snap.ReadFields(); got != nil {
+		t.Errorf("Go fold: ReadFields = %v, want nil (every field)", got)
+	}
+}
+
+func sorted(s []string) []string {
+	s = slices.Clone(s)
+	slices.Sort(s)
+	return s
 }

@@ -3,9 +3,11 @@ package schemas_test
 import (
 	"context"
 	"fmt"
+	"strings"
 	"testing"
 	"time"
 
+	"github.com/hamba/avro/v2"
 	"github.com/twmb/franz-go/pkg/sr"
 	"github.com/twmb/franz-go/pkg/sr/srfake"
 
@@ -46,6 +48,65 @@ func BenchmarkDecodeBenchValue(b *testing.B) {
 			b.SetBytes(int64(len(value)))
 			for b.Loop() {
 				if _, _, err := d.Decode(ctx, value); err != nil {
+					b.Fatal(err)
+				}
+			}
+		})
+	}
+}
+
+// BenchmarkDecodeWide decodes an event of 30 fields, as services often
+// publish them, for a projection that reads 4 of them: through the whole
+// reader schema and through the one pruned to the fields read (as
+// `projector run` decodes for declarative projections).
+func BenchmarkDecodeWide(b *testing.B) {
+	reg := srfake.New()
+	defer reg.Close()
+	cl, err := sr.NewClient(sr.URLs(reg.URL()))
+	if err != nil {
+		b.Fatal(err)
+	}
+	ctx := context.Background()
+	var fields []string
+	value := map[string]any{}
+	for i := range 30 {
+		name := fmt.Sprintf("f%02d", i)
+		if i%2 == 0 {
+			fields = append(fields, fmt.Sprintf(`{"name": %q, "type": "string"}`, name))
+			value[name] = fmt.Sprintf("value of field %d", i)
+		} else {
+			fields = append(fields, fmt.Sprintf(`{"name": %q, "type": "long"}`, name))
+			value[name] = int64(i * 1000)
+		}
+	}
+	text := `{"type": "record", "name": "Wide", "fields": [` + strings.Join(fields, ", ") + `]}`
+	ids, err := schemas.Register(ctx, cl, "wide-value", text)
+	if err != nil {
+		b.Fatal(err)
+	}
+	reader, err := avro.Parse(text)
+	if err != nil {
+		b.Fatal(err)
+	}
+	wire, err := schemas.AppendWire(nil, ids[0], reader, value)
+	if err != nil {
+		b.Fatal(err)
+	}
+	for _, r := range []struct {
+		name   string
+		reader avro.Schema
+	}{
+		{"whole-reader", reader},
+		{"pruned-to-4", schemas.Prune(reader, []string{"f00", "f01", "f02", "f03"})},
+	} {
+		b.Run(r.name, func(b *testing.B) {
+			d := schemas.NewDecoder(cl, r.reader)
+			if _, _, err := d.Decode(ctx, wire); err != nil {
+				b.Fatal(err)
+			}
+			b.ReportAllocs()
+			for b.Loop() {
+				if _, _, err := d.Decode(ctx, wire); err != nil {
 					b.Fatal(err)
 				}
 			}

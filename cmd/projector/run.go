@@ -231,7 +231,8 @@ func startEngine(ctx context.Context, f *runFlags, log *slog.Logger, pool *pgxpo
 		Logger:         log,
 		Registerer:     metrics,
 	}, pool, func(p *projection.Projection) partition.Decoder {
-		return schemas.NewDecoder(reg, readers[p.Name])
+		// Only the fields the projection reads are decoded.
+		return schemas.NewDecoder(reg, schemas.Prune(readers[p.Name], p.ReadFields()))
 	})
 }
 
