@@ -145,6 +145,10 @@ type entry struct {
 	schema avro.Schema // what to decode with: resolved (or writer) record
 	norm   normalizer  // rewrites hamba's output; nil when nothing to do
 	err    error       // permanent failure for this id (wraps ErrIncompatible)
+	// fields is how many fields a decoded record holds (the reader's),
+	// 0 when unknown. hamba/avro would size the record's map for every
+	// writer field, the skipped ones included.
+	fields int
 }
 
 // NewDecoder returns a Decoder that looks writer schemas up in reg and
@@ -288,7 +292,11 @@ func (d *Decoder) build(id int, s sr.Schema) (e *entry) {
 	if deref(schema).Type() != avro.Record {
 		return fail("top-level schema is %s, want a record", deref(schema).Type())
 	}
-	return &entry{schema: schema, norm: newNormalizer(d.api, schema)}
+	e = &entry{schema: schema, norm: newNormalizer(d.api, schema)}
+	if rec, ok := deref(d.reader).(*avro.RecordSchema); ok {
+		e.fields = len(rec.Fields())
+	}
+	return e
 }
 
 // decode decodes an Avro body under e's schema.
@@ -309,6 +317,9 @@ func (d *Decoder) decode(e *entry, body []byte) (rec map[string]any, err error) 
 
 	// Not avro.Unmarshal: it treats running out of input as success and
 	// returns zero values for the missing fields.
+	if e.fields > 0 {
+		rec = make(map[string]any, e.fields)
+	}
 	r.ReadVal(e.schema, &rec)
 	if r.Error != nil {
 		if errors.Is(r.Error, io.EOF) {
