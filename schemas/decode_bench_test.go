@@ -21,12 +21,7 @@ import (
 // resolved into the projection's v1 reader schema, the padding skipped.
 // One op is one event.
 func BenchmarkDecodeBenchValue(b *testing.B) {
-	reg := srfake.New()
-	defer reg.Close()
-	cl, err := sr.NewClient(sr.URLs(reg.URL()))
-	if err != nil {
-		b.Fatal(err)
-	}
+	cl := registry(b)
 	ctx := context.Background()
 	ss, err := cl.CreateSchema(ctx, "bench-value", sr.Schema{Schema: bench.WriterSchema, Type: sr.TypeAvro})
 	if err != nil {
@@ -60,12 +55,7 @@ func BenchmarkDecodeBenchValue(b *testing.B) {
 // reader schema and through the one pruned to the fields read (as
 // `projector run` decodes for declarative projections).
 func BenchmarkDecodeWide(b *testing.B) {
-	reg := srfake.New()
-	defer reg.Close()
-	cl, err := sr.NewClient(sr.URLs(reg.URL()))
-	if err != nil {
-		b.Fatal(err)
-	}
+	cl := registry(b)
 	ctx := context.Background()
 	var fields []string
 	value := map[string]any{}
@@ -112,4 +102,16 @@ func BenchmarkDecodeWide(b *testing.B) {
 			}
 		})
 	}
+}
+
+// registry returns a client of a fresh in-process registry.
+func registry(b *testing.B) *sr.Client {
+	b.Helper()
+	reg := srfake.New()
+	b.Cleanup(reg.Close)
+	cl, err := sr.NewClient(sr.URLs(reg.URL()))
+	if err != nil {
+		b.Fatal(err)
+	}
+	return cl
 }
