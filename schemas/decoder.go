@@ -144,6 +144,7 @@ type Decoder struct {
 type entry struct {
 	schema avro.Schema // what to decode with: resolved (or writer) record
 	norm   normalizer  // rewrites hamba's output; nil when nothing to do
+	flat   *flatRecord // decodes without hamba/avro's generic decoding; nil when it cannot
 	err    error       // permanent failure for this id (wraps ErrIncompatible)
 	// fields is how many fields a decoded record holds (the reader's),
 	// 0 when unknown. hamba/avro would size the record's map for every
@@ -292,7 +293,7 @@ func (d *Decoder) build(id int, s sr.Schema) (e *entry) {
 	if deref(schema).Type() != avro.Record {
 		return fail("top-level schema is %s, want a record", deref(schema).Type())
 	}
-	e = &entry{schema: schema, norm: newNormalizer(d.api, schema)}
+	e = &entry{schema: schema, norm: newNormalizer(d.api, schema), flat: newFlatRecord(writer, d.reader)}
 	if rec, ok := deref(d.reader).(*avro.RecordSchema); ok {
 		e.fields = len(rec.Fields())
 	}
@@ -317,10 +318,14 @@ func (d *Decoder) decode(e *entry, body []byte) (rec map[string]any, err error) 
 
 	// Not avro.Unmarshal: it treats running out of input as success and
 	// returns zero values for the missing fields.
-	if e.fields > 0 {
-		rec = make(map[string]any, e.fields)
+	if e.flat != nil {
+		rec = e.flat.decode(r)
+	} else {
+		if e.fields > 0 {
+			rec = make(map[string]any, e.fields)
+		}
+		r.ReadVal(e.schema, &rec)
 	}
-	r.ReadVal(e.schema, &rec)
 	if r.Error != nil {
 		if errors.Is(r.Error, io.EOF) {
 			return nil, fmt.Errorf("%w: truncated body (%v)", ErrUndecodable, r.Error)
@@ -334,7 +339,7 @@ func (d *Decoder) decode(e *entry, body []byte) (rec map[string]any, err error) 
 	if rec == nil {
 		rec = map[string]any{}
 	}
-	if e.norm != nil {
+	if e.norm != nil && e.flat == nil {
 		rec = e.norm(rec).(map[string]any)
 	}
 	return rec, nil

@@ -75,7 +75,7 @@ func benchCommand(stdout, stderr io.Writer) *ffcli.Command {
 			fs.IntVar(&f.stateCacheRows, "state-cache-rows", postgres.DefaultStateCacheRows, "engine: aggregates whose rows are kept in memory; 0 disables (as projector run)")
 			fs.DurationVar(&f.batchMaxWait, "batch-max-wait", 50*time.Millisecond, "engine: longest a batch waits for more records (as projector run)")
 			fs.IntVar(&f.copyConns, "copy-conns", 1, "limit: connections that COPY in parallel")
-			fs.StringVar(&f.profileDir, "cpuprofile-dir", "", "write a CPU profile of every engine run here (engine-fold.pprof, engine-snapshot.pprof)")
+			fs.StringVar(&f.profileDir, "cpuprofile-dir", "", "write a CPU profile of every engine run here (engine-fold.pprof, engine-snapshot.pprof) and what it allocated (engine-fold.allocs.pprof, ...)")
 			fs.BoolVar(&f.keepSchemas, "keep-schemas", false, "keep every run's Postgres schema (to inspect or EXPLAIN)")
 			fs.StringVar(&f.logLevel, "log-level", "warn", "log level of the consumers under test")
 			fs.StringVar(&f.worker, "worker", "", "internal: run one benchmark child (JSON spec)")

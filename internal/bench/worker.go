@@ -10,6 +10,7 @@ import (
 	"log/slog"
 	"os"
 	"runtime/pprof"
+	"strings"
 	"sync"
 	"syscall"
 	"time"
@@ -231,6 +232,12 @@ func (e *runEnv) finish(res *WorkerResult, end time.Time) {
 		pprof.StopCPUProfile()
 		e.prof.Close()
 		e.prof = nil
+		// Beside it, what the process allocated (go tool pprof
+		// -sample_index=alloc_space): allocation drives the collector.
+		if f, err := os.Create(strings.TrimSuffix(e.spec.CPUProfile, ".pprof") + ".allocs.pprof"); err == nil {
+			_ = pprof.Lookup("allocs").WriteTo(f, 0)
+			f.Close()
+		}
 	}
 }
 
