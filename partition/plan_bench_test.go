@@ -82,7 +82,8 @@ func newBenchBatch(b *testing.B) *benchBatch {
 func (bb *benchBatch) items(b *testing.B) []*item {
 	items := make([]*item, len(bb.recs))
 	for i, r := range bb.recs {
-		items[i] = recordItem(r)
+		items[i] = new(item)
+		recordItem(items[i], r)
 	}
 	if err := bb.w.decodeAll(context.Background(), items); err != nil {
 		b.Fatal(err)

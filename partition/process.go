@@ -68,11 +68,13 @@ func (w *Worker) process(ctx context.Context, recs []*kgo.Record) (err error) {
 		span.End()
 	}()
 	items := make([]*item, 0, len(recs))
-	for _, r := range recs {
+	slab := make([]item, len(recs)) // one allocation for the batch's items
+	for i, r := range recs {
 		if r.Offset < start || r.Attrs.IsControl() {
 			continue // already committed, or a transaction marker
 		}
-		items = append(items, recordItem(r))
+		recordItem(&slab[i], r)
+		items = append(items, &slab[i])
 	}
 	end := recs[len(recs)-1].Offset + 1
 	if end <= start {
@@ -239,8 +241,9 @@ func (w *Worker) commitTraced(ctx context.Context, end int64, keys Keys, plan fu
 	return err
 }
 
-func recordItem(r *kgo.Record) *item {
-	it := &item{offset: r.Offset, recordKey: r.Key, value: r.Value, timestamp: r.Timestamp, tombstone: r.Value == nil}
+// recordItem fills it with what r carries.
+func recordItem(it *item, r *kgo.Record) {
+	*it = item{offset: r.Offset, recordKey: r.Key, value: r.Value, timestamp: r.Timestamp, tombstone: r.Value == nil}
 	if len(r.Headers) > 0 {
 		it.headers = make([]Header, len(r.Headers))
 		for i, h := range r.Headers {
@@ -250,7 +253,6 @@ func recordItem(r *kgo.Record) *item {
 			}
 		}
 	}
-	return it
 }
 
 // traceID returns the trace id of the record's W3C traceparent header.
