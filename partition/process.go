@@ -390,7 +390,7 @@ func (w *Worker) plan(ctx context.Context, items []*item, st State, rejected map
 	var (
 		ch   Changes
 		out  = outcomes{deadLettered: map[string]int{}}
-		aggs = make(map[string]*aggState, len(st.Versions)+len(items))
+		aggs = make(map[string]*aggState, len(items)) // a batch's aggregates are its items'
 	)
 	get := func(key string) *aggState {
 		a := aggs[key]
