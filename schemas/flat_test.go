@@ -1,9 +1,11 @@
 package schemas
 
 import (
+	"errors"
 	"fmt"
 	"math"
 	"reflect"
+	"strings"
 	"testing"
 	"time"
 
@@ -270,4 +272,29 @@ func sameRecord(a, b map[string]any) bool {
 		}
 	}
 	return true
+}
+
+// TestFlatDecodeErrorNamesField: a bad union branch in a field, read or
+// skipped, fails the value with the field's name.
+func TestFlatDecodeErrorNamesField(t *testing.T) {
+	writer := `{"type": "record", "name": "R", "fields": [
+		{"name": "id", "type": "string"},
+		{"name": "note", "type": ["null", "string"]}]}`
+	for _, tc := range []struct{ name, reader string }{
+		{"read", writer},
+		{"skipped", `{"type": "record", "name": "R", "fields": [{"name": "id", "type": "string"}]}`},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			d := NewDecoder(nil, parse(t, tc.reader))
+			e := d.build(1, sr.Schema{Schema: writer, Type: sr.TypeAvro})
+			if e.err != nil || e.flat == nil {
+				t.Fatalf("entry: err %v, flat %v", e.err, e.flat != nil)
+			}
+			// id "a", then union index 2 (zig-zag 4): no such branch.
+			_, err := d.decode(e, []byte{2, 'a', 4})
+			if err == nil || !errors.Is(err, ErrUndecodable) || !strings.Contains(err.Error(), "field note") {
+				t.Fatalf("error = %v, want ErrUndecodable naming field note", err)
+			}
+		})
+	}
 }
