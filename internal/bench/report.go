@@ -62,7 +62,10 @@ type Row struct {
 	PGCPU        *float64 `json:"pg_cpu_seconds"` // null: n/a
 	PGCPUPerEvUS *float64 `json:"pg_cpu_us_per_event"`
 	PGCPUNote    string   `json:"pg_cpu_note,omitempty"`
-	PeakRSSMB    float64  `json:"peak_rss_mb"`
+	// ParentCPU is the benchmark process's own CPU in the window: the
+	// embedded broker and registry, and the harness.
+	ParentCPU float64 `json:"parent_cpu_seconds"`
+	PeakRSSMB float64 `json:"peak_rss_mb"`
 	// RSSQuartilesMB is the RSS at 25, 50, 75 and 100% of the window.
 	RSSQuartilesMB []float64 `json:"rss_quartiles_mb,omitempty"`
 	FreshP50MS     *float64  `json:"freshness_p50_ms,omitempty"`
@@ -128,7 +131,7 @@ func (r *Report) add(mode string, s *Sample, total int) {
 	res := s.Result
 	row := &Row{
 		Mode: mode, Name: rowNames[mode], Events: res.Events, Seconds: res.Seconds, EventsPerSec: s.EPS(),
-		GoCPU: res.CPUSeconds, PGCPU: s.PGCPU, PGCPUNote: s.PGCPUNote, PeakRSSMB: s.PeakRSSMB,
+		GoCPU: res.CPUSeconds, PGCPU: s.PGCPU, PGCPUNote: s.PGCPUNote, ParentCPU: s.ParentCPU, PeakRSSMB: s.PeakRSSMB,
 		JoinSeconds: res.JoinSeconds, RowWrites: res.RowWrites, Fetched: res.Fetched, Phases: res.Phases,
 		Prefix: res.TimedOut, Total: total, Check: "ok",
 	}
@@ -293,7 +296,12 @@ func (r *Report) Table(w io.Writer) error {
 		if q := row.RSSQuartilesMB; len(q) == 4 {
 			fmt.Fprintf(w, "; rss %.0f → %.0f → %.0f → %.0f MB at 25/50/75/100%%", q[0], q[1], q[2], q[3])
 		}
-		fmt.Fprintln(w)
+		parent := "the harness"
+		if strings.HasPrefix(s.Kafka, "embedded") {
+			parent = "embedded broker and registry"
+		}
+		fmt.Fprintf(w, "; cpu of the benchmark process (%s) %.1fs (%.1f µs/ev)\n",
+			parent, row.ParentCPU, row.ParentCPU/math.Max(1, float64(row.Events))*1e6)
 		if p := row.Phases; p != nil && p.Batches > 0 {
 			total := p.Begin + p.Load + p.Plan + p.Write + p.Commit
 			fmt.Fprintf(w, "  %d batches (%.0f events each), %.1fms per batch transaction: begin %.0f%%, load state %.0f%%, plan (Go) %.0f%%, write pipeline %.0f%%, commit %.0f%%\n",

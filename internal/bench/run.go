@@ -84,10 +84,13 @@ var AllModes = []string{ModeLimit, ModeEngineSnapshot, ModeEngineFold, ModeNaive
 
 // Sample is one child run.
 type Sample struct {
-	Mode       string
-	Result     WorkerResult
-	PGCPU      *float64 // nil: /proc of the backends not readable
-	PGCPUNote  string
+	Mode      string
+	Result    WorkerResult
+	PGCPU     *float64 // nil: /proc of the backends not readable
+	PGCPUNote string
+	// ParentCPU is this process's CPU in the window: the embedded broker
+	// and registry (when embedded) and the harness.
+	ParentCPU  float64
 	PeakRSSMB  float64
 	RSSSamples []float64 // every 250 ms through the window
 	Check      error
@@ -568,6 +571,7 @@ func (b *bench) runChild(ctx context.Context, spec WorkerSpec, during func(ctx c
 	}
 	s := &Sample{Mode: spec.Mode}
 	base, pgErr := readBackends(ctx, b.admin, schema)
+	parent0 := cpuSeconds()
 	if err := send(command{Cmd: "go"}); err != nil {
 		return nil, err
 	}
@@ -611,6 +615,7 @@ func (b *bench) runChild(ctx context.Context, spec WorkerSpec, during func(ctx c
 			close(started)
 		}
 	}
+	s.ParentCPU = cpuSeconds() - parent0
 	cancelDuring()
 	close(stopRSS)
 	s.RSSSamples = <-rssDone
