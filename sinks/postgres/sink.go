@@ -117,6 +117,17 @@ func rowSQL(p *projection.Projection) statements {
 	}
 	versions := len(params) + 1
 	sets = append(sets, "version = excluded.version")
+	// The statements' FROM: the column arrays, the version array and
+	// statement-specific ones (name, type) as rows u.
+	from := func(ordinality bool, extra ...string) string {
+		ps := append(slices.Clone(params), fmt.Sprintf("$%d::bigint[]", versions))
+		ns := append(slices.Clone(unnested), "version")
+		for i := 0; i < len(extra); i += 2 {
+			ps = append(ps, fmt.Sprintf("$%d::%s", versions+1+i/2, extra[i+1]))
+			ns = append(ns, extra[i])
+		}
+		return arrayRows(ps, ns, ordinality)
+	}
 
 	// Rows and tombstones are looked up by separate index probes: a join
 	// of both kept in a cached plan degrades with the tombstone count. The
@@ -135,10 +146,9 @@ func rowSQL(p *projection.Projection) statements {
 			table, keyCol, key.Type)
 	}
 	st.upsert = fmt.Sprintf(`INSERT INTO %s (%s, version)
-		SELECT %s, u.version FROM unnest(%s, $%d::bigint[]) AS u(%s, version)
+		SELECT %s, u.version FROM %s AS u
 		ON CONFLICT (%s) DO UPDATE SET %s WHERE %s.version < excluded.version`,
-		table, strings.Join(names, ", "),
-		strings.Join(values, ", "), strings.Join(params, ", "), versions, strings.Join(unnested, ", "),
+		table, strings.Join(names, ", "), strings.Join(values, ", "), from(false),
 		keyCol, strings.Join(sets, ", "), table)
 	// Rows known to exist are updated in place: an upsert that meets its
 	// conflict also locks the row, one more WAL record per row. A row
@@ -146,21 +156,21 @@ func rowSQL(p *projection.Projection) statements {
 	// found by it, which costs half as much as an index probe; the key is
 	// checked as well, so that a ctid gone stale (the row updated behind
 	// the sink's back, the table rewritten) updates nothing. Both joins
-	// run as probes (see planIndexProbes). Each update returns the row's
+	// run as probes (see planIndexProbes); the key check of an update by
+	// ctid is written so that it cannot use the key's index, or the planner
+	// probes the index and filters by ctid. Each update returns the row's
 	// position in its arrays and its new ctid.
 	updSets = append(updSets, "version = u.version")
 	st.updateByKey = fmt.Sprintf(`UPDATE %s AS t SET %s
-		FROM unnest(%s, $%d::bigint[]) WITH ORDINALITY AS u(%s, version, i)
+		FROM %s AS u
 		WHERE t.%s = u.c0::%s AND t.version < u.version
 		RETURNING u.i, t.ctid`,
-		table, strings.Join(updSets, ", "), strings.Join(params, ", "), versions, strings.Join(unnested, ", "),
-		keyCol, key.Type)
+		table, strings.Join(updSets, ", "), from(true), keyCol, key.Type)
 	st.updateByTid = fmt.Sprintf(`UPDATE %s AS t SET %s
-		FROM unnest(%s, $%d::bigint[], $%d::tid[]) WITH ORDINALITY AS u(%s, version, tid, i)
-		WHERE t.ctid = u.tid AND t.%s = u.c0::%s AND t.version < u.version
+		FROM %s AS u
+		WHERE t.ctid = u.tid AND (t.%s = u.c0::%s) IS TRUE AND t.version < u.version
 		RETURNING u.i, t.ctid`,
-		table, strings.Join(updSets, ", "), strings.Join(params, ", "), versions, versions+1, strings.Join(unnested, ", "),
-		keyCol, key.Type)
+		table, strings.Join(updSets, ", "), from(true, "tid", "tid[]"), keyCol, key.Type)
 	// Rows known not to exist are inserted without ON CONFLICT, whose
 	// speculative insertion costs about as much again; a row that exists
 	// after all fails the statement (see keyConflict). Rows of aggregates
@@ -169,22 +179,37 @@ func rowSQL(p *projection.Projection) statements {
 	// counted against those planned. Both return each row's key, as text,
 	// and ctid.
 	st.insert = fmt.Sprintf(`INSERT INTO %s (%s, version)
-		SELECT %s, u.version FROM unnest(%s, $%d::bigint[]) AS u(%s, version)
+		SELECT %s, u.version FROM %s AS u
 		RETURNING %s::text, ctid`,
-		table, strings.Join(names, ", "),
-		strings.Join(values, ", "), strings.Join(params, ", "), versions, strings.Join(unnested, ", "),
-		keyCol)
+		table, strings.Join(names, ", "), strings.Join(values, ", "), from(false), keyCol)
 	st.insertNew = fmt.Sprintf(`INSERT INTO %s (%s, version)
-		SELECT %s, u.version FROM unnest(%s, $%d::bigint[], $%d::text[]) AS u(%s, version, agg)
+		SELECT %s, u.version FROM %s AS u
 		LEFT JOIN LATERAL (SELECT true AS found FROM projector_tombstones t
 		                   WHERE t.table_name = $%d AND t.key = u.agg LIMIT 1) t ON true
 		WHERE t.found IS NULL
 		RETURNING %s::text, ctid`,
-		table, strings.Join(names, ", "),
-		strings.Join(values, ", "), strings.Join(params, ", "), versions, versions+1, strings.Join(unnested, ", "),
+		table, strings.Join(names, ", "), strings.Join(values, ", "), from(false, "agg", "text[]"),
 		versions+2, keyCol)
 	st.del = fmt.Sprintf(`DELETE FROM %s WHERE %s = ANY($1::text[]::%s[])`, table, keyCol, key.Type)
 	return st
+}
+
+// arrayRows is a FROM item turning array parameters (params, as SQL
+// expressions) into rows of the columns names, in order, with i their
+// 1-based position when ordinality. The arrays are unnested in a SELECT
+// list, where they run in lockstep and stream their rows: unnest(a, b, ...)
+// in FROM materialises them first, which took twice as long for arrays of
+// 1,000 rows. Arrays of different lengths pad the shorter ones with NULLs
+// either way; the sink's arrays have one length.
+func arrayRows(params, names []string, ordinality bool) string {
+	cols := make([]string, 0, len(params)+1)
+	for i, p := range params {
+		cols = append(cols, fmt.Sprintf("unnest(%s) AS %s", p, names[i]))
+	}
+	if ordinality {
+		cols = append(cols, fmt.Sprintf("generate_subscripts(%s, 1) AS i", params[0]))
+	}
+	return "(SELECT " + strings.Join(cols, ", ") + ")"
 }
 
 const (
