@@ -49,6 +49,8 @@ func TestRowStatementPlans(t *testing.T) {
 		{"insert", st.insert, nil},
 		{"insert new", st.insertNew, []string{"Index Only Scan using projector_tombstones_pkey"}},
 		{"upsert", st.upsert, nil},
+		{"load", st.load, []string{"Index Scan using accounts_pkey"}},
+		{"load tombstones", tombstoneLoadSQL, []string{"Index Scan using projector_tombstones_pkey"}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			n := 0

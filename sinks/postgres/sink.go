@@ -136,12 +136,12 @@ func rowSQL(p *projection.Projection) statements {
 	// of 1,000 keys against 100,000 rows took ten times as long).
 	var st statements
 	st.load = fmt.Sprintf(`SELECT k.key, t.version, t.ctid, %s
-		FROM unnest($1::text[]) AS k(key)
+		FROM (SELECT unnest($1::text[]) AS key) AS k
 		CROSS JOIN LATERAL (SELECT *, ctid FROM %s t WHERE t.%s = k.key::%s LIMIT 1) t`,
 		strings.Join(sel, ", "), table, keyCol, key.Type)
 	if !p.FoldReadsRow() {
 		st.load = fmt.Sprintf(`SELECT k.key, t.version, t.ctid
-		FROM unnest($1::text[]) AS k(key)
+		FROM (SELECT unnest($1::text[]) AS key) AS k
 		CROSS JOIN LATERAL (SELECT version, ctid FROM %s t WHERE t.%s = k.key::%s LIMIT 1) t`,
 			table, keyCol, key.Type)
 	}
@@ -213,7 +213,7 @@ func arrayRows(params, names []string, ordinality bool) string {
 }
 
 const (
-	tombstoneLoadSQL = `SELECT k.key, t.version FROM unnest($2::text[]) AS k(key)
+	tombstoneLoadSQL = `SELECT k.key, t.version FROM (SELECT unnest($2::text[]) AS key) AS k
 		CROSS JOIN LATERAL (SELECT version FROM projector_tombstones t
 		                    WHERE t.table_name = $1 AND t.key = k.key LIMIT 1) t`
 	// planIndexProbes keeps the joins of the rest of the transaction (the
