@@ -293,7 +293,10 @@ func (d *Decoder) build(id int, s sr.Schema) (e *entry) {
 	if deref(schema).Type() != avro.Record {
 		return fail("top-level schema is %s, want a record", deref(schema).Type())
 	}
-	e = &entry{schema: schema, norm: newNormalizer(d.api, schema), flat: newFlatRecord(writer, d.reader)}
+	e = &entry{schema: schema, flat: newFlatRecord(writer, d.reader)}
+	if e.flat == nil { // the flat decoder produces the documented form itself
+		e.norm = newNormalizer(d.api, schema)
+	}
 	if rec, ok := deref(d.reader).(*avro.RecordSchema); ok {
 		e.fields = len(rec.Fields())
 	}
@@ -339,7 +342,7 @@ func (d *Decoder) decode(e *entry, body []byte) (rec map[string]any, err error) 
 	if rec == nil {
 		rec = map[string]any{}
 	}
-	if e.norm != nil && e.flat == nil {
+	if e.norm != nil {
 		rec = e.norm(rec).(map[string]any)
 	}
 	return rec, nil

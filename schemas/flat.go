@@ -49,6 +49,25 @@ const (
 	scalarFixed // only skipped: size bytes
 )
 
+type primitive struct {
+	typ     avro.Type
+	logical avro.LogicalType
+}
+
+// flatScalars are the primitive types the flat decoder reads, with the
+// logical types it converts as hamba/avro does.
+var flatScalars = map[primitive]scalar{
+	{avro.Boolean, ""}:                scalarBoolean,
+	{avro.Int, ""}:                    scalarInt,
+	{avro.Long, ""}:                   scalarLong,
+	{avro.Long, avro.TimestampMillis}: scalarTimestampMillis,
+	{avro.Long, avro.TimestampMicros}: scalarTimestampMicros,
+	{avro.Float, ""}:                  scalarFloat,
+	{avro.Double, ""}:                 scalarDouble,
+	{avro.String, ""}:                 scalarString,
+	{avro.Bytes, ""}:                  scalarBytes,
+}
+
 // newFlatRecord returns the flat decoder of values written with writer and
 // read with reader (nil: read as written), or nil when the values need
 // hamba/avro's resolution.
@@ -122,25 +141,8 @@ func flatType(s avro.Schema) (kind scalar, null int64, size int, ok bool) {
 		if ls := t.Logical(); ls != nil {
 			logical = ls.Type()
 		}
-		switch {
-		case t.Type() == avro.Boolean && logical == "":
-			return scalarBoolean, null, 0, true
-		case t.Type() == avro.Int && logical == "":
-			return scalarInt, null, 0, true
-		case t.Type() == avro.Long && logical == "":
-			return scalarLong, null, 0, true
-		case t.Type() == avro.Long && logical == avro.TimestampMillis:
-			return scalarTimestampMillis, null, 0, true
-		case t.Type() == avro.Long && logical == avro.TimestampMicros:
-			return scalarTimestampMicros, null, 0, true
-		case t.Type() == avro.Float && logical == "":
-			return scalarFloat, null, 0, true
-		case t.Type() == avro.Double && logical == "":
-			return scalarDouble, null, 0, true
-		case t.Type() == avro.String && logical == "":
-			return scalarString, null, 0, true
-		case t.Type() == avro.Bytes && logical == "":
-			return scalarBytes, null, 0, true
+		if k, ok := flatScalars[primitive{t.Type(), logical}]; ok {
+			return k, null, 0, true
 		}
 	case *avro.EnumSchema:
 		return scalarEnum, null, 0, true
