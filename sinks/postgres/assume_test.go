@@ -180,3 +180,51 @@ func TestAssumedKeysWithBigintKey(t *testing.T) {
 		t.Errorf("planned %d times, rows %v; want 2 plans and only 8 (7 is deleted at v1)", calls, ids)
 	}
 }
+
+// An aggregate first seen in a batch that also closes it is deleted there,
+// which does not verify that it was new: it alone is read from Postgres
+// and the batch planned again, with the other new aggregates still assumed
+// and the cached aggregates still served from the cache.
+func TestAggregateOpenedAndClosedInOneBatch(t *testing.T) {
+	e := newEnv(t, demoProjection(t))
+	c := e.claim(0)
+	_, err := e.planOnce(c, 1, []string{"kept"}, func(partition.State) partition.Changes {
+		return partition.Changes{Upserts: []partition.RowWrite{upsert("kept", 1, "kept", 10)}}
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	c.NextOffset = 1
+	// Written behind the sink's back, without a new version: a plan that
+	// sees "behind" read kept from Postgres, not from the cache.
+	if _, err := e.db.Pool.Exec(e.ctx, `UPDATE accounts SET owner = 'behind' WHERE account_id = 'kept'`); err != nil {
+		t.Fatal(err)
+	}
+
+	g := &gatedPlan{
+		want:   []partition.RowWrite{upsert("born", 1, "born", 1), upsert("closed", 2, "closed", 0)},
+		delete: map[string]bool{"closed": true},
+	}
+	keys := partition.Keys{All: []string{"kept", "born", "closed"}, New: []string{"born", "closed"}}
+	if err := e.sink.CommitBatch(e.ctx, c, 2, keys, g.plan); err != nil {
+		t.Fatal(err)
+	}
+	e.wantOffset(2)
+	if len(g.calls) != 2 {
+		t.Fatalf("planned %d times, want twice", len(g.calls))
+	}
+	for i, st := range g.calls {
+		if owner := st.Rows["kept"]["owner"]; owner != "kept" {
+			t.Errorf("plan %d saw kept's owner %v, want it from the cache (kept)", i+1, owner)
+		}
+	}
+	if a, ok := e.account("born"); !ok || a.version != 1 {
+		t.Errorf("born = %+v (present %v), want inserted at v1", a, ok)
+	}
+	if _, ok := e.account("closed"); ok {
+		t.Error("closed has a row, want it deleted")
+	}
+	if n := e.count(`SELECT count(*) FROM projector_tombstones WHERE key = 'closed' AND version = 2`); n != 1 {
+		t.Errorf("%d tombstones of closed at v2, want 1", n)
+	}
+}

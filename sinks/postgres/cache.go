@@ -82,7 +82,8 @@ func (c *stateCache) encode(row projection.Row) (string, bool) {
 
 // lookup fills st with the cached aggregates among keys (and tids with
 // their rows' ctids where known) and returns the keys it does not hold;
-// caching reports whether the batch's outcome is to be stored.
+// caching reports whether the cache is in use for the partition (see
+// tally).
 func (c *stateCache) lookup(claim partition.Claim, keys []string, st partition.State, tids map[string]pgtype.TID) (misses []string, hits int, caching bool) {
 	if c.max <= 0 {
 		return keys, 0, false
@@ -94,20 +95,6 @@ func (c *stateCache) lookup(claim partition.Claim, keys []string, st partition.S
 		pc.bypass -= len(keys)
 		return keys, 0, false
 	}
-	defer func() {
-		pc.looked += len(keys)
-		pc.hit += hits
-		if pc.looked < hitWindow {
-			return
-		}
-		if float64(pc.hit) < minHitRate*float64(pc.looked) {
-			c.size -= len(pc.rows)
-			pc.rows = map[string]cachedAgg{}
-			pc.bypass = bypassLookups
-			caching = false
-		}
-		pc.looked, pc.hit = 0, 0
-	}()
 	for _, k := range keys {
 		a, ok := pc.rows[k]
 		if !ok {
@@ -130,6 +117,34 @@ func (c *stateCache) lookup(claim partition.Claim, keys []string, st partition.S
 		}
 	}
 	return misses, hits, true
+}
+
+// tally counts a batch's lookups towards the partition's hit rate:
+// wanted is how many of its keys would have been read from Postgres had
+// they missed (aggregates the batch plans as new cost nothing to miss), hits
+// how many of those the cache held. It reports whether the batch's outcome
+// is to be stored: not when the hit rate has fallen too low and the
+// partition's entries were just dropped.
+func (c *stateCache) tally(claim partition.Claim, wanted, hits int) bool {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	pc := c.part(claim)
+	if pc.bypass > 0 {
+		return false
+	}
+	pc.looked += wanted
+	pc.hit += hits
+	if pc.looked < hitWindow {
+		return true
+	}
+	defer func() { pc.looked, pc.hit = 0, 0 }()
+	if float64(pc.hit) < minHitRate*float64(pc.looked) {
+		c.size -= len(pc.rows)
+		pc.rows = map[string]cachedAgg{}
+		pc.bypass = bypassLookups
+		return false
+	}
+	return true
 }
 
 // part returns the partition's entries under claim, dropping those of an

@@ -68,6 +68,9 @@ func TestStateCacheBypassedWhenItDoesNotPay(t *testing.T) {
 		st := partition.State{Rows: map[string]projection.Row{}, Versions: map[string]int64{}}
 		misses, hits, caching := c.lookup(claim, keys, st, map[string]pgtype.TID{})
 		if caching {
+			caching = c.tally(claim, len(keys), hits)
+		}
+		if caching {
 			loaded := partition.State{Rows: map[string]projection.Row{}, Versions: map[string]int64{}}
 			for _, k := range misses {
 				loaded.Versions[k] = 1
@@ -111,6 +114,38 @@ func TestStateCacheBypassedWhenItDoesNotPay(t *testing.T) {
 	}
 	if _, caching := batch(cold, coldKeys()); !caching {
 		t.Errorf("cold partition still bypassed after %d lookups", bypassLookups)
+	}
+}
+
+// Aggregates a batch plans as new are not read when they miss, so their
+// misses do not count against the hit rate: a partition whose batches are
+// mostly new aggregates, with the rest found in the cache, keeps caching.
+func TestStateCacheNewAggregatesDoNotCountAsMisses(t *testing.T) {
+	c := newStateCache(100_000, []projection.Column{{Name: "n", Type: "bigint"}}, true)
+	claim := partition.Claim{TP: partition.TP{Topic: "t", Partition: 0}, Epoch: 1}
+	next := 0
+	var seen []string
+	for looked := 0; looked < 3*hitWindow; looked += 1000 {
+		keys := seen[max(0, len(seen)-200):] // 200 aggregates seen before, 800 new
+		for range 1000 - len(keys) {
+			keys = append(keys, fmt.Sprintf("k%d", next))
+			next++
+		}
+		st := partition.State{Rows: map[string]projection.Row{}, Versions: map[string]int64{}}
+		misses, hits, caching := c.lookup(claim, keys, st, map[string]pgtype.TID{})
+		if !caching {
+			t.Fatalf("after %d lookups, 80%% of them new aggregates and the rest all hits, the cache is bypassed", looked)
+		}
+		read := len(misses) - (1000 - min(200, len(seen))) // the new ones are not read
+		if !c.tally(claim, hits+read, hits) {
+			t.Fatalf("after %d lookups the cache was dropped (hits %d, read %d)", looked, hits, read)
+		}
+		loaded := partition.State{Rows: map[string]projection.Row{}, Versions: map[string]int64{}}
+		for _, k := range misses {
+			loaded.Versions[k] = 1
+		}
+		c.store(claim, misses, loaded, nil, nil, nil)
+		seen = append(seen, misses...)
 	}
 }
 

@@ -81,8 +81,20 @@ var errStaleState = errors.New("an aggregate's row in Postgres is not what the b
 // partition.Keys.New) are unknown to Postgres when one of them is not, or
 // when the plan does more with one of them than insert its row (which is
 // where the assumption is verified); the batch is planned again from the
-// state Postgres holds.
+// state Postgres holds. Neither says anything of the cached aggregates: an
+// assumed one is never cached.
 var errNotNew = errors.New("an aggregate assumed new is known to Postgres")
+
+// unverifiable reports a plan that deletes or parks aggregates assumed new
+// (keys): only inserts verify the assumption, so the batch is planned again
+// with those read from Postgres and the others still assumed.
+type unverifiable struct{ keys map[string]bool }
+
+func (u *unverifiable) Error() string {
+	return fmt.Sprintf("%d aggregates assumed new are not only inserted", len(u.keys))
+}
+
+func (u *unverifiable) Unwrap() error { return errNotNew }
 
 // rowSQL builds the set-based statements of a projection's table. Values
 // travel as arrays (see newColumn), binary for integers, floats, booleans
@@ -277,9 +289,21 @@ const (
 // returned as *partition.RejectedRows.
 func (s *Sink) CommitBatch(ctx context.Context, claim partition.Claim, end int64, keys partition.Keys, plan func(partition.State) (partition.Changes, error)) error {
 	err := s.commit(ctx, claim, end, keys, plan, true, false)
-	if errors.Is(err, errNotNew) || errors.Is(err, errStaleState) || s.keyConflict(ctx, err) {
-		// Planned on what the sink assumed or remembered, which Postgres
-		// contradicts: plan again from what Postgres holds.
+	var u *unverifiable
+	if errors.As(err, &u) {
+		// A few aggregates first seen in the batch are also closed in it:
+		// read just those.
+		keys.New = slices.DeleteFunc(slices.Clone(keys.New), func(k string) bool { return u.keys[k] })
+		err = s.commit(ctx, claim, end, keys, plan, true, false)
+	}
+	switch {
+	case errors.Is(err, errNotNew):
+		// Postgres knows an aggregate assumed new: plan again from what it
+		// holds (the cache is not in question).
+		err = s.commit(ctx, claim, end, keys, plan, false, false)
+	case errors.Is(err, errStaleState) || s.keyConflict(ctx, err):
+		// Planned on what the sink remembered, which Postgres contradicts:
+		// forget it and plan again from what Postgres holds.
 		s.cache.drop(claim.TP)
 		err = s.commit(ctx, claim, end, keys, plan, false, false)
 	}
@@ -335,10 +359,13 @@ func (s *Sink) commit(ctx context.Context, claim partition.Claim, end int64, key
 		Versions: make(map[string]int64, len(keys.All)),
 	}
 	tids := make(map[string]pgtype.TID, len(keys.All)) // ctids of existing rows, where known
-	misses, _, caching := s.cache.lookup(claim, keys.All, state, tids)
+	misses, hits, caching := s.cache.lookup(claim, keys.All, state, tids)
 	read, assumed := misses, map[string]bool(nil)
 	if assume && !isolate && len(keys.New) > 0 {
 		read, assumed = splitNew(misses, keys.New)
+	}
+	if caching {
+		caching = s.cache.tally(claim, hits+len(read), hits)
 	}
 	if err := s.load(ctx, tx, claim.TP, read, keys.Parked, &state, tids); err != nil {
 		return err
@@ -347,8 +374,10 @@ func (s *Sink) commit(ctx context.Context, claim partition.Claim, end int64, key
 	if err != nil {
 		return err
 	}
-	if len(assumed) > 0 && !onlyInserts(ch, assumed) {
-		return errNotNew
+	if len(assumed) > 0 {
+		if err := onlyInserts(ch, assumed); err != nil {
+			return err
+		}
 	}
 	// Rows the state says exist are updated, the others inserted, those of
 	// aggregates assumed new last; upserts lists them in that order.
@@ -435,25 +464,35 @@ func splitNew(misses, newKeys []string) (read []string, assumed map[string]bool)
 	return read, assumed
 }
 
-// onlyInserts reports whether the only changes ch makes to the aggregates
-// in assumed are row writes, which verify that they are new. A dead letter
-// may stem from a fold of an assumed aggregate's event that would have
-// been stale; a batch with any is planned again from Postgres.
-func onlyInserts(ch partition.Changes, assumed map[string]bool) bool {
+// onlyInserts checks that the only changes ch makes to the aggregates in
+// assumed are row writes, which verify that they are new: it returns an
+// *unverifiable naming those it deletes or parks, and errNotNew for a plan
+// with dead letters (one may stem from a fold of an assumed aggregate's
+// event that would have been stale: the batch is planned again from
+// Postgres).
+func onlyInserts(ch partition.Changes, assumed map[string]bool) error {
 	if len(ch.DeadLetters) > 0 {
-		return false
+		return errNotNew
+	}
+	var keys map[string]bool
+	mark := func(k string) {
+		if assumed[k] {
+			if keys == nil {
+				keys = map[string]bool{}
+			}
+			keys[k] = true
+		}
 	}
 	for _, d := range ch.Deletes {
-		if assumed[d.Key] {
-			return false
-		}
+		mark(d.Key)
 	}
 	for _, e := range ch.Park {
-		if assumed[e.Key] {
-			return false
-		}
+		mark(e.Key)
 	}
-	return true
+	if keys != nil {
+		return &unverifiable{keys: keys}
+	}
+	return nil
 }
 
 // upsertGroups counts the rows of each statement, in their order in the
