@@ -63,6 +63,11 @@ type Config struct {
 	// (the batch is retried from Postgres) only when its version moved or
 	// it was deleted.
 	StateCacheRows int
+	// StateCacheBytes bounds the same cache by memory, whichever bound it
+	// reaches first (0: postgres.DefaultStateCacheBytes; negative: no
+	// cache). It counts each aggregate's key and encoded row and a fixed
+	// amount of bookkeeping.
+	StateCacheBytes int64
 	// RevokeTimeout bounds how long a revoked partition's worker may take
 	// to finish its open batch before it is abandoned (default 10s).
 	RevokeTimeout time.Duration
@@ -210,8 +215,15 @@ func New(cfg Config, pool *pgxpool.Pool, decoderOf Decoders) (*Engine, error) {
 	for _, p := range cfg.Projections {
 		e.byTopic[p.Topic] = p
 		sink := postgres.NewSink(pool, cfg.Identity, p, cfg.DLQTopic)
-		if cfg.StateCacheRows != 0 {
-			sink.SetStateCache(max(0, cfg.StateCacheRows))
+		if cfg.StateCacheRows != 0 || cfg.StateCacheBytes != 0 {
+			rows, bytes := cfg.StateCacheRows, cfg.StateCacheBytes
+			if rows == 0 {
+				rows = postgres.DefaultStateCacheRows
+			}
+			if bytes == 0 {
+				bytes = postgres.DefaultStateCacheBytes
+			}
+			sink.SetStateCache(max(0, rows), max(0, bytes))
 		}
 		e.sinks[p.Topic] = sink
 		e.decoders[p.Topic] = decoderOf(p)

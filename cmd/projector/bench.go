@@ -35,6 +35,7 @@ type benchFlags struct {
 	freshLoad       float64
 	batchMaxRecords int
 	stateCacheRows  int
+	stateCacheBytes byteSize
 	batchMaxWait    time.Duration
 	copyConns       int
 	profileDir      string
@@ -73,6 +74,8 @@ func benchCommand(stdout, stderr io.Writer) *ffcli.Command {
 			fs.Float64Var(&f.freshLoad, "fresh-load", 0.25, "the freshness run's arrival rate, as a fraction of the fold engine's measured events/s")
 			fs.IntVar(&f.batchMaxRecords, "batch-max-records", 1000, "engine: most records in one batch transaction (as projector run)")
 			fs.IntVar(&f.stateCacheRows, "state-cache-rows", postgres.DefaultStateCacheRows, "engine: aggregates whose rows are kept in memory; 0 disables (as projector run)")
+			f.stateCacheBytes = postgres.DefaultStateCacheBytes
+			fs.Var(&f.stateCacheBytes, "state-cache-bytes", "engine: memory for those rows, whichever bound comes first; 0 disables (as projector run)")
 			fs.DurationVar(&f.batchMaxWait, "batch-max-wait", 50*time.Millisecond, "engine: longest a batch waits for more records (as projector run)")
 			fs.IntVar(&f.copyConns, "copy-conns", 1, "limit: connections that COPY in parallel")
 			fs.StringVar(&f.profileDir, "cpuprofile-dir", "", "write a CPU profile of every engine run here (engine-fold.pprof, engine-snapshot.pprof) and what it allocated (engine-fold.allocs.pprof, ...)")
@@ -97,8 +100,8 @@ func runBench(ctx context.Context, f *benchFlags, stdout, stderr io.Writer) erro
 		Events: f.events, Partitions: f.partitions, Skew: f.skew, ValueBytes: f.valueBytes, Runs: f.runs,
 		DatabaseURL: f.databaseURL, TimeLimit: f.timeLimit, FreshFor: f.freshFor, FreshLoad: f.freshLoad,
 		BatchMaxRecords: f.batchMaxRecords, BatchMaxWait: f.batchMaxWait, CopyConns: f.copyConns,
-		StateCacheRows: cacheRows(f.stateCacheRows),
-		ProfileDir:     f.profileDir, KeepSchemas: f.keepSchemas, LogLevel: f.logLevel,
+		StateCacheRows: cacheRows(f.stateCacheRows), StateCacheBytes: cacheBytes(f.stateCacheBytes),
+		ProfileDir: f.profileDir, KeepSchemas: f.keepSchemas, LogLevel: f.logLevel,
 		Spawn: benchSpawn, Log: stderr, ChildStderr: stderr,
 	}
 	for _, a := range strings.Split(f.aggregates, ",") {

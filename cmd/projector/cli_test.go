@@ -84,6 +84,8 @@ func TestBadInputStopsWithAClearMessage(t *testing.T) {
 		{[]string{"run", "--brokers", "127.0.0.1:1"}, "--registry-url"},
 		{[]string{"run", "--brokers", "b", "--registry-url", "r", "--start-from", "middle"}, "--start-from"},
 		{[]string{"run", "--brokers", "b", "--registry-url", "r", "--batch-max-records", "0"}, "--batch-max-records"},
+		{[]string{"run", "--brokers", "b", "--registry-url", "r", "--state-cache-bytes", "lots"}, "-state-cache-bytes"},
+		{[]string{"run", "--brokers", "b", "--registry-url", "r", "--state-cache-bytes", "-5MiB"}, "-state-cache-bytes"},
 		{[]string{"migrate", "--config", filepath.Join(dir, "missing.yaml")}, "missing.yaml"},
 		{[]string{"migrate", "--config", bad}, `events.Opened.set: no column "nope"`},
 		{[]string{"migrate", "--config", bad}, `projection "x"`},
@@ -93,6 +95,16 @@ func TestBadInputStopsWithAClearMessage(t *testing.T) {
 		err := Main(context.Background(), tc.args, &out, &out)
 		if err == nil || !strings.Contains(err.Error(), tc.want) {
 			t.Errorf("projector %s: got error %v, want one naming %q", strings.Join(tc.args, " "), err, tc.want)
+		}
+	}
+}
+
+// Sizes take the units operators write.
+func TestByteSizeFlag(t *testing.T) {
+	for in, want := range map[string]int64{"268435456": 256 << 20, "256MiB": 256 << 20, "256 MiB": 256 << 20, "1GiB": 1 << 30, "300MB": 300_000_000, "0": 0} {
+		var b byteSize
+		if err := b.Set(in); err != nil || int64(b) != want {
+			t.Errorf("%q: got %d, %v; want %d", in, b, err, want)
 		}
 	}
 }

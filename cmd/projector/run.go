@@ -33,6 +33,7 @@ type runFlags struct {
 	startFrom       string
 	batchMaxRecords int
 	stateCacheRows  int
+	stateCacheBytes byteSize
 	batchMaxWait    time.Duration
 	revokeTimeout   time.Duration
 	sessionTimeout  time.Duration
@@ -89,6 +90,8 @@ func (f *runFlags) register(fs *flag.FlagSet) {
 	fs.IntVar(&f.batchMaxRecords, "batch-max-records", 1000, "most records in one batch transaction (PROJECTOR_BATCH_MAX_RECORDS)")
 	fs.DurationVar(&f.batchMaxWait, "batch-max-wait", 50*time.Millisecond, "longest a batch waits for more records after its first (PROJECTOR_BATCH_MAX_WAIT)")
 	fs.IntVar(&f.stateCacheRows, "state-cache-rows", postgres.DefaultStateCacheRows, "aggregates per projection whose rows are kept in memory, so a batch reads only the others from Postgres; 0 disables (PROJECTOR_STATE_CACHE_ROWS)")
+	f.stateCacheBytes = postgres.DefaultStateCacheBytes
+	fs.Var(&f.stateCacheBytes, "state-cache-bytes", "memory per projection for those rows, whichever bound comes first, e.g. 256MiB; 0 disables (PROJECTOR_STATE_CACHE_BYTES)")
 	fs.DurationVar(&f.sessionTimeout, "session-timeout", 45*time.Second, "how long the group waits for a silent member before reassigning its partitions; Kafka's session.timeout.ms (PROJECTOR_SESSION_TIMEOUT)")
 	fs.StringVar(&f.instanceID, "instance-id", "", "static group membership id, e.g. the pod name of a StatefulSet; Kafka's group.instance.id (PROJECTOR_INSTANCE_ID)")
 	fs.IntVar(&f.maxAttempts, "max-attempts", 5, "attempts for an error that may succeed on retry (unknown schema id, fold error) before the record is dead-lettered (PROJECTOR_MAX_ATTEMPTS)")
@@ -222,14 +225,15 @@ func startEngine(ctx context.Context, f *runFlags, log *slog.Logger, pool *pgxpo
 			RetryCap:        f.retryCap,
 			UnreadyAfter:    f.unreadyAfter,
 		},
-		StateCacheRows: cacheRows(f.stateCacheRows),
-		DLQTopic:       f.dlqTopic,
-		OnOffsetLost:   f.onOffsetLost,
-		RevokeTimeout:  f.revokeTimeout,
-		SessionTimeout: f.sessionTimeout,
-		InstanceID:     f.instanceID,
-		Logger:         log,
-		Registerer:     metrics,
+		StateCacheRows:  cacheRows(f.stateCacheRows),
+		StateCacheBytes: cacheBytes(f.stateCacheBytes),
+		DLQTopic:        f.dlqTopic,
+		OnOffsetLost:    f.onOffsetLost,
+		RevokeTimeout:   f.revokeTimeout,
+		SessionTimeout:  f.sessionTimeout,
+		InstanceID:      f.instanceID,
+		Logger:          log,
+		Registerer:      metrics,
 	}, pool, func(p *projection.Projection) partition.Decoder {
 		// Only the fields the projection reads are decoded.
 		return schemas.NewDecoder(reg, schemas.Prune(readers[p.Name], p.ReadFields()))
@@ -243,4 +247,13 @@ func cacheRows(flag int) int {
 		return -1
 	}
 	return flag
+}
+
+// cacheBytes maps the --state-cache-bytes flag (0: off) to
+// projector.Config.StateCacheBytes (0: the default, negative: off).
+func cacheBytes(flag byteSize) int64 {
+	if flag == 0 {
+		return -1
+	}
+	return int64(flag)
 }

@@ -134,10 +134,11 @@ func runEngine(ctx context.Context, e *runEnv) error {
 			BatchMaxWait:    spec.BatchMaxWait,
 			ClassifyDecode:  projector.ClassifyDecode,
 		},
-		StateCacheRows: spec.StateCacheRows,
-		Logger:         e.log,
-		Registerer:     prometheus.NewRegistry(),
-		ClientOpts:     []kgo.Opt{kgo.WithHooks(&fetched)},
+		StateCacheRows:  spec.StateCacheRows,
+		StateCacheBytes: spec.StateCacheBytes,
+		Logger:          e.log,
+		Registerer:      prometheus.NewRegistry(),
+		ClientOpts:      []kgo.Opt{kgo.WithHooks(&fetched)},
 	}, pool, func(p *projection.Projection) partition.Decoder {
 		return schemas.NewDecoder(reg, schemas.Prune(reader, p.ReadFields())) // as projector run
 	})

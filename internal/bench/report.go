@@ -43,7 +43,8 @@ type Settings struct {
 	TimeLimitSeconds float64 `json:"naive_time_limit_seconds"`
 	BatchMaxRecords  int     `json:"batch_max_records"`
 	BatchMaxWaitMS   float64 `json:"batch_max_wait_ms"`
-	StateCacheRows   int     `json:"state_cache_rows"` // 0: the default, negative: off
+	StateCacheRows   int     `json:"state_cache_rows"`  // 0: the default, negative: off
+	StateCacheBytes  int64   `json:"state_cache_bytes"` // 0: the default, negative: off
 	CopyConns        int     `json:"copy_connections"`
 }
 
@@ -275,11 +276,18 @@ func (r *Report) Table(w io.Writer) error {
 			fmt.Fprintf(w, "pg cpu n/a for %s: %s\n", row.Name, row.PGCPUNote)
 		}
 	}
-	cache := fmt.Sprintf("%d rows", s.StateCacheRows)
-	switch {
-	case s.StateCacheRows == 0:
-		cache = fmt.Sprintf("%d rows (default)", postgres.DefaultStateCacheRows)
-	case s.StateCacheRows < 0:
+	rows, bytes, dflt := s.StateCacheRows, s.StateCacheBytes, ""
+	if rows == 0 && bytes == 0 {
+		dflt = " (default)"
+	}
+	if rows == 0 {
+		rows = postgres.DefaultStateCacheRows
+	}
+	if bytes == 0 {
+		bytes = postgres.DefaultStateCacheBytes
+	}
+	cache := fmt.Sprintf("at most %d rows and %d MiB%s", rows, bytes>>20, dflt)
+	if rows < 0 || bytes < 0 {
 		cache = "off"
 	}
 	fmt.Fprintf(w, "engine: batch-max-records %d, batch-max-wait %.0fms, state cache %s, the pool as `projector run` opens it; limit: COPY over %d connection(s) into an append-only table.\n",

@@ -56,11 +56,12 @@ type Config struct {
 	// engine's defaults, as `projector run` has them).
 	BatchMaxRecords int
 	BatchMaxWait    time.Duration
-	// StateCacheRows is the engine's state cache (0: the default, as
-	// `projector run` has it; negative: off).
-	StateCacheRows int
-	CopyConns      int
-	Seed           uint64
+	// StateCacheRows and StateCacheBytes bound the engine's state cache
+	// (0: the default, as `projector run` has it; negative: off).
+	StateCacheRows  int
+	StateCacheBytes int64
+	CopyConns       int
+	Seed            uint64
 	// ProfileDir, when set, receives a CPU profile of every engine child
 	// (<mode>.pprof) for `go tool pprof`.
 	ProfileDir string
@@ -164,8 +165,8 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 		Events: cfg.Events, Aggregates: cfg.Aggregates[0], Partitions: cfg.Partitions, Skew: cfg.Skew,
 		Runs: cfg.Runs, CPUs: runtime.NumCPU(), GoVersion: runtime.Version(),
 		TimeLimitSeconds: cfg.TimeLimit.Seconds(), BatchMaxRecords: cfg.BatchMaxRecords, BatchMaxWaitMS: float64(cfg.BatchMaxWait) / 1e6,
-		StateCacheRows: cfg.StateCacheRows,
-		CopyConns:      cfg.CopyConns,
+		StateCacheRows: cfg.StateCacheRows, StateCacheBytes: cfg.StateCacheBytes,
+		CopyConns: cfg.CopyConns,
 	}}
 	_ = b.admin.QueryRow(ctx, `SELECT current_setting('server_version'), current_setting('fsync'), current_setting('synchronous_commit'), current_setting('shared_buffers')`).
 		Scan(&rep.Settings.Postgres, &rep.Settings.Fsync, &rep.Settings.SyncCommit, &rep.Settings.SharedBuffers)
@@ -461,7 +462,8 @@ func (b *bench) runThroughput(ctx context.Context, mode string, ds *dataset) (*S
 	spec := WorkerSpec{
 		Mode: mode, Topic: ds.topic, Partitions: b.cfg.Partitions, End: ds.end,
 		BatchMaxRecords: b.cfg.BatchMaxRecords, BatchMaxWait: b.cfg.BatchMaxWait, StateCacheRows: b.cfg.StateCacheRows,
-		TimeLimit: b.cfg.TimeLimit, Gen: ds.opts, ValueBytes: b.cfg.ValueBytes, CopyConns: b.cfg.CopyConns,
+		StateCacheBytes: b.cfg.StateCacheBytes,
+		TimeLimit:       b.cfg.TimeLimit, Gen: ds.opts, ValueBytes: b.cfg.ValueBytes, CopyConns: b.cfg.CopyConns,
 	}
 	if b.cfg.ProfileDir != "" && (mode == ModeEngineFold || mode == ModeEngineSnapshot) {
 		spec.CPUProfile = filepath.Join(b.cfg.ProfileDir, mode+".pprof")

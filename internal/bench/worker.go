@@ -44,6 +44,7 @@ type WorkerSpec struct {
 	BatchMaxRecords int           `json:"batch_max_records"`
 	BatchMaxWait    time.Duration `json:"batch_max_wait"`
 	StateCacheRows  int           `json:"state_cache_rows"`
+	StateCacheBytes int64         `json:"state_cache_bytes"`
 	// TimeLimit bounds naive and watermill runs: they stop after it and
 	// report the prefix they committed.
 	TimeLimit time.Duration `json:"time_limit"`

@@ -44,7 +44,7 @@ func (g *gatedPlan) seen(i int, key string) bool {
 // everything would have had.
 func TestCommitBatchAssumesNewAggregates(t *testing.T) {
 	e := newEnv(t, demoProjection(t))
-	e.sink.SetStateCache(0) // every state from Postgres
+	e.sink.SetStateCache(0, 0) // every state from Postgres
 	c := e.claim(0)
 
 	// Known to Postgres: a row at v3, a deleted aggregate (tombstone v2).
@@ -146,7 +146,7 @@ func TestCommitBatchInsertMeetsExistingRow(t *testing.T) {
 func TestAssumedKeysWithBigintKey(t *testing.T) {
 	p := parseOne(t, bigintKeyYAML)
 	e := newEnv(t, p)
-	e.sink.SetStateCache(0)
+	e.sink.SetStateCache(0, 0)
 	c := e.claim(0)
 	e.mustCommit(&c, 1, partition.Changes{Deletes: []partition.RowDelete{{Key: "7", Version: 1}}})
 	var calls int

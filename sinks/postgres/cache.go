@@ -11,9 +11,23 @@ import (
 	"github.com/projector-dev/projector/projection"
 )
 
-// DefaultStateCacheRows is how many aggregates' rows a sink keeps in memory
-// unless told otherwise (see Sink.SetStateCache).
-const DefaultStateCacheRows = 100_000
+// The most a sink's state cache holds unless told otherwise (see
+// Sink.SetStateCache): whichever bound it reaches first. A cached
+// aggregate takes its key, its encoded row and entryBytes more; one with a
+// few short columns takes about 160 bytes of live heap, so 128 MiB hold
+// some 800,000 of them. The process's resident memory grows by up to
+// about twice that, as Go's collector lets the heap reach twice what is
+// live (GOGC=100).
+const (
+	DefaultStateCacheRows  = 1_000_000
+	DefaultStateCacheBytes = 128 << 20
+)
+
+// entryBytes is what the cache counts for one entry besides the bytes of
+// its key and row: the map slot (key and value headers, control byte, the
+// load factor's slack) and the allocation headroom of the two strings, as
+// measured on rows of four short columns.
+const entryBytes = 112
 
 // stateCache keeps the state of the aggregates a sink has read or written,
 // per partition, so that a batch reads from Postgres only the aggregates it
@@ -24,20 +38,23 @@ const DefaultStateCacheRows = 100_000
 // and a batch whose cached state Postgres contradicts is rolled back and
 // retried from Postgres.
 type stateCache struct {
-	max  int // rows across partitions; 0 disables the cache
-	cols []projection.Column
+	max      int   // rows across partitions; 0 disables the cache
+	maxBytes int64 // bytes across partitions (see entryBytes)
+	cols     []projection.Column
 	// noRows: only versions and whether rows exist are kept, for a
 	// projection whose fold does not read rows (see Sink.readsRows).
 	noRows bool
 
 	mu    sync.Mutex
-	size  int
+	size  int   // entries
+	bytes int64 // their cost
 	parts map[partition.TP]*partCache
 }
 
 type partCache struct {
 	epoch int64
 	rows  map[string]cachedAgg
+	bytes int64
 
 	// The cache only pays when batches find their aggregates in it. With
 	// far more aggregates than it holds (and no hot ones), nearly every
@@ -68,8 +85,43 @@ type cachedAgg struct {
 // encoded row is never empty either: every column takes a tag).
 const rowExists = "+"
 
-func newStateCache(max int, cols []projection.Column, rows bool) *stateCache {
-	return &stateCache{max: max, cols: cols, noRows: !rows, parts: map[partition.TP]*partCache{}}
+func newStateCache(max int, maxBytes int64, cols []projection.Column, rows bool) *stateCache {
+	if maxBytes <= 0 {
+		max = 0
+	}
+	return &stateCache{max: max, maxBytes: maxBytes, cols: cols, noRows: !rows, parts: map[partition.TP]*partCache{}}
+}
+
+// cost is what an entry counts towards the byte bound.
+func cost(key string, a cachedAgg) int64 { return int64(len(key) + len(a.row) + entryBytes) }
+
+// set stores a as key's entry, replacing old (had: there was one). Call
+// with mu held.
+func (c *stateCache) set(pc *partCache, key string, old cachedAgg, had bool, a cachedAgg) {
+	pc.rows[key] = a
+	d := cost(key, a)
+	if had {
+		d -= cost(key, old)
+	} else {
+		c.size++
+	}
+	pc.bytes += d
+	c.bytes += d
+}
+
+// forget removes key's entry old. Call with mu held.
+func (c *stateCache) forget(pc *partCache, key string, old cachedAgg) {
+	delete(pc.rows, key)
+	c.size--
+	pc.bytes -= cost(key, old)
+	c.bytes -= cost(key, old)
+}
+
+// clear removes all of a partition's entries. Call with mu held.
+func (c *stateCache) clear(pc *partCache) {
+	c.size -= len(pc.rows)
+	c.bytes -= pc.bytes
+	pc.rows, pc.bytes = map[string]cachedAgg{}, 0
 }
 
 // encode returns row in cached form; ok is false when it cannot be cached.
@@ -139,8 +191,7 @@ func (c *stateCache) tally(claim partition.Claim, wanted, hits int) bool {
 	}
 	defer func() { pc.looked, pc.hit = 0, 0 }()
 	if float64(pc.hit) < minHitRate*float64(pc.looked) {
-		c.size -= len(pc.rows)
-		pc.rows = map[string]cachedAgg{}
+		c.clear(pc)
 		pc.bypass = bypassLookups
 		return false
 	}
@@ -153,7 +204,7 @@ func (c *stateCache) part(claim partition.Claim) *partCache {
 	pc := c.parts[claim.TP]
 	if pc == nil || pc.epoch != claim.Epoch {
 		if pc != nil {
-			c.size -= len(pc.rows)
+			c.clear(pc)
 		}
 		pc = &partCache{epoch: claim.Epoch, rows: map[string]cachedAgg{}}
 		c.parts[claim.TP] = pc
@@ -176,10 +227,6 @@ func (c *stateCache) store(claim partition.Claim, misses []string, loaded partit
 	}
 	// Large maps make every access a likely CPU cache miss: each key is
 	// looked up once and assigned once.
-	forget := func(k string) {
-		delete(pc.rows, k)
-		c.size--
-	}
 	for _, k := range misses {
 		a := cachedAgg{version: loaded.Versions[k], tid: tids[k]}
 		if row := loaded.Rows[k]; row != nil {
@@ -188,9 +235,8 @@ func (c *stateCache) store(claim partition.Claim, misses []string, loaded partit
 				continue // not cached: a miss again next time
 			}
 		}
-		n := len(pc.rows)
-		pc.rows[k] = a
-		c.size += len(pc.rows) - n
+		old, had := pc.rows[k]
+		c.set(pc, k, old, had, a)
 	}
 	// A write moves a known aggregate forward. One that Postgres would
 	// not have applied as given (an upsert at or below the known version,
@@ -202,53 +248,54 @@ func (c *stateCache) store(claim partition.Claim, misses []string, loaded partit
 			continue
 		}
 		if w.Version <= cur.version {
-			forget(w.Key)
+			c.forget(pc, w.Key, cur)
 			continue
 		}
 		enc, ok := c.encode(w.Row)
 		if !ok {
-			forget(w.Key)
+			c.forget(pc, w.Key, cur)
 			continue
 		}
-		pc.rows[w.Key] = cachedAgg{version: w.Version, row: enc, tid: tids[w.Key]}
+		c.set(pc, w.Key, cur, true, cachedAgg{version: w.Version, row: enc, tid: tids[w.Key]})
 	}
 	for _, d := range deletes {
 		if cur, ok := pc.rows[d.Key]; ok {
 			if d.Version >= cur.version {
-				pc.rows[d.Key] = cachedAgg{version: d.Version}
+				c.set(pc, d.Key, cur, true, cachedAgg{version: d.Version})
 			} else {
-				forget(d.Key)
+				c.forget(pc, d.Key, cur)
 			}
 		}
 	}
-	if c.size > c.max {
+	if c.size > c.max || c.bytes > c.maxBytes {
 		c.evict()
 	}
 }
 
-// evict drops arbitrary entries (Go's map order) of every partition until
-// the cache holds at most seven eighths of its maximum, so that eviction
-// runs once per many batches rather than on every one.
+// evict drops arbitrary entries (Go's map order) of every partition, in
+// proportion to its share, until the cache holds at most seven eighths of
+// its maximum rows and bytes, so that eviction runs once per many batches
+// rather than on every one.
 func (c *stateCache) evict() {
-	target := c.max - c.max/8
+	rows, bytes := c.max-c.max/8, c.maxBytes-c.maxBytes/8
+	over := func() bool { return c.size > rows || c.bytes > bytes }
+	share := max(float64(c.size-rows)/float64(max(c.size, 1)), float64(c.bytes-bytes)/float64(max(c.bytes, 1)))
 	for _, pc := range c.parts {
-		quota := (c.size - target) * len(pc.rows) / max(c.size, 1)
-		for k := range pc.rows {
+		quota := int(share*float64(len(pc.rows))) + 1
+		for k, a := range pc.rows {
 			if quota <= 0 {
 				break
 			}
-			delete(pc.rows, k)
-			c.size--
+			c.forget(pc, k, a)
 			quota--
 		}
 	}
 	for _, pc := range c.parts { // rounding may leave a few
-		for k := range pc.rows {
-			if c.size <= target {
+		for k, a := range pc.rows {
+			if !over() {
 				return
 			}
-			delete(pc.rows, k)
-			c.size--
+			c.forget(pc, k, a)
 		}
 	}
 }
@@ -262,7 +309,7 @@ func (c *stateCache) drop(tp partition.TP) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if pc := c.parts[tp]; pc != nil {
-		c.size -= len(pc.rows)
+		c.clear(pc)
 		delete(c.parts, tp)
 	}
 }

@@ -28,7 +28,7 @@ func BenchmarkStateCache(b *testing.B) {
 	for _, k := range keys {
 		rows[k] = row(k, 7)
 	}
-	c := newStateCache(aggregates+1, cols, true)
+	c := newStateCache(aggregates+1, 1<<40, cols, true)
 	claim := partition.Claim{TP: partition.TP{Topic: "t"}, Epoch: 1}
 	loaded := partition.State{Rows: map[string]projection.Row{}, Versions: map[string]int64{}}
 	for _, k := range keys {

@@ -14,46 +14,72 @@ import (
 	"github.com/projector-dev/projector/projection"
 )
 
-// The cache stays within its size across partitions and keeps what it
-// keeps right.
+// The cache stays within its bounds, in rows or in bytes, across
+// partitions, counts what it holds exactly and keeps what it keeps right.
 func TestStateCacheBounded(t *testing.T) {
-	c := newStateCache(100, []projection.Column{{Name: "n", Type: "bigint"}}, true)
-	for p := int32(0); p < 3; p++ {
-		claim := partition.Claim{TP: partition.TP{Topic: "t", Partition: p}, Epoch: 1}
-		for b := 0; b < 10; b++ {
-			var keys []string
-			var rows []partition.RowWrite
-			loaded := partition.State{Rows: map[string]projection.Row{}, Versions: map[string]int64{}}
-			for i := 0; i < 50; i++ {
-				k := fmt.Sprintf("p%d-k%d", p, b*50+i)
-				keys = append(keys, k)
-				rows = append(rows, partition.RowWrite{Key: k, Version: int64(b + 1), Row: projection.Row{"n": int64(i)}})
+	// A cached entry here: a key like p0-k123, a row of one small int.
+	entry := cost("p0-k123", cachedAgg{row: "\x01\x02"})
+	for _, tc := range []struct {
+		name  string
+		rows  int
+		bytes int64
+	}{
+		{"rows", 100, 1 << 40},
+		{"bytes", 1_000_000, 100 * entry},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			c := newStateCache(tc.rows, tc.bytes, []projection.Column{{Name: "n", Type: "bigint"}}, true)
+			for p := int32(0); p < 3; p++ {
+				claim := partition.Claim{TP: partition.TP{Topic: "t", Partition: p}, Epoch: 1}
+				for b := 0; b < 10; b++ {
+					var keys []string
+					var rows []partition.RowWrite
+					loaded := partition.State{Rows: map[string]projection.Row{}, Versions: map[string]int64{}}
+					for i := 0; i < 50; i++ {
+						k := fmt.Sprintf("p%d-k%d", p, b*50+i)
+						keys = append(keys, k)
+						rows = append(rows, partition.RowWrite{Key: k, Version: int64(b + 1), Row: projection.Row{"n": int64(i)}})
+					}
+					c.store(claim, keys, loaded, rows, nil, nil)
+					if c.size > tc.rows || c.bytes > tc.bytes {
+						t.Fatalf("after %d batches of partition %d the cache holds %d rows in %d bytes, want at most %d and %d", b+1, p, c.size, c.bytes, tc.rows, tc.bytes)
+					}
+				}
 			}
-			c.store(claim, keys, loaded, rows, nil, nil)
-			if c.size > 100 {
-				t.Fatalf("after %d batches of partition %d the cache holds %d rows, want at most 100", b+1, p, c.size)
+			if c.size < 50 {
+				t.Errorf("the cache holds %d rows: it evicts far more than its bound asks", c.size)
 			}
-		}
-	}
-	total := 0
-	for tp, pc := range c.parts {
-		total += len(pc.rows)
-		for k, a := range pc.rows {
-			var p, i int
-			if _, err := fmt.Sscanf(k, "p%d-k%d", &p, &i); err != nil || int32(p) != tp.Partition {
-				t.Fatalf("key %s cached under partition %d", k, tp.Partition)
+			total, bytes := 0, int64(0)
+			for tp, pc := range c.parts {
+				total += len(pc.rows)
+				for k, a := range pc.rows {
+					bytes += cost(k, a)
+					var p, i int
+					if _, err := fmt.Sscanf(k, "p%d-k%d", &p, &i); err != nil || int32(p) != tp.Partition {
+						t.Fatalf("key %s cached under partition %d", k, tp.Partition)
+					}
+					if row := decodeRow(c.cols, a.row); a.version != int64(i/50+1) || row["n"] != int64(i%50) {
+						t.Errorf("%s cached as v%d %v", k, a.version, row)
+					}
+				}
 			}
-			if row := decodeRow(c.cols, a.row); a.version != int64(i/50+1) || row["n"] != int64(i%50) {
-				t.Errorf("%s cached as v%d %v", k, a.version, row)
+			if total != c.size || bytes != c.bytes {
+				t.Errorf("counted %d rows in %d bytes, but %d rows in %d bytes held", c.size, c.bytes, total, bytes)
 			}
-		}
-	}
-	if total != c.size {
-		t.Errorf("size %d, but %d rows held", c.size, total)
-	}
-	c.drop(partition.TP{Topic: "t", Partition: 2})
-	if _, ok := c.parts[partition.TP{Topic: "t", Partition: 2}]; ok || c.size > total {
-		t.Errorf("partition 2 still cached after drop (size %d of %d)", c.size, total)
+			c.drop(partition.TP{Topic: "t", Partition: 2})
+			if _, ok := c.parts[partition.TP{Topic: "t", Partition: 2}]; ok || c.size > total {
+				t.Errorf("partition 2 still cached after drop (size %d of %d)", c.size, total)
+			}
+			var left int64
+			for _, pc := range c.parts {
+				for k, a := range pc.rows {
+					left += cost(k, a)
+				}
+			}
+			if left != c.bytes {
+				t.Errorf("after the drop %d bytes counted, %d held", c.bytes, left)
+			}
+		})
 	}
 }
 
@@ -61,7 +87,7 @@ func TestStateCacheBounded(t *testing.T) {
 // than it holds) stops using it for a while, then tries again; one whose
 // batches find their aggregates keeps it.
 func TestStateCacheBypassedWhenItDoesNotPay(t *testing.T) {
-	c := newStateCache(1000, []projection.Column{{Name: "n", Type: "bigint"}}, true)
+	c := newStateCache(1000, 1<<40, []projection.Column{{Name: "n", Type: "bigint"}}, true)
 	cold := partition.Claim{TP: partition.TP{Topic: "t", Partition: 0}, Epoch: 1}
 	hot := partition.Claim{TP: partition.TP{Topic: "t", Partition: 1}, Epoch: 1}
 	batch := func(claim partition.Claim, keys []string) (hits int, caching bool) {
@@ -121,7 +147,7 @@ func TestStateCacheBypassedWhenItDoesNotPay(t *testing.T) {
 // misses do not count against the hit rate: a partition whose batches are
 // mostly new aggregates, with the rest found in the cache, keeps caching.
 func TestStateCacheNewAggregatesDoNotCountAsMisses(t *testing.T) {
-	c := newStateCache(100_000, []projection.Column{{Name: "n", Type: "bigint"}}, true)
+	c := newStateCache(100_000, 1<<40, []projection.Column{{Name: "n", Type: "bigint"}}, true)
 	claim := partition.Claim{TP: partition.TP{Topic: "t", Partition: 0}, Epoch: 1}
 	next := 0
 	var seen []string
@@ -177,7 +203,7 @@ func TestStateCacheRowEncoding(t *testing.T) {
 		t.Error("encodeRow took an int where a row read from Postgres holds an int64")
 	}
 
-	c := newStateCache(10, cols, true)
+	c := newStateCache(10, 1<<40, cols, true)
 	claim := partition.Claim{TP: partition.TP{Topic: "t"}, Epoch: 1}
 	loaded := partition.State{Rows: map[string]projection.Row{"a": row}, Versions: map[string]int64{"a": 1}}
 	c.store(claim, []string{"a"}, loaded, []partition.RowWrite{{Key: "a", Version: 2, Row: projection.Row{"id": "a", "n": 3}}}, nil, nil)

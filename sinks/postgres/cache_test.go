@@ -165,7 +165,7 @@ func TestStateCacheDroppedOnNewClaim(t *testing.T) {
 	}{{name: "new claim"}, {name: "cache off", cacheOff: true}} {
 		e := newEnv(t, demoProjection(t))
 		if tc.cacheOff {
-			e.sink.SetStateCache(0)
+			e.sink.SetStateCache(0, 0)
 		}
 		c := e.claim(0)
 		if _, err := e.planOnce(c, 1, []string{"a1"}, func(partition.State) partition.Changes {

@@ -53,15 +53,19 @@ var _ partition.Sink = (*Sink)(nil)
 // (in the same transaction) for publishing to that Kafka topic.
 func NewSink(pool *pgxpool.Pool, identity string, p *projection.Projection, dlqTopic string) *Sink {
 	s := &Sink{pool: pool, identity: identity, p: p, dlqTopic: dlqTopic, readsRows: p.FoldReadsRow()}
-	s.cache = newStateCache(DefaultStateCacheRows, p.Columns, s.readsRows)
+	s.cache = newStateCache(DefaultStateCacheRows, DefaultStateCacheBytes, p.Columns, s.readsRows)
 	s.sql = rowSQL(p)
 	return s
 }
 
 // SetStateCache sets how many aggregates' rows the sink keeps in memory
-// (across its partitions) so that a batch reads only the others from
-// Postgres; 0 turns the cache off. Call it before the first batch.
-func (s *Sink) SetStateCache(rows int) { s.cache = newStateCache(rows, s.p.Columns, s.readsRows) }
+// (across its partitions), at most rows of them taking at most bytes (see
+// DefaultStateCacheBytes), so that a batch reads only the others from
+// Postgres; 0 for either turns the cache off. Call it before the first
+// batch.
+func (s *Sink) SetStateCache(rows int, bytes int64) {
+	s.cache = newStateCache(rows, bytes, s.p.Columns, s.readsRows)
+}
 
 // presentRow stands for a row that exists in the state of a projection
 // whose fold does not read rows (see Sink.readsRows). Nothing writes to
