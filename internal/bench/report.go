@@ -103,6 +103,14 @@ type ScalePoint struct {
 	Check        string   `json:"check"`
 }
 
+// cpuPerRowWrite is the CPU, projector's and Postgres's, per row written.
+func (p ScalePoint) cpuPerRowWrite() (float64, bool) {
+	if p.PGCPUPerEvUS == nil || p.RowWrites <= 0 {
+		return 0, false
+	}
+	return (p.GoCPUPerEvUS + *p.PGCPUPerEvUS) * float64(p.Events) / float64(p.RowWrites), true
+}
+
 // Target is one of the issue's targets, met or not.
 type Target struct {
 	Name string `json:"name"`
@@ -209,6 +217,11 @@ func (r *Report) finish() {
 	if n := len(r.Scaling); n > 1 && r.Scaling[0].EventsPerSec > 0 && r.Scaling[n-1].EventsPerSec > 0 {
 		growth := r.Scaling[0].EventsPerSec / r.Scaling[n-1].EventsPerSec
 		scale.Got = fmt.Sprintf("×%.2f (%s → %s aggregates)", growth, group(int64(r.Scaling[0].Aggregates)), group(int64(r.Scaling[n-1].Aggregates)))
+		first, ok1 := r.Scaling[0].cpuPerRowWrite()
+		last, ok2 := r.Scaling[n-1].cpuPerRowWrite()
+		if ok1 && ok2 && first > 0 {
+			scale.Got += fmt.Sprintf("; per row write ×%.2f", last/first)
+		}
 		scale.Met = met(growth <= 1.5)
 	}
 	r.Targets = append(r.Targets, scale)
@@ -327,15 +340,19 @@ func (r *Report) Table(w io.Writer) error {
 		fmt.Fprintln(w)
 		fmt.Fprintln(w, "scaling (engine fold):")
 		tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
-		fmt.Fprintln(tw, "aggregates\tevents\tevents/s\trow writes\tgo cpu µs/ev\tpg cpu µs/ev\tcheck\t")
+		fmt.Fprintln(tw, "aggregates\tevents\tevents/s\trow writes\tgo cpu µs/ev\tpg cpu µs/ev\tcpu µs/row write\tcheck\t")
 		for _, p := range r.Scaling {
-			pg := "n/a"
+			pg, perWrite := "n/a", "n/a"
 			if p.PGCPUPerEvUS != nil {
 				pg = fmt.Sprintf("%.1f", *p.PGCPUPerEvUS)
 			}
-			fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%.1f\t%s\t%s\t\n", group(int64(p.Aggregates)), group(int64(p.Events)),
-				group(int64(math.Round(p.EventsPerSec))), group(p.RowWrites), p.GoCPUPerEvUS, pg, shortCheck(p.Check))
+			if us, ok := p.cpuPerRowWrite(); ok {
+				perWrite = fmt.Sprintf("%.1f", us)
+			}
+			fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%.1f\t%s\t%s\t%s\t\n", group(int64(p.Aggregates)), group(int64(p.Events)),
+				group(int64(math.Round(p.EventsPerSec))), group(p.RowWrites), p.GoCPUPerEvUS, pg, perWrite, shortCheck(p.Check))
 		}
+		fmt.Fprintln(tw, "(fewer aggregates: more of a batch's events fall on one aggregate and collapse into one row write)\t")
 		if err := tw.Flush(); err != nil {
 			return err
 		}
