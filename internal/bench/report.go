@@ -352,10 +352,11 @@ func (r *Report) Table(w io.Writer) error {
 			fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%.1f\t%s\t%s\t%s\t\n", group(int64(p.Aggregates)), group(int64(p.Events)),
 				group(int64(math.Round(p.EventsPerSec))), group(p.RowWrites), p.GoCPUPerEvUS, pg, perWrite, shortCheck(p.Check))
 		}
-		fmt.Fprintln(tw, "(fewer aggregates: more of a batch's events fall on one aggregate and collapse into one row write)\t")
+
 		if err := tw.Flush(); err != nil {
 			return err
 		}
+		fmt.Fprintln(w, "  (with fewer aggregates more of a batch's events fall on one aggregate and collapse into one row write)")
 	}
 	fmt.Fprintln(w)
 	fmt.Fprintln(w, "targets:")
