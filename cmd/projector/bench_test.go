@@ -88,6 +88,24 @@ func TestBenchSmoke(t *testing.T) {
 		t.Errorf("engine fold reports %d records fetched for 20,000 events consumed", fetched)
 	}
 	t.Log("\n" + out)
+
+	// Scaling: every size is run (twice, in rounds) and checked.
+	stdout.Reset()
+	err = Main(ctx, []string{"bench", "--events", "5000", "--aggregates", "500,2000,4000", "--modes", "engine-fold", "--runs", "2",
+		"--database-url", testenv.DatabaseURL()}, &stdout, &stderr)
+	out = stdout.String()
+	if err != nil {
+		t.Fatalf("projector bench, scaling: %v\n%s\nstderr:\n%s", err, out, stderr.String())
+	}
+	for _, size := range []string{"500", "2,000", "4,000"} {
+		line := lineWith(after(out, "scaling (engine fold):"), size+" ")
+		if !strings.HasSuffix(strings.TrimSpace(line), "ok") {
+			t.Errorf("scaling row of %s aggregates missing or not checked: %q\n%s", size, line, out)
+		}
+	}
+	if got := strings.Count(stderr.String(), "run 2/2: scaling"); got != 2 {
+		t.Errorf("%d second-round scaling runs logged, want 2 (the sizes after the first, in rounds):\n%s", got, stderr.String())
+	}
 }
 
 // after returns what follows the first occurrence of marker in s.

@@ -207,6 +207,20 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 	rep.Settings.ValueBytes = main.valueBytes
 	rep.Settings.Distinct = len(main.exp.Accounts) + main.exp.Deleted
 
+	// The scaling sizes beyond the first run in the same rounds as the
+	// table's rows, so that a machine whose speed drifts over minutes
+	// weighs on every size alike.
+	var scaled []*dataset
+	for i, size := range cfg.Aggregates[1:] {
+		ds, err := b.dataset(ctx, size, cfg.Events, cfg.Seed+uint64(i)+1, fmt.Sprintf("a%d", size))
+		if err != nil {
+			return nil, err
+		}
+		ds.records = nil // an engine run is checked against ds.exp alone
+		scaled = append(scaled, ds)
+	}
+	scaleSamples := make([][]*Sample, len(scaled))
+
 	samples := map[string][]*Sample{}
 	has := func(m string) bool { return slices.Contains(cfg.Modes, m) }
 	for run := 1; run <= cfg.Runs; run++ {
@@ -230,6 +244,15 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 			}
 			b.logf("%s: %d events in %.1fs = %.0f events/s", mode, s.Result.Events, s.Result.Seconds, s.EPS())
 			samples[mode] = append(samples[mode], s)
+		}
+		for i, ds := range scaled {
+			b.logf("run %d/%d: scaling, %d aggregates", run, cfg.Runs, cfg.Aggregates[i+1])
+			s, err := b.runThroughput(ctx, ModeEngineFold, ds)
+			if err != nil {
+				return nil, fmt.Errorf("scaling %d aggregates: %w", cfg.Aggregates[i+1], err)
+			}
+			b.logf("scaling, %d aggregates: %d events in %.1fs = %.0f events/s", cfg.Aggregates[i+1], s.Result.Events, s.Result.Seconds, s.EPS())
+			scaleSamples[i] = append(scaleSamples[i], s)
 		}
 	}
 	for _, mode := range []string{ModeLimit, ModeEngineSnapshot, ModeEngineFold, ModeNaive, ModeWatermill} {
@@ -271,20 +294,7 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 			rep.Scaling[0].GoCPUPerEvUS, rep.Scaling[0].PGCPUPerEvUS = r.GoCPUPerEvUS, r.PGCPUPerEvUS
 		}
 		for i, size := range cfg.Aggregates[1:] {
-			ds, err := b.dataset(ctx, size, cfg.Events, cfg.Seed+uint64(i)+1, fmt.Sprintf("a%d", size))
-			if err != nil {
-				return nil, err
-			}
-			var ss []*Sample
-			for run := 1; run <= cfg.Runs; run++ {
-				b.logf("scaling: %d aggregates, run %d/%d", size, run, cfg.Runs)
-				s, err := b.runThroughput(ctx, ModeEngineFold, ds)
-				if err != nil {
-					return nil, fmt.Errorf("scaling %d aggregates: %w", size, err)
-				}
-				ss = append(ss, s)
-			}
-			s := median(ss)
+			s := median(scaleSamples[i])
 			p := ScalePoint{Aggregates: size, Events: cfg.Events, EventsPerSec: s.EPS(), RowWrites: s.Result.RowWrites, Check: "ok"}
 			if ev := float64(s.Result.Events); ev > 0 {
 				p.GoCPUPerEvUS = s.Result.CPUSeconds / ev * 1e6
@@ -298,7 +308,6 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 				rep.Failed = append(rep.Failed, fmt.Sprintf("engine fold over %d aggregates: %v", size, s.Check))
 			}
 			rep.Scaling = append(rep.Scaling, p)
-			ds.records = nil
 		}
 		if r := rep.row(ModeEngineFold); r != nil {
 			rep.Scaling[0].Check = r.Check
