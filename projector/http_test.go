@@ -93,6 +93,10 @@ func TestHTTPSurface(t *testing.T) {
 		`projector_records_processed_total{outcome="dead_lettered",projection="accounts",topic="accounts.events"}`,
 		`projector_batch_commit_duration_seconds_bucket`,
 		`projector_fenced_batches_total 0`,
+		`projector_state_cache_entries{projection="accounts"}`,
+		`projector_state_cache_bytes{projection="accounts"}`,
+		`projector_state_cache_lookups_total{projection="accounts",result="hit"}`,
+		`projector_state_cache_lookups_total{projection="accounts",result="miss"}`,
 		`kgo_buffered_fetch_records_total`,
 		`go_build_info`,
 	} {

@@ -74,6 +74,13 @@ var (
 		"Age of the oldest parked event in this member's partitions; 0 when none.", []string{"projection"}, nil)
 	deadLetterDepthDesc = prometheus.NewDesc("projector_dead_letters",
 		"Open dead letters of this identity, by projection.", []string{"projection"}, nil)
+	cacheEntriesDesc = prometheus.NewDesc("projector_state_cache_entries",
+		"Aggregates whose state the projection's state cache holds.", []string{"projection"}, nil)
+	cacheBytesDesc = prometheus.NewDesc("projector_state_cache_bytes",
+		"What those entries count against --state-cache-bytes.", []string{"projection"}, nil)
+	cacheLookupsDesc = prometheus.NewDesc("projector_state_cache_lookups_total",
+		"Aggregates a batch needed, found in the state cache (hit) or read from Postgres (miss); those first seen in their batch are neither.",
+		[]string{"projection", "result"}, nil)
 )
 
 // lagCollector reports lag per assigned partition, parked events and
@@ -86,6 +93,9 @@ func (c *lagCollector) Describe(ch chan<- *prometheus.Desc) {
 	ch <- parkedDesc
 	ch <- oldestParkedDesc
 	ch <- deadLetterDepthDesc
+	ch <- cacheEntriesDesc
+	ch <- cacheBytesDesc
+	ch <- cacheLookupsDesc
 }
 
 func (c *lagCollector) Collect(ch chan<- prometheus.Metric) {
@@ -117,6 +127,17 @@ func (c *lagCollector) Collect(ch chan<- prometheus.Metric) {
 		for _, p := range c.e.cfg.Projections {
 			ch <- prometheus.MustNewConstMetric(deadLetterDepthDesc, prometheus.GaugeValue, float64(depth[p.Name]), p.Name)
 		}
+	}
+	for _, p := range c.e.cfg.Projections {
+		cs, ok := c.e.sinks[p.Topic].(interface{ CacheStats() postgres.CacheStats })
+		if !ok {
+			continue
+		}
+		st := cs.CacheStats()
+		ch <- prometheus.MustNewConstMetric(cacheEntriesDesc, prometheus.GaugeValue, float64(st.Entries), p.Name)
+		ch <- prometheus.MustNewConstMetric(cacheBytesDesc, prometheus.GaugeValue, float64(st.Bytes), p.Name)
+		ch <- prometheus.MustNewConstMetric(cacheLookupsDesc, prometheus.CounterValue, float64(st.Hits), p.Name, "hit")
+		ch <- prometheus.MustNewConstMetric(cacheLookupsDesc, prometheus.CounterValue, float64(st.Misses), p.Name, "miss")
 	}
 	for _, s := range c.e.Workers() {
 		labels := []string{c.e.cfg.Identity, s.Topic, strconv.Itoa(int(s.Partition))}

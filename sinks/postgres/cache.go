@@ -300,6 +300,14 @@ func (c *stateCache) evict() {
 	}
 }
 
+// usage reports how many entries the cache holds and what they count
+// against its byte bound.
+func (c *stateCache) usage() (entries int, bytes int64) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.size, c.bytes
+}
+
 // drop forgets a partition, after a failed transaction or when it is
 // revoked.
 func (c *stateCache) drop(tp partition.TP) {

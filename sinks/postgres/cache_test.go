@@ -309,3 +309,40 @@ func TestSnapshotStateIsVersionsOnly(t *testing.T) {
 		t.Errorf("n2 not at v3 after the two batches")
 	}
 }
+
+// CacheStats counts the aggregates batches found in the cache and those
+// they read from Postgres; aggregates first seen in their batch are
+// neither.
+func TestCacheStatsCountHitsAndMisses(t *testing.T) {
+	e := newEnv(t, demoProjection(t))
+	c := e.claim(0)
+	write := func(st partition.State, keys ...string) partition.Changes {
+		var ch partition.Changes
+		for _, k := range keys {
+			ch.Upserts = append(ch.Upserts, upsert(k, st.Versions[k]+1, "o", 1))
+		}
+		return ch
+	}
+	commit := func(end int64, keys partition.Keys) {
+		t.Helper()
+		err := e.sink.CommitBatch(e.ctx, c, end, keys, func(st partition.State) (partition.Changes, error) {
+			return write(st, keys.All...), nil
+		})
+		if err != nil {
+			t.Fatal(err)
+		}
+		c.NextOffset = end
+	}
+	// Known to Postgres, unknown to this sink's cache: written by another.
+	if _, err := e.db.Pool.Exec(e.ctx, `INSERT INTO accounts (account_id, owner, balance, version) VALUES ('old', 'x', 1, 3)`); err != nil {
+		t.Fatal(err)
+	}
+	commit(1, partition.Keys{All: []string{"old", "new"}, New: []string{"new"}}) // old read, new assumed
+	if got := e.sink.CacheStats(); got.Hits != 0 || got.Misses != 1 || got.Entries != 2 || got.Bytes <= 0 {
+		t.Fatalf("after the first batch: %+v, want 0 hits, 1 miss, 2 entries", got)
+	}
+	commit(2, partition.Keys{All: []string{"old", "new"}})
+	if got := e.sink.CacheStats(); got.Hits != 2 || got.Misses != 1 {
+		t.Errorf("after the second batch: %+v, want 2 hits, 1 miss", got)
+	}
+}

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"slices"
 	"strings"
+	"sync/atomic"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -31,8 +32,27 @@ type Sink struct {
 	// the event alone: only aggregates' versions and whether their row
 	// exists are read and cached, never the rows.
 	readsRows bool
+	// Aggregates batches found in the cache and read from Postgres
+	// instead (see CacheStats).
+	hits, misses atomic.Int64
 
 	sql statements
+}
+
+// CacheStats describes a sink's state cache: what it holds now and, since
+// the sink was made, how many of the aggregates its batches needed were
+// found in it (Hits) and read from Postgres (Misses). Aggregates first seen
+// in their batch are planned as new and are neither.
+type CacheStats struct {
+	Entries      int
+	Bytes        int64 // as counted against --state-cache-bytes
+	Hits, Misses int64
+}
+
+// CacheStats reports the state cache's contents and hit counts.
+func (s *Sink) CacheStats() CacheStats {
+	entries, bytes := s.cache.usage()
+	return CacheStats{Entries: entries, Bytes: bytes, Hits: s.hits.Load(), Misses: s.misses.Load()}
 }
 
 // statements are the SQL of a projection's table (see rowSQL).
@@ -371,6 +391,8 @@ func (s *Sink) commit(ctx context.Context, claim partition.Claim, end int64, key
 	if caching {
 		caching = s.cache.tally(claim, hits+len(read), hits)
 	}
+	s.hits.Add(int64(hits))
+	s.misses.Add(int64(len(read)))
 	if err := s.load(ctx, tx, claim.TP, read, keys.Parked, &state, tids); err != nil {
 		return err
 	}
