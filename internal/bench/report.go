@@ -100,7 +100,9 @@ type ScalePoint struct {
 	// consumer and in Postgres (nil: n/a).
 	GoCPUPerEvUS float64  `json:"go_cpu_us_per_event"`
 	PGCPUPerEvUS *float64 `json:"pg_cpu_us_per_event"`
-	Check        string   `json:"check"`
+	// CPUPerRowWriteUS is both processes' CPU per row written (nil: n/a).
+	CPUPerRowWriteUS *float64 `json:"cpu_us_per_row_write"`
+	Check            string   `json:"check"`
 }
 
 // cpuPerRowWrite is the CPU, projector's and Postgres's, per row written.
@@ -212,6 +214,11 @@ func (r *Report) finish() {
 		flat.Met = met(growth <= 1.2)
 	}
 	r.Targets = append(r.Targets, flat)
+	for i := range r.Scaling {
+		if us, ok := r.Scaling[i].cpuPerRowWrite(); ok {
+			r.Scaling[i].CPUPerRowWriteUS = &us
+		}
+	}
 	scale := Target{Name: "engine fold cost per event, most/fewest aggregates", Want: "≤ 1.5×",
 		Got: "not measured: run projector bench --aggregates 10000,100000,1000000 --modes engine-fold"}
 	if n := len(r.Scaling); n > 1 && r.Scaling[0].EventsPerSec > 0 && r.Scaling[n-1].EventsPerSec > 0 {

@@ -29,6 +29,9 @@ func TestScalingTarget(t *testing.T) {
 	if want := "×2.00 (10,000 → 1,000,000 aggregates); per row write ×1.10"; scale.Got != want {
 		t.Errorf("got %q, want %q", scale.Got, want)
 	}
+	if p := r.Scaling[1].CPUPerRowWriteUS; p == nil || *p != 22 {
+		t.Errorf("JSON cpu per row write of the largest size: %v, want 22", p)
+	}
 	var out bytes.Buffer
 	if err := r.Table(&out); err != nil {
 		t.Fatal(err)
