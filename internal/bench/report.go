@@ -50,19 +50,22 @@ type Settings struct {
 
 // Row is one line of the table.
 type Row struct {
-	Mode         string   `json:"mode"`
-	Name         string   `json:"name"`
-	Events       int64    `json:"events"`
-	Seconds      float64  `json:"seconds"`
-	EventsPerSec float64  `json:"events_per_sec"`
-	VsLimit      *float64 `json:"ratio_to_limit,omitempty"`
-	VsNaive      *float64 `json:"ratio_to_naive,omitempty"`
-	VsWatermill  *float64 `json:"ratio_to_watermill,omitempty"`
-	GoCPU        float64  `json:"go_cpu_seconds"`
-	GoCPUPerEvUS float64  `json:"go_cpu_us_per_event"`
-	PGCPU        *float64 `json:"pg_cpu_seconds"` // null: n/a
-	PGCPUPerEvUS *float64 `json:"pg_cpu_us_per_event"`
-	PGCPUNote    string   `json:"pg_cpu_note,omitempty"`
+	Mode         string  `json:"mode"`
+	Name         string  `json:"name"`
+	Events       int64   `json:"events"`
+	Seconds      float64 `json:"seconds"`
+	EventsPerSec float64 `json:"events_per_sec"`
+	// RunsEPS is every run's events/s, in the order they ran (the row is
+	// their median).
+	RunsEPS      []float64 `json:"events_per_sec_runs,omitempty"`
+	VsLimit      *float64  `json:"ratio_to_limit,omitempty"`
+	VsNaive      *float64  `json:"ratio_to_naive,omitempty"`
+	VsWatermill  *float64  `json:"ratio_to_watermill,omitempty"`
+	GoCPU        float64   `json:"go_cpu_seconds"`
+	GoCPUPerEvUS float64   `json:"go_cpu_us_per_event"`
+	PGCPU        *float64  `json:"pg_cpu_seconds"` // null: n/a
+	PGCPUPerEvUS *float64  `json:"pg_cpu_us_per_event"`
+	PGCPUNote    string    `json:"pg_cpu_note,omitempty"`
 	// ParentCPU is the benchmark process's own CPU in the window: the
 	// embedded broker and registry, and the harness.
 	ParentCPU float64 `json:"parent_cpu_seconds"`
@@ -103,6 +106,8 @@ type ScalePoint struct {
 	// CPUPerRowWriteUS is both processes' CPU per row written (nil: n/a).
 	CPUPerRowWriteUS *float64 `json:"cpu_us_per_row_write"`
 	Check            string   `json:"check"`
+	// RunsEPS is every run's events/s, in the order they ran.
+	RunsEPS []float64 `json:"events_per_sec_runs,omitempty"`
 }
 
 // cpuPerRowWrite is the CPU, projector's and Postgres's, per row written.
@@ -138,7 +143,41 @@ func (r *Report) row(mode string) *Row {
 	return nil
 }
 
-func (r *Report) add(mode string, s *Sample, total int) {
+// runsEPS lists the runs' events/s in the order they ran.
+func runsEPS(runs []*Sample) []float64 {
+	eps := make([]float64, len(runs))
+	for i, s := range runs {
+		eps[i] = s.EPS()
+	}
+	return eps
+}
+
+// joinEPS writes events/s figures for the text report.
+func joinEPS(eps []float64) string {
+	out := make([]string, len(eps))
+	for i, v := range eps {
+		out[i] = group(int64(math.Round(v)))
+	}
+	return strings.Join(out, " · ")
+}
+
+// failed returns the first reference-check failure among runs: a run that
+// is not the median fails the row all the same.
+func failed(runs []*Sample) error {
+	for i, s := range runs {
+		if s.Check != nil {
+			if len(runs) == 1 {
+				return s.Check
+			}
+			return fmt.Errorf("run %d of %d: %w", i+1, len(runs), s.Check)
+		}
+	}
+	return nil
+}
+
+// add makes mode's row of its runs' median.
+func (r *Report) add(mode string, runs []*Sample, total int) {
+	s := median(runs)
 	res := s.Result
 	row := &Row{
 		Mode: mode, Name: rowNames[mode], Events: res.Events, Seconds: res.Seconds, EventsPerSec: s.EPS(),
@@ -158,9 +197,10 @@ func (r *Report) add(mode string, s *Sample, total int) {
 			row.RSSQuartilesMB = append(row.RSSQuartilesMB, s.RSSSamples[max(0, int(math.Ceil(q*float64(n)))-1)])
 		}
 	}
-	if s.Check != nil {
-		row.Check = "FAILED: " + s.Check.Error()
-		r.Failed = append(r.Failed, fmt.Sprintf("%s: %v", row.Name, s.Check))
+	row.RunsEPS = runsEPS(runs)
+	if err := failed(runs); err != nil {
+		row.Check = "FAILED: " + err.Error()
+		r.Failed = append(r.Failed, fmt.Sprintf("%s: %v", row.Name, err))
 	}
 	r.Rows = append(r.Rows, row)
 }
@@ -313,6 +353,13 @@ func (r *Report) Table(w io.Writer) error {
 	fmt.Fprintf(w, "engine: batch-max-records %d, batch-max-wait %.0fms, state cache %s, the pool as `projector run` opens it; limit: COPY over %d connection(s) into an append-only table.\n",
 		s.BatchMaxRecords, s.BatchMaxWaitMS, cache, s.CopyConns)
 	fmt.Fprintln(w, "cpu: the consumer's own process (each run is a child process; the embedded broker and registry are in the parent) and the Postgres backends serving its connections, within the measured window.")
+	if s.Runs > 1 {
+		var runs []string
+		for _, row := range r.Rows {
+			runs = append(runs, row.Name+" "+joinEPS(row.RunsEPS))
+		}
+		fmt.Fprintf(w, "runs (events/s, in the order they ran; the table gives the median): %s\n", strings.Join(runs, "; "))
+	}
 	for _, mode := range []string{ModeEngineSnapshot, ModeEngineFold} {
 		row := r.row(mode)
 		if row == nil {
@@ -364,6 +411,13 @@ func (r *Report) Table(w io.Writer) error {
 			return err
 		}
 		fmt.Fprintln(w, "  (with fewer aggregates more of a batch's events fall on one aggregate and collapse into one row write)")
+		if s.Runs > 1 {
+			var runs []string
+			for _, p := range r.Scaling {
+				runs = append(runs, group(int64(p.Aggregates))+": "+joinEPS(p.RunsEPS))
+			}
+			fmt.Fprintf(w, "  runs (events/s, in the order they ran): %s\n", strings.Join(runs, "; "))
+		}
 	}
 	fmt.Fprintln(w)
 	fmt.Fprintln(w, "targets:")

@@ -2,6 +2,7 @@ package bench
 
 import (
 	"bytes"
+	"errors"
 	"strings"
 	"testing"
 )
@@ -38,5 +39,27 @@ func TestScalingTarget(t *testing.T) {
 	}
 	if !strings.Contains(out.String(), "cpu µs/row write") || !strings.Contains(out.String(), "20.0") || !strings.Contains(out.String(), "22.0") {
 		t.Errorf("scaling table lacks the cost per row write:\n%s", out.String())
+	}
+}
+
+// A run that fails the reference check fails its row even when another run
+// is the median, and the report lists every run's events/s.
+func TestAnyFailedRunFailsTheRow(t *testing.T) {
+	run := func(events int64, seconds float64, check error) *Sample {
+		return &Sample{Mode: ModeEngineFold, Result: WorkerResult{Events: events, Seconds: seconds}, Check: check}
+	}
+	r := &Report{Settings: Settings{Runs: 3, Events: 1000}}
+	r.add(ModeEngineFold, []*Sample{run(1000, 1, nil), run(1000, 2, errors.New("3 rows differ")), run(1000, 0.5, nil)}, 1000)
+	r.finish()
+	row := r.row(ModeEngineFold)
+	if row.EventsPerSec != 1000 || !strings.Contains(row.Check, "run 2 of 3: 3 rows differ") || len(r.Failed) != 1 {
+		t.Errorf("row %v events/s, check %q, failed %v; want the median 1000 and run 2's failure", row.EventsPerSec, row.Check, r.Failed)
+	}
+	var out bytes.Buffer
+	if err := r.Table(&out); err != nil {
+		t.Fatal(err)
+	}
+	if want := "engine fold 1,000 · 500 · 2,000"; !strings.Contains(out.String(), want) {
+		t.Errorf("report lacks the runs %q:\n%s", want, out.String())
 	}
 }

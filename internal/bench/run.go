@@ -257,7 +257,7 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 	}
 	for _, mode := range []string{ModeLimit, ModeEngineSnapshot, ModeEngineFold, ModeNaive, ModeWatermill} {
 		if ss := samples[mode]; len(ss) > 0 {
-			rep.add(mode, median(ss), len(main.records))
+			rep.add(mode, ss, len(main.records))
 		}
 	}
 
@@ -292,6 +292,7 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 			rep.Scaling[0].EventsPerSec = r.EventsPerSec
 			rep.Scaling[0].RowWrites = r.RowWrites
 			rep.Scaling[0].GoCPUPerEvUS, rep.Scaling[0].PGCPUPerEvUS = r.GoCPUPerEvUS, r.PGCPUPerEvUS
+			rep.Scaling[0].RunsEPS = r.RunsEPS
 		}
 		for i, size := range cfg.Aggregates[1:] {
 			s := median(scaleSamples[i])
@@ -303,9 +304,10 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 					p.PGCPUPerEvUS = &us
 				}
 			}
-			if s.Check != nil {
-				p.Check = "FAILED: " + s.Check.Error()
-				rep.Failed = append(rep.Failed, fmt.Sprintf("engine fold over %d aggregates: %v", size, s.Check))
+			p.RunsEPS = runsEPS(scaleSamples[i])
+			if err := failed(scaleSamples[i]); err != nil {
+				p.Check = "FAILED: " + err.Error()
+				rep.Failed = append(rep.Failed, fmt.Sprintf("engine fold over %d aggregates: %v", size, err))
 			}
 			rep.Scaling = append(rep.Scaling, p)
 		}
