@@ -117,6 +117,16 @@ func (c *stateCache) forget(pc *partCache, key string, old cachedAgg) {
 	c.bytes -= cost(key, old)
 }
 
+// recount sums a partition's entries' cost again. Call with mu held.
+func (c *stateCache) recount(pc *partCache) {
+	c.bytes -= pc.bytes
+	pc.bytes = 0
+	for k, a := range pc.rows {
+		pc.bytes += cost(k, a)
+	}
+	c.bytes += pc.bytes
+}
+
 // clear removes all of a partition's entries. Call with mu held.
 func (c *stateCache) clear(pc *partCache) {
 	c.size -= len(pc.rows)
@@ -235,8 +245,15 @@ func (c *stateCache) store(claim partition.Claim, misses []string, loaded partit
 				continue // not cached: a miss again next time
 			}
 		}
-		old, had := pc.rows[k]
-		c.set(pc, k, old, had, a)
+		n := len(pc.rows)
+		pc.rows[k] = a
+		if len(pc.rows) > n {
+			c.size++
+			pc.bytes += cost(k, a)
+			c.bytes += cost(k, a)
+		} else {
+			c.recount(pc) // a miss was cached meanwhile: cannot happen, but stay exact
+		}
 	}
 	// A write moves a known aggregate forward. One that Postgres would
 	// not have applied as given (an upsert at or below the known version,

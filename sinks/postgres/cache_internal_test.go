@@ -212,3 +212,18 @@ func TestStateCacheRowEncoding(t *testing.T) {
 		t.Errorf("a row the cache cannot hold left %v cached (misses %v, size %d)", st.Rows["a"], misses, c.size)
 	}
 }
+
+// Storing a miss that is cached after all (which batches never do) leaves
+// the counts exact.
+func TestStateCacheCountsAReplacedMissOnce(t *testing.T) {
+	c := newStateCache(100, 1<<40, []projection.Column{{Name: "n", Type: "bigint"}}, true)
+	claim := partition.Claim{TP: partition.TP{Topic: "t"}, Epoch: 1}
+	for _, n := range []int64{1, 1 << 40} {
+		loaded := partition.State{Rows: map[string]projection.Row{"a": {"n": n}}, Versions: map[string]int64{"a": n}}
+		c.store(claim, []string{"a"}, loaded, nil, nil, nil)
+	}
+	a := c.parts[claim.TP].rows["a"]
+	if c.size != 1 || c.bytes != cost("a", a) || a.version != 1<<40 {
+		t.Errorf("size %d, %d bytes, entry v%d; want 1 entry of %d bytes at the second version", c.size, c.bytes, a.version, cost("a", a))
+	}
+}
