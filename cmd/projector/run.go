@@ -78,7 +78,9 @@ func runCommand(_, stderr io.Writer) *ffcli.Command {
 			if err != nil {
 				return err
 			}
-			log.Info("projector running", "identity", f.identity, "config", f.config)
+			log.Info("projector running", "identity", f.identity, "config", f.config,
+				"batch_max_records", f.batchMaxRecords, "batch_max_wait", f.batchMaxWait,
+				"state_cache_rows", f.stateCacheRows, "state_cache_bytes", f.stateCacheBytes.String())
 			return serve(ctx, log, f.httpAddr, metrics, e.Ready, e.Run)
 		})
 }
