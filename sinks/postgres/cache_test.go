@@ -346,3 +346,38 @@ func TestCacheStatsCountHitsAndMisses(t *testing.T) {
 		t.Errorf("after the second batch: %+v, want 2 hits, 1 miss", got)
 	}
 }
+
+// A stream of mostly new aggregates, whose others are all in the cache,
+// keeps the cache in use: aggregates first seen in their batch are not
+// read when they miss, so they do not count against its hit rate.
+func TestCacheKeptWhileMostAggregatesAreNew(t *testing.T) {
+	e := newEnv(t, demoProjection(t))
+	c := e.claim(0)
+	var seen []string
+	next := 0
+	for b := int64(1); b <= 130; b++ { // 200 wanted lookups a batch: past the 20,000 of a hit-rate window
+		old := seen[max(0, len(seen)-200):]
+		keys := partition.Keys{All: slices.Clone(old)}
+		for range 800 {
+			k := "n" + strconv.Itoa(next)
+			next++
+			keys.All, keys.New = append(keys.All, k), append(keys.New, k)
+		}
+		before := e.sink.CacheStats()
+		err := e.sink.CommitBatch(e.ctx, c, b, keys, func(st partition.State) (partition.Changes, error) {
+			var ch partition.Changes
+			for _, k := range keys.All {
+				ch.Upserts = append(ch.Upserts, upsert(k, st.Versions[k]+1, "o", 1))
+			}
+			return ch, nil
+		})
+		if err != nil {
+			t.Fatal(err)
+		}
+		c.NextOffset = b
+		if after := e.sink.CacheStats(); len(old) == 200 && after.Hits-before.Hits != 200 {
+			t.Fatalf("batch %d found %d of its 200 known aggregates in the cache, want all (%+v)", b, after.Hits-before.Hits, after)
+		}
+		seen = append(seen, keys.New...)
+	}
+}

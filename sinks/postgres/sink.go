@@ -41,8 +41,9 @@ type Sink struct {
 
 // CacheStats describes a sink's state cache: what it holds now and, since
 // the sink was made, how many of the aggregates its batches needed were
-// found in it (Hits) and read from Postgres (Misses). Aggregates first seen
-// in their batch are planned as new and are neither.
+// found in it (Hits) and read from Postgres (Misses), per attempt of a
+// batch (one planned again counts again). Aggregates first seen in their
+// batch are planned as new and are neither.
 type CacheStats struct {
 	Entries      int
 	Bytes        int64 // as counted against --state-cache-bytes
