@@ -27,15 +27,34 @@ type Fetcher interface {
 	ResumeFetchPartitions(map[string][]int32)
 }
 
+// DefaultBatchMaxRecords is the most records one batch holds unless told
+// otherwise. Batches of several thousand let more of an aggregate's events
+// fall into one batch and collapse into one row write: on the benchmark
+// stream (ten events per aggregate, spread over the whole stream) 5000
+// writes 0.75 rows per event where 1000 writes 0.94, and Postgres spends
+// a fifth less per event.
+const DefaultBatchMaxRecords = 5000
+
+// minBuffered is the least MaxBuffered defaults to: several fetches of
+// small records (a fetch brings up to 256 KiB of a partition), so that a
+// worker with small batches does not pause on every fetch. Buffering more
+// than a batch did not make the engine faster (it keeps one batch ready
+// while the previous one commits) and cost memory: with batches of 5000, a
+// buffer of two batches per partition took the benchmark's peak resident
+// set from about 340 to 400 MB at the same speed.
+const minBuffered = 4000
+
 // Config tunes a worker. Zero fields take the defaults named.
 type Config struct {
-	// BatchMaxRecords caps the records of one batch (default 1000).
+	// BatchMaxRecords caps the records of one batch (default
+	// DefaultBatchMaxRecords).
 	BatchMaxRecords int
 	// BatchMaxWait is how long a batch waits for more records after its
 	// first one (default 50ms).
 	BatchMaxWait time.Duration
 	// MaxBuffered is how many records may wait in the worker before it
-	// pauses fetching of its partition (default 4 × BatchMaxRecords).
+	// pauses fetching of its partition (default BatchMaxRecords, at least
+	// minBuffered). It resumes below half of it.
 	MaxBuffered int
 	// RetryBase and RetryCap bound the exponential backoff with full jitter
 	// between attempts of a batch that failed for a transient reason
@@ -78,13 +97,13 @@ const (
 
 func (c *Config) defaults() {
 	if c.BatchMaxRecords <= 0 {
-		c.BatchMaxRecords = 1000
+		c.BatchMaxRecords = DefaultBatchMaxRecords
 	}
 	if c.BatchMaxWait <= 0 {
 		c.BatchMaxWait = 50 * time.Millisecond
 	}
 	if c.MaxBuffered <= 0 {
-		c.MaxBuffered = 4 * c.BatchMaxRecords
+		c.MaxBuffered = max(c.BatchMaxRecords, minBuffered)
 	}
 	if c.RetryBase <= 0 {
 		c.RetryBase = 100 * time.Millisecond

@@ -16,6 +16,7 @@ import (
 	"github.com/peterbourgon/ff/v3/ffcli"
 
 	"github.com/projector-dev/projector/internal/bench"
+	"github.com/projector-dev/projector/partition"
 	"github.com/projector-dev/projector/sinks/postgres"
 )
 
@@ -72,7 +73,7 @@ func benchCommand(stdout, stderr io.Writer) *ffcli.Command {
 			fs.DurationVar(&f.timeLimit, "time-limit", 15*time.Second, "the naive and watermill consumers stop after this and are measured on the prefix they committed")
 			fs.DurationVar(&f.freshFor, "fresh-for", 10*time.Second, "how long the freshness run produces")
 			fs.Float64Var(&f.freshLoad, "fresh-load", 0.25, "the freshness run's arrival rate, as a fraction of the fold engine's measured events/s")
-			fs.IntVar(&f.batchMaxRecords, "batch-max-records", 1000, "engine: most records in one batch transaction (as projector run)")
+			fs.IntVar(&f.batchMaxRecords, "batch-max-records", partition.DefaultBatchMaxRecords, "engine: most records in one batch transaction (as projector run)")
 			fs.IntVar(&f.stateCacheRows, "state-cache-rows", postgres.DefaultStateCacheRows, "engine: aggregates whose rows are kept in memory; 0 disables (as projector run)")
 			f.stateCacheBytes = postgres.DefaultStateCacheBytes
 			fs.Var(&f.stateCacheBytes, "state-cache-bytes", "engine: memory for those rows, whichever bound comes first; 0 disables (as projector run)")

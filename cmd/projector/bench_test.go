@@ -37,7 +37,7 @@ func TestBenchSmoke(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 	defer cancel()
 	var stdout, stderr bytes.Buffer
-	err := Main(ctx, []string{"bench", "--events", "20000", "--aggregates", "2000",
+	err := Main(ctx, []string{"bench", "--events", "20000", "--aggregates", "2000", "--batch-max-records", "1000",
 		"--database-url", testenv.DatabaseURL(), "--time-limit", "4s", "--fresh-for", "2s"}, &stdout, &stderr)
 	out := stdout.String()
 	if err != nil {
@@ -67,7 +67,7 @@ func TestBenchSmoke(t *testing.T) {
 		t.Errorf("a check failed:\n%s", out)
 	}
 	// Each partition's ~1,700 events take at least two batches of at most
-	// 1,000, and nearly every aggregate has events in both: its row is
+	// 1,000 (as asked above), and nearly every aggregate has events in both: its row is
 	// written once per batch, not once per event.
 	var aggregates, writes int
 	if _, err := fmt.Sscanf(strings.ReplaceAll(after(out, "(uniform, "), ",", ""), "%d", &aggregates); err != nil {

@@ -89,7 +89,7 @@ func (f *runFlags) register(fs *flag.FlagSet) {
 	f.common.register(fs, "brokers", "registry-url", "database-url", "identity", "config", "log")
 	fs.StringVar(&f.httpAddr, "http-addr", ":8080", "address of /metrics, /livez, /readyz (PROJECTOR_HTTP_ADDR); empty disables")
 	fs.StringVar(&f.startFrom, "start-from", projector.StartEarliest, "where a partition without a stored offset starts: earliest or latest (PROJECTOR_START_FROM)")
-	fs.IntVar(&f.batchMaxRecords, "batch-max-records", 1000, "most records in one batch transaction (PROJECTOR_BATCH_MAX_RECORDS)")
+	fs.IntVar(&f.batchMaxRecords, "batch-max-records", partition.DefaultBatchMaxRecords, "most records in one batch transaction (PROJECTOR_BATCH_MAX_RECORDS)")
 	fs.DurationVar(&f.batchMaxWait, "batch-max-wait", 50*time.Millisecond, "longest a batch waits for more records after its first (PROJECTOR_BATCH_MAX_WAIT)")
 	fs.IntVar(&f.stateCacheRows, "state-cache-rows", postgres.DefaultStateCacheRows, "aggregates per projection whose rows are kept in memory, so a batch reads only the others from Postgres; 0 disables (PROJECTOR_STATE_CACHE_ROWS)")
 	f.stateCacheBytes = postgres.DefaultStateCacheBytes

@@ -26,6 +26,7 @@ import (
 	"github.com/twmb/franz-go/pkg/sr/srfake"
 
 	"github.com/projector-dev/projector/internal/demo"
+	"github.com/projector-dev/projector/partition"
 )
 
 // Config is one `projector bench` invocation.
@@ -365,7 +366,7 @@ func (c *Config) defaults() error {
 		c.FreshLoad = 0.25
 	}
 	if c.BatchMaxRecords <= 0 {
-		c.BatchMaxRecords = 1000
+		c.BatchMaxRecords = partition.DefaultBatchMaxRecords
 	}
 	if c.BatchMaxWait <= 0 {
 		c.BatchMaxWait = 50 * time.Millisecond
