@@ -142,12 +142,15 @@ type Worker struct {
 
 	mu      sync.Mutex
 	queue   []*kgo.Record
-	paused  bool
+	paused  bool // the buffer is full
 	stopped bool
-	oldest  time.Time // timestamp of the oldest record not yet committed
-	wake    chan struct{}
-	stop    chan struct{}
-	stopOne sync.Once
+	// fetchPaused is what the worker last asked of the fetcher; it only
+	// changes in syncFetch, with mu held.
+	fetchPaused bool
+	oldest      time.Time // timestamp of the oldest record not yet committed
+	wake        chan struct{}
+	stop        chan struct{}
+	stopOne     sync.Once
 
 	next         atomic.Int64 // stored next offset, after the last commit
 	hwm          atomic.Int64 // high watermark last seen in a fetch
@@ -198,14 +201,11 @@ func (w *Worker) Push(recs []*kgo.Record, highWatermark int64) {
 		w.oldest = recs[0].Timestamp
 	}
 	w.queue = append(w.queue, recs...)
-	pause := !w.paused && len(w.queue) >= w.cfg.MaxBuffered
-	if pause {
+	if len(w.queue) >= w.cfg.MaxBuffered {
 		w.paused = true
+		w.syncFetch()
 	}
 	w.mu.Unlock()
-	if pause {
-		w.fetcher.PauseFetchPartitions(map[string][]int32{w.claim.Topic: {w.claim.Partition}})
-	}
 	select {
 	case w.wake <- struct{}{}:
 	default:
@@ -376,12 +376,30 @@ func (w *Worker) nextBatch(ctx context.Context, repairs <-chan repaired) (job, b
 	w.queue = w.queue[:rest]
 	if w.paused && len(w.queue) < w.cfg.MaxBuffered/2 {
 		w.paused = false
-		if w.backoffSince.Load() != 0 {
-			return job{recs: batch}, true // stays paused until the backoff ends
-		}
-		w.fetcher.ResumeFetchPartitions(map[string][]int32{w.claim.Topic: {w.claim.Partition}})
+		w.syncFetch()
 	}
 	return job{recs: batch}, true
+}
+
+// syncFetch pauses or resumes fetching of the partition so that it is
+// paused exactly while the buffer is full or the worker backs off, and
+// not once the worker has stopped (the engine resumes a stopped worker's
+// partition). Call with mu held: the fetcher's state changes in the order
+// the worker's does. Otherwise a pause could overtake the resume that
+// followed it (the buffer filled by one goroutine and emptied by another in
+// between), and the partition would stay paused for good.
+func (w *Worker) syncFetch() {
+	want := (w.paused || w.backoffSince.Load() != 0) && !w.stopped
+	if want == w.fetchPaused {
+		return
+	}
+	w.fetchPaused = want
+	tp := map[string][]int32{w.claim.Topic: {w.claim.Partition}}
+	if want {
+		w.fetcher.PauseFetchPartitions(tp)
+	} else {
+		w.fetcher.ResumeFetchPartitions(tp)
+	}
 }
 
 // job is the worker's next piece of work: a batch of records, a repair
@@ -463,7 +481,9 @@ func (w *Worker) retry(ctx context.Context, what string, fn func() error) error 
 // paused so that nothing piles up meanwhile. done ends the run of attempts.
 func (w *Worker) backoff(ctx context.Context, attempt int, what string, cause error) error {
 	if w.backoffSince.CompareAndSwap(0, time.Now().UnixNano()) {
-		w.fetcher.PauseFetchPartitions(map[string][]int32{w.claim.Topic: {w.claim.Partition}})
+		w.mu.Lock()
+		w.syncFetch()
+		w.mu.Unlock()
 		w.metrics.backoff.WithLabelValues(w.group, w.claim.Topic, strconv.Itoa(int(w.claim.Partition))).Set(1)
 	}
 	limit := w.cfg.RetryCap
@@ -493,9 +513,6 @@ func (w *Worker) done() {
 	}
 	w.metrics.backoff.WithLabelValues(w.group, w.claim.Topic, strconv.Itoa(int(w.claim.Partition))).Set(0)
 	w.mu.Lock()
-	full := w.paused
+	w.syncFetch()
 	w.mu.Unlock()
-	if !full {
-		w.fetcher.ResumeFetchPartitions(map[string][]int32{w.claim.Topic: {w.claim.Partition}})
-	}
 }

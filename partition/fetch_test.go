@@ -1,0 +1,99 @@
+package partition
+
+import (
+	"context"
+	"log/slog"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/twmb/franz-go/pkg/kgo"
+)
+
+// slowFetcher is a fetcher whose pause takes effect only when the test
+// releases it, like a client busy with a fetch response.
+type slowFetcher struct {
+	entered, release chan struct{}
+
+	mu     sync.Mutex
+	paused bool
+}
+
+func (f *slowFetcher) PauseFetchPartitions(map[string][]int32) map[string][]int32 {
+	f.entered <- struct{}{}
+	<-f.release
+	f.mu.Lock()
+	f.paused = true
+	f.mu.Unlock()
+	return nil
+}
+
+func (f *slowFetcher) ResumeFetchPartitions(map[string][]int32) {
+	f.mu.Lock()
+	f.paused = false
+	f.mu.Unlock()
+}
+
+func (f *slowFetcher) isPaused() bool {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return f.paused
+}
+
+// A worker whose buffer fills (fetching paused) and is emptied by its next
+// batch at the same moment must leave fetching resumed: a pause that
+// overtook the resume once left a partition paused for good, its worker
+// idle with an empty buffer while its lag stood still.
+func TestFetchingResumesWhenABatchEmptiesTheBufferDuringAPause(t *testing.T) {
+	f := &slowFetcher{entered: make(chan struct{}), release: make(chan struct{})}
+	cfg := Config{BatchMaxRecords: 4, MaxBuffered: 4, BatchMaxWait: time.Millisecond}
+	w := NewWorker(cfg, "g", Claim{TP: TP{Topic: "t", Partition: 0}}, nil, nil, nil, nil, f,
+		slog.New(slog.DiscardHandler), NewMetrics(prometheus.NewRegistry()))
+
+	recs := make([]*kgo.Record, 4)
+	for i := range recs {
+		recs[i] = &kgo.Record{Topic: "t", Offset: int64(i), Timestamp: time.Now()}
+	}
+	pushed := make(chan struct{})
+	go func() {
+		defer close(pushed)
+		w.Push(recs, 4) // fills the buffer: pauses, slowly
+	}()
+	<-f.entered
+
+	// The batch takes the whole buffer while the pause is under way. Give
+	// it the chance to finish first (it cannot when pausing and resuming
+	// are ordered), then let the pause complete.
+	got := make(chan job, 1)
+	go func() {
+		j, _ := w.nextBatch(context.Background(), nil)
+		got <- j
+	}()
+	var j job
+	select {
+	case j = <-got:
+	case <-time.After(200 * time.Millisecond):
+	}
+	close(f.release)
+	<-pushed
+	if j.recs == nil {
+		j = <-got
+	}
+	if len(j.recs) != 4 {
+		t.Fatalf("batch of %d records, want the 4 buffered", len(j.recs))
+	}
+	if f.isPaused() {
+		t.Fatal("fetching is paused with an empty buffer: the partition would never be fetched again")
+	}
+
+	// The next fill pauses fetching again (the release stays open).
+	go w.Push(recs, 8)
+	<-f.entered
+	for deadline := time.Now().Add(5 * time.Second); !f.isPaused(); {
+		if time.Now().After(deadline) {
+			t.Fatal("a full buffer did not pause fetching")
+		}
+		time.Sleep(time.Millisecond)
+	}
+}
