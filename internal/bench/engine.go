@@ -173,6 +173,10 @@ func runEngine(ctx context.Context, e *runEnv) error {
 		endC   = e.endOffsets()
 		doneAt time.Time
 		poll   = time.NewTicker(250 * time.Millisecond)
+		// A run whose stored offsets stop moving fails rather than
+		// hangs: a stalled partition is a bug the benchmark must report.
+		committed    int64 = -1
+		lastProgress       = time.Now()
 	)
 	defer poll.Stop()
 	for doneAt.IsZero() {
@@ -182,7 +186,14 @@ func runEngine(ctx context.Context, e *runEnv) error {
 		case <-tr.notify:
 		case <-poll.C:
 			if end != nil {
-				if _, ok, err := demo.Committed(ctx, pool, spec.Identity, spec.Topic, end); err == nil && ok {
+				sum, ok, err := demo.Committed(ctx, pool, spec.Identity, spec.Topic, end)
+				if err == nil && sum != committed {
+					committed, lastProgress = sum, time.Now()
+				}
+				if since := time.Since(lastProgress); !ok && since > stallAfter {
+					return fmt.Errorf("engine stalled: %d of %d events committed, none for %s", max(committed, 0), total(end), since.Round(time.Second))
+				}
+				if err == nil && ok {
 					if ok, at := tr.reached(end); ok {
 						doneAt = at
 					} else {
@@ -218,6 +229,18 @@ func runEngine(ctx context.Context, e *runEnv) error {
 	res.Committed = end
 	e.report(ctx, res)
 	return nil
+}
+
+// stallAfter is how long an engine run may commit nothing before it fails.
+const stallAfter = 60 * time.Second
+
+// total is the number of events before the end offsets.
+func total(end map[int32]int64) int64 {
+	var n int64
+	for _, o := range end {
+		n += o
+	}
+	return n
 }
 
 // fetchCounter counts the records the Kafka client decoded from fetch
