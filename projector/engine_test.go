@@ -289,3 +289,23 @@ func TestAbortedTransactionsNeverApply(t *testing.T) {
 	run(t, b.engine(t, "txn", projector.Config{}))
 	b.verify(t, "txn")
 }
+
+// TestTinyBuffersNeverStall runs workers whose buffer holds one batch of
+// five records, fetching a few records at a time: fetching of every
+// partition pauses after nearly every fetch and resumes as batches drain
+// the buffer (data fetched while paused is dropped and fetched again), and
+// the stream must still be consumed to its end and equal the reference
+// fold. The ordering of a pause against its resume is tested in package
+// partition, where it can be forced.
+func TestTinyBuffersNeverStall(t *testing.T) {
+	opts := demo.DefaultOptions()
+	opts.Aggregates = 500
+	b := setup(t, opts, 6)
+	e := b.engine(t, "tiny", projector.Config{
+		Partition:  partition.Config{BatchMaxRecords: 5, MaxBuffered: 5, BatchMaxWait: time.Millisecond},
+		ClientOpts: []kgo.Opt{kgo.FetchMaxPartitionBytes(1024)},
+	})
+	stop := run(t, e)
+	b.verify(t, "tiny")
+	stop()
+}
