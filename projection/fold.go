@@ -125,13 +125,21 @@ func compileFold(p *Projection, defs map[string]EventDef) (*declFold, error) {
 		}
 		ops[typ] = eo
 	}
-	return &declFold{cols: p.Columns, ops: ops}, nil
+	blank := make(Row, len(p.Columns))
+	for _, c := range p.Columns {
+		blank[c.Name] = c.Default // the key's is overwritten
+	}
+	return &declFold{cols: p.Columns, ops: ops, blank: blank}, nil
 }
 
 // declFold is the fold a fold-mode projection declares.
 type declFold struct {
 	cols []Column
 	ops  map[string]eventOps
+	// blank is a new aggregate's row before its first event: every
+	// column at its default. Cloning it copies the map's storage in one
+	// piece, where setting each column hashes its name.
+	blank Row
 }
 
 // declFoldCode identifies declFold.fold method values (see FoldOwned).
@@ -228,10 +236,7 @@ func (d *declFold) apply(state Row, ev Event, owned bool) (Row, error) {
 	var row Row
 	switch {
 	case state == nil:
-		row = make(Row, len(d.cols))
-		for _, c := range d.cols[1:] {
-			row[c.Name] = c.Default
-		}
+		row = maps.Clone(d.blank)
 	case owned:
 		row = state
 	default:

@@ -1,0 +1,28 @@
+package projection_test
+
+import (
+	"testing"
+	"time"
+
+	"github.com/projector-dev/projector/internal/demo"
+	"github.com/projector-dev/projector/projection"
+)
+
+// BenchmarkFoldNewAggregate folds an aggregate's first event, as a batch
+// does for every aggregate it has not seen (most of them on a stream with
+// many more aggregates than events per batch).
+func BenchmarkFoldNewAggregate(b *testing.B) {
+	ps, err := projection.Parse(demo.Projections, ".")
+	if err != nil {
+		b.Fatal(err)
+	}
+	p := ps[0]
+	ev := projection.Event{Key: "acc-0000001", Version: 1, Type: "AccountOpened",
+		Fields: map[string]any{"owner": "ann", "occurred_at": time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)}}
+	b.ReportAllocs()
+	for b.Loop() {
+		if _, err := p.FoldOwned(nil, ev); err != nil {
+			b.Fatal(err)
+		}
+	}
+}
