@@ -67,8 +67,8 @@ func TestBenchSmoke(t *testing.T) {
 		t.Errorf("a check failed:\n%s", out)
 	}
 	// Each partition's ~1,700 events take at least two batches of at most
-	// 1,000 (as asked above), and nearly every aggregate has events in both: its row is
-	// written once per batch, not once per event.
+	// 1,000 (as asked above), and nearly every aggregate has events in
+	// both: its row is written once per batch, not once per event.
 	var aggregates, writes int
 	if _, err := fmt.Sscanf(strings.ReplaceAll(after(out, "(uniform, "), ",", ""), "%d", &aggregates); err != nil {
 		t.Errorf("no aggregate count in %q: %v", lineWith(out, "projector bench:"), err)

@@ -220,9 +220,7 @@ func runEngine(ctx context.Context, e *runEnv) error {
 	if err := <-ran; err != nil && !errors.Is(err, context.Canceled) {
 		return fmt.Errorf("engine: %w", err)
 	}
-	for _, o := range end {
-		res.Events += o
-	}
+	res.Events = total(end)
 	rows, phases, commits := tr.result()
 	res.RowWrites, res.Phases, res.Commits = rows, &phases, commits
 	res.Fetched = fetched.records.Load()
