@@ -97,3 +97,14 @@ func TestFetchingResumesWhenABatchEmptiesTheBufferDuringAPause(t *testing.T) {
 		time.Sleep(time.Millisecond)
 	}
 }
+
+// A new worker resumes fetching of its partition, whatever an earlier
+// worker of it left: the fetch state outlives the worker that set it.
+func TestNewWorkerResumesFetching(t *testing.T) {
+	f := &slowFetcher{paused: true}
+	NewWorker(Config{}, "g", Claim{TP: TP{Topic: "t", Partition: 0}}, nil, nil, nil, nil, f,
+		slog.New(slog.DiscardHandler), NewMetrics(prometheus.NewRegistry()))
+	if f.isPaused() {
+		t.Fatal("the partition's fetching stays paused under its new worker: it would never be fetched")
+	}
+}

@@ -176,6 +176,11 @@ func NewWorker(cfg Config, group string, claim Claim, p *projection.Projection, 
 	}
 	w.next.Store(claim.NextOffset)
 	w.hwm.Store(-1)
+	// An earlier worker of the partition may have left its fetching
+	// paused (one replaced before it was removed, or one that stopped on
+	// an error): the new worker starts with it resumed.
+	w.fetchPaused = true
+	w.syncFetch()
 	return w
 }
 
