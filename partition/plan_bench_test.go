@@ -75,9 +75,15 @@ func newBenchBatch(b *testing.B) *benchBatch {
 	}
 	log := slog.New(slog.NewTextHandler(io.Discard, nil))
 	dec := schemas.NewDecoder(cl, enc.ReaderSchema())
-	bb.w = NewWorker(Config{}, "bench", Claim{TP: TP{Topic: demo.Topic}}, p, nil, dec, nil, nil, log, nil)
+	bb.w = NewWorker(Config{}, "bench", Claim{TP: TP{Topic: demo.Topic}}, p, nil, dec, nil, idleFetcher{}, log, nil)
 	return bb
 }
+
+// idleFetcher is a Fetcher for a worker that is never fed by a client.
+type idleFetcher struct{}
+
+func (idleFetcher) PauseFetchPartitions(map[string][]int32) map[string][]int32 { return nil }
+func (idleFetcher) ResumeFetchPartitions(map[string][]int32)                   {}
 
 func (bb *benchBatch) items(b *testing.B) []*item {
 	items := make([]*item, len(bb.recs))
