@@ -517,6 +517,7 @@ func (w *Worker) plan(ctx context.Context, items []*item, st State, rejected map
 		}
 	}
 
+	ch.Upserts = make([]RowWrite, 0, len(aggs)) // at most one per aggregate
 	for key, a := range aggs {
 		if a.dirty {
 			if a.deleted {
