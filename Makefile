@@ -19,8 +19,9 @@ demo: ## Run the demo: embedded broker and registry, real Postgres, verified sum
 	$(GO) run ./cmd/projector demo
 
 .PHONY: test
-test: ## Run the whole test suite with the race detector.
+test: ## Run the whole test suite with the race detector, and every Go microbenchmark once.
 	$(GO) test -race -count=1 -timeout 15m ./...
+	$(GO) test -run '^$$' -bench . -benchtime 1x ./...
 
 .PHONY: bench
 bench: ## projector bench: engine vs COPY limit and hand-written consumers (BENCH_FLAGS="--runs 3"); BENCH=go: the Go microbenchmarks.
