@@ -108,3 +108,54 @@ func TestNewWorkerResumesFetching(t *testing.T) {
 		t.Fatal("the partition's fetching stays paused under its new worker: it would never be fetched")
 	}
 }
+
+// countingFetcher counts pauses and resumes.
+type countingFetcher struct{ paused, resumed int }
+
+func (f *countingFetcher) PauseFetchPartitions(map[string][]int32) map[string][]int32 {
+	f.paused++
+	return nil
+}
+func (f *countingFetcher) ResumeFetchPartitions(map[string][]int32) { f.resumed++ }
+
+// A worker's share of a member-wide bound lowers its batch size and its
+// buffer, as the share changes.
+func TestShareBoundsBatchAndBuffer(t *testing.T) {
+	share := 3
+	f := &countingFetcher{}
+	cfg := Config{BatchMaxRecords: 100, MaxBuffered: 100, BatchMaxWait: time.Millisecond, Share: func() int { return share }}
+	w := NewWorker(cfg, "g", Claim{TP: TP{Topic: "t", Partition: 0}}, nil, nil, nil, nil, f,
+		slog.New(slog.DiscardHandler), NewMetrics(prometheus.NewRegistry()))
+	recs := func(n int) []*kgo.Record {
+		out := make([]*kgo.Record, n)
+		for i := range out {
+			out[i] = &kgo.Record{Topic: "t", Offset: int64(i), Timestamp: time.Now()}
+		}
+		return out
+	}
+	w.Push(recs(2), -1)
+	if f.paused != 0 {
+		t.Fatalf("paused with 2 records buffered, share 3")
+	}
+	w.Push(recs(2), -1)
+	if f.paused != 1 {
+		t.Fatalf("%d pauses with 4 records buffered, share 3: want 1", f.paused)
+	}
+	resumed := f.resumed // the new worker's own resume
+	j, _ := w.nextBatch(context.Background(), nil)
+	if len(j.recs) != 3 {
+		t.Fatalf("batch of %d records, want the share's 3", len(j.recs))
+	}
+	if f.resumed != resumed {
+		t.Fatal("fetching resumed with 1 record buffered: not below half of the share's 3")
+	}
+	if j, _ = w.nextBatch(context.Background(), nil); len(j.recs) != 1 || f.resumed != resumed+1 {
+		t.Fatalf("batch of %d records, %d resumes: want the last record and fetching resumed", len(j.recs), f.resumed-resumed)
+	}
+	share = 50 // fewer partitions now: the whole bound applies
+	w.Push(recs(60), -1)
+	j, _ = w.nextBatch(context.Background(), nil)
+	if len(j.recs) != 50 {
+		t.Fatalf("batch of %d records with a share of 50, want 50", len(j.recs))
+	}
+}

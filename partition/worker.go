@@ -56,6 +56,11 @@ type Config struct {
 	// pauses fetching of its partition (default BatchMaxRecords, at least
 	// minBuffered). It resumes below half of it.
 	MaxBuffered int
+	// Share, when set, lowers BatchMaxRecords and MaxBuffered each to
+	// what it returns, read at every fetch and batch: an engine divides
+	// a member-wide bound among the partitions it owns, so that memory
+	// does not grow with their number.
+	Share func() int
 	// RetryBase and RetryCap bound the exponential backoff with full jitter
 	// between attempts of a batch that failed for a transient reason
 	// (defaults 100ms and 30s).
@@ -206,7 +211,7 @@ func (w *Worker) Push(recs []*kgo.Record, highWatermark int64) {
 		w.oldest = recs[0].Timestamp
 	}
 	w.queue = append(w.queue, recs...)
-	if len(w.queue) >= w.cfg.MaxBuffered {
+	if _, buffered := w.limits(); len(w.queue) >= buffered {
 		w.paused = true
 		w.syncFetch()
 	}
@@ -336,7 +341,8 @@ func (w *Worker) Run(ctx context.Context) error {
 // errStopped ends a backoff when the worker is asked to stop.
 var errStopped = errors.New("worker stopped")
 
-// nextBatch waits for records and gathers up to BatchMaxRecords of them,
+// nextBatch waits for records and gathers up to BatchMaxRecords of them
+// (or the worker's share),
 // waiting at most BatchMaxWait after the first. ok is false when the worker
 // must stop.
 func (w *Worker) nextBatch(ctx context.Context, repairs <-chan repaired) (job, bool) {
@@ -345,7 +351,7 @@ func (w *Worker) nextBatch(ctx context.Context, repairs <-chan repaired) (job, b
 		w.mu.Lock()
 		n := len(w.queue)
 		w.mu.Unlock()
-		if n >= w.cfg.BatchMaxRecords {
+		if batchMax, _ := w.limits(); n >= batchMax {
 			break
 		}
 		var skips <-chan skipRequest
@@ -373,17 +379,29 @@ func (w *Worker) nextBatch(ctx context.Context, repairs <-chan repaired) (job, b
 	}
 	w.mu.Lock()
 	defer w.mu.Unlock()
-	n := min(len(w.queue), w.cfg.BatchMaxRecords)
+	batchMax, buffered := w.limits()
+	n := min(len(w.queue), batchMax)
 	batch := make([]*kgo.Record, n)
 	copy(batch, w.queue)
 	rest := copy(w.queue, w.queue[n:])
 	clear(w.queue[rest:])
 	w.queue = w.queue[:rest]
-	if w.paused && len(w.queue) < w.cfg.MaxBuffered/2 {
+	if w.paused && len(w.queue) < buffered/2 {
 		w.paused = false
 		w.syncFetch()
 	}
 	return job{recs: batch}, true
+}
+
+// limits returns the most records of one batch and the buffer's bound in
+// effect (see Config.Share).
+func (w *Worker) limits() (batchMax, buffered int) {
+	batchMax, buffered = w.cfg.BatchMaxRecords, w.cfg.MaxBuffered
+	if w.cfg.Share != nil {
+		share := max(w.cfg.Share(), 1)
+		batchMax, buffered = min(batchMax, share), min(buffered, share)
+	}
+	return batchMax, buffered
 }
 
 // syncFetch pauses or resumes fetching of the partition so that it is

@@ -10,6 +10,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -33,6 +34,14 @@ const (
 	OffsetLostHalt = "halt"
 	OffsetLostSkip = "skip"
 )
+
+// DefaultMemberMaxRecords is the most records a member holds unless told
+// otherwise (see Config.MemberMaxRecords): full batches of 5000 and as
+// many buffered for up to 12 partitions, about 100 MB of live heap with
+// 200-byte events (a decoded event in a batch takes about 1 KB, a
+// buffered record about 0.5 KB). A member with 48 partitions batches 1250
+// records each instead of growing to four times that.
+const DefaultMemberMaxRecords = 120_000
 
 // Start positions for partitions without a stored offset.
 const (
@@ -63,6 +72,13 @@ type Config struct {
 	// (the batch is retried from Postgres) only when its version moved or
 	// it was deleted.
 	StateCacheRows int
+	// MemberMaxRecords bounds the records this member holds across the
+	// partitions it owns, fetched and waiting or in a batch being
+	// applied: each partition's worker gets an equal share for its batch
+	// and as much for its buffer, so that memory does not grow with the
+	// number of partitions (0: DefaultMemberMaxRecords; negative: no
+	// bound beyond each worker's BatchMaxRecords and MaxBuffered).
+	MemberMaxRecords int
 	// StateCacheBytes bounds the same cache by memory, whichever bound it
 	// reaches first (0: postgres.DefaultStateCacheBytes; negative: no
 	// cache). It counts each aggregate's key and encoded row and a fixed
@@ -186,6 +202,7 @@ type Engine struct {
 
 	mu      sync.Mutex
 	workers map[partition.TP]*running
+	owned   atomic.Int64 // len(workers), for the workers' shares
 }
 
 type running struct {
@@ -456,7 +473,15 @@ func (e *Engine) start(c partition.Claim) {
 		old.cancel()
 	}
 	p := e.byTopic[c.Topic]
-	w := partition.NewWorker(e.cfg.Partition, e.cfg.Identity, c, p, e.sinks[c.Topic], e.decoders[c.Topic], e.repairers[c.Topic], e.cl, e.log, e.metrics)
+	pcfg := e.cfg.Partition
+	if budget := e.cfg.MemberMaxRecords; budget >= 0 {
+		if budget == 0 {
+			budget = DefaultMemberMaxRecords
+		}
+		// Half for the batches being applied, half for the buffers.
+		pcfg.Share = func() int { return budget / 2 / int(max(e.owned.Load(), 1)) }
+	}
+	w := partition.NewWorker(pcfg, e.cfg.Identity, c, p, e.sinks[c.Topic], e.decoders[c.Topic], e.repairers[c.Topic], e.cl, e.log, e.metrics)
 	parent := e.runCtx
 	if parent == nil {
 		parent = context.Background()
@@ -464,6 +489,7 @@ func (e *Engine) start(c partition.Claim) {
 	ctx, cancel := context.WithCancel(parent)
 	r := &running{w: w, cancel: cancel, done: make(chan struct{})}
 	e.workers[c.TP] = r
+	e.owned.Store(int64(len(e.workers)))
 	e.wg.Add(1)
 	go func() {
 		defer e.wg.Done()
@@ -475,6 +501,7 @@ func (e *Engine) start(c partition.Claim) {
 			e.mu.Lock()
 			if e.workers[c.TP] == r {
 				delete(e.workers, c.TP)
+				e.owned.Store(int64(len(e.workers)))
 			}
 			e.mu.Unlock()
 			e.cl.PauseFetchPartitions(map[string][]int32{c.Topic: {c.Partition}})
@@ -492,6 +519,7 @@ func (e *Engine) stop(tps map[string][]int32) {
 			tp := partition.TP{Topic: t, Partition: p}
 			if r := e.workers[tp]; r != nil {
 				delete(e.workers, tp)
+				e.owned.Store(int64(len(e.workers)))
 				r.w.Stop()
 				stopping = append(stopping, r)
 			}
@@ -514,6 +542,7 @@ func (e *Engine) stopAll() {
 	stopping := make([]*running, 0, len(e.workers))
 	for tp, r := range e.workers {
 		delete(e.workers, tp)
+		e.owned.Store(int64(len(e.workers)))
 		r.w.Stop()
 		stopping = append(stopping, r)
 	}

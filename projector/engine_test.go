@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/prometheus/client_golang/prometheus"
 	"github.com/twmb/franz-go/pkg/kadm"
 	"github.com/twmb/franz-go/pkg/kfake"
 	"github.com/twmb/franz-go/pkg/kgo"
@@ -308,4 +309,25 @@ func TestTinyBuffersNeverStall(t *testing.T) {
 	stop := run(t, e)
 	b.verify(t, "tiny")
 	stop()
+}
+
+// TestMemberBudgetSharedAmongPartitions bounds the records a member holds
+// to 240 over 12 partitions: every worker batches and buffers at most 10
+// records instead of its default 5000, and the stream still ends equal to
+// the reference fold.
+func TestMemberBudgetSharedAmongPartitions(t *testing.T) {
+	opts := demo.DefaultOptions()
+	opts.Aggregates = 300
+	b := setup(t, opts, 12)
+	reg := prometheus.NewRegistry()
+	e := b.engine(t, "budget", projector.Config{MemberMaxRecords: 240, Registerer: reg})
+	stop := run(t, e)
+	b.verify(t, "budget")
+	stop()
+	// Batches of 10 take hundreds of commits; unbounded, a partition's few
+	// hundred records take one or two.
+	batches := counter(t, reg, "projector_batch_commit_duration_seconds")
+	if min := float64(len(b.records)) / 20; batches < min {
+		t.Errorf("%.0f batches for %d records: want at least %.0f, batches of at most 10", batches, len(b.records), min)
+	}
 }

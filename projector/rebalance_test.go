@@ -117,7 +117,8 @@ func TestFencedOwnerStops(t *testing.T) {
 	b.verify(t, "fence")
 }
 
-// counter sums every sample of a counter or gauge family.
+// counter sums every sample of a counter or gauge family, or counts the
+// observations of a histogram family.
 func counter(t *testing.T, g prometheus.Gatherer, name string) float64 {
 	t.Helper()
 	mfs, err := g.Gather()
@@ -128,7 +129,7 @@ func counter(t *testing.T, g prometheus.Gatherer, name string) float64 {
 	for _, mf := range mfs {
 		if mf.GetName() == name {
 			for _, m := range mf.GetMetric() {
-				sum += m.GetCounter().GetValue() + m.GetGauge().GetValue()
+				sum += m.GetCounter().GetValue() + m.GetGauge().GetValue() + float64(m.GetHistogram().GetSampleCount())
 			}
 		}
 	}

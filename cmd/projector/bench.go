@@ -17,6 +17,7 @@ import (
 
 	"github.com/projector-dev/projector/internal/bench"
 	"github.com/projector-dev/projector/partition"
+	"github.com/projector-dev/projector/projector"
 	"github.com/projector-dev/projector/sinks/postgres"
 )
 
@@ -35,6 +36,7 @@ type benchFlags struct {
 	freshFor        time.Duration
 	freshLoad       float64
 	batchMaxRecords int
+	memberMax       int
 	stateCacheRows  int
 	stateCacheBytes byteSize
 	batchMaxWait    time.Duration
@@ -74,6 +76,7 @@ func benchCommand(stdout, stderr io.Writer) *ffcli.Command {
 			fs.DurationVar(&f.freshFor, "fresh-for", 10*time.Second, "how long the freshness run produces")
 			fs.Float64Var(&f.freshLoad, "fresh-load", 0.25, "the freshness run's arrival rate, as a fraction of the fold engine's measured events/s")
 			fs.IntVar(&f.batchMaxRecords, "batch-max-records", partition.DefaultBatchMaxRecords, "engine: most records in one batch transaction (as projector run)")
+			fs.IntVar(&f.memberMax, "member-max-records", projector.DefaultMemberMaxRecords, "engine: records held across partitions, shared among them; 0: no bound (as projector run)")
 			fs.IntVar(&f.stateCacheRows, "state-cache-rows", postgres.DefaultStateCacheRows, "engine: aggregates whose rows are kept in memory; 0 disables (as projector run)")
 			f.stateCacheBytes = postgres.DefaultStateCacheBytes
 			fs.Var(&f.stateCacheBytes, "state-cache-bytes", "engine: memory for those rows, whichever bound comes first; 0 disables (as projector run)")
@@ -101,7 +104,8 @@ func runBench(ctx context.Context, f *benchFlags, stdout, stderr io.Writer) erro
 		Events: f.events, Partitions: f.partitions, Skew: f.skew, ValueBytes: f.valueBytes, Runs: f.runs,
 		DatabaseURL: f.databaseURL, TimeLimit: f.timeLimit, FreshFor: f.freshFor, FreshLoad: f.freshLoad,
 		BatchMaxRecords: f.batchMaxRecords, BatchMaxWait: f.batchMaxWait, CopyConns: f.copyConns,
-		StateCacheRows: cacheRows(f.stateCacheRows), StateCacheBytes: cacheBytes(f.stateCacheBytes),
+		MemberMaxRecords: offFlag(f.memberMax),
+		StateCacheRows:   offFlag(f.stateCacheRows), StateCacheBytes: cacheBytes(f.stateCacheBytes),
 		ProfileDir: f.profileDir, KeepSchemas: f.keepSchemas, LogLevel: f.logLevel,
 		Spawn: benchSpawn, Log: stderr, ChildStderr: stderr,
 	}

@@ -33,6 +33,7 @@ type runFlags struct {
 	startFrom       string
 	batchMaxRecords int
 	stateCacheRows  int
+	memberMax       int
 	stateCacheBytes byteSize
 	batchMaxWait    time.Duration
 	revokeTimeout   time.Duration
@@ -79,7 +80,7 @@ func runCommand(_, stderr io.Writer) *ffcli.Command {
 				return err
 			}
 			log.Info("projector running", "identity", f.identity, "config", f.config,
-				"batch_max_records", f.batchMaxRecords, "batch_max_wait", f.batchMaxWait,
+				"batch_max_records", f.batchMaxRecords, "batch_max_wait", f.batchMaxWait, "member_max_records", f.memberMax,
 				"state_cache_rows", f.stateCacheRows, "state_cache_bytes", f.stateCacheBytes.String())
 			return serve(ctx, log, f.httpAddr, metrics, e.Ready, e.Run)
 		})
@@ -90,6 +91,7 @@ func (f *runFlags) register(fs *flag.FlagSet) {
 	fs.StringVar(&f.httpAddr, "http-addr", ":8080", "address of /metrics, /livez, /readyz (PROJECTOR_HTTP_ADDR); empty disables")
 	fs.StringVar(&f.startFrom, "start-from", projector.StartEarliest, "where a partition without a stored offset starts: earliest or latest (PROJECTOR_START_FROM)")
 	fs.IntVar(&f.batchMaxRecords, "batch-max-records", partition.DefaultBatchMaxRecords, "most records in one batch transaction (PROJECTOR_BATCH_MAX_RECORDS)")
+	fs.IntVar(&f.memberMax, "member-max-records", projector.DefaultMemberMaxRecords, "records this member holds across its partitions, buffered or in a batch being applied: each partition's batch and buffer get an equal share of it, when that is less than --batch-max-records; 0: no bound (PROJECTOR_MEMBER_MAX_RECORDS)")
 	fs.DurationVar(&f.batchMaxWait, "batch-max-wait", 50*time.Millisecond, "longest a batch waits for more records after its first (PROJECTOR_BATCH_MAX_WAIT)")
 	fs.IntVar(&f.stateCacheRows, "state-cache-rows", postgres.DefaultStateCacheRows, "aggregates per projection whose rows are kept in memory, so a batch reads only the others from Postgres; 0 disables (PROJECTOR_STATE_CACHE_ROWS)")
 	f.stateCacheBytes = postgres.DefaultStateCacheBytes
@@ -112,6 +114,9 @@ func (f *runFlags) validate() error {
 	}
 	if f.stateCacheRows < 0 {
 		return fmt.Errorf("--state-cache-rows %d: must be 0 (off) or more", f.stateCacheRows)
+	}
+	if f.memberMax < 0 {
+		return fmt.Errorf("--member-max-records %d: must be 0 (no bound) or more", f.memberMax)
 	}
 	if f.batchMaxWait <= 0 {
 		return fmt.Errorf("--batch-max-wait %s: must be positive", f.batchMaxWait)
@@ -227,24 +232,26 @@ func startEngine(ctx context.Context, f *runFlags, log *slog.Logger, pool *pgxpo
 			RetryCap:        f.retryCap,
 			UnreadyAfter:    f.unreadyAfter,
 		},
-		StateCacheRows:  cacheRows(f.stateCacheRows),
-		StateCacheBytes: cacheBytes(f.stateCacheBytes),
-		DLQTopic:        f.dlqTopic,
-		OnOffsetLost:    f.onOffsetLost,
-		RevokeTimeout:   f.revokeTimeout,
-		SessionTimeout:  f.sessionTimeout,
-		InstanceID:      f.instanceID,
-		Logger:          log,
-		Registerer:      metrics,
+		MemberMaxRecords: offFlag(f.memberMax),
+		StateCacheRows:   offFlag(f.stateCacheRows),
+		StateCacheBytes:  cacheBytes(f.stateCacheBytes),
+		DLQTopic:         f.dlqTopic,
+		OnOffsetLost:     f.onOffsetLost,
+		RevokeTimeout:    f.revokeTimeout,
+		SessionTimeout:   f.sessionTimeout,
+		InstanceID:       f.instanceID,
+		Logger:           log,
+		Registerer:       metrics,
 	}, pool, func(p *projection.Projection) partition.Decoder {
 		// Only the fields the projection reads are decoded.
 		return schemas.NewDecoder(reg, schemas.Prune(readers[p.Name], p.ReadFields()))
 	})
 }
 
-// cacheRows maps the --state-cache-rows flag (0: off) to
-// projector.Config.StateCacheRows (0: the default, negative: off).
-func cacheRows(flag int) int {
+// offFlag maps a flag whose 0 turns its feature off (--state-cache-rows,
+// --member-max-records) to the projector.Config field, where 0 means the
+// default and a negative value off.
+func offFlag(flag int) int {
 	if flag == 0 {
 		return -1
 	}

@@ -134,11 +134,12 @@ func runEngine(ctx context.Context, e *runEnv) error {
 			BatchMaxWait:    spec.BatchMaxWait,
 			ClassifyDecode:  projector.ClassifyDecode,
 		},
-		StateCacheRows:  spec.StateCacheRows,
-		StateCacheBytes: spec.StateCacheBytes,
-		Logger:          e.log,
-		Registerer:      prometheus.NewRegistry(),
-		ClientOpts:      []kgo.Opt{kgo.WithHooks(&fetched)},
+		MemberMaxRecords: spec.MemberMaxRecords,
+		StateCacheRows:   spec.StateCacheRows,
+		StateCacheBytes:  spec.StateCacheBytes,
+		Logger:           e.log,
+		Registerer:       prometheus.NewRegistry(),
+		ClientOpts:       []kgo.Opt{kgo.WithHooks(&fetched)},
 	}, pool, func(p *projection.Projection) partition.Decoder {
 		return schemas.NewDecoder(reg, schemas.Prune(reader, p.ReadFields())) // as projector run
 	})

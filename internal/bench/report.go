@@ -9,6 +9,7 @@ import (
 	"strings"
 	"text/tabwriter"
 
+	"github.com/projector-dev/projector/projector"
 	"github.com/projector-dev/projector/sinks/postgres"
 )
 
@@ -43,8 +44,9 @@ type Settings struct {
 	TimeLimitSeconds float64 `json:"naive_time_limit_seconds"`
 	BatchMaxRecords  int     `json:"batch_max_records"`
 	BatchMaxWaitMS   float64 `json:"batch_max_wait_ms"`
-	StateCacheRows   int     `json:"state_cache_rows"`  // 0: the default, negative: off
-	StateCacheBytes  int64   `json:"state_cache_bytes"` // 0: the default, negative: off
+	MemberMaxRecords int     `json:"member_max_records"` // 0: the default, negative: no bound
+	StateCacheRows   int     `json:"state_cache_rows"`   // 0: the default, negative: off
+	StateCacheBytes  int64   `json:"state_cache_bytes"`  // 0: the default, negative: off
 	CopyConns        int     `json:"copy_connections"`
 }
 
@@ -350,8 +352,15 @@ func (r *Report) Table(w io.Writer) error {
 	if rows < 0 || bytes < 0 {
 		cache = "off"
 	}
-	fmt.Fprintf(w, "engine: batch-max-records %d, batch-max-wait %.0fms, state cache %s, the pool as `projector run` opens it; limit: COPY over %d connection(s) into an append-only table.\n",
-		s.BatchMaxRecords, s.BatchMaxWaitMS, cache, s.CopyConns)
+	member := fmt.Sprint(s.MemberMaxRecords)
+	switch {
+	case s.MemberMaxRecords == 0:
+		member = fmt.Sprintf("%d (default)", projector.DefaultMemberMaxRecords)
+	case s.MemberMaxRecords < 0:
+		member = "off"
+	}
+	fmt.Fprintf(w, "engine: batch-max-records %d, batch-max-wait %.0fms, member-max-records %s, state cache %s, the pool as `projector run` opens it; limit: COPY over %d connection(s) into an append-only table.\n",
+		s.BatchMaxRecords, s.BatchMaxWaitMS, member, cache, s.CopyConns)
 	fmt.Fprintln(w, "cpu: the consumer's own process (each run is a child process; the embedded broker and registry are in the parent) and the Postgres backends serving its connections, within the measured window.")
 	if s.Runs > 1 {
 		var runs []string

@@ -57,6 +57,9 @@ type Config struct {
 	// engine's defaults, as `projector run` has them).
 	BatchMaxRecords int
 	BatchMaxWait    time.Duration
+	// MemberMaxRecords bounds the records the engine holds across its
+	// partitions (0: the default; negative: no bound).
+	MemberMaxRecords int
 	// StateCacheRows and StateCacheBytes bound the engine's state cache
 	// (0: the default, as `projector run` has it; negative: off).
 	StateCacheRows  int
@@ -167,7 +170,7 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 		Runs: cfg.Runs, CPUs: runtime.NumCPU(), GoVersion: runtime.Version(),
 		TimeLimitSeconds: cfg.TimeLimit.Seconds(), BatchMaxRecords: cfg.BatchMaxRecords, BatchMaxWaitMS: float64(cfg.BatchMaxWait) / 1e6,
 		StateCacheRows: cfg.StateCacheRows, StateCacheBytes: cfg.StateCacheBytes,
-		CopyConns: cfg.CopyConns,
+		MemberMaxRecords: cfg.MemberMaxRecords, CopyConns: cfg.CopyConns,
 	}}
 	_ = b.admin.QueryRow(ctx, `SELECT current_setting('server_version'), current_setting('fsync'), current_setting('synchronous_commit'), current_setting('shared_buffers')`).
 		Scan(&rep.Settings.Postgres, &rep.Settings.Fsync, &rep.Settings.SyncCommit, &rep.Settings.SharedBuffers)
@@ -474,8 +477,8 @@ func (b *bench) runThroughput(ctx context.Context, mode string, ds *dataset) (*S
 	spec := WorkerSpec{
 		Mode: mode, Topic: ds.topic, Partitions: b.cfg.Partitions, End: ds.end,
 		BatchMaxRecords: b.cfg.BatchMaxRecords, BatchMaxWait: b.cfg.BatchMaxWait, StateCacheRows: b.cfg.StateCacheRows,
-		StateCacheBytes: b.cfg.StateCacheBytes,
-		TimeLimit:       b.cfg.TimeLimit, Gen: ds.opts, ValueBytes: b.cfg.ValueBytes, CopyConns: b.cfg.CopyConns,
+		StateCacheBytes: b.cfg.StateCacheBytes, MemberMaxRecords: b.cfg.MemberMaxRecords,
+		TimeLimit: b.cfg.TimeLimit, Gen: ds.opts, ValueBytes: b.cfg.ValueBytes, CopyConns: b.cfg.CopyConns,
 	}
 	if b.cfg.ProfileDir != "" && (mode == ModeEngineFold || mode == ModeEngineSnapshot) {
 		spec.CPUProfile = filepath.Join(b.cfg.ProfileDir, mode+".pprof")

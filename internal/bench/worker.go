@@ -41,10 +41,11 @@ type WorkerSpec struct {
 	// otherwise the parent sends it later on stdin.
 	End map[int32]int64 `json:"end,omitempty"`
 
-	BatchMaxRecords int           `json:"batch_max_records"`
-	BatchMaxWait    time.Duration `json:"batch_max_wait"`
-	StateCacheRows  int           `json:"state_cache_rows"`
-	StateCacheBytes int64         `json:"state_cache_bytes"`
+	BatchMaxRecords  int           `json:"batch_max_records"`
+	BatchMaxWait     time.Duration `json:"batch_max_wait"`
+	StateCacheRows   int           `json:"state_cache_rows"`
+	StateCacheBytes  int64         `json:"state_cache_bytes"`
+	MemberMaxRecords int           `json:"member_max_records"`
 	// TimeLimit bounds naive and watermill runs: they stop after it and
 	// report the prefix they committed.
 	TimeLimit time.Duration `json:"time_limit"`
