@@ -77,7 +77,8 @@ type Config struct {
 	// applied: each partition's worker gets an equal share for its batch
 	// and as much for its buffer, so that memory does not grow with the
 	// number of partitions (0: DefaultMemberMaxRecords; negative: no
-	// bound beyond each worker's BatchMaxRecords and MaxBuffered).
+	// bound beyond each worker's BatchMaxRecords and MaxBuffered). The
+	// engine sets Partition.Share to apply it.
 	MemberMaxRecords int
 	// StateCacheBytes bounds the same cache by memory, whichever bound it
 	// reaches first (0: postgres.DefaultStateCacheBytes; negative: no
@@ -227,6 +228,13 @@ func New(cfg Config, pool *pgxpool.Pool, decoderOf Decoders) (*Engine, error) {
 		log:         cfg.Logger.With("group", cfg.Identity),
 		workers:     map[partition.TP]*running{},
 		clientReady: make(chan struct{}),
+	}
+	if budget := cfg.MemberMaxRecords; budget >= 0 {
+		if budget == 0 {
+			budget = DefaultMemberMaxRecords
+		}
+		// Half for the batches being applied, half for the buffers.
+		e.cfg.Partition.Share = func() int { return budget / 2 / int(max(e.owned.Load(), 1)) }
 	}
 	var topics []string
 	for _, p := range cfg.Projections {
@@ -473,15 +481,7 @@ func (e *Engine) start(c partition.Claim) {
 		old.cancel()
 	}
 	p := e.byTopic[c.Topic]
-	pcfg := e.cfg.Partition
-	if budget := e.cfg.MemberMaxRecords; budget >= 0 {
-		if budget == 0 {
-			budget = DefaultMemberMaxRecords
-		}
-		// Half for the batches being applied, half for the buffers.
-		pcfg.Share = func() int { return budget / 2 / int(max(e.owned.Load(), 1)) }
-	}
-	w := partition.NewWorker(pcfg, e.cfg.Identity, c, p, e.sinks[c.Topic], e.decoders[c.Topic], e.repairers[c.Topic], e.cl, e.log, e.metrics)
+	w := partition.NewWorker(e.cfg.Partition, e.cfg.Identity, c, p, e.sinks[c.Topic], e.decoders[c.Topic], e.repairers[c.Topic], e.cl, e.log, e.metrics)
 	parent := e.runCtx
 	if parent == nil {
 		parent = context.Background()
