@@ -6,6 +6,7 @@ import "github.com/prometheus/client_golang/prometheus"
 type Metrics struct {
 	processed      *prometheus.CounterVec
 	commitDuration prometheus.Histogram
+	batchRecords   prometheus.Histogram
 	fenced         prometheus.Counter
 	retries        *prometheus.CounterVec
 	backoff        *prometheus.GaugeVec
@@ -25,6 +26,11 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 			Name:    "projector_batch_commit_duration_seconds",
 			Help:    "Duration of one batch transaction: load state, write rows, parked events, dead letters and the offset, commit.",
 			Buckets: prometheus.ExponentialBuckets(0.001, 2, 14),
+		}),
+		batchRecords: prometheus.NewHistogram(prometheus.HistogramOpts{
+			Name:    "projector_batch_records",
+			Help:    "Records one committed batch transaction covered, at most --batch-max-records or the partition's share of --member-max-records.",
+			Buckets: prometheus.ExponentialBuckets(1, 2, 14),
 		}),
 		fenced: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "projector_fenced_batches_total",
@@ -51,6 +57,6 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 		Name: "projector_records_skipped_total",
 		Help: "Offsets skipped because retention deleted them before they were applied (--on-offset-lost=skip).",
 	}, []string{"group", "topic", "partition"})
-	reg.MustRegister(m.processed, m.commitDuration, m.fenced, m.retries, m.backoff, m.deadLetters, m.gaps, m.skipped)
+	reg.MustRegister(m.processed, m.commitDuration, m.batchRecords, m.fenced, m.retries, m.backoff, m.deadLetters, m.gaps, m.skipped)
 	return m
 }

@@ -108,6 +108,7 @@ func (w *Worker) process(ctx context.Context, recs []*kgo.Record) (err error) {
 		err := w.commitTraced(ctx, end, keys, plan)
 		if err == nil {
 			w.metrics.commitDuration.Observe(time.Since(began).Seconds())
+			w.metrics.batchRecords.Observe(float64(len(recs)))
 			break
 		}
 		if errors.Is(err, ErrFenced) || ctx.Err() != nil {

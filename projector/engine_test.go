@@ -326,8 +326,34 @@ func TestMemberBudgetSharedAmongPartitions(t *testing.T) {
 	stop()
 	// Batches of 10 take hundreds of commits; unbounded, a partition's few
 	// hundred records take one or two.
-	batches := counter(t, reg, "projector_batch_commit_duration_seconds")
+	batches := counter(t, reg, "projector_batch_records")
 	if min := float64(len(b.records)) / 20; batches < min {
 		t.Errorf("%.0f batches for %d records: want at least %.0f, batches of at most 10", batches, len(b.records), min)
 	}
+	if small := bucket(t, reg, "projector_batch_records", 16); small < batches*0.95 {
+		t.Errorf("%.0f of %.0f batches hold at most 16 records: want nearly all within the share of 10", small, batches)
+	}
+}
+
+// bucket returns the observations of a histogram family at most le.
+func bucket(t *testing.T, g prometheus.Gatherer, name string, le float64) float64 {
+	t.Helper()
+	mfs, err := g.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var n float64
+	for _, mf := range mfs {
+		if mf.GetName() != name {
+			continue
+		}
+		for _, m := range mf.GetMetric() {
+			for _, b := range m.GetHistogram().GetBucket() {
+				if b.GetUpperBound() == le {
+					n += float64(b.GetCumulativeCount())
+				}
+			}
+		}
+	}
+	return n
 }
