@@ -135,3 +135,26 @@ func counter(t *testing.T, g prometheus.Gatherer, name string) float64 {
 	}
 	return sum
 }
+
+// bucket returns the observations of a histogram family at most le.
+func bucket(t *testing.T, g prometheus.Gatherer, name string, le float64) float64 {
+	t.Helper()
+	mfs, err := g.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var n float64
+	for _, mf := range mfs {
+		if mf.GetName() != name {
+			continue
+		}
+		for _, m := range mf.GetMetric() {
+			for _, b := range m.GetHistogram().GetBucket() {
+				if b.GetUpperBound() == le {
+					n += float64(b.GetCumulativeCount())
+				}
+			}
+		}
+	}
+	return n
+}
