@@ -2,6 +2,7 @@ package postgres
 
 import (
 	"encoding/binary"
+	"hash/maphash"
 	"math"
 	"sync"
 
@@ -14,8 +15,8 @@ import (
 // The most a sink's state cache holds unless told otherwise (see
 // Sink.SetStateCache): whichever bound it reaches first. A cached
 // aggregate takes its key, its encoded row and entryBytes more; one with a
-// few short columns takes about 160 bytes of live heap, so 128 MiB hold
-// some 800,000 of them. The process's resident memory grows by up to
+// few short columns takes about 175 bytes of live heap, so 128 MiB hold
+// some 750,000 of them. The process's resident memory grows by up to
 // about twice that, as Go's collector lets the heap reach twice what is
 // live (GOGC=100).
 const (
@@ -24,10 +25,10 @@ const (
 )
 
 // entryBytes is what the cache counts for one entry besides the bytes of
-// its key and row: the map slot (key and value headers, control byte, the
-// load factor's slack) and the allocation headroom of the two strings, as
-// measured on rows of four short columns.
-const entryBytes = 112
+// its key and row: its map slot (hash and entry, with the load factor's
+// slack) and the share of unused bytes that compaction lets accumulate
+// (see partCache.compact), as measured on rows of four short columns.
+const entryBytes = 88
 
 // stateCache keeps the state of the aggregates a sink has read or written,
 // per partition, so that a batch reads from Postgres only the aggregates it
@@ -44,6 +45,7 @@ type stateCache struct {
 	// noRows: only versions and whether rows exist are kept, for a
 	// projection whose fold does not read rows (see Sink.readsRows).
 	noRows bool
+	hash   func(key string) uint64
 
 	mu    sync.Mutex
 	size  int   // entries
@@ -51,9 +53,21 @@ type stateCache struct {
 	parts map[partition.TP]*partCache
 }
 
+// partCache holds one partition's entries. Nothing in it is a pointer
+// the garbage collector follows per entry: a million cached aggregates
+// held as strings in a map were millions of pointers to trace on every
+// cycle, and every lookup compared a key stored elsewhere in memory.
+// Entries are keyed by their key's hash and find their key and row in
+// data; a lookup whose key differs from the entry's (a collision of 64-bit
+// hashes) misses, and storing it replaces the other aggregate's entry.
 type partCache struct {
 	epoch int64
-	rows  map[string]cachedAgg
+	ents  map[uint64]cachedAgg
+	// data holds the keys and rows of ents. A row is rewritten in place
+	// when the new one fits, appended otherwise; data is compacted once
+	// the bytes no entry uses take a quarter of it. Lookups copy rows out.
+	data  []byte
+	live  int // bytes of data that entries hold (keys and row slots)
 	bytes int64
 
 	// The cache only pays when batches find their aggregates in it. With
@@ -72,74 +86,135 @@ const (
 )
 
 // cachedAgg is one aggregate as Postgres holds it: its last applied
-// version (0: never seen), its row encoded by encodeRow ("": none, or
-// deleted; rowExists when the cache keeps no rows) and the row's ctid when
-// the sink knows it.
+// version (0: never seen), its key and its row encoded by encodeRow (none,
+// or deleted: rlen 0; rowExists when the cache keeps no rows) as offsets
+// into its partCache's data, and the row's ctid when the sink knows it.
+// The row's slot is rcap bytes long (rows of up to 64 KiB; a longer one's
+// slot is its length, and the slot is never reused).
 type cachedAgg struct {
-	version int64
-	row     string
-	tid     pgtype.TID
+	version    int64
+	koff, roff uint32
+	rlen       uint32
+	klen, rcap uint16
+	tid        pgtype.TID
+}
+
+// slot is the bytes of data a's row slot takes.
+func (a cachedAgg) slot() int {
+	if a.rlen > math.MaxUint16 {
+		return int(a.rlen)
+	}
+	return int(a.rcap)
 }
 
 // rowExists marks a row that exists in a cache that keeps no rows (an
 // encoded row is never empty either: every column takes a tag).
 const rowExists = "+"
 
+// maxData is the most data a partition's entries may take; entries beyond
+// it are not kept (offsets are 32 bits).
+const maxData = math.MaxUint32 / 2
+
 func newStateCache(max int, maxBytes int64, cols []projection.Column, rows bool) *stateCache {
 	if maxBytes <= 0 {
 		max = 0
 	}
-	return &stateCache{max: max, maxBytes: maxBytes, cols: cols, noRows: !rows, parts: map[partition.TP]*partCache{}}
+	seed := maphash.MakeSeed()
+	hash := func(key string) uint64 { return maphash.String(seed, key) }
+	return &stateCache{max: max, maxBytes: maxBytes, cols: cols, noRows: !rows, hash: hash, parts: map[partition.TP]*partCache{}}
 }
 
 // cost is what an entry counts towards the byte bound.
-func cost(key string, a cachedAgg) int64 { return int64(len(key) + len(a.row) + entryBytes) }
+func cost(a cachedAgg) int64 { return int64(a.klen) + int64(a.slot()) + entryBytes }
 
-// set stores a as key's entry, replacing old (had: there was one). Call
-// with mu held.
-func (c *stateCache) set(pc *partCache, key string, old cachedAgg, had bool, a cachedAgg) {
-	pc.rows[key] = a
-	d := cost(key, a)
+// get returns key's entry.
+func (c *stateCache) get(pc *partCache, key string) (h uint64, a cachedAgg, ok bool) {
+	h = c.hash(key)
+	a, ok = pc.ents[h]
+	if ok && string(pc.data[a.koff:a.koff+uint32(a.klen)]) != key {
+		return h, cachedAgg{}, false // another key's entry
+	}
+	return h, a, ok
+}
+
+// row is a copy of a's row as encodeRow encoded it ("": none).
+func (pc *partCache) row(a cachedAgg) string { return string(pc.data[a.roff : a.roff+a.rlen]) }
+
+// put stores an entry for key at hash h with version, row and tid,
+// replacing old, the entry at h when had (key's own or, after a collision
+// of hashes, another key's). An entry whose key or partition's data would
+// be too long is not kept: h is left without one. Call with mu held.
+func (c *stateCache) put(pc *partCache, h uint64, key string, old cachedAgg, had bool, version int64, row []byte, tid pgtype.TID) {
+	own := had && string(pc.data[old.koff:old.koff+uint32(old.klen)]) == key
 	if had {
-		d -= cost(key, old)
+		c.remove(pc, h, old)
+	}
+	if len(key) > math.MaxUint16 || len(pc.data)+len(key)+len(row) > maxData {
+		return
+	}
+	a := cachedAgg{version: version, klen: uint16(len(key)), rlen: uint32(len(row)), tid: tid}
+	if own && old.rlen <= math.MaxUint16 && len(row) <= old.slot() {
+		a.koff, a.roff, a.rcap = old.koff, old.roff, old.rcap // in place
+		copy(pc.data[a.roff:], row)
 	} else {
-		c.size++
+		if own {
+			a.koff = old.koff // the key's bytes stay
+		} else {
+			a.koff = uint32(len(pc.data))
+			pc.data = append(pc.data, key...)
+		}
+		a.roff = uint32(len(pc.data))
+		pc.data = append(pc.data, row...)
+		a.rcap = uint16(min(len(row), math.MaxUint16))
 	}
-	pc.bytes += d
-	c.bytes += d
+	pc.ents[h] = a
+	c.size++
+	pc.live += int(a.klen) + a.slot()
+	pc.bytes += cost(a)
+	c.bytes += cost(a)
 }
 
-// forget removes key's entry old. Call with mu held.
-func (c *stateCache) forget(pc *partCache, key string, old cachedAgg) {
-	delete(pc.rows, key)
+// remove drops a, the entry at hash h. Call with mu held.
+func (c *stateCache) remove(pc *partCache, h uint64, a cachedAgg) {
+	delete(pc.ents, h)
 	c.size--
-	pc.bytes -= cost(key, old)
-	c.bytes -= cost(key, old)
+	pc.live -= int(a.klen) + a.slot()
+	pc.bytes -= cost(a)
+	c.bytes -= cost(a)
 }
 
-// recount sums a partition's entries' cost again. Call with mu held.
-func (c *stateCache) recount(pc *partCache) {
-	c.bytes -= pc.bytes
-	pc.bytes = 0
-	for k, a := range pc.rows {
-		pc.bytes += cost(k, a)
+// compact rewrites data with only the bytes entries hold once the others
+// take a quarter of it. Call with mu held.
+func (pc *partCache) compact() {
+	if dead := len(pc.data) - pc.live; dead < 64<<10 || dead < len(pc.data)/4 {
+		return
 	}
-	c.bytes += pc.bytes
+	data := make([]byte, 0, pc.live+pc.live/8)
+	for h, a := range pc.ents {
+		k := len(data)
+		data = append(data, pc.data[a.koff:a.koff+uint32(a.klen)]...)
+		r := len(data)
+		data = append(data, pc.data[a.roff:a.roff+uint32(a.slot())]...)
+		a.koff, a.roff = uint32(k), uint32(r)
+		pc.ents[h] = a
+	}
+	pc.data = data
 }
 
 // clear removes all of a partition's entries. Call with mu held.
 func (c *stateCache) clear(pc *partCache) {
-	c.size -= len(pc.rows)
+	c.size -= len(pc.ents)
 	c.bytes -= pc.bytes
-	pc.rows, pc.bytes = map[string]cachedAgg{}, 0
+	pc.ents, pc.data, pc.live, pc.bytes = map[uint64]cachedAgg{}, nil, 0, 0
 }
 
-// encode returns row in cached form; ok is false when it cannot be cached.
-func (c *stateCache) encode(row projection.Row) (string, bool) {
+// encode appends row in cached form to b; ok is false when it cannot be
+// cached.
+func (c *stateCache) encode(b []byte, row projection.Row) ([]byte, bool) {
 	if c.noRows {
-		return rowExists, true
+		return append(b, rowExists...), true
 	}
-	return encodeRow(c.cols, row)
+	return appendRow(b, c.cols, row)
 }
 
 // lookup fills st with the cached aggregates among keys (and tids with
@@ -158,7 +233,7 @@ func (c *stateCache) lookup(claim partition.Claim, keys []string, st partition.S
 		return keys, 0, false
 	}
 	for _, k := range keys {
-		a, ok := pc.rows[k]
+		_, a, ok := c.get(pc, k)
 		if !ok {
 			misses = append(misses, k)
 			continue
@@ -167,15 +242,15 @@ func (c *stateCache) lookup(claim partition.Claim, keys []string, st partition.S
 		if a.version > 0 {
 			st.Versions[k] = a.version
 		}
-		if a.row != "" && a.tid.Valid {
+		if a.rlen > 0 && a.tid.Valid {
 			tids[k] = a.tid
 		}
 		switch {
-		case a.row == "":
+		case a.rlen == 0:
 		case c.noRows:
 			st.Rows[k] = presentRow
 		default:
-			st.Rows[k] = decodeRow(c.cols, a.row)
+			st.Rows[k] = decodeRow(c.cols, pc.row(a))
 		}
 	}
 	return misses, hits, true
@@ -216,7 +291,7 @@ func (c *stateCache) part(claim partition.Claim) *partCache {
 		if pc != nil {
 			c.clear(pc)
 		}
-		pc = &partCache{epoch: claim.Epoch, rows: map[string]cachedAgg{}}
+		pc = &partCache{epoch: claim.Epoch, ents: map[uint64]cachedAgg{}}
 		c.parts[claim.TP] = pc
 	}
 	return pc
@@ -235,58 +310,48 @@ func (c *stateCache) store(claim partition.Claim, misses []string, loaded partit
 	if pc.bypass > 0 {
 		return // dropped while this batch ran: nothing to keep up to date
 	}
-	// Large maps make every access a likely CPU cache miss: each key is
-	// looked up once and assigned once.
+	var buf []byte // each row encoded, then copied into the partition's data
 	for _, k := range misses {
-		a := cachedAgg{version: loaded.Versions[k], tid: tids[k]}
-		if row := loaded.Rows[k]; row != nil {
+		buf = buf[:0]
+		if r := loaded.Rows[k]; r != nil {
 			var ok bool
-			if a.row, ok = c.encode(row); !ok {
+			if buf, ok = c.encode(buf, r); !ok {
 				continue // not cached: a miss again next time
 			}
 		}
-		n := len(pc.rows)
-		pc.rows[k] = a
-		if len(pc.rows) > n {
-			c.size++
-			pc.bytes += cost(k, a)
-			c.bytes += cost(k, a)
-		} else {
-			c.recount(pc) // a miss was cached meanwhile: cannot happen, but stay exact
-		}
+		h := c.hash(k)
+		old, had := pc.ents[h]
+		c.put(pc, h, k, old, had, loaded.Versions[k], buf, tids[k])
 	}
 	// A write moves a known aggregate forward. One that Postgres would
 	// not have applied as given (an upsert at or below the known version,
 	// a delete below it), or of an aggregate whose state was not read,
 	// leaves nothing in the cache: its next batch reads Postgres.
 	for _, w := range rows {
-		cur, ok := pc.rows[w.Key]
+		h, cur, ok := c.get(pc, w.Key)
 		if !ok {
 			continue
 		}
-		if w.Version <= cur.version {
-			c.forget(pc, w.Key, cur)
+		buf, ok = c.encode(buf[:0], w.Row)
+		if w.Version <= cur.version || !ok {
+			c.remove(pc, h, cur)
 			continue
 		}
-		enc, ok := c.encode(w.Row)
-		if !ok {
-			c.forget(pc, w.Key, cur)
-			continue
-		}
-		c.set(pc, w.Key, cur, true, cachedAgg{version: w.Version, row: enc, tid: tids[w.Key]})
+		c.put(pc, h, w.Key, cur, true, w.Version, buf, tids[w.Key])
 	}
 	for _, d := range deletes {
-		if cur, ok := pc.rows[d.Key]; ok {
+		if h, cur, ok := c.get(pc, d.Key); ok {
 			if d.Version >= cur.version {
-				c.set(pc, d.Key, cur, true, cachedAgg{version: d.Version})
+				c.put(pc, h, d.Key, cur, true, d.Version, nil, pgtype.TID{})
 			} else {
-				c.forget(pc, d.Key, cur)
+				c.remove(pc, h, cur)
 			}
 		}
 	}
 	if c.size > c.max || c.bytes > c.maxBytes {
 		c.evict()
 	}
+	pc.compact()
 }
 
 // evict drops arbitrary entries (Go's map order) of every partition, in
@@ -298,22 +363,23 @@ func (c *stateCache) evict() {
 	over := func() bool { return c.size > rows || c.bytes > bytes }
 	share := max(float64(c.size-rows)/float64(max(c.size, 1)), float64(c.bytes-bytes)/float64(max(c.bytes, 1)))
 	for _, pc := range c.parts {
-		quota := int(share*float64(len(pc.rows))) + 1
-		for k, a := range pc.rows {
+		quota := int(share*float64(len(pc.ents))) + 1
+		for h, a := range pc.ents {
 			if quota <= 0 {
 				break
 			}
-			c.forget(pc, k, a)
+			c.remove(pc, h, a)
 			quota--
 		}
 	}
 	for _, pc := range c.parts { // rounding may leave a few
-		for k, a := range pc.rows {
+		for h, a := range pc.ents {
 			if !over() {
-				return
+				break
 			}
-			c.forget(pc, k, a)
+			c.remove(pc, h, a)
 		}
+		pc.compact()
 	}
 }
 
@@ -356,7 +422,12 @@ const (
 // read from Postgres does not hold (see projection.Column.Stored).
 func encodeRow(cols []projection.Column, row projection.Row) (enc string, ok bool) {
 	var buf [256]byte
-	b := buf[:0]
+	b, ok := appendRow(buf[:0], cols, row)
+	return string(b), ok
+}
+
+// appendRow appends row encoded as encodeRow encodes it to b.
+func appendRow(b []byte, cols []projection.Column, row projection.Row) ([]byte, bool) {
 	for _, c := range cols {
 		switch v := row[c.Name].(type) {
 		case nil:
@@ -375,10 +446,10 @@ func encodeRow(cols []projection.Column, row projection.Row) (enc string, ok boo
 			b = binary.AppendUvarint(append(b, tagString), uint64(len(v)))
 			b = append(b, v...)
 		default:
-			return "", false
+			return b, false
 		}
 	}
-	return string(b), true
+	return b, true
 }
 
 // decodeRow returns the row encodeRow encoded in s, a new map each time

@@ -5,6 +5,7 @@ import (
 	"maps"
 	"math"
 	"reflect"
+	"slices"
 	"strings"
 	"testing"
 
@@ -18,7 +19,7 @@ import (
 // partitions, counts what it holds exactly and keeps what it keeps right.
 func TestStateCacheBounded(t *testing.T) {
 	// A cached entry here: a key like p0-k123, a row of one small int.
-	entry := cost("p0-k123", cachedAgg{row: "\x01\x02"})
+	entry := cost(cachedAgg{klen: uint16(len("p0-k123")), rlen: 2})
 	for _, tc := range []struct {
 		name  string
 		rows  int
@@ -51,14 +52,14 @@ func TestStateCacheBounded(t *testing.T) {
 			}
 			total, bytes := 0, int64(0)
 			for tp, pc := range c.parts {
-				total += len(pc.rows)
-				for k, a := range pc.rows {
-					bytes += cost(k, a)
+				total += len(pc.ents)
+				for k, a := range entries(pc) {
+					bytes += cost(a)
 					var p, i int
 					if _, err := fmt.Sscanf(k, "p%d-k%d", &p, &i); err != nil || int32(p) != tp.Partition {
 						t.Fatalf("key %s cached under partition %d", k, tp.Partition)
 					}
-					if row := decodeRow(c.cols, a.row); a.version != int64(i/50+1) || row["n"] != int64(i%50) {
+					if row := decodeRow(c.cols, pc.row(a)); a.version != int64(i/50+1) || row["n"] != int64(i%50) {
 						t.Errorf("%s cached as v%d %v", k, a.version, row)
 					}
 				}
@@ -72,8 +73,8 @@ func TestStateCacheBounded(t *testing.T) {
 			}
 			var left int64
 			for _, pc := range c.parts {
-				for k, a := range pc.rows {
-					left += cost(k, a)
+				for _, a := range pc.ents {
+					left += cost(a)
 				}
 			}
 			if left != c.bytes {
@@ -127,7 +128,7 @@ func TestStateCacheBypassedWhenItDoesNotPay(t *testing.T) {
 	if _, caching := batch(cold, coldKeys()); caching {
 		t.Fatalf("after %d lookups that all missed, the cold partition still caches", looked)
 	}
-	if n := len(c.parts[cold.TP].rows); n != 0 {
+	if n := len(c.parts[cold.TP].ents); n != 0 {
 		t.Errorf("the bypassed partition still holds %d rows", n)
 	}
 	if hits, caching := batch(hot, hotKeys); !caching || hits != len(hotKeys) {
@@ -222,8 +223,127 @@ func TestStateCacheCountsAReplacedMissOnce(t *testing.T) {
 		loaded := partition.State{Rows: map[string]projection.Row{"a": {"n": n}}, Versions: map[string]int64{"a": n}}
 		c.store(claim, []string{"a"}, loaded, nil, nil, nil)
 	}
-	a := c.parts[claim.TP].rows["a"]
-	if c.size != 1 || c.bytes != cost("a", a) || a.version != 1<<40 {
-		t.Errorf("size %d, %d bytes, entry v%d; want 1 entry of %d bytes at the second version", c.size, c.bytes, a.version, cost("a", a))
+	a := entries(c.parts[claim.TP])["a"]
+	if c.size != 1 || c.bytes != cost(a) || a.version != 1<<40 {
+		t.Errorf("size %d, %d bytes, entry v%d; want 1 entry of %d bytes at the second version", c.size, c.bytes, a.version, cost(a))
+	}
+}
+
+// entries is a partition's entries by key.
+func entries(pc *partCache) map[string]cachedAgg {
+	out := make(map[string]cachedAgg, len(pc.ents))
+	for _, a := range pc.ents {
+		out[string(pc.data[a.koff:a.koff+uint32(a.klen)])] = a
+	}
+	return out
+}
+
+// Two keys of one hash never see each other's state: the second replaces
+// the first, whose next lookup misses, and the counts stay exact.
+func TestStateCacheHashCollision(t *testing.T) {
+	cols := []projection.Column{{Name: "k", Type: "text"}}
+	c := newStateCache(100, 1<<40, cols, true)
+	c.hash = func(string) uint64 { return 42 }
+	claim := partition.Claim{TP: partition.TP{Topic: "t"}, Epoch: 1}
+	for _, k := range []string{"a", "bb"} {
+		loaded := partition.State{Rows: map[string]projection.Row{k: {"k": k}}, Versions: map[string]int64{k: 3}}
+		c.store(claim, []string{k}, loaded, nil, nil, nil)
+	}
+	st := partition.State{Rows: map[string]projection.Row{}, Versions: map[string]int64{}}
+	misses, hits, _ := c.lookup(claim, []string{"a", "bb"}, st, map[string]pgtype.TID{})
+	if !slices.Equal(misses, []string{"a"}) || hits != 1 || st.Rows["bb"]["k"] != "bb" || st.Rows["a"] != nil {
+		t.Errorf("misses %v, hits %d, state %v: want a missed and bb's own row", misses, hits, st.Rows)
+	}
+	// A write of the replaced key leaves the other's entry alone.
+	c.store(claim, nil, partition.State{}, []partition.RowWrite{{Key: "a", Version: 4, Row: projection.Row{"k": "a"}}}, nil, nil)
+	if a := entries(c.parts[claim.TP])["bb"]; c.size != 1 || c.bytes != cost(a) || a.version != 3 {
+		t.Errorf("size %d, %d bytes, bb at v%d; want bb's entry alone at v3, %d bytes", c.size, c.bytes, a.version, cost(a))
+	}
+}
+
+// Old rows are dropped from the cache's memory as rows are rewritten, rows
+// that keep their length are rewritten in place, and a row handed out
+// earlier stays as it was.
+func TestStateCacheCompacts(t *testing.T) {
+	cols := []projection.Column{{Name: "owner", Type: "text"}, {Name: "n", Type: "bigint"}}
+	c := newStateCache(1000, 1<<40, cols, true)
+	claim := partition.Claim{TP: partition.TP{Topic: "t"}, Epoch: 1}
+	keys := make([]string, 100)
+	loaded := partition.State{Rows: map[string]projection.Row{}, Versions: map[string]int64{}}
+	for i := range keys {
+		keys[i] = fmt.Sprintf("key-%03d", i)
+		loaded.Rows[keys[i]], loaded.Versions[keys[i]] = projection.Row{"owner": "first " + keys[i], "n": int64(0)}, 1
+	}
+	c.store(claim, keys, loaded, nil, nil, nil)
+	first := partition.State{Rows: map[string]projection.Row{}, Versions: map[string]int64{}}
+	c.lookup(claim, keys, first, map[string]pgtype.TID{})
+	pc := c.parts[claim.TP]
+	for v := int64(2); v <= 200; v++ {
+		var writes []partition.RowWrite
+		for _, k := range keys {
+			writes = append(writes, partition.RowWrite{Key: k, Version: v, Row: projection.Row{"owner": strings.Repeat("o", int(v)) + k, "n": v}})
+		}
+		c.store(claim, nil, partition.State{}, writes, nil, nil)
+		if limit := 2*pc.live + 64<<10 + 1<<10; len(pc.data) > limit {
+			t.Fatalf("after version %d the partition keeps %d bytes for %d live", v, len(pc.data), pc.live)
+		}
+	}
+	if cap(pc.data) > 4*pc.live+(128<<10) {
+		t.Errorf("%d bytes of capacity for %d live", cap(pc.data), pc.live)
+	}
+	last := partition.State{Rows: map[string]projection.Row{}, Versions: map[string]int64{}}
+	c.lookup(claim, keys, last, map[string]pgtype.TID{})
+	// Rows of the same length are rewritten in place.
+	size := len(pc.data)
+	var writes []partition.RowWrite
+	for _, k := range keys {
+		writes = append(writes, partition.RowWrite{Key: k, Version: 201, Row: projection.Row{"owner": strings.Repeat("x", 200) + k, "n": int64(201)}})
+	}
+	c.store(claim, nil, partition.State{}, writes, nil, nil)
+	if len(pc.data) != size {
+		t.Errorf("rewriting rows of the same length took %d bytes more", len(pc.data)-size)
+	}
+	for _, k := range keys {
+		if got := first.Rows[k]["owner"]; got != "first "+k {
+			t.Fatalf("%s: a row handed out before changed to %v", k, got)
+		}
+		if got := last.Rows[k]; got["owner"] != strings.Repeat("o", 200)+k || got["n"] != int64(200) || last.Versions[k] != 200 {
+			t.Fatalf("%s: handed out as v%d %v after 200 versions", k, last.Versions[k], got)
+		}
+	}
+	now := partition.State{Rows: map[string]projection.Row{}, Versions: map[string]int64{}}
+	c.lookup(claim, keys, now, map[string]pgtype.TID{})
+	for _, k := range keys {
+		if got := now.Rows[k]; got["owner"] != strings.Repeat("x", 200)+k || now.Versions[k] != 201 {
+			t.Fatalf("%s: cached as v%d %v after the rewrite", k, now.Versions[k], got)
+		}
+	}
+}
+
+// A key longer than an entry can hold is not cached, and a row longer than
+// a slot can be rewritten in place is appended each time, all counted
+// exactly.
+func TestStateCacheLongKeysAndRows(t *testing.T) {
+	cols := []projection.Column{{Name: "k", Type: "text"}}
+	c := newStateCache(100, 1<<40, cols, true)
+	claim := partition.Claim{TP: partition.TP{Topic: "t"}, Epoch: 1}
+	long := strings.Repeat("k", 70_000)
+	loaded := partition.State{
+		Rows:     map[string]projection.Row{long: {"k": "v"}, "a": {"k": long}},
+		Versions: map[string]int64{long: 1, "a": 1},
+	}
+	c.store(claim, []string{long, "a"}, loaded, nil, nil, nil)
+	for v := int64(2); v < 4; v++ {
+		c.store(claim, nil, partition.State{}, []partition.RowWrite{{Key: "a", Version: v, Row: projection.Row{"k": long[:69_000]}}}, nil, nil)
+	}
+	st := partition.State{Rows: map[string]projection.Row{}, Versions: map[string]int64{}}
+	misses, _, _ := c.lookup(claim, []string{long, "a"}, st, map[string]pgtype.TID{})
+	pc := c.parts[claim.TP]
+	a := entries(pc)["a"]
+	if len(misses) != 1 || misses[0] != long || st.Rows["a"]["k"] != long[:69_000] || st.Versions["a"] != 3 {
+		t.Errorf("misses %d keys, a at v%d with %d bytes: want the long key missed and a's last row", len(misses), st.Versions["a"], len(st.Rows["a"]["k"].(string)))
+	}
+	if c.size != 1 || c.bytes != cost(a) || pc.live != 1+a.slot() || a.slot() != int(a.rlen) {
+		t.Errorf("size %d, %d bytes, %d live: want a's entry alone (%d bytes, slot %d)", c.size, c.bytes, pc.live, cost(a), a.slot())
 	}
 }
