@@ -141,16 +141,22 @@ func (c *stateCache) get(pc *partCache, key string) (h uint64, a cachedAgg, ok b
 func (pc *partCache) row(a cachedAgg) string { return string(pc.data[a.roff : a.roff+a.rlen]) }
 
 // put stores an entry for key at hash h with version, row and tid,
-// replacing old, the entry at h when had (key's own or, after a collision
-// of hashes, another key's). An entry whose key or partition's data would
-// be too long is not kept: h is left without one. Call with mu held.
-func (c *stateCache) put(pc *partCache, h uint64, key string, old cachedAgg, had bool, version int64, row []byte, tid pgtype.TID) {
-	own := had && string(pc.data[old.koff:old.koff+uint32(old.klen)]) == key
-	if had {
-		c.remove(pc, h, old)
-	}
+// replacing old, the entry at h when had: key's own when own, another
+// key's after a collision of hashes. An entry whose key or partition's
+// data would be too long is not kept: h is left without one. Call with mu
+// held.
+func (c *stateCache) put(pc *partCache, h uint64, key string, old cachedAgg, had, own bool, version int64, row []byte, tid pgtype.TID) {
 	if len(key) > math.MaxUint16 || len(pc.data)+len(key)+len(row) > maxData {
+		if had {
+			c.remove(pc, h, old)
+		}
 		return
+	}
+	if had {
+		c.size--
+		pc.live -= int(old.klen) + old.slot()
+		pc.bytes -= cost(old)
+		c.bytes -= cost(old)
 	}
 	a := cachedAgg{version: version, klen: uint16(len(key)), rlen: uint32(len(row)), tid: tid}
 	if own && old.rlen <= math.MaxUint16 && len(row) <= old.slot() {
@@ -321,7 +327,8 @@ func (c *stateCache) store(claim partition.Claim, misses []string, loaded partit
 		}
 		h := c.hash(k)
 		old, had := pc.ents[h]
-		c.put(pc, h, k, old, had, loaded.Versions[k], buf, tids[k])
+		own := had && string(pc.data[old.koff:old.koff+uint32(old.klen)]) == k
+		c.put(pc, h, k, old, had, own, loaded.Versions[k], buf, tids[k])
 	}
 	// A write moves a known aggregate forward. One that Postgres would
 	// not have applied as given (an upsert at or below the known version,
@@ -337,12 +344,12 @@ func (c *stateCache) store(claim partition.Claim, misses []string, loaded partit
 			c.remove(pc, h, cur)
 			continue
 		}
-		c.put(pc, h, w.Key, cur, true, w.Version, buf, tids[w.Key])
+		c.put(pc, h, w.Key, cur, true, true, w.Version, buf, tids[w.Key])
 	}
 	for _, d := range deletes {
 		if h, cur, ok := c.get(pc, d.Key); ok {
 			if d.Version >= cur.version {
-				c.put(pc, h, d.Key, cur, true, d.Version, nil, pgtype.TID{})
+				c.put(pc, h, d.Key, cur, true, true, d.Version, nil, pgtype.TID{})
 			} else {
 				c.remove(pc, h, cur)
 			}
