@@ -189,10 +189,14 @@ func (c *stateCache) remove(pc *partCache, h uint64, a cachedAgg) {
 	c.bytes -= cost(a)
 }
 
+// compactMin is the fewest unused bytes worth compacting a partition's
+// data for.
+var compactMin = 64 << 10
+
 // compact rewrites data with only the bytes entries hold once the others
 // take a quarter of it. Call with mu held.
 func (pc *partCache) compact() {
-	if dead := len(pc.data) - pc.live; dead < 64<<10 || dead < len(pc.data)/4 {
+	if dead := len(pc.data) - pc.live; dead < compactMin || dead < len(pc.data)/4 {
 		return
 	}
 	data := make([]byte, 0, pc.live+pc.live/8)

@@ -284,7 +284,7 @@ func TestStateCacheCompacts(t *testing.T) {
 			writes = append(writes, partition.RowWrite{Key: k, Version: v, Row: projection.Row{"owner": strings.Repeat("o", int(v)) + k, "n": v}})
 		}
 		c.store(claim, nil, partition.State{}, writes, nil, nil)
-		if limit := 2*pc.live + 64<<10 + 1<<10; len(pc.data) > limit {
+		if limit := 2*pc.live + compactMin + 1<<10; len(pc.data) > limit {
 			t.Fatalf("after version %d the partition keeps %d bytes for %d live", v, len(pc.data), pc.live)
 		}
 	}
