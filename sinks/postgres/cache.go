@@ -131,10 +131,15 @@ func cost(a cachedAgg) int64 { return int64(a.klen) + int64(a.slot()) + entryByt
 func (c *stateCache) get(pc *partCache, key string) (h uint64, a cachedAgg, ok bool) {
 	h = c.hash(key)
 	a, ok = pc.ents[h]
-	if ok && string(pc.data[a.koff:a.koff+uint32(a.klen)]) != key {
+	if ok && !pc.holds(a, key) {
 		return h, cachedAgg{}, false // another key's entry
 	}
 	return h, a, ok
+}
+
+// holds reports whether a is key's entry.
+func (pc *partCache) holds(a cachedAgg, key string) bool {
+	return string(pc.data[a.koff:a.koff+uint32(a.klen)]) == key
 }
 
 // row is a copy of a's row as encodeRow encoded it ("": none).
@@ -331,8 +336,7 @@ func (c *stateCache) store(claim partition.Claim, misses []string, loaded partit
 		}
 		h := c.hash(k)
 		old, had := pc.ents[h]
-		own := had && string(pc.data[old.koff:old.koff+uint32(old.klen)]) == k
-		c.put(pc, h, k, old, had, own, loaded.Versions[k], buf, tids[k])
+		c.put(pc, h, k, old, had, had && pc.holds(old, k), loaded.Versions[k], buf, tids[k])
 	}
 	// A write moves a known aggregate forward. One that Postgres would
 	// not have applied as given (an upsert at or below the known version,
