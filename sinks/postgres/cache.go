@@ -86,7 +86,7 @@ const (
 )
 
 // cachedAgg is one aggregate as Postgres holds it: its last applied
-// version (0: never seen), its key and its row encoded by encodeRow (none,
+// version (0: never seen), its key and its row encoded by appendRow (none,
 // or deleted: rlen 0; rowExists when the cache keeps no rows) as offsets
 // into its partCache's data, and the row's ctid when the sink knows it.
 // The row's slot is rcap bytes long (rows of up to 64 KiB; a longer one's
@@ -142,7 +142,7 @@ func (pc *partCache) holds(a cachedAgg, key string) bool {
 	return string(pc.data[a.koff:a.koff+uint32(a.klen)]) == key
 }
 
-// row is a copy of a's row as encodeRow encoded it ("": none).
+// row is a copy of a's row as appendRow encoded it ("": none).
 func (pc *partCache) row(a cachedAgg) string { return string(pc.data[a.roff : a.roff+a.rlen]) }
 
 // put stores an entry for key at hash h with version, row and tid,
@@ -433,15 +433,9 @@ const (
 	tagString
 )
 
-// encodeRow encodes row's columns; ok is false for a value of a type a row
-// read from Postgres does not hold (see projection.Column.Stored).
-func encodeRow(cols []projection.Column, row projection.Row) (enc string, ok bool) {
-	var buf [256]byte
-	b, ok := appendRow(buf[:0], cols, row)
-	return string(b), ok
-}
-
-// appendRow appends row encoded as encodeRow encodes it to b.
+// appendRow appends row's columns, encoded, to b; ok is false for a value
+// of a type a row read from Postgres does not hold (see
+// projection.Column.Stored).
 func appendRow(b []byte, cols []projection.Column, row projection.Row) ([]byte, bool) {
 	for _, c := range cols {
 		switch v := row[c.Name].(type) {
@@ -467,7 +461,7 @@ func appendRow(b []byte, cols []projection.Column, row projection.Row) ([]byte, 
 	return b, true
 }
 
-// decodeRow returns the row encodeRow encoded in s, a new map each time
+// decodeRow returns the row appendRow encoded in s, a new map each time
 // (folds may keep it). Its strings share s's memory.
 func decodeRow(cols []projection.Column, s string) projection.Row {
 	row := make(projection.Row, len(cols))
@@ -497,7 +491,7 @@ func decodeRow(cols []projection.Column, s string) projection.Row {
 	return row
 }
 
-// uvarint is binary.Uvarint for the bytes of a string encodeRow wrote.
+// uvarint is binary.Uvarint for the bytes of a string appendRow wrote.
 func uvarint(s string) (uint64, int) {
 	var x uint64
 	for i := 0; i < len(s); i++ {

@@ -190,18 +190,18 @@ func TestStateCacheRowEncoding(t *testing.T) {
 		"f": -0.1, "yes": true, "no": false, "extra": "not a column",
 		"min": int64(math.MinInt64), "long": strings.Repeat("long text ", 40),
 	}
-	b, ok := encodeRow(cols, row)
+	b, ok := appendRow(nil, cols, row)
 	if !ok {
-		t.Fatal("encodeRow refused a row of strings, integers, floats, booleans and nulls")
+		t.Fatal("appendRow refused a row of strings, integers, floats, booleans and nulls")
 	}
 	want := maps.Clone(row)
 	delete(want, "extra") // what a load from Postgres gives:
 	want["missing"] = nil // every column, and only columns
-	if got := decodeRow(cols, b); !reflect.DeepEqual(got, want) {
+	if got := decodeRow(cols, string(b)); !reflect.DeepEqual(got, want) {
 		t.Errorf("decoded %v, want %v", got, want)
 	}
-	if _, ok := encodeRow(cols, projection.Row{"id": "a", "n": 3}); ok {
-		t.Error("encodeRow took an int where a row read from Postgres holds an int64")
+	if _, ok := appendRow(nil, cols, projection.Row{"id": "a", "n": 3}); ok {
+		t.Error("appendRow took an int where a row read from Postgres holds an int64")
 	}
 
 	c := newStateCache(10, 1<<40, cols, true)
