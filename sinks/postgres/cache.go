@@ -6,8 +6,6 @@ import (
 	"math"
 	"sync"
 
-	"github.com/jackc/pgx/v5/pgtype"
-
 	"github.com/projector-dev/projector/partition"
 	"github.com/projector-dev/projector/projection"
 )
@@ -88,7 +86,7 @@ const (
 // cachedAgg is one aggregate as Postgres holds it: its last applied
 // version (0: never seen), its key and its row encoded by appendRow (none,
 // or deleted: rlen 0; rowExists when the cache keeps no rows) as offsets
-// into its partCache's data, and the row's ctid when the sink knows it.
+// into its partCache's data.
 // The row's slot is rcap bytes long (rows of up to 64 KiB; a longer one's
 // slot is its length, and the slot is never reused).
 type cachedAgg struct {
@@ -96,7 +94,6 @@ type cachedAgg struct {
 	koff, roff uint32
 	rlen       uint32
 	klen, rcap uint16
-	tid        pgtype.TID
 }
 
 // slot is the bytes of data a's row slot takes.
@@ -145,12 +142,12 @@ func (pc *partCache) holds(a cachedAgg, key string) bool {
 // row is a copy of a's row as appendRow encoded it ("": none).
 func (pc *partCache) row(a cachedAgg) string { return string(pc.data[a.roff : a.roff+a.rlen]) }
 
-// put stores an entry for key at hash h with version, row and tid,
+// put stores an entry for key at hash h with version and row,
 // replacing old, the entry at h when had: key's own when own, another
 // key's after a collision of hashes. An entry whose key or partition's
 // data would be too long is not kept: h is left without one. Call with mu
 // held.
-func (c *stateCache) put(pc *partCache, h uint64, key string, old cachedAgg, had, own bool, version int64, row []byte, tid pgtype.TID) {
+func (c *stateCache) put(pc *partCache, h uint64, key string, old cachedAgg, had, own bool, version int64, row []byte) {
 	if len(key) > math.MaxUint16 || len(pc.data)+len(key)+len(row) > maxData {
 		if had {
 			c.remove(pc, h, old)
@@ -163,7 +160,7 @@ func (c *stateCache) put(pc *partCache, h uint64, key string, old cachedAgg, had
 		pc.bytes -= cost(old)
 		c.bytes -= cost(old)
 	}
-	a := cachedAgg{version: version, klen: uint16(len(key)), rlen: uint32(len(row)), tid: tid}
+	a := cachedAgg{version: version, klen: uint16(len(key)), rlen: uint32(len(row))}
 	if own && old.rlen <= math.MaxUint16 && len(row) <= old.slot() {
 		a.koff, a.roff, a.rcap = old.koff, old.roff, old.rcap // in place
 		copy(pc.data[a.roff:], row)
@@ -232,11 +229,11 @@ func (c *stateCache) encode(b []byte, row projection.Row) ([]byte, bool) {
 	return appendRow(b, c.cols, row)
 }
 
-// lookup fills st with the cached aggregates among keys (and tids with
-// their rows' ctids where known) and returns the keys it does not hold;
+// lookup fills st with the cached aggregates among keys and returns the
+// keys it does not hold;
 // caching reports whether the cache is in use for the partition (see
 // tally).
-func (c *stateCache) lookup(claim partition.Claim, keys []string, st partition.State, tids map[string]pgtype.TID) (misses []string, hits int, caching bool) {
+func (c *stateCache) lookup(claim partition.Claim, keys []string, st partition.State) (misses []string, hits int, caching bool) {
 	if c.max <= 0 {
 		return keys, 0, false
 	}
@@ -256,9 +253,6 @@ func (c *stateCache) lookup(claim partition.Claim, keys []string, st partition.S
 		hits++
 		if a.version > 0 {
 			st.Versions[k] = a.version
-		}
-		if a.rlen > 0 && a.tid.Valid {
-			tids[k] = a.tid
 		}
 		switch {
 		case a.rlen == 0:
@@ -314,8 +308,8 @@ func (c *stateCache) part(claim partition.Claim) *partCache {
 
 // store records what a committed transaction read (the state of the
 // missed keys, in loaded) and wrote (rows, already in stored form, and
-// deletes), with the rows' ctids as tids has them after the transaction.
-func (c *stateCache) store(claim partition.Claim, misses []string, loaded partition.State, rows []partition.RowWrite, deletes []partition.RowDelete, tids map[string]pgtype.TID) {
+// deletes).
+func (c *stateCache) store(claim partition.Claim, misses []string, loaded partition.State, rows []partition.RowWrite, deletes []partition.RowDelete) {
 	if c.max <= 0 {
 		return
 	}
@@ -336,7 +330,7 @@ func (c *stateCache) store(claim partition.Claim, misses []string, loaded partit
 		}
 		h := c.hash(k)
 		old, had := pc.ents[h]
-		c.put(pc, h, k, old, had, had && pc.holds(old, k), loaded.Versions[k], buf, tids[k])
+		c.put(pc, h, k, old, had, had && pc.holds(old, k), loaded.Versions[k], buf)
 	}
 	// A write moves a known aggregate forward. One that Postgres would
 	// not have applied as given (an upsert at or below the known version,
@@ -352,12 +346,12 @@ func (c *stateCache) store(claim partition.Claim, misses []string, loaded partit
 			c.remove(pc, h, cur)
 			continue
 		}
-		c.put(pc, h, w.Key, cur, true, true, w.Version, buf, tids[w.Key])
+		c.put(pc, h, w.Key, cur, true, true, w.Version, buf)
 	}
 	for _, d := range deletes {
 		if h, cur, ok := c.get(pc, d.Key); ok {
 			if d.Version >= cur.version {
-				c.put(pc, h, d.Key, cur, true, true, d.Version, nil, pgtype.TID{})
+				c.put(pc, h, d.Key, cur, true, true, d.Version, nil)
 			} else {
 				c.remove(pc, h, cur)
 			}

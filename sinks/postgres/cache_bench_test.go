@@ -5,8 +5,6 @@ import (
 	"math/rand/v2"
 	"testing"
 
-	"github.com/jackc/pgx/v5/pgtype"
-
 	"github.com/projector-dev/projector/partition"
 	"github.com/projector-dev/projector/projection"
 )
@@ -34,7 +32,7 @@ func BenchmarkStateCache(b *testing.B) {
 	for _, k := range keys {
 		loaded.Rows[k], loaded.Versions[k] = row(k, 1), 1
 	}
-	c.store(claim, keys, loaded, nil, nil, nil)
+	c.store(claim, keys, loaded, nil, nil)
 	rng := rand.New(rand.NewPCG(1, 2))
 	batches := make([][]string, 64)
 	for i := range batches {
@@ -48,13 +46,12 @@ func BenchmarkStateCache(b *testing.B) {
 	for b.Loop() {
 		ks := batches[n%len(batches)]
 		st := partition.State{Rows: make(map[string]projection.Row, batch), Versions: make(map[string]int64, batch)}
-		tids := make(map[string]pgtype.TID, batch)
-		misses, _, _ := c.lookup(claim, ks, st, tids)
+		misses, _, _ := c.lookup(claim, ks, st)
 		writes := make([]partition.RowWrite, 0, len(ks))
 		for _, k := range ks {
 			writes = append(writes, partition.RowWrite{Key: k, Version: st.Versions[k] + 1, Row: rows[k]})
 		}
-		c.store(claim, misses, st, writes, nil, tids)
+		c.store(claim, misses, st, writes, nil)
 		n++
 	}
 	b.ReportMetric(float64(b.Elapsed().Nanoseconds())/float64(n*batch), "ns/key")

@@ -9,8 +9,6 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/jackc/pgx/v5/pgtype"
-
 	"github.com/projector-dev/projector/partition"
 	"github.com/projector-dev/projector/projection"
 )
@@ -41,7 +39,7 @@ func TestStateCacheBounded(t *testing.T) {
 						keys = append(keys, k)
 						rows = append(rows, partition.RowWrite{Key: k, Version: int64(b + 1), Row: projection.Row{"n": int64(i)}})
 					}
-					c.store(claim, keys, loaded, rows, nil, nil)
+					c.store(claim, keys, loaded, rows, nil)
 					if c.size > tc.rows || c.bytes > tc.bytes {
 						t.Fatalf("after %d batches of partition %d the cache holds %d rows in %d bytes, want at most %d and %d", b+1, p, c.size, c.bytes, tc.rows, tc.bytes)
 					}
@@ -93,7 +91,7 @@ func TestStateCacheBypassedWhenItDoesNotPay(t *testing.T) {
 	hot := partition.Claim{TP: partition.TP{Topic: "t", Partition: 1}, Epoch: 1}
 	batch := func(claim partition.Claim, keys []string) (hits int, caching bool) {
 		st := partition.State{Rows: map[string]projection.Row{}, Versions: map[string]int64{}}
-		misses, hits, caching := c.lookup(claim, keys, st, map[string]pgtype.TID{})
+		misses, hits, caching := c.lookup(claim, keys, st)
 		if caching {
 			caching = c.tally(claim, len(keys), hits)
 		}
@@ -102,7 +100,7 @@ func TestStateCacheBypassedWhenItDoesNotPay(t *testing.T) {
 			for _, k := range misses {
 				loaded.Versions[k] = 1
 			}
-			c.store(claim, misses, loaded, nil, nil, nil)
+			c.store(claim, misses, loaded, nil, nil)
 		}
 		return hits, caching
 	}
@@ -159,7 +157,7 @@ func TestStateCacheNewAggregatesDoNotCountAsMisses(t *testing.T) {
 			next++
 		}
 		st := partition.State{Rows: map[string]projection.Row{}, Versions: map[string]int64{}}
-		misses, hits, caching := c.lookup(claim, keys, st, map[string]pgtype.TID{})
+		misses, hits, caching := c.lookup(claim, keys, st)
 		if !caching {
 			t.Fatalf("after %d lookups, 80%% of them new aggregates and the rest all hits, the cache is bypassed", looked)
 		}
@@ -171,7 +169,7 @@ func TestStateCacheNewAggregatesDoNotCountAsMisses(t *testing.T) {
 		for _, k := range misses {
 			loaded.Versions[k] = 1
 		}
-		c.store(claim, misses, loaded, nil, nil, nil)
+		c.store(claim, misses, loaded, nil, nil)
 		seen = append(seen, misses...)
 	}
 }
@@ -207,9 +205,9 @@ func TestStateCacheRowEncoding(t *testing.T) {
 	c := newStateCache(10, 1<<40, cols, true)
 	claim := partition.Claim{TP: partition.TP{Topic: "t"}, Epoch: 1}
 	loaded := partition.State{Rows: map[string]projection.Row{"a": row}, Versions: map[string]int64{"a": 1}}
-	c.store(claim, []string{"a"}, loaded, []partition.RowWrite{{Key: "a", Version: 2, Row: projection.Row{"id": "a", "n": 3}}}, nil, nil)
+	c.store(claim, []string{"a"}, loaded, []partition.RowWrite{{Key: "a", Version: 2, Row: projection.Row{"id": "a", "n": 3}}}, nil)
 	st := partition.State{Rows: map[string]projection.Row{}, Versions: map[string]int64{}}
-	if misses, _, _ := c.lookup(claim, []string{"a"}, st, map[string]pgtype.TID{}); len(misses) != 1 || c.size != 0 {
+	if misses, _, _ := c.lookup(claim, []string{"a"}, st); len(misses) != 1 || c.size != 0 {
 		t.Errorf("a row the cache cannot hold left %v cached (misses %v, size %d)", st.Rows["a"], misses, c.size)
 	}
 }
@@ -221,7 +219,7 @@ func TestStateCacheCountsAReplacedMissOnce(t *testing.T) {
 	claim := partition.Claim{TP: partition.TP{Topic: "t"}, Epoch: 1}
 	for _, n := range []int64{1, 1 << 40} {
 		loaded := partition.State{Rows: map[string]projection.Row{"a": {"n": n}}, Versions: map[string]int64{"a": n}}
-		c.store(claim, []string{"a"}, loaded, nil, nil, nil)
+		c.store(claim, []string{"a"}, loaded, nil, nil)
 	}
 	a := entries(c.parts[claim.TP])["a"]
 	if c.size != 1 || c.bytes != cost(a) || a.version != 1<<40 {
@@ -247,15 +245,15 @@ func TestStateCacheHashCollision(t *testing.T) {
 	claim := partition.Claim{TP: partition.TP{Topic: "t"}, Epoch: 1}
 	for _, k := range []string{"a", "bb"} {
 		loaded := partition.State{Rows: map[string]projection.Row{k: {"k": k}}, Versions: map[string]int64{k: 3}}
-		c.store(claim, []string{k}, loaded, nil, nil, nil)
+		c.store(claim, []string{k}, loaded, nil, nil)
 	}
 	st := partition.State{Rows: map[string]projection.Row{}, Versions: map[string]int64{}}
-	misses, hits, _ := c.lookup(claim, []string{"a", "bb"}, st, map[string]pgtype.TID{})
+	misses, hits, _ := c.lookup(claim, []string{"a", "bb"}, st)
 	if !slices.Equal(misses, []string{"a"}) || hits != 1 || st.Rows["bb"]["k"] != "bb" || st.Rows["a"] != nil {
 		t.Errorf("misses %v, hits %d, state %v: want a missed and bb's own row", misses, hits, st.Rows)
 	}
 	// A write of the replaced key leaves the other's entry alone.
-	c.store(claim, nil, partition.State{}, []partition.RowWrite{{Key: "a", Version: 4, Row: projection.Row{"k": "a"}}}, nil, nil)
+	c.store(claim, nil, partition.State{}, []partition.RowWrite{{Key: "a", Version: 4, Row: projection.Row{"k": "a"}}}, nil)
 	if a := entries(c.parts[claim.TP])["bb"]; c.size != 1 || c.bytes != cost(a) || a.version != 3 {
 		t.Errorf("size %d, %d bytes, bb at v%d; want bb's entry alone at v3, %d bytes", c.size, c.bytes, a.version, cost(a))
 	}
@@ -274,16 +272,16 @@ func TestStateCacheCompacts(t *testing.T) {
 		keys[i] = fmt.Sprintf("key-%03d", i)
 		loaded.Rows[keys[i]], loaded.Versions[keys[i]] = projection.Row{"owner": "first " + keys[i], "n": int64(0)}, 1
 	}
-	c.store(claim, keys, loaded, nil, nil, nil)
+	c.store(claim, keys, loaded, nil, nil)
 	first := partition.State{Rows: map[string]projection.Row{}, Versions: map[string]int64{}}
-	c.lookup(claim, keys, first, map[string]pgtype.TID{})
+	c.lookup(claim, keys, first)
 	pc := c.parts[claim.TP]
 	for v := int64(2); v <= 200; v++ {
 		var writes []partition.RowWrite
 		for _, k := range keys {
 			writes = append(writes, partition.RowWrite{Key: k, Version: v, Row: projection.Row{"owner": strings.Repeat("o", int(v)) + k, "n": v}})
 		}
-		c.store(claim, nil, partition.State{}, writes, nil, nil)
+		c.store(claim, nil, partition.State{}, writes, nil)
 		if limit := 2*pc.live + compactMin + 1<<10; len(pc.data) > limit {
 			t.Fatalf("after version %d the partition keeps %d bytes for %d live", v, len(pc.data), pc.live)
 		}
@@ -292,14 +290,14 @@ func TestStateCacheCompacts(t *testing.T) {
 		t.Errorf("%d bytes of capacity for %d live", cap(pc.data), pc.live)
 	}
 	last := partition.State{Rows: map[string]projection.Row{}, Versions: map[string]int64{}}
-	c.lookup(claim, keys, last, map[string]pgtype.TID{})
+	c.lookup(claim, keys, last)
 	// Rows of the same length are rewritten in place.
 	size := len(pc.data)
 	var writes []partition.RowWrite
 	for _, k := range keys {
 		writes = append(writes, partition.RowWrite{Key: k, Version: 201, Row: projection.Row{"owner": strings.Repeat("x", 200) + k, "n": int64(201)}})
 	}
-	c.store(claim, nil, partition.State{}, writes, nil, nil)
+	c.store(claim, nil, partition.State{}, writes, nil)
 	if len(pc.data) != size {
 		t.Errorf("rewriting rows of the same length took %d bytes more", len(pc.data)-size)
 	}
@@ -312,7 +310,7 @@ func TestStateCacheCompacts(t *testing.T) {
 		}
 	}
 	now := partition.State{Rows: map[string]projection.Row{}, Versions: map[string]int64{}}
-	c.lookup(claim, keys, now, map[string]pgtype.TID{})
+	c.lookup(claim, keys, now)
 	for _, k := range keys {
 		if got := now.Rows[k]; got["owner"] != strings.Repeat("x", 200)+k || now.Versions[k] != 201 {
 			t.Fatalf("%s: cached as v%d %v after the rewrite", k, now.Versions[k], got)
@@ -332,12 +330,12 @@ func TestStateCacheLongKeysAndRows(t *testing.T) {
 		Rows:     map[string]projection.Row{long: {"k": "v"}, "a": {"k": long}},
 		Versions: map[string]int64{long: 1, "a": 1},
 	}
-	c.store(claim, []string{long, "a"}, loaded, nil, nil, nil)
+	c.store(claim, []string{long, "a"}, loaded, nil, nil)
 	for v := int64(2); v < 4; v++ {
-		c.store(claim, nil, partition.State{}, []partition.RowWrite{{Key: "a", Version: v, Row: projection.Row{"k": long[:69_000]}}}, nil, nil)
+		c.store(claim, nil, partition.State{}, []partition.RowWrite{{Key: "a", Version: v, Row: projection.Row{"k": long[:69_000]}}}, nil)
 	}
 	st := partition.State{Rows: map[string]projection.Row{}, Versions: map[string]int64{}}
-	misses, _, _ := c.lookup(claim, []string{long, "a"}, st, map[string]pgtype.TID{})
+	misses, _, _ := c.lookup(claim, []string{long, "a"}, st)
 	pc := c.parts[claim.TP]
 	a := entries(pc)["a"]
 	if len(misses) != 1 || misses[0] != long || st.Rows["a"]["k"] != long[:69_000] || st.Versions["a"] != 3 {

@@ -7,7 +7,6 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/jackc/pgx/v5/pgtype"
 	"pgregory.net/rapid"
 
 	"github.com/projector-dev/projector/partition"
@@ -53,7 +52,7 @@ func TestStateCacheAgainstModel(t *testing.T) {
 				keys[i] = fmt.Sprintf("p%d-%s", p, k) // a key stays in its partition
 			}
 			st := partition.State{Rows: map[string]projection.Row{}, Versions: map[string]int64{}}
-			misses, _, _ := c.lookup(claim, keys, st, map[string]pgtype.TID{})
+			misses, _, _ := c.lookup(claim, keys, st)
 			missed := map[string]bool{}
 			for _, k := range misses {
 				missed[k] = true
@@ -92,7 +91,7 @@ func TestStateCacheAgainstModel(t *testing.T) {
 					truth[k] = state{version: v, row: maps.Clone(row)}
 				}
 			}
-			c.store(claim, misses, loaded, writes, deletes, nil)
+			c.store(claim, misses, loaded, writes, deletes)
 
 			size, bytes := 0, int64(0)
 			for _, pc := range c.parts {

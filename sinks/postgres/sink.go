@@ -12,7 +12,6 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
-	"github.com/jackc/pgx/v5/pgtype"
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/projector-dev/projector/partition"
@@ -58,13 +57,12 @@ func (s *Sink) CacheStats() CacheStats {
 
 // statements are the SQL of a projection's table (see rowSQL).
 type statements struct {
-	load        string // rows (or versions) and their ctids, by key
-	upsert      string // insert or update, one row at a time (isolated rows)
-	updateByKey string // rows known to exist, found by key
-	updateByTid string // rows known to exist, found by ctid
-	insert      string // rows known not to exist
-	insertNew   string // rows of aggregates assumed new
-	del         string
+	load      string // rows (or versions), by key
+	upsert    string // insert or update, one row at a time (isolated rows)
+	update    string // rows known to exist
+	insert    string // rows known not to exist
+	insertNew string // rows of aggregates assumed new
+	del       string
 }
 
 var _ partition.Sink = (*Sink)(nil)
@@ -156,14 +154,14 @@ func rowSQL(p *projection.Projection) statements {
 	sets = append(sets, "version = excluded.version")
 	// The statements' FROM: the column arrays, the version array and
 	// statement-specific ones (name, type) as rows u.
-	from := func(ordinality bool, extra ...string) string {
+	from := func(extra ...string) string {
 		ps := append(slices.Clone(params), fmt.Sprintf("$%d::bigint[]", versions))
 		ns := append(slices.Clone(unnested), "version")
 		for i := 0; i < len(extra); i += 2 {
 			ps = append(ps, fmt.Sprintf("$%d::%s", versions+1+i/2, extra[i+1]))
 			ns = append(ns, extra[i])
 		}
-		return arrayRows(ps, ns, ordinality)
+		return arrayRows(ps, ns)
 	}
 
 	// Rows and tombstones are looked up by separate index probes: a join
@@ -172,79 +170,65 @@ func rowSQL(p *projection.Projection) statements {
 	// join the planner hashes the whole table once it has grown (a batch
 	// of 1,000 keys against 100,000 rows took ten times as long).
 	var st statements
-	st.load = fmt.Sprintf(`SELECT k.key, t.version, t.ctid, %s
+	st.load = fmt.Sprintf(`SELECT k.key, t.version, %s
 		FROM (SELECT unnest($1::text[]) AS key) AS k
-		CROSS JOIN LATERAL (SELECT *, ctid FROM %s t WHERE t.%s = k.key::%s LIMIT 1) t`,
+		CROSS JOIN LATERAL (SELECT * FROM %s t WHERE t.%s = k.key::%s LIMIT 1) t`,
 		strings.Join(sel, ", "), table, keyCol, key.Type)
 	if !p.FoldReadsRow() {
-		st.load = fmt.Sprintf(`SELECT k.key, t.version, t.ctid
+		st.load = fmt.Sprintf(`SELECT k.key, t.version
 		FROM (SELECT unnest($1::text[]) AS key) AS k
-		CROSS JOIN LATERAL (SELECT version, ctid FROM %s t WHERE t.%s = k.key::%s LIMIT 1) t`,
+		CROSS JOIN LATERAL (SELECT version FROM %s t WHERE t.%s = k.key::%s LIMIT 1) t`,
 			table, keyCol, key.Type)
 	}
 	st.upsert = fmt.Sprintf(`INSERT INTO %s (%s, version)
 		SELECT %s, u.version FROM %s AS u
 		ON CONFLICT (%s) DO UPDATE SET %s WHERE %s.version < excluded.version`,
-		table, strings.Join(names, ", "), strings.Join(values, ", "), from(false),
+		table, strings.Join(names, ", "), strings.Join(values, ", "), from(),
 		keyCol, strings.Join(sets, ", "), table)
 	// Rows known to exist are updated in place: an upsert that meets its
-	// conflict also locks the row, one more WAL record per row. A row
-	// whose ctid the sink knows (it read the row, or updated it last) is
-	// found by it, which costs half as much as an index probe; the key is
-	// checked as well, so that a ctid gone stale (the row updated behind
-	// the sink's back, the table rewritten) updates nothing. Both joins
-	// run as probes (see planIndexProbes); the key check of an update by
-	// ctid is written so that it cannot use the key's index, or the planner
-	// probes the index and filters by ctid. Each update returns the row's
-	// position in its arrays and its new ctid.
+	// conflict also locks the row, one more WAL record per row. They are
+	// found through the key's index (see planIndexProbes), which also lets
+	// Postgres prune the row versions that earlier batches left dead on the
+	// page, so that the update can stay on it (heap-only, no new index
+	// entry). Found by ctid instead, a probe cheaper by half, rows were never
+	// pruned between vacuums: a fifth of the updates left their page and
+	// the table grew to twice the size, which cost more than the probes.
 	updSets = append(updSets, "version = u.version")
-	st.updateByKey = fmt.Sprintf(`UPDATE %s AS t SET %s
+	st.update = fmt.Sprintf(`UPDATE %s AS t SET %s
 		FROM %s AS u
-		WHERE t.%s = u.c0::%s AND t.version < u.version
-		RETURNING u.i, t.ctid`,
-		table, strings.Join(updSets, ", "), from(true), keyCol, key.Type)
-	st.updateByTid = fmt.Sprintf(`UPDATE %s AS t SET %s
-		FROM %s AS u
-		WHERE t.ctid = u.tid AND (t.%s = u.c0::%s) IS TRUE AND t.version < u.version
-		RETURNING u.i, t.ctid`,
-		table, strings.Join(updSets, ", "), from(true, "tid", "tid[]"), keyCol, key.Type)
+		WHERE t.%s = u.c0::%s AND t.version < u.version`,
+		table, strings.Join(updSets, ", "), from(), keyCol, key.Type)
 	// Rows known not to exist are inserted without ON CONFLICT, whose
 	// speculative insertion costs about as much again; a row that exists
 	// after all fails the statement (see keyConflict). Rows of aggregates
 	// assumed new are inserted only when the aggregate has no tombstone
 	// either (an index probe each: see load); the rows inserted are
-	// counted against those planned. Both return each row's key, as text,
-	// and ctid.
+	// counted against those planned.
 	st.insert = fmt.Sprintf(`INSERT INTO %s (%s, version)
-		SELECT %s, u.version FROM %s AS u
-		RETURNING %s::text, ctid`,
-		table, strings.Join(names, ", "), strings.Join(values, ", "), from(false), keyCol)
+		SELECT %s, u.version FROM %s AS u`,
+		table, strings.Join(names, ", "), strings.Join(values, ", "), from())
 	st.insertNew = fmt.Sprintf(`INSERT INTO %s (%s, version)
 		SELECT %s, u.version FROM %s AS u
 		LEFT JOIN LATERAL (SELECT true AS found FROM projector_tombstones t
 		                   WHERE t.table_name = $%d AND t.key = u.agg LIMIT 1) t ON true
-		WHERE t.found IS NULL
-		RETURNING %s::text, ctid`,
-		table, strings.Join(names, ", "), strings.Join(values, ", "), from(false, "agg", "text[]"),
-		versions+2, keyCol)
+		WHERE t.found IS NULL`,
+		table, strings.Join(names, ", "), strings.Join(values, ", "), from("agg", "text[]"),
+		versions+2)
 	st.del = fmt.Sprintf(`DELETE FROM %s WHERE %s = ANY($1::text[]::%s[])`, table, keyCol, key.Type)
 	return st
 }
 
 // arrayRows is a FROM item turning array parameters (params, as SQL
-// expressions) into rows of the columns names, in order, with i their
-// 1-based position when ordinality. The arrays are unnested in a SELECT
-// list, where they run in lockstep and stream their rows: unnest(a, b, ...)
-// in FROM materialises them first, which took twice as long for arrays of
-// 1,000 rows. Arrays of different lengths pad the shorter ones with NULLs
-// either way; the sink's arrays have one length.
-func arrayRows(params, names []string, ordinality bool) string {
-	cols := make([]string, 0, len(params)+1)
+// expressions) into rows of the columns names, in order. The arrays are
+// unnested in a SELECT list, where they run in lockstep and stream their
+// rows: unnest(a, b, ...) in FROM materialises them first, which took
+// twice as long for arrays of 1,000 rows. Arrays of different lengths pad
+// the shorter ones with NULLs either way; the sink's arrays have one
+// length.
+func arrayRows(params, names []string) string {
+	cols := make([]string, 0, len(params))
 	for i, p := range params {
 		cols = append(cols, fmt.Sprintf("unnest(%s) AS %s", p, names[i]))
-	}
-	if ordinality {
-		cols = append(cols, fmt.Sprintf("generate_subscripts(%s, 1) AS i", params[0]))
 	}
 	return "(SELECT " + strings.Join(cols, ", ") + ")"
 }
@@ -383,8 +367,7 @@ func (s *Sink) commit(ctx context.Context, claim partition.Claim, end int64, key
 		Rows:     make(map[string]projection.Row, len(keys.All)),
 		Versions: make(map[string]int64, len(keys.All)),
 	}
-	tids := make(map[string]pgtype.TID, len(keys.All)) // ctids of existing rows, where known
-	misses, hits, caching := s.cache.lookup(claim, keys.All, state, tids)
+	misses, hits, caching := s.cache.lookup(claim, keys.All, state)
 	read, assumed := misses, map[string]bool(nil)
 	if assume && !isolate && len(keys.New) > 0 {
 		read, assumed = splitNew(misses, keys.New)
@@ -394,7 +377,7 @@ func (s *Sink) commit(ctx context.Context, claim partition.Claim, end int64, key
 	}
 	s.hits.Add(int64(hits))
 	s.misses.Add(int64(len(read)))
-	if err := s.load(ctx, tx, claim.TP, read, keys.Parked, &state, tids); err != nil {
+	if err := s.load(ctx, tx, claim.TP, read, keys.Parked, &state); err != nil {
 		return err
 	}
 	ch, err := plan(state)
@@ -409,19 +392,16 @@ func (s *Sink) commit(ctx context.Context, claim partition.Claim, end int64, key
 	// Rows the state says exist are updated, the others inserted, those of
 	// aggregates assumed new last; upserts lists them in that order.
 	var g upsertGroups
-	ch.Upserts, g = groupUpserts(ch.Upserts, state.Rows, tids, assumed)
+	ch.Upserts, g = groupUpserts(ch.Upserts, state.Rows, assumed)
 	upserts, inexact := ch.Upserts, []int{} // inexact: rows storedRows must convert
 	if isolate {
 		if err := s.isolateUpserts(ctx, tx, ch.Upserts); err != nil {
 			return err
 		}
-		for _, w := range ch.Upserts {
-			delete(tids, w.Key) // moved, to where is not known
-		}
 		ch.Upserts, g = nil, upsertGroups{} // written one by one above
 	}
 	b := &pgx.Batch{}
-	counts, err := s.queueChanges(b, claim.TP, ch, g, tids, &inexact)
+	counts, err := s.queueChanges(b, claim.TP, ch, g, &inexact)
 	if err != nil {
 		return err
 	}
@@ -445,7 +425,7 @@ func (s *Sink) commit(ctx context.Context, claim partition.Claim, end int64, key
 	// from a stale cache or the table was written behind projector's back:
 	// retry from Postgres. An aggregate assumed new that has a tombstone
 	// was not inserted: plan again from what Postgres holds.
-	if counts.updated < int64(g.byTid+g.byKey) {
+	if counts.updated < int64(g.existing) {
 		return errStaleState
 	}
 	if counts.insertedNew < int64(g.assumed) {
@@ -463,7 +443,7 @@ func (s *Sink) commit(ctx context.Context, claim partition.Claim, end int64, key
 			s.cache.drop(claim.TP) // committed; the next batch reads from Postgres
 			return nil
 		}
-		s.cache.store(claim, misses, state, stored, ch.Deletes, tids)
+		s.cache.store(claim, misses, state, stored, ch.Deletes)
 	}
 	return nil
 }
@@ -523,39 +503,35 @@ func onlyInserts(ch partition.Changes, assumed map[string]bool) error {
 }
 
 // upsertGroups counts the rows of each statement, in their order in the
-// batch's upserts: updates of existing rows by ctid and by key, inserts of
-// rows known not to exist, inserts of the rows of aggregates assumed new.
-type upsertGroups struct{ byTid, byKey, absent, assumed int }
+// batch's upserts: updates of existing rows, inserts of rows known not to
+// exist, inserts of the rows of aggregates assumed new.
+type upsertGroups struct{ existing, absent, assumed int }
 
 // groupUpserts returns upserts reordered into upsertGroups: the rows that
-// exist (those in rows) first, those with a known ctid (in tids) before
-// the others, and those of assumed aggregates last.
-func groupUpserts(upserts []partition.RowWrite, rows map[string]projection.Row, tids map[string]pgtype.TID, assumed map[string]bool) ([]partition.RowWrite, upsertGroups) {
+// exist (those in rows) first, those of assumed aggregates last.
+func groupUpserts(upserts []partition.RowWrite, rows map[string]projection.Row, assumed map[string]bool) ([]partition.RowWrite, upsertGroups) {
 	group := func(w partition.RowWrite) int {
 		if _, ok := rows[w.Key]; ok {
-			if _, ok := tids[w.Key]; ok {
-				return 0
-			}
-			return 1
+			return 0
 		}
 		if assumed[w.Key] {
-			return 3
+			return 2
 		}
-		return 2
+		return 1
 	}
-	var n [4]int
+	var n [3]int
 	groups := make([]int, len(upserts))
 	for i, w := range upserts {
 		groups[i] = group(w)
 		n[groups[i]]++
 	}
-	next := [4]int{0, n[0], n[0] + n[1], n[0] + n[1] + n[2]}
+	next := [3]int{0, n[0], n[0] + n[1]}
 	out := make([]partition.RowWrite, len(upserts))
 	for i, w := range upserts {
 		out[next[groups[i]]] = w
 		next[groups[i]]++
 	}
-	return out, upsertGroups{byTid: n[0], byKey: n[1], absent: n[2], assumed: n[3]}
+	return out, upsertGroups{existing: n[0], absent: n[1], assumed: n[2]}
 }
 
 // storedRows returns rows as a load from Postgres would return them (see
@@ -655,9 +631,8 @@ func (s *Sink) isolateUpserts(ctx context.Context, tx pgx.Tx, rows []partition.R
 	return nil
 }
 
-// load reads the state of keys and the parked events of parkedKeys into st,
-// and the ctids of the rows into tids unless it is nil.
-func (s *Sink) load(ctx context.Context, tx pgx.Tx, tp partition.TP, keys, parkedKeys []string, st *partition.State, tids map[string]pgtype.TID) error {
+// load reads the state of keys and the parked events of parkedKeys into st.
+func (s *Sink) load(ctx context.Context, tx pgx.Tx, tp partition.TP, keys, parkedKeys []string, st *partition.State) error {
 	if len(keys) == 0 && len(parkedKeys) == 0 {
 		return nil
 	}
@@ -668,28 +643,23 @@ func (s *Sink) load(ctx context.Context, tx pgx.Tx, tp partition.TP, keys, parke
 			var (
 				key  string
 				rowV int64
-				tid  pgtype.TID
 			)
 			for rows.Next() {
-				if err := rows.Scan(&key, &rowV, &tid); err != nil {
+				if err := rows.Scan(&key, &rowV); err != nil {
 					return err
 				}
 				st.Rows[key] = presentRow
 				st.Versions[key] = max(st.Versions[key], rowV)
-				if tids != nil {
-					tids[key] = tid
-				}
 			}
 			return rows.Err()
 		}
 		var (
 			key   string
 			rowV  int64
-			tid   pgtype.TID
 			texts = make([]*string, len(cols))
-			dest  = make([]any, 0, 3+len(cols))
+			dest  = make([]any, 0, 2+len(cols))
 		)
-		dest = append(dest, &key, &rowV, &tid)
+		dest = append(dest, &key, &rowV)
 		for i := range texts {
 			dest = append(dest, &texts[i])
 		}
@@ -707,9 +677,6 @@ func (s *Sink) load(ctx context.Context, tx pgx.Tx, tp partition.TP, keys, parke
 			}
 			st.Rows[key] = row
 			st.Versions[key] = max(st.Versions[key], rowV)
-			if tids != nil {
-				tids[key] = tid
-			}
 		}
 		return rows.Err()
 	})
@@ -754,39 +721,14 @@ func (s *Sink) load(ctx context.Context, tx pgx.Tx, tp partition.TP, keys, parke
 	return nil
 }
 
-// inserted reads what an insert returned: it counts the rows in n (unless
-// nil) and notes each row's ctid in tids under its key column's text,
-// which is the aggregate key unless the key was written otherwise ("042"
-// for 42: that row's ctid stays unknown, and its next update finds it by
-// key).
-func inserted(tids map[string]pgtype.TID, n *int64) func(pgx.Rows) error {
-	return func(res pgx.Rows) error {
-		var (
-			key string
-			tid pgtype.TID
-		)
-		for res.Next() {
-			if err := res.Scan(&key, &tid); err != nil {
-				return err
-			}
-			if n != nil {
-				*n++
-			}
-			tids[key] = tid
-		}
-		return res.Err()
-	}
-}
-
 // writeCounts are the rows the statements of a batch wrote, filled in when
 // the batch has run.
 type writeCounts struct{ updated, insertedNew int64 }
 
-// queueChanges queues the batch's writes, the upserts grouped as g says,
-// the first found by their ctids in tids; the rows updated leave their new
-// ctids in tids when the batch has run. Rows not in the form a load
-// returns are listed in inexact (see storedRows).
-func (s *Sink) queueChanges(b *pgx.Batch, tp partition.TP, ch partition.Changes, g upsertGroups, tids map[string]pgtype.TID, inexact *[]int) (*writeCounts, error) {
+// queueChanges queues the batch's writes, the upserts grouped as g says.
+// Rows not in the form a load returns are listed in inexact (see
+// storedRows).
+func (s *Sink) queueChanges(b *pgx.Batch, tp partition.TP, ch partition.Changes, g upsertGroups, inexact *[]int) (*writeCounts, error) {
 	counts := new(writeCounts)
 	if len(ch.Deletes) > 0 {
 		keys := make([]string, len(ch.Deletes))
@@ -797,59 +739,31 @@ func (s *Sink) queueChanges(b *pgx.Batch, tp partition.TP, ch partition.Changes,
 		b.Queue(s.sql.del, keys)
 		b.Queue(tombstoneSQL, s.p.Table, keys, versions)
 	}
-	existing := g.byTid + g.byKey
-	byTid, byKey := ch.Upserts[:g.byTid], ch.Upserts[g.byTid:existing]
-	absent, assumed := ch.Upserts[existing:existing+g.absent], ch.Upserts[existing+g.absent:]
-	update := func(sql string, rows []partition.RowWrite, base int, extra ...any) error {
-		args, err := s.upsertArgs(rows, base, inexact)
+	existing := ch.Upserts[:g.existing]
+	absent, assumed := ch.Upserts[g.existing:g.existing+g.absent], ch.Upserts[g.existing+g.absent:]
+	count := func(n *int64) func(pgconn.CommandTag) error {
+		return func(tag pgconn.CommandTag) error {
+			*n = tag.RowsAffected()
+			return nil
+		}
+	}
+	if len(existing) > 0 {
+		args, err := s.upsertArgs(existing, 0, inexact)
 		if err != nil {
-			return err
+			return nil, err
 		}
-		b.Queue(sql, append(args, extra...)...).Query(func(res pgx.Rows) error {
-			var (
-				i   int64
-				tid pgtype.TID
-			)
-			for res.Next() {
-				if err := res.Scan(&i, &tid); err != nil {
-					return err
-				}
-				if i < 1 || int(i) > len(rows) {
-					return fmt.Errorf("update returned row %d of %d", i, len(rows))
-				}
-				counts.updated++
-				tids[rows[i-1].Key] = tid
-			}
-			return res.Err()
-		})
-		return nil
-	}
-	if existing > 0 {
 		b.Queue(planIndexProbes)
-	}
-	if len(byTid) > 0 {
-		at := make(pgArray[pgtype.TID], len(byTid))
-		for i, w := range byTid {
-			at[i] = tids[w.Key]
-		}
-		if err := update(s.sql.updateByTid, byTid, 0, at); err != nil {
-			return nil, err
-		}
-	}
-	if len(byKey) > 0 {
-		if err := update(s.sql.updateByKey, byKey, g.byTid); err != nil {
-			return nil, err
-		}
+		b.Queue(s.sql.update, args...).Exec(count(&counts.updated))
 	}
 	if len(absent) > 0 {
-		args, err := s.upsertArgs(absent, existing, inexact)
+		args, err := s.upsertArgs(absent, g.existing, inexact)
 		if err != nil {
 			return nil, err
 		}
-		b.Queue(s.sql.insert, args...).Query(inserted(tids, nil))
+		b.Queue(s.sql.insert, args...)
 	}
 	if len(assumed) > 0 {
-		args, err := s.upsertArgs(assumed, existing+g.absent, inexact)
+		args, err := s.upsertArgs(assumed, g.existing+g.absent, inexact)
 		if err != nil {
 			return nil, err
 		}
@@ -857,7 +771,7 @@ func (s *Sink) queueChanges(b *pgx.Batch, tp partition.TP, ch partition.Changes,
 		for i, w := range assumed {
 			keys[i] = w.Key
 		}
-		b.Queue(s.sql.insertNew, append(args, keys, s.p.Table)...).Query(inserted(tids, &counts.insertedNew))
+		b.Queue(s.sql.insertNew, append(args, keys, s.p.Table)...).Exec(count(&counts.insertedNew))
 	}
 	if len(ch.Unpark) > 0 {
 		keys := make([]string, len(ch.Unpark))
@@ -990,7 +904,7 @@ func (s *Sink) Load(ctx context.Context, tp partition.TP, keys []string) (partit
 	}
 	defer tx.Rollback(context.WithoutCancel(ctx)) //nolint:errcheck // read-only
 	st := partition.State{Rows: map[string]projection.Row{}, Versions: map[string]int64{}}
-	err = s.load(ctx, tx, tp, keys, keys, &st, nil)
+	err = s.load(ctx, tx, tp, keys, keys, &st)
 	return st, err
 }
 

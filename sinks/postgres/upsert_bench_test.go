@@ -137,7 +137,7 @@ func BenchmarkQueueChanges(b *testing.B) {
 	b.ReportAllocs()
 	perRow(b, n, func() {
 		batch := &pgx.Batch{}
-		if _, err := s.queueChanges(batch, tp, ch, upsertGroups{absent: len(rows)}, nil, nil); err != nil {
+		if _, err := s.queueChanges(batch, tp, ch, upsertGroups{absent: len(rows)}, nil); err != nil {
 			b.Fatal(err)
 		}
 		batch.Queue(advanceSQL, int64(2000), s.identity, tp.Topic, tp.Partition, int64(1), int64(1000))
