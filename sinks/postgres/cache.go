@@ -13,8 +13,9 @@ import (
 // The most a sink's state cache holds unless told otherwise (see
 // Sink.SetStateCache): whichever bound it reaches first. A cached
 // aggregate takes its key, its encoded row and entryBytes more; one with a
-// few short columns takes about 175 bytes of live heap, so 128 MiB hold
-// some 750,000 of them. The process's resident memory grows by up to
+// few short columns takes 120-165 bytes of live heap (depending on how
+// full the maps' tables are) and counts 153, so 128 MiB hold some 870,000
+// of them. The process's resident memory grows by up to
 // about twice that, as Go's collector lets the heap reach twice what is
 // live (GOGC=100).
 const (
@@ -25,7 +26,8 @@ const (
 // entryBytes is what the cache counts for one entry besides the bytes of
 // its key and row: its map slot (hash and entry, with the load factor's
 // slack) and the share of unused bytes that compaction lets accumulate
-// (see partCache.compact), as measured on rows of four short columns.
+// (see partCache.compact), as measured on rows of four short columns: a
+// little more than the 120-165 bytes of heap such entries take in all.
 const entryBytes = 88
 
 // stateCache keeps the state of the aggregates a sink has read or written,
