@@ -73,6 +73,41 @@ func NewDB(t testing.TB) *DB {
 	return &DB{Pool: pool, URL: u.String(), Schema: schema}
 }
 
+// NewDatabase creates a database of its own for the test, on the test
+// database's server, and a pool connected to it; both go away when the
+// test ends. Tests that depend on what other sessions of the server do
+// use it instead of NewDB: an open transaction anywhere in a database holds
+// back the cleanup of dead row versions in all of that database's tables.
+func NewDatabase(t testing.TB) *DB {
+	t.Helper()
+	ctx := context.Background()
+	admin, err := pgxpool.New(ctx, DatabaseURL())
+	if err != nil {
+		t.Fatalf("connect to test database: %v", err)
+	}
+	t.Cleanup(admin.Close)
+	name := fmt.Sprintf("t_%x", rand.Uint64())
+	if _, err := admin.Exec(ctx, "CREATE DATABASE "+name); err != nil {
+		t.Fatalf("create database (the test database's user needs CREATEDB): %v", err)
+	}
+	u, err := url.Parse(DatabaseURL())
+	if err != nil {
+		t.Fatalf("parse database url: %v", err)
+	}
+	u.Path = "/" + name
+	pool, err := pgxpool.New(ctx, u.String())
+	if err != nil {
+		t.Fatalf("connect: %v", err)
+	}
+	t.Cleanup(func() {
+		pool.Close()
+		if _, err := admin.Exec(context.Background(), "DROP DATABASE "+name+" WITH (FORCE)"); err != nil {
+			t.Errorf("drop database %s: %v", name, err)
+		}
+	})
+	return &DB{Pool: pool, URL: u.String(), Schema: "public"}
+}
+
 // Kafka starts an in-process Kafka cluster with the topic created with the
 // given partition count.
 func Kafka(t testing.TB, topic string, partitions int, opts ...kfake.Opt) *kfake.Cluster {

@@ -83,8 +83,13 @@ type env struct {
 
 func newEnv(t *testing.T, p *projection.Projection) *env {
 	t.Helper()
+	return newEnvOn(t, p, testenv.NewDB(t))
+}
+
+// newEnvOn is newEnv on db.
+func newEnvOn(t *testing.T, p *projection.Projection, db *testenv.DB) *env {
+	t.Helper()
 	ctx := context.Background()
-	db := testenv.NewDB(t)
 	if err := postgres.Migrate(ctx, db.Pool, p); err != nil {
 		t.Fatalf("migrate: %v", err)
 	}
