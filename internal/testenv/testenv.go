@@ -40,37 +40,12 @@ type DB struct {
 // search_path is that schema; both go away when the test ends.
 func NewDB(t testing.TB) *DB {
 	t.Helper()
-	ctx := context.Background()
-	admin, err := pgxpool.New(ctx, DatabaseURL())
-	if err != nil {
-		t.Fatalf("connect to test database: %v", err)
-	}
-	t.Cleanup(admin.Close)
-	if err := admin.Ping(ctx); err != nil {
-		t.Fatalf("test database %s is not reachable (start Postgres or set PROJECTOR_TEST_DATABASE_URL): %v", DatabaseURL(), err)
-	}
 	schema := fmt.Sprintf("t_%x", rand.Uint64())
-	if _, err := admin.Exec(ctx, "CREATE SCHEMA "+schema); err != nil {
-		t.Fatalf("create schema: %v", err)
-	}
-	u, err := url.Parse(DatabaseURL())
-	if err != nil {
-		t.Fatalf("parse database url: %v", err)
-	}
-	q := u.Query()
-	q.Set("search_path", schema)
-	u.RawQuery = q.Encode()
-	pool, err := pgxpool.New(ctx, u.String())
-	if err != nil {
-		t.Fatalf("connect: %v", err)
-	}
-	t.Cleanup(func() {
-		pool.Close()
-		if _, err := admin.Exec(context.Background(), "DROP SCHEMA "+schema+" CASCADE"); err != nil {
-			t.Errorf("drop schema %s: %v", schema, err)
-		}
+	return fresh(t, "CREATE SCHEMA "+schema, "DROP SCHEMA "+schema+" CASCADE", schema, func(u *url.URL) {
+		q := u.Query()
+		q.Set("search_path", schema)
+		u.RawQuery = q.Encode()
 	})
-	return &DB{Pool: pool, URL: u.String(), Schema: schema}
 }
 
 // NewDatabase creates a database of its own for the test, on the test
@@ -80,32 +55,44 @@ func NewDB(t testing.TB) *DB {
 // back the cleanup of dead row versions in all of that database's tables.
 func NewDatabase(t testing.TB) *DB {
 	t.Helper()
+	name := fmt.Sprintf("t_%x", rand.Uint64())
+	return fresh(t, "CREATE DATABASE "+name, "DROP DATABASE "+name+" WITH (FORCE)", "public", func(u *url.URL) {
+		u.Path = "/" + name
+	})
+}
+
+// fresh runs create on the test database, and drop when the test ends,
+// and returns a pool on the test database's URL as edit changes it.
+func fresh(t testing.TB, create, drop, schema string, edit func(*url.URL)) *DB {
+	t.Helper()
 	ctx := context.Background()
 	admin, err := pgxpool.New(ctx, DatabaseURL())
 	if err != nil {
 		t.Fatalf("connect to test database: %v", err)
 	}
 	t.Cleanup(admin.Close)
-	name := fmt.Sprintf("t_%x", rand.Uint64())
-	if _, err := admin.Exec(ctx, "CREATE DATABASE "+name); err != nil {
-		t.Fatalf("create database (the test database's user needs CREATEDB): %v", err)
+	if err := admin.Ping(ctx); err != nil {
+		t.Fatalf("test database %s is not reachable (start Postgres or set PROJECTOR_TEST_DATABASE_URL): %v", DatabaseURL(), err)
+	}
+	if _, err := admin.Exec(ctx, create); err != nil {
+		t.Fatalf("%s: %v", create, err)
 	}
 	u, err := url.Parse(DatabaseURL())
 	if err != nil {
 		t.Fatalf("parse database url: %v", err)
 	}
-	u.Path = "/" + name
+	edit(u)
 	pool, err := pgxpool.New(ctx, u.String())
 	if err != nil {
 		t.Fatalf("connect: %v", err)
 	}
 	t.Cleanup(func() {
 		pool.Close()
-		if _, err := admin.Exec(context.Background(), "DROP DATABASE "+name+" WITH (FORCE)"); err != nil {
-			t.Errorf("drop database %s: %v", name, err)
+		if _, err := admin.Exec(context.Background(), drop); err != nil {
+			t.Errorf("%s: %v", drop, err)
 		}
 	})
-	return &DB{Pool: pool, URL: u.String(), Schema: "public"}
+	return &DB{Pool: pool, URL: u.String(), Schema: schema}
 }
 
 // Kafka starts an in-process Kafka cluster with the topic created with the
