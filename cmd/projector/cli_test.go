@@ -27,8 +27,12 @@ func TestDemo(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer admin.Close()
-	t.Cleanup(func() { _, _ = admin.Exec(context.Background(), "DROP SCHEMA IF EXISTS "+schema+" CASCADE") })
+	t.Cleanup(admin.Close) // after the drop below: cleanups run last first
+	t.Cleanup(func() {
+		if _, err := admin.Exec(context.Background(), "DROP SCHEMA IF EXISTS "+schema+" CASCADE"); err != nil {
+			t.Errorf("drop schema %s: %v", schema, err)
+		}
+	})
 
 	var out, errs bytes.Buffer
 	err = Main(ctx, []string{"demo", "--database-url", testenv.DatabaseURL(), "--schema", schema, "--aggregates", "2000"}, &out, &errs)
