@@ -13,9 +13,9 @@ import (
 // The most a sink's state cache holds unless told otherwise (see
 // Sink.SetStateCache): whichever bound it reaches first. A cached
 // aggregate takes its key, its encoded row and entryBytes more; one with a
-// few short columns takes 120-165 bytes of live heap (depending on how
-// full the maps' tables are) and counts 153, so 128 MiB hold some 870,000
-// of them. The process's resident memory grows by up to
+// few short columns takes 130-190 bytes of live heap (depending on how
+// full the maps' tables and the partitions' data are) and counts 181, so
+// 128 MiB hold some 740,000 of them. The process's resident memory grows by up to
 // about twice that, as Go's collector lets the heap reach twice what is
 // live (GOGC=100).
 const (
@@ -26,9 +26,10 @@ const (
 // entryBytes is what the cache counts for one entry besides the bytes of
 // its key and row: its map slot (hash and entry, with the load factor's
 // slack) and the share of unused bytes that compaction lets accumulate
-// (see partCache.compact), as measured on rows of four short columns: a
-// little more than the 120-165 bytes of heap such entries take in all.
-const entryBytes = 88
+// (see partCache.compact) and the room data keeps to grow into (see
+// partCache.grow), as measured on rows of four short columns over 12
+// partitions: such entries took 130-190 bytes of heap in all, 181 counted.
+const entryBytes = 110
 
 // stateCache keeps the state of the aggregates a sink has read or written,
 // per partition, so that a batch reads from Postgres only the aggregates it
@@ -248,9 +249,8 @@ func (c *stateCache) encode(b []byte, row projection.Row) ([]byte, bool) {
 }
 
 // lookup fills st with the cached aggregates among keys and returns the
-// keys it does not hold;
-// caching reports whether the cache is in use for the partition (see
-// tally).
+// keys it does not hold; caching reports whether the cache is in use for
+// the partition (see tally).
 func (c *stateCache) lookup(claim partition.Claim, keys []string, st partition.State) (misses []string, hits int, caching bool) {
 	if c.max <= 0 {
 		return keys, 0, false
