@@ -24,4 +24,9 @@ func TestBatchKeys(t *testing.T) {
 	if !reflect.DeepEqual(got, want) {
 		t.Errorf("batchKeys =\n%+v\nwant\n%+v", got, want)
 	}
+	for _, it := range items {
+		if it.err == nil && got.All[it.agg] != it.key {
+			t.Errorf("item of %q v%d indexes aggregate %d, %q", it.key, it.version, it.agg, got.All[it.agg])
+		}
+	}
 }

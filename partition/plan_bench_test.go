@@ -119,14 +119,15 @@ func perEvent(b *testing.B, events int, f func()) {
 func BenchmarkPlan(b *testing.B) {
 	bb := newBenchBatch(b)
 	items := bb.items(b)
+	keys := batchKeys(items, func(string) bool { return false })
 	ctx := context.Background()
-	ch, out, err := bb.w.plan(ctx, items, bb.state, map[string]string{}, false)
+	ch, out, err := bb.w.plan(ctx, items, keys.All, bb.state, map[string]string{}, false)
 	if err != nil || out.applied != benchBatchSize || len(ch.Upserts) != 200 {
 		b.Fatalf("plan: %v, %d applied, %d upserts", err, out.applied, len(ch.Upserts))
 	}
 	b.ReportAllocs()
 	perEvent(b, benchBatchSize, func() {
-		if _, _, err := bb.w.plan(ctx, items, bb.state, map[string]string{}, false); err != nil {
+		if _, _, err := bb.w.plan(ctx, items, keys.All, bb.state, map[string]string{}, false); err != nil {
 			b.Fatal(err)
 		}
 	})
@@ -150,15 +151,8 @@ func BenchmarkBatchGoSide(b *testing.B) {
 	b.ReportAllocs()
 	perEvent(b, benchBatchSize, func() {
 		items := bb.items(b)
-		keys := make([]string, 0, len(items))
-		seen := make(map[string]bool, len(items))
-		for _, it := range items {
-			if !seen[it.key] {
-				seen[it.key] = true
-				keys = append(keys, it.key)
-			}
-		}
-		if _, _, err := bb.w.plan(ctx, items, bb.state, map[string]string{}, false); err != nil {
+		keys := batchKeys(items, func(string) bool { return false })
+		if _, _, err := bb.w.plan(ctx, items, keys.All, bb.state, map[string]string{}, false); err != nil {
 			b.Fatal(err)
 		}
 	})

@@ -28,6 +28,7 @@ type item struct {
 	replayOf  int64 // dead letter this record replays, 0: none
 
 	key       string
+	agg       int // the key's index in the batch's Keys.All (see batchKeys)
 	version   int64
 	typ       string
 	fields    map[string]any
@@ -100,7 +101,7 @@ func (w *Worker) process(ctx context.Context, recs []*kgo.Record) (err error) {
 	)
 	plan := func(st State) (Changes, error) {
 		var err error
-		changes, out, err = w.plan(ctx, items, st, rejected, giveUp)
+		changes, out, err = w.plan(ctx, items, keys.All, st, rejected, giveUp)
 		return changes, err
 	}
 	for attempt := 0; ; attempt++ {
@@ -159,38 +160,42 @@ func (w *Worker) process(ctx context.Context, recs []*kgo.Record) (err error) {
 	return nil
 }
 
-// batchKeys lists the aggregates of a batch's decoded items (see Keys);
-// parked reports those with parked events.
+// batchKeys lists the aggregates of a batch's decoded items (see Keys) and
+// gives each item its key's index in Keys.All; parked reports those with
+// parked events.
 func batchKeys(items []*item, parked func(string) bool) Keys {
 	var keys Keys
 	keys.All = make([]string, 0, len(items))
 	const notNew = -1
-	first := make(map[string]int64, len(items)) // lowest version, or notNew
+	index := make(map[string]int, len(items))
+	var low []int64 // per aggregate: its lowest version, or notNew
 	for _, it := range items {
 		if it.err != nil {
 			continue
 		}
-		low, seen := first[it.key]
+		i, seen := index[it.key]
 		if !seen {
+			i = len(keys.All)
+			index[it.key] = i
 			keys.All = append(keys.All, it.key)
+			first := it.version
 			if parked(it.key) {
 				keys.Parked = append(keys.Parked, it.key)
-				low = notNew
-			} else {
-				low = it.version
+				first = notNew
 			}
+			low = append(low, first)
 		}
+		it.agg = i
 		switch {
-		case low == notNew:
+		case low[i] == notNew:
 		case it.tombstone:
-			low = notNew
+			low[i] = notNew
 		default:
-			low = min(low, it.version)
+			low[i] = min(low[i], it.version)
 		}
-		first[it.key] = low
 	}
-	for _, k := range keys.All {
-		if first[k] == 1 {
+	for i, k := range keys.All {
+		if low[i] == 1 {
 			keys.New = append(keys.New, k)
 		}
 	}
@@ -380,27 +385,37 @@ func (w *Worker) decode(ctx context.Context, it *item) error {
 type aggState struct {
 	gate    versioning.Aggregate[*item]
 	row     projection.Row
+	seen    bool // gate and row hold the aggregate's state
 	dirty   bool
 	deleted bool
 }
 
-// plan folds the batch into changes. It only reads worker state, so it may
-// run again when the transaction is retried. Events of rejected aggregates
-// are dead-lettered; with giveUp, so are events whose fold keeps failing.
-func (w *Worker) plan(ctx context.Context, items []*item, st State, rejected map[string]string, giveUp bool) (Changes, outcomes, error) {
+// plan folds the batch into changes. keys are the batch's aggregates,
+// which its items index (see batchKeys). It only reads worker state, so it
+// may run again when the transaction is retried. Events of rejected
+// aggregates are dead-lettered; with giveUp, so are events whose fold keeps
+// failing.
+func (w *Worker) plan(ctx context.Context, items []*item, keys []string, st State, rejected map[string]string, giveUp bool) (Changes, outcomes, error) {
 	var (
-		ch   Changes
-		out  = outcomes{deadLettered: map[string]int{}}
-		aggs = make(map[string]*aggState, len(items)) // a batch's aggregates are its items'
+		ch  Changes
+		out = outcomes{deadLettered: map[string]int{}}
+		// Each aggregate's state at its index in keys: items find theirs
+		// without hashing their key again.
+		aggs = make([]aggState, len(keys))
 	)
-	get := func(key string) *aggState {
-		a := aggs[key]
-		if a == nil {
-			a = &aggState{row: st.Rows[key]}
-			a.gate.Version = st.Versions[key]
-			aggs[key] = a
+	get := func(i int) *aggState {
+		a := &aggs[i]
+		if !a.seen {
+			a.row, a.gate.Version, a.seen = st.Rows[keys[i]], st.Versions[keys[i]], true
 		}
 		return a
+	}
+	var index map[string]int // of keys, for parked events
+	if len(st.Parked) > 0 {
+		index = make(map[string]int, len(keys))
+		for i, k := range keys {
+			index[k] = i
+		}
 	}
 	deadLetter := func(it *item) {
 		out.deadLettered[it.class]++
@@ -433,7 +448,11 @@ func (w *Worker) plan(ctx context.Context, items []*item, st State, rejected map
 			it.fail(ClassDecode, fmt.Errorf("decode parked event: %w", err))
 		}
 		it.key, it.version = ev.Key, ev.Version
-		a := get(ev.Key)
+		i, ok := index[ev.Key]
+		if !ok {
+			return ch, out, fmt.Errorf("parked event of %q v%d: not an aggregate of the batch", ev.Key, ev.Version)
+		}
+		a := get(i)
 		switch {
 		case it.err != nil:
 			deadLetter(it)
@@ -473,7 +492,7 @@ func (w *Worker) plan(ctx context.Context, items []*item, st State, rejected map
 			deadLetter(&c)
 			continue
 		}
-		cur = get(it.key)
+		cur = get(it.agg)
 		if it.tombstone {
 			if cur.row != nil {
 				cur.row, cur.dirty, cur.deleted = nil, true, true
@@ -519,7 +538,11 @@ func (w *Worker) plan(ctx context.Context, items []*item, st State, rejected map
 	}
 
 	ch.Upserts = make([]RowWrite, 0, len(aggs)) // at most one per aggregate
-	for key, a := range aggs {
+	for i := range aggs {
+		a, key := &aggs[i], keys[i]
+		if !a.seen {
+			continue
+		}
 		if a.dirty {
 			if a.deleted {
 				ch.Deletes = append(ch.Deletes, RowDelete{Key: key, Version: a.gate.Version})
