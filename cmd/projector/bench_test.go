@@ -43,7 +43,7 @@ func TestBenchSmoke(t *testing.T) {
 	if err != nil {
 		t.Fatalf("projector bench: %v\n%s\nstderr:\n%s", err, out, stderr.String())
 	}
-	for _, row := range []string{"limit (COPY)", "engine snapshot", "engine fold", "naive (tx/event)", "watermill (tx/event)"} {
+	for _, row := range []string{"limit (COPY)", "keyed limit (COPY)", "engine snapshot", "engine fold", "naive (tx/event)", "watermill (tx/event)"} {
 		line := lineWith(out, row)
 		if line == "" {
 			t.Errorf("no %q row in the table:\n%s", row, out)

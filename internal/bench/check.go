@@ -16,7 +16,7 @@ import (
 // consumed.
 func (b *bench) check(ctx context.Context, pool *pgxpool.Pool, mode string, ds *dataset, res *WorkerResult) error {
 	switch mode {
-	case ModeLimit:
+	case ModeLimit, ModeLimitKeyed:
 		var n int64
 		if err := pool.QueryRow(ctx, `SELECT count(*) FROM limit_rows`).Scan(&n); err != nil {
 			return err

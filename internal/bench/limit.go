@@ -19,11 +19,23 @@ const limitDDL = `CREATE TABLE limit_rows (
 	version    bigint NOT NULL
 )`
 
+// limitKeyedDDL is the table of the keyed COPY limit: the same rows under
+// a primary key of (account_id, version), so that every row also enters a
+// B-tree, as a new row of a projection enters its key's index.
+const limitKeyedDDL = `CREATE TABLE limit_rows (
+	account_id text,
+	owner      text,
+	balance    bigint,
+	opened_at  timestamptz,
+	version    bigint NOT NULL,
+	PRIMARY KEY (account_id, version)
+)`
+
 // runLimit copies one row per event of the stream into an append-only
-// table with pgx CopyFrom over CopyConns connections at once: the ceiling
-// of what this Postgres ingests, with no Kafka, no decoding and no
-// version or offset bookkeeping.
-func runLimit(ctx context.Context, e *runEnv) error {
+// table (keyed: one with a primary key) with pgx CopyFrom over CopyConns
+// connections at once: the ceiling of what this Postgres ingests, with no
+// Kafka, no decoding and no version or offset bookkeeping.
+func runLimit(ctx context.Context, e *runEnv, keyed bool) error {
 	spec := e.spec
 	conns := max(1, spec.CopyConns)
 	pool, err := openPool(ctx, spec.DatabaseURL, nil, int32(conns))
@@ -31,7 +43,11 @@ func runLimit(ctx context.Context, e *runEnv) error {
 		return fmt.Errorf("connect: %w", err)
 	}
 	defer pool.Close()
-	if _, err := pool.Exec(ctx, limitDDL); err != nil {
+	ddl := limitDDL
+	if keyed {
+		ddl = limitKeyedDDL
+	}
+	if _, err := pool.Exec(ctx, ddl); err != nil {
 		return err
 	}
 	records, err := Generate(spec.Gen)

@@ -59,15 +59,18 @@ type Row struct {
 	EventsPerSec float64 `json:"events_per_sec"`
 	// RunsEPS is every run's events/s, in the order they ran (the row is
 	// their median).
-	RunsEPS      []float64 `json:"events_per_sec_runs,omitempty"`
-	VsLimit      *float64  `json:"ratio_to_limit,omitempty"`
-	VsNaive      *float64  `json:"ratio_to_naive,omitempty"`
-	VsWatermill  *float64  `json:"ratio_to_watermill,omitempty"`
-	GoCPU        float64   `json:"go_cpu_seconds"`
-	GoCPUPerEvUS float64   `json:"go_cpu_us_per_event"`
-	PGCPU        *float64  `json:"pg_cpu_seconds"` // null: n/a
-	PGCPUPerEvUS *float64  `json:"pg_cpu_us_per_event"`
-	PGCPUNote    string    `json:"pg_cpu_note,omitempty"`
+	RunsEPS []float64 `json:"events_per_sec_runs,omitempty"`
+	VsLimit *float64  `json:"ratio_to_limit,omitempty"`
+	// VsKeyedLimit is the ratio to the keyed COPY limit (see
+	// ModeLimitKeyed).
+	VsKeyedLimit *float64 `json:"ratio_to_keyed_limit,omitempty"`
+	VsNaive      *float64 `json:"ratio_to_naive,omitempty"`
+	VsWatermill  *float64 `json:"ratio_to_watermill,omitempty"`
+	GoCPU        float64  `json:"go_cpu_seconds"`
+	GoCPUPerEvUS float64  `json:"go_cpu_us_per_event"`
+	PGCPU        *float64 `json:"pg_cpu_seconds"` // null: n/a
+	PGCPUPerEvUS *float64 `json:"pg_cpu_us_per_event"`
+	PGCPUNote    string   `json:"pg_cpu_note,omitempty"`
 	// ParentCPU is the benchmark process's own CPU in the window: the
 	// embedded broker and registry, and the harness.
 	ParentCPU float64 `json:"parent_cpu_seconds"`
@@ -130,6 +133,7 @@ type Target struct {
 
 var rowNames = map[string]string{
 	ModeLimit:          "limit (COPY)",
+	ModeLimitKeyed:     "keyed limit (COPY)",
 	ModeEngineSnapshot: "engine snapshot",
 	ModeEngineFold:     "engine fold",
 	ModeNaive:          "naive (tx/event)",
@@ -216,9 +220,10 @@ func (r *Report) finish() {
 		v := a.EventsPerSec / b.EventsPerSec
 		return &v
 	}
-	limit, naive, wm := r.row(ModeLimit), r.row(ModeNaive), r.row(ModeWatermill)
+	limit, keyed, naive, wm := r.row(ModeLimit), r.row(ModeLimitKeyed), r.row(ModeNaive), r.row(ModeWatermill)
 	for _, row := range r.Rows {
 		row.VsLimit, row.VsNaive, row.VsWatermill = ratio(row, limit), ratio(row, naive), ratio(row, wm)
+		row.VsKeyedLimit = ratio(row, keyed)
 	}
 	fold := r.row(ModeEngineFold)
 	met := func(ok bool) *bool { return &ok }
@@ -359,8 +364,21 @@ func (r *Report) Table(w io.Writer) error {
 	case s.MemberMaxRecords < 0:
 		member = "off"
 	}
-	fmt.Fprintf(w, "engine: batch-max-records %d, batch-max-wait %.0fms, member-max-records %s, state cache %s, the pool as `projector run` opens it; limit: COPY over %d connection(s) into an append-only table.\n",
+	fmt.Fprintf(w, "engine: batch-max-records %d, batch-max-wait %.0fms, member-max-records %s, state cache %s, the pool as `projector run` opens it; limit: COPY over %d connection(s) into an append-only table",
 		s.BatchMaxRecords, s.BatchMaxWaitMS, member, cache, s.CopyConns)
+	if keyed := r.row(ModeLimitKeyed); keyed != nil {
+		fmt.Fprint(w, "; keyed limit: the same rows into a table with a primary key (account_id, version)")
+		var vs []string
+		for _, row := range r.Rows {
+			if (row.Mode == ModeEngineSnapshot || row.Mode == ModeEngineFold) && row.VsKeyedLimit != nil {
+				vs = append(vs, fmt.Sprintf("%s %s", row.Name, ratioText(row.VsKeyedLimit)))
+			}
+		}
+		if len(vs) > 0 {
+			fmt.Fprintf(w, " (%s of it)", strings.Join(vs, ", "))
+		}
+	}
+	fmt.Fprintln(w, ".")
 	fmt.Fprintln(w, "cpu: the consumer's own process (each run is a child process; the embedded broker and registry are in the parent) and the Postgres backends serving its connections, within the measured window.")
 	if s.Runs > 1 {
 		var runs []string
@@ -446,7 +464,7 @@ func (r *Report) Table(w io.Writer) error {
 	} else {
 		var checked []string
 		for _, row := range r.Rows {
-			if row.Mode != ModeLimit {
+			if row.Mode != ModeLimit && row.Mode != ModeLimitKeyed {
 				checked = append(checked, row.Name)
 			}
 		}

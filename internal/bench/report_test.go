@@ -63,3 +63,32 @@ func TestAnyFailedRunFailsTheRow(t *testing.T) {
 		t.Errorf("report lacks the runs %q:\n%s", want, out.String())
 	}
 }
+
+// The keyed COPY limit gets its row, is compared with the engine rows, and
+// leaves the target, measured against the unkeyed limit, as it was.
+func TestKeyedLimit(t *testing.T) {
+	run := func(mode string, seconds float64) []*Sample {
+		return []*Sample{{Mode: mode, Result: WorkerResult{Events: 1000, Seconds: seconds}}}
+	}
+	r := &Report{Settings: Settings{Runs: 1, Events: 1000}}
+	r.add(ModeLimit, run(ModeLimit, 1), 1000)
+	r.add(ModeLimitKeyed, run(ModeLimitKeyed, 5), 1000)
+	r.add(ModeEngineFold, run(ModeEngineFold, 4), 1000)
+	r.finish()
+	fold := r.row(ModeEngineFold)
+	if fold.VsKeyedLimit == nil || *fold.VsKeyedLimit != 1.25 || fold.VsLimit == nil || *fold.VsLimit != 0.25 {
+		t.Fatalf("engine fold vs keyed limit %v, vs limit %v; want 1.25 and 0.25", fold.VsKeyedLimit, fold.VsLimit)
+	}
+	if got := r.Targets[0].Got; got != "25%" {
+		t.Errorf("COPY target got %q, want 25%% (of the unkeyed limit)", got)
+	}
+	var out bytes.Buffer
+	if err := r.Table(&out); err != nil {
+		t.Fatal(err)
+	}
+	for _, want := range []string{"keyed limit (COPY)", "(engine fold 1.25× of it)", "reference fold: engine fold equal"} {
+		if !strings.Contains(out.String(), want) {
+			t.Errorf("report lacks %q:\n%s", want, out.String())
+		}
+	}
+}

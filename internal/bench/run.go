@@ -43,7 +43,7 @@ type Config struct {
 	// Brokers are real Kafka seed brokers; empty: an embedded kfake
 	// cluster in this process.
 	Brokers []string
-	// Modes to run, of ModeLimit, ModeEngineSnapshot, ModeEngineFold,
+	// Modes to run, of ModeLimit, ModeLimitKeyed, ModeEngineSnapshot, ModeEngineFold,
 	// ModeNaive, ModeWatermill and "freshness".
 	Modes []string
 	// TimeLimit bounds the naive and Watermill runs: they are measured on
@@ -85,7 +85,7 @@ type Config struct {
 const ModeFreshness = "freshness"
 
 // AllModes are the rows of a full run, in order.
-var AllModes = []string{ModeLimit, ModeEngineSnapshot, ModeEngineFold, ModeNaive, ModeWatermill, ModeFreshness}
+var AllModes = []string{ModeLimit, ModeLimitKeyed, ModeEngineSnapshot, ModeEngineFold, ModeNaive, ModeWatermill, ModeFreshness}
 
 // Sample is one child run.
 type Sample struct {
@@ -228,7 +228,7 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 	samples := map[string][]*Sample{}
 	has := func(m string) bool { return slices.Contains(cfg.Modes, m) }
 	for run := 1; run <= cfg.Runs; run++ {
-		for _, mode := range []string{ModeLimit, ModeEngineSnapshot, ModeEngineFold, ModeNaive, ModeWatermill} {
+		for _, mode := range []string{ModeLimit, ModeLimitKeyed, ModeEngineSnapshot, ModeEngineFold, ModeNaive, ModeWatermill} {
 			if !has(mode) {
 				continue
 			}
@@ -259,7 +259,7 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 			scaleSamples[i] = append(scaleSamples[i], s)
 		}
 	}
-	for _, mode := range []string{ModeLimit, ModeEngineSnapshot, ModeEngineFold, ModeNaive, ModeWatermill} {
+	for _, mode := range []string{ModeLimit, ModeLimitKeyed, ModeEngineSnapshot, ModeEngineFold, ModeNaive, ModeWatermill} {
 		if ss := samples[mode]; len(ss) > 0 {
 			rep.add(mode, ss, len(main.records))
 		}

@@ -19,6 +19,7 @@ import (
 // Worker modes: what a child process runs.
 const (
 	ModeLimit          = "limit"
+	ModeLimitKeyed     = "limit-keyed"
 	ModeEngineSnapshot = "engine-snapshot"
 	ModeEngineFold     = "engine-fold"
 	ModeNaive          = "naive"
@@ -269,8 +270,8 @@ func (e *runEnv) report(ctx context.Context, res *WorkerResult) {
 func runMode(ctx context.Context, spec WorkerSpec, s *session, log *slog.Logger, stderr io.Writer) error {
 	e := &runEnv{spec: spec, s: s, log: log, stderr: stderr}
 	switch spec.Mode {
-	case ModeLimit:
-		return runLimit(ctx, e)
+	case ModeLimit, ModeLimitKeyed:
+		return runLimit(ctx, e, spec.Mode == ModeLimitKeyed)
 	case ModeEngineFold, ModeEngineSnapshot:
 		return runEngine(ctx, e)
 	case ModeNaive:
