@@ -84,8 +84,11 @@ type Config struct {
 // arrival rate).
 const ModeFreshness = "freshness"
 
+// throughputModes are the rows that measure events/s, in order.
+var throughputModes = []string{ModeLimit, ModeLimitKeyed, ModeEngineSnapshot, ModeEngineFold, ModeNaive, ModeWatermill}
+
 // AllModes are the rows of a full run, in order.
-var AllModes = []string{ModeLimit, ModeLimitKeyed, ModeEngineSnapshot, ModeEngineFold, ModeNaive, ModeWatermill, ModeFreshness}
+var AllModes = append(slices.Clone(throughputModes), ModeFreshness)
 
 // Sample is one child run.
 type Sample struct {
@@ -228,7 +231,7 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 	samples := map[string][]*Sample{}
 	has := func(m string) bool { return slices.Contains(cfg.Modes, m) }
 	for run := 1; run <= cfg.Runs; run++ {
-		for _, mode := range []string{ModeLimit, ModeLimitKeyed, ModeEngineSnapshot, ModeEngineFold, ModeNaive, ModeWatermill} {
+		for _, mode := range throughputModes {
 			if !has(mode) {
 				continue
 			}
@@ -259,7 +262,7 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 			scaleSamples[i] = append(scaleSamples[i], s)
 		}
 	}
-	for _, mode := range []string{ModeLimit, ModeLimitKeyed, ModeEngineSnapshot, ModeEngineFold, ModeNaive, ModeWatermill} {
+	for _, mode := range throughputModes {
 		if ss := samples[mode]; len(ss) > 0 {
 			rep.add(mode, ss, len(main.records))
 		}
