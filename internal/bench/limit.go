@@ -21,9 +21,10 @@ const limitDDL = `CREATE TABLE limit_rows (
 
 // limitKeyedDDL is the table of the keyed COPY limit: the same rows under
 // a primary key of (account_id, version), so that every row also enters a
-// B-tree, as a new row of a projection enters its key's index.
+// B-tree, as a new row of a projection enters its key's index (which the
+// engine creates in byte order, as here).
 const limitKeyedDDL = `CREATE TABLE limit_rows (
-	account_id text,
+	account_id text COLLATE "C",
 	owner      text,
 	balance    bigint,
 	opened_at  timestamptz,

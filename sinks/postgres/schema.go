@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"regexp"
 	"strings"
 
 	"github.com/jackc/pgx/v5"
@@ -141,6 +142,9 @@ func createTableSQL(p *projection.Projection) string {
 	for i, c := range p.Columns {
 		fmt.Fprintf(&b, "\t%s %s", quoteIdent(c.Name), c.Type)
 		if i == 0 {
+			if byteOrderable(c.Type) {
+				b.WriteString(` COLLATE "C"`)
+			}
 			b.WriteString(" PRIMARY KEY")
 		}
 		b.WriteString(",\n")
@@ -150,6 +154,20 @@ func createTableSQL(p *projection.Projection) string {
 	b.WriteString("\tversion bigint NOT NULL\n) WITH (fillfactor = 80)")
 	return b.String()
 }
+
+// keyTypeRe matches the string types whose primary key the engine creates
+// in byte order.
+var keyTypeRe = regexp.MustCompile(`^(?i)(text|varchar|character varying)\s*(\(\s*\d+\s*\))?$`)
+
+// byteOrderable reports whether a key column of type typ is created with
+// the "C" collation. Keys are identifiers: equality is the same under every
+// deterministic collation, and comparing bytes is what every probe of the
+// key's index does once per tree level. Under the database's default
+// collation (a libc locale) each comparison calls strcoll: the engine's
+// updates and inserts cost Postgres about a tenth more CPU, and an
+// operating-system upgrade that changes the locale's order can leave the
+// index corrupt, which byte order never does.
+func byteOrderable(typ string) bool { return keyTypeRe.MatchString(strings.TrimSpace(typ)) }
 
 // checkTable compares an existing table with the projection: every
 // declared column must exist with the same type (type modifiers aside), the
