@@ -274,8 +274,8 @@ func TestMigrateCreatesTables(t *testing.T) {
 
 // TestMigrateKeyInByteOrder checks that a created table's string key is
 // compared as bytes (its index probes call no strcoll), other columns and
-// keys of other types keep the database's defaults, and every such key
-// still works as one.
+// keys of other types keep the database's defaults, and rows of every such
+// key are inserted and then updated by it.
 func TestMigrateKeyInByteOrder(t *testing.T) {
 	ctx := context.Background()
 	db := testenv.NewDB(t)
@@ -310,7 +310,7 @@ func TestMigrateKeyInByteOrder(t *testing.T) {
 			t.Errorf("%s: key collation %q, note %q; want %q and default", table, id, note, coll)
 		}
 	}
-	// Rows land, and are found by their key through the index.
+	// A row of each is inserted, then updated in place by its key.
 	for _, p := range ps {
 		e := newEnvOn(t, readingRows(p), db)
 		c := e.claim(0)
