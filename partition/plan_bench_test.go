@@ -29,24 +29,31 @@ type benchBatch struct {
 
 const benchBatchSize = 1000
 
-func newBenchBatch(b *testing.B) *benchBatch {
-	b.Helper()
-	ctx := context.Background()
+// demoCodec registers the demo's schemas in an in-process registry and
+// returns the demo's accounts projection, the encoder of its events and a
+// decoder of them.
+func demoCodec(tb testing.TB) (*projection.Projection, *demo.Encoder, Decoder) {
+	tb.Helper()
 	reg := srfake.New()
-	b.Cleanup(reg.Close)
+	tb.Cleanup(reg.Close)
 	cl, err := sr.NewClient(sr.URLs(reg.URL()))
 	if err != nil {
-		b.Fatal(err)
+		tb.Fatal(err)
 	}
-	enc, err := demo.RegisterSchemas(ctx, cl)
+	enc, err := demo.RegisterSchemas(context.Background(), cl)
 	if err != nil {
-		b.Fatal(err)
+		tb.Fatal(err)
 	}
 	projs, err := projection.Parse(demo.Projections, ".")
 	if err != nil {
-		b.Fatal(err)
+		tb.Fatal(err)
 	}
-	p := projs[0]
+	return projs[0], enc, schemas.NewDecoder(cl, enc.ReaderSchema())
+}
+
+func newBenchBatch(b *testing.B) *benchBatch {
+	b.Helper()
+	p, enc, dec := demoCodec(b)
 	const accounts, versions = 200, 5
 	bb := &benchBatch{state: State{Rows: map[string]projection.Row{}, Versions: map[string]int64{}}}
 	at := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
@@ -74,7 +81,6 @@ func newBenchBatch(b *testing.B) *benchBatch {
 		bb.state.Versions[id] = 10
 	}
 	log := slog.New(slog.NewTextHandler(io.Discard, nil))
-	dec := schemas.NewDecoder(cl, enc.ReaderSchema())
 	bb.w = NewWorker(Config{}, "bench", Claim{TP: TP{Topic: demo.Topic}}, p, nil, dec, nil, idleFetcher{}, log, nil)
 	return bb
 }

@@ -106,6 +106,29 @@ func TestBenchSmoke(t *testing.T) {
 	if got := strings.Count(stderr.String(), "run 2/2: scaling"); got != 2 {
 		t.Errorf("%d second-round scaling runs logged, want 2 (the sizes after the first, in rounds):\n%s", got, stderr.String())
 	}
+
+	// Hot aggregates: most events belong to a few accounts, whose events
+	// in a batch collapse into one row write each (uniform, above, writes
+	// about half as many rows as events; without the collapse this
+	// stream would write nearly one per event).
+	stdout.Reset()
+	err = Main(ctx, []string{"bench", "--events", "20000", "--aggregates", "2000", "--skew", "zipf", "--modes", "engine-fold",
+		"--batch-max-records", "1000", "--database-url", testenv.DatabaseURL()}, &stdout, &stderr)
+	out = stdout.String()
+	if err != nil {
+		t.Fatalf("projector bench, zipf: %v\n%s\nstderr:\n%s", err, out, stderr.String())
+	}
+	if line := lineWith(out, "engine fold"); !strings.HasSuffix(strings.TrimSpace(line), "ok") {
+		t.Errorf("zipf: engine fold missing or not checked: %q\n%s", line, out)
+	}
+	writes = 0
+	if _, err := fmt.Sscanf(strings.ReplaceAll(after(out, "engine fold: "), ",", ""), "%d row writes", &writes); err != nil {
+		t.Errorf("zipf: no row writes in %q: %v", lineWith(out, "engine fold: "), err)
+	}
+	if writes <= 0 || writes > 20000/4 {
+		t.Errorf("zipf: engine fold wrote %d rows for 20,000 events, want under a quarter as many:\n%s", writes, out)
+	}
+	t.Logf("zipf: %d row writes for 20,000 events", writes)
 }
 
 // after returns what follows the first occurrence of marker in s.
