@@ -27,6 +27,9 @@ func (s *recordingSink) CommitBatch(_ context.Context, _ Claim, _ int64, _ Keys,
 	return nil
 }
 
+func (s *recordingSink) Peek(context.Context, Claim, Keys) (State, error) {
+	return State{Rows: map[string]projection.Row{}, Versions: map[string]int64{}}, nil
+}
 func (s *recordingSink) Parked(context.Context, TP) (map[string]ParkedInfo, error) { return nil, nil }
 func (s *recordingSink) Load(context.Context, TP, []string) (State, error)         { return State{}, nil }
 

@@ -7,6 +7,8 @@ type Metrics struct {
 	processed      *prometheus.CounterVec
 	commitDuration prometheus.Histogram
 	batchRecords   prometheus.Histogram
+	commitBatches  prometheus.Histogram
+	replays        prometheus.Counter
 	fenced         prometheus.Counter
 	retries        *prometheus.CounterVec
 	backoff        *prometheus.GaugeVec
@@ -24,13 +26,22 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 		}, []string{"projection", "topic", "outcome"}),
 		commitDuration: prometheus.NewHistogram(prometheus.HistogramOpts{
 			Name:    "projector_batch_commit_duration_seconds",
-			Help:    "Duration of one batch transaction: load state, write rows, parked events, dead letters and the offset, commit.",
+			Help:    "Duration of one transaction: load state, write rows, parked events, dead letters and the offset, commit.",
 			Buckets: prometheus.ExponentialBuckets(0.001, 2, 14),
 		}),
 		batchRecords: prometheus.NewHistogram(prometheus.HistogramOpts{
 			Name:    "projector_batch_records",
-			Help:    "Records one committed batch transaction covered, at most --batch-max-records or the partition's share of --member-max-records.",
+			Help:    "Records one committed batch covered, at most --batch-max-records or the partition's share of --member-max-records.",
 			Buckets: prometheus.ExponentialBuckets(1, 2, 14),
+		}),
+		commitBatches: prometheus.NewHistogram(prometheus.HistogramOpts{
+			Name:    "projector_commit_batches",
+			Help:    "Batches one transaction covered: 1, or up to --commit-max-batches while the partition is behind.",
+			Buckets: prometheus.LinearBuckets(1, 1, 16),
+		}),
+		replays: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "projector_commit_replays_total",
+			Help: "Transactions of several batches applied again batch by batch: Postgres did not hold what they were planned on, or refused a row.",
 		}),
 		fenced: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "projector_fenced_batches_total",
@@ -57,6 +68,6 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 		Name: "projector_records_skipped_total",
 		Help: "Offsets skipped because retention deleted them before they were applied (--on-offset-lost=skip).",
 	}, []string{"group", "topic", "partition"})
-	reg.MustRegister(m.processed, m.commitDuration, m.batchRecords, m.fenced, m.retries, m.backoff, m.deadLetters, m.gaps, m.skipped)
+	reg.MustRegister(m.processed, m.commitDuration, m.batchRecords, m.commitBatches, m.replays, m.fenced, m.retries, m.backoff, m.deadLetters, m.gaps, m.skipped)
 	return m
 }

@@ -68,25 +68,8 @@ func (w *Worker) process(ctx context.Context, recs []*kgo.Record) (err error) {
 		}
 		span.End()
 	}()
-	items := make([]*item, 0, len(recs))
-	slab := make([]item, len(recs)) // one allocation for the batch's items
-	for i, r := range recs {
-		if r.Offset < start || r.Attrs.IsControl() {
-			continue // already committed, or a transaction marker
-		}
-		recordItem(&slab[i], r)
-		items = append(items, &slab[i])
-	}
-	end := recs[len(recs)-1].Offset + 1
-	if end <= start {
-		return nil
-	}
-	for _, it := range items {
-		if len(it.value) > w.cfg.MaxRecordBytes {
-			it.fail(ClassOversized, fmt.Errorf("value of %d bytes is over the %d-byte limit", len(it.value), w.cfg.MaxRecordBytes))
-		}
-	}
-	if err := w.decodeAll(ctx, items); err != nil {
+	items, end, err := w.items(ctx, recs, start)
+	if err != nil || end <= start {
 		return err
 	}
 
@@ -110,6 +93,7 @@ func (w *Worker) process(ctx context.Context, recs []*kgo.Record) (err error) {
 		if err == nil {
 			w.metrics.commitDuration.Observe(time.Since(began).Seconds())
 			w.metrics.batchRecords.Observe(float64(len(recs)))
+			w.metrics.commitBatches.Observe(1)
 			break
 		}
 		if errors.Is(err, ErrFenced) || ctx.Err() != nil {
@@ -133,7 +117,13 @@ func (w *Worker) process(ctx context.Context, recs []*kgo.Record) (err error) {
 		}
 	}
 	w.done()
+	w.committed(end, changes, out)
+	return nil
+}
 
+// committed moves the worker past a committed transaction that ended
+// before offset end, with changes and outcomes out.
+func (w *Worker) committed(end int64, changes Changes, out outcomes) {
 	w.claim.NextOffset = end
 	w.next.Store(end)
 	if closed := w.gaps.update(changes.Park, changes.Unpark, time.Now()); closed > 0 {
@@ -157,7 +147,30 @@ func (w *Worker) process(ctx context.Context, recs []*kgo.Record) (err error) {
 		w.metrics.deadLetters.WithLabelValues(name, class).Add(float64(n))
 	}
 	m.WithLabelValues(name, topic, "dead_lettered").Add(float64(dead))
-	return nil
+}
+
+// items returns the decoded items of the records from offset start on
+// (those before it are committed) and the offset after the last record.
+func (w *Worker) items(ctx context.Context, recs []*kgo.Record, start int64) ([]*item, int64, error) {
+	items := make([]*item, 0, len(recs))
+	slab := make([]item, len(recs)) // one allocation for the batch's items
+	for i, r := range recs {
+		if r.Offset < start || r.Attrs.IsControl() {
+			continue // already committed, or a transaction marker
+		}
+		recordItem(&slab[i], r)
+		items = append(items, &slab[i])
+	}
+	end := recs[len(recs)-1].Offset + 1
+	if end <= start {
+		return nil, end, nil
+	}
+	for _, it := range items {
+		if len(it.value) > w.cfg.MaxRecordBytes {
+			it.fail(ClassOversized, fmt.Errorf("value of %d bytes is over the %d-byte limit", len(it.value), w.cfg.MaxRecordBytes))
+		}
+	}
+	return items, end, w.decodeAll(ctx, items)
 }
 
 // batchKeys lists the aggregates of a batch's decoded items (see Keys) and
@@ -229,6 +242,19 @@ func (w *Worker) startSpan(ctx context.Context, recs []*kgo.Record) (context.Con
 			attribute.String("messaging.consumer.group.name", w.group),
 			attribute.Int("messaging.batch.message_count", len(recs)),
 		))
+}
+
+// linkSpan links the batch's span to the producer contexts of recs too.
+func (w *Worker) linkSpan(span trace.Span, recs []*kgo.Record) {
+	if w.cfg.Tracer == nil {
+		return
+	}
+	for _, r := range recs {
+		sc := trace.SpanContextFromContext(traceContext.Extract(context.Background(), kotel.NewRecordCarrier(r)))
+		if sc.IsValid() {
+			span.AddLink(trace.Link{SpanContext: sc})
+		}
+	}
 }
 
 // commitTraced runs the batch transaction, as a child span when tracing.

@@ -147,6 +147,10 @@ type Keys struct {
 	// row and no tombstone of the aggregate exists) and it plans again
 	// from the state it reads when they do not.
 	New []string
+	// Planned says that the plan reads only aggregates' versions and
+	// whether their rows exist (it was made before the transaction): a
+	// sink may give existing rows as empty ones.
+	Planned bool
 }
 
 // Sink stores one projection's rows together with the partition's offset.
@@ -157,6 +161,11 @@ type Sink interface {
 	// fenced by claim.Epoch. It returns ErrFenced when a newer owner
 	// exists. plan may be called more than once.
 	CommitBatch(ctx context.Context, claim Claim, end int64, keys Keys, plan func(State) (Changes, error)) error
+	// Peek returns the state of keys as CommitBatch would load it (keys.New
+	// it does not know of may be left out, assumed new), outside a
+	// transaction: as only the partition's owner writes its aggregates,
+	// it holds until the owner commits them.
+	Peek(ctx context.Context, claim Claim, keys Keys) (State, error)
 	// Parked lists the aggregates of the partition with parked events.
 	Parked(ctx context.Context, tp TP) (map[string]ParkedInfo, error)
 	// Load reads the state of keys and their parked events outside a

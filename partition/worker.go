@@ -35,6 +35,11 @@ type Fetcher interface {
 // a fifth less per event.
 const DefaultBatchMaxRecords = 5000
 
+// DefaultCommitMaxBatches is how many batches one transaction covers at
+// most while a worker is behind, unless told otherwise: an aggregate's
+// events in any of them collapse into one row write (see window.go).
+const DefaultCommitMaxBatches = 8
+
 // minBuffered is the least MaxBuffered defaults to: several fetches of
 // small records (a fetch brings up to 256 KiB of a partition), so that a
 // worker with small batches does not pause on every fetch. Buffering more
@@ -61,6 +66,10 @@ type Config struct {
 	// a member-wide bound among the partitions it owns, so that memory
 	// does not grow with their number.
 	Share func() int
+	// CommitMaxBatches is how many batches one transaction may cover
+	// while full batches wait (default DefaultCommitMaxBatches; 1: each
+	// batch commits alone).
+	CommitMaxBatches int
 	// RetryBase and RetryCap bound the exponential backoff with full jitter
 	// between attempts of a batch that failed for a transient reason
 	// (defaults 100ms and 30s).
@@ -103,6 +112,9 @@ const (
 func (c *Config) defaults() {
 	if c.BatchMaxRecords <= 0 {
 		c.BatchMaxRecords = DefaultBatchMaxRecords
+	}
+	if c.CommitMaxBatches <= 0 {
+		c.CommitMaxBatches = DefaultCommitMaxBatches
 	}
 	if c.BatchMaxWait <= 0 {
 		c.BatchMaxWait = 50 * time.Millisecond
@@ -320,6 +332,8 @@ func (w *Worker) Run(ctx context.Context) error {
 			err = w.applyRepair(ctx, *j.repair)
 		case j.skip != nil:
 			err = w.skip(ctx, *j.skip)
+		case w.windowing(len(j.recs)):
+			err = w.processWindow(ctx, j.recs)
 		default:
 			err = w.process(ctx, j.recs)
 		}
@@ -377,9 +391,18 @@ func (w *Worker) nextBatch(ctx context.Context, repairs <-chan repaired) (job, b
 		}
 		break
 	}
+	return job{recs: w.take()}, true
+}
+
+// take removes the next batch from the buffer, up to the batch limit in
+// effect (nil when the buffer is empty).
+func (w *Worker) take() []*kgo.Record {
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	batchMax, buffered := w.limits()
+	if len(w.queue) == 0 {
+		return nil
+	}
 	n := min(len(w.queue), batchMax)
 	batch := make([]*kgo.Record, n)
 	copy(batch, w.queue)
@@ -390,7 +413,7 @@ func (w *Worker) nextBatch(ctx context.Context, repairs <-chan repaired) (job, b
 		w.paused = false
 		w.syncFetch()
 	}
-	return job{recs: batch}, true
+	return batch
 }
 
 // limits returns the most records of one batch and the buffer's bound in

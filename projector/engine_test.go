@@ -334,3 +334,81 @@ func TestMemberBudgetSharedAmongPartitions(t *testing.T) {
 		t.Errorf("%.0f of %.0f batches hold at most 16 records: want nearly all within the share of 10", small, batches)
 	}
 }
+
+// TestBehindCommitsSeveralBatches runs a member far behind its stream with
+// batches of 100 records: it commits several batches per transaction (the
+// rows of an account written once for all of them) and the table ends
+// equal to the reference fold, duplicates, reordered and missing versions
+// and poison pills included.
+func TestBehindCommitsSeveralBatches(t *testing.T) {
+	opts := demo.DefaultOptions()
+	opts.Aggregates = 2000
+	b := setup(t, opts, 4)
+	reg := prometheus.NewRegistry()
+	e := b.engine(t, "behind", projector.Config{Partition: partition.Config{BatchMaxRecords: 100}, Registerer: reg})
+	stop := run(t, e)
+	b.verify(t, "behind")
+	stop()
+	commits, batches := counter(t, reg, "projector_commit_batches"), histogramSum(t, reg, "projector_commit_batches")
+	if batches < 2*commits {
+		t.Errorf("%.0f batches in %.0f transactions: want several batches in most", batches, commits)
+	}
+	if got := counter(t, reg, "projector_batch_records"); got != batches {
+		t.Errorf("%.0f batches observed in projector_batch_records, %.0f in projector_commit_batches", got, batches)
+	}
+}
+
+// TestBehindReplaysWhenAssumedNewExists restarts a member (its state cache
+// empty) behind a stream that re-sends the first events of accounts it
+// has applied: the batches holding them plan those accounts as new, the
+// transaction covering them finds their rows, and is applied again batch
+// by batch; every re-sent event is stale and the table equals the fold.
+func TestBehindReplaysWhenAssumedNewExists(t *testing.T) {
+	opts := demo.DefaultOptions()
+	opts.Aggregates = 1000
+	opts.Duplicate, opts.Reorder, opts.GapEvery, opts.Poison = 0, 0, 0, 0
+	b := faultSetup(t, opts, 2).bundle
+	all := b.records
+	half := len(all) / 2
+	b.produce(t, all[:half])
+	e := b.engine(t, "replay", projector.Config{})
+	stop := run(t, e)
+	b.verifyPart(t, "replay", all[:half])
+	stop()
+
+	var resent []demo.Record
+	for _, r := range all[:half] {
+		if r.Event.Version == 1 {
+			resent = append(resent, r)
+		}
+	}
+	rest := append(resent, all[half:]...)
+	b.produce(t, rest)
+	b.records = append(all[:half:half], rest...)
+	reg := prometheus.NewRegistry()
+	e = b.engine(t, "replay", projector.Config{Partition: partition.Config{BatchMaxRecords: 100}, Registerer: reg})
+	stop = run(t, e)
+	b.verify(t, "replay")
+	stop()
+	if n := counter(t, reg, "projector_commit_replays_total"); n == 0 {
+		t.Error("no transaction was applied again batch by batch")
+	}
+}
+
+// histogramSum sums the observed values of a histogram family.
+func histogramSum(t *testing.T, g prometheus.Gatherer, name string) float64 {
+	t.Helper()
+	mfs, err := g.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var sum float64
+	for _, mf := range mfs {
+		if mf.GetName() == name {
+			for _, m := range mf.GetMetric() {
+				sum += m.GetHistogram().GetSampleSum()
+			}
+		}
+	}
+	return sum
+}

@@ -250,8 +250,9 @@ func (c *stateCache) encode(b []byte, row projection.Row) ([]byte, bool) {
 
 // lookup fills st with the cached aggregates among keys and returns the
 // keys it does not hold; caching reports whether the cache is in use for
-// the partition (see tally).
-func (c *stateCache) lookup(claim partition.Claim, keys []string, st partition.State) (misses []string, hits int, caching bool) {
+// the partition (see tally). Without rows, an existing row is given as
+// presentRow.
+func (c *stateCache) lookup(claim partition.Claim, keys []string, st partition.State, rows bool) (misses []string, hits int, caching bool) {
 	if c.max <= 0 {
 		return keys, 0, false
 	}
@@ -274,7 +275,7 @@ func (c *stateCache) lookup(claim partition.Claim, keys []string, st partition.S
 		}
 		switch {
 		case a.rlen == 0:
-		case c.noRows:
+		case c.noRows || !rows:
 			st.Rows[k] = presentRow
 		default:
 			st.Rows[k] = decodeRow(c.cols, pc.row(a))

@@ -46,7 +46,7 @@ func BenchmarkStateCache(b *testing.B) {
 	for b.Loop() {
 		ks := batches[n%len(batches)]
 		st := partition.State{Rows: make(map[string]projection.Row, batch), Versions: make(map[string]int64, batch)}
-		misses, _, _ := c.lookup(claim, ks, st)
+		misses, _, _ := c.lookup(claim, ks, st, true)
 		writes := make([]partition.RowWrite, 0, len(ks))
 		for _, k := range ks {
 			writes = append(writes, partition.RowWrite{Key: k, Version: st.Versions[k] + 1, Row: rows[k]})

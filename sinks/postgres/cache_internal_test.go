@@ -91,7 +91,7 @@ func TestStateCacheBypassedWhenItDoesNotPay(t *testing.T) {
 	hot := partition.Claim{TP: partition.TP{Topic: "t", Partition: 1}, Epoch: 1}
 	batch := func(claim partition.Claim, keys []string) (hits int, caching bool) {
 		st := partition.State{Rows: map[string]projection.Row{}, Versions: map[string]int64{}}
-		misses, hits, caching := c.lookup(claim, keys, st)
+		misses, hits, caching := c.lookup(claim, keys, st, true)
 		if caching {
 			caching = c.tally(claim, len(keys), hits)
 		}
@@ -157,7 +157,7 @@ func TestStateCacheNewAggregatesDoNotCountAsMisses(t *testing.T) {
 			next++
 		}
 		st := partition.State{Rows: map[string]projection.Row{}, Versions: map[string]int64{}}
-		misses, hits, caching := c.lookup(claim, keys, st)
+		misses, hits, caching := c.lookup(claim, keys, st, true)
 		if !caching {
 			t.Fatalf("after %d lookups, 80%% of them new aggregates and the rest all hits, the cache is bypassed", looked)
 		}
@@ -207,7 +207,7 @@ func TestStateCacheRowEncoding(t *testing.T) {
 	loaded := partition.State{Rows: map[string]projection.Row{"a": row}, Versions: map[string]int64{"a": 1}}
 	c.store(claim, []string{"a"}, loaded, []partition.RowWrite{{Key: "a", Version: 2, Row: projection.Row{"id": "a", "n": 3}}}, nil)
 	st := partition.State{Rows: map[string]projection.Row{}, Versions: map[string]int64{}}
-	if misses, _, _ := c.lookup(claim, []string{"a"}, st); len(misses) != 1 || c.size != 0 {
+	if misses, _, _ := c.lookup(claim, []string{"a"}, st, true); len(misses) != 1 || c.size != 0 {
 		t.Errorf("a row the cache cannot hold left %v cached (misses %v, size %d)", st.Rows["a"], misses, c.size)
 	}
 }
@@ -248,7 +248,7 @@ func TestStateCacheHashCollision(t *testing.T) {
 		c.store(claim, []string{k}, loaded, nil, nil)
 	}
 	st := partition.State{Rows: map[string]projection.Row{}, Versions: map[string]int64{}}
-	misses, hits, _ := c.lookup(claim, []string{"a", "bb"}, st)
+	misses, hits, _ := c.lookup(claim, []string{"a", "bb"}, st, true)
 	if !slices.Equal(misses, []string{"a"}) || hits != 1 || st.Rows["bb"]["k"] != "bb" || st.Rows["a"] != nil {
 		t.Errorf("misses %v, hits %d, state %v: want a missed and bb's own row", misses, hits, st.Rows)
 	}
@@ -274,7 +274,7 @@ func TestStateCacheCompacts(t *testing.T) {
 	}
 	c.store(claim, keys, loaded, nil, nil)
 	first := partition.State{Rows: map[string]projection.Row{}, Versions: map[string]int64{}}
-	c.lookup(claim, keys, first)
+	c.lookup(claim, keys, first, true)
 	pc := c.parts[claim.TP]
 	for v := int64(2); v <= 200; v++ {
 		var writes []partition.RowWrite
@@ -290,7 +290,7 @@ func TestStateCacheCompacts(t *testing.T) {
 		t.Errorf("%d bytes of capacity for %d live", cap(pc.data), pc.live)
 	}
 	last := partition.State{Rows: map[string]projection.Row{}, Versions: map[string]int64{}}
-	c.lookup(claim, keys, last)
+	c.lookup(claim, keys, last, true)
 	// Rows of the same length are rewritten in place.
 	size := len(pc.data)
 	var writes []partition.RowWrite
@@ -310,7 +310,7 @@ func TestStateCacheCompacts(t *testing.T) {
 		}
 	}
 	now := partition.State{Rows: map[string]projection.Row{}, Versions: map[string]int64{}}
-	c.lookup(claim, keys, now)
+	c.lookup(claim, keys, now, true)
 	for _, k := range keys {
 		if got := now.Rows[k]; got["owner"] != strings.Repeat("x", 200)+k || now.Versions[k] != 201 {
 			t.Fatalf("%s: cached as v%d %v after the rewrite", k, now.Versions[k], got)
@@ -335,7 +335,7 @@ func TestStateCacheLongKeysAndRows(t *testing.T) {
 		c.store(claim, nil, partition.State{}, []partition.RowWrite{{Key: "a", Version: v, Row: projection.Row{"k": long[:69_000]}}}, nil)
 	}
 	st := partition.State{Rows: map[string]projection.Row{}, Versions: map[string]int64{}}
-	misses, _, _ := c.lookup(claim, []string{long, "a"}, st)
+	misses, _, _ := c.lookup(claim, []string{long, "a"}, st, true)
 	pc := c.parts[claim.TP]
 	a := entries(pc)["a"]
 	if len(misses) != 1 || misses[0] != long || st.Rows["a"]["k"] != long[:69_000] || st.Versions["a"] != 3 {

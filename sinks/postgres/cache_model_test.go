@@ -52,7 +52,7 @@ func TestStateCacheAgainstModel(t *testing.T) {
 				keys[i] = fmt.Sprintf("p%d-%s", p, k) // a key stays in its partition
 			}
 			st := partition.State{Rows: map[string]projection.Row{}, Versions: map[string]int64{}}
-			misses, _, _ := c.lookup(claim, keys, st)
+			misses, _, _ := c.lookup(claim, keys, st, true)
 			missed := map[string]bool{}
 			for _, k := range misses {
 				missed[k] = true

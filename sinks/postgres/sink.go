@@ -367,7 +367,7 @@ func (s *Sink) commit(ctx context.Context, claim partition.Claim, end int64, key
 		Rows:     make(map[string]projection.Row, len(keys.All)),
 		Versions: make(map[string]int64, len(keys.All)),
 	}
-	misses, hits, caching := s.cache.lookup(claim, keys.All, state)
+	misses, hits, caching := s.cache.lookup(claim, keys.All, state, !keys.Planned)
 	read, assumed := misses, map[string]bool(nil)
 	if assume && !isolate && len(keys.New) > 0 {
 		read, assumed = splitNew(misses, keys.New)
@@ -906,6 +906,44 @@ func (s *Sink) Load(ctx context.Context, tp partition.TP, keys []string) (partit
 	st := partition.State{Rows: map[string]projection.Row{}, Versions: map[string]int64{}}
 	err = s.load(ctx, tx, tp, keys, keys, &st)
 	return st, err
+}
+
+// Peek implements partition.Sink: the state of keys as a batch loads it,
+// from the state cache where it holds them and from Postgres otherwise,
+// outside a transaction. Aggregates of keys.New that the cache does not
+// hold are not read: the commit that writes them verifies that they are
+// new. What is read is cached, as it is committed and only the
+// partition's owner writes it.
+func (s *Sink) Peek(ctx context.Context, claim partition.Claim, keys partition.Keys) (partition.State, error) {
+	st := partition.State{
+		Rows:     make(map[string]projection.Row, len(keys.All)),
+		Versions: make(map[string]int64, len(keys.All)),
+	}
+	misses, hits, caching := s.cache.lookup(claim, keys.All, st, true)
+	read := misses
+	if len(keys.New) > 0 {
+		read, _ = splitNew(misses, keys.New)
+	}
+	if caching {
+		caching = s.cache.tally(claim, hits+len(read), hits)
+	}
+	s.hits.Add(int64(hits))
+	s.misses.Add(int64(len(read)))
+	if len(read) == 0 && len(keys.Parked) == 0 {
+		return st, nil
+	}
+	tx, err := s.pool.BeginTx(ctx, pgx.TxOptions{AccessMode: pgx.ReadOnly})
+	if err != nil {
+		return partition.State{}, fmt.Errorf("begin: %w", err)
+	}
+	defer tx.Rollback(context.WithoutCancel(ctx)) //nolint:errcheck // read-only
+	if err := s.load(ctx, tx, claim.TP, read, keys.Parked, &st); err != nil {
+		return partition.State{}, err
+	}
+	if caching {
+		s.cache.store(claim, read, st, nil, nil)
+	}
+	return st, nil
 }
 
 // ParkedKeys lists the aggregates of the partition with parked events.

@@ -1,0 +1,273 @@
+package partition
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"maps"
+	"reflect"
+	"testing"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/twmb/franz-go/pkg/kgo"
+
+	"github.com/projector-dev/projector/internal/demo"
+	"github.com/projector-dev/projector/projection"
+)
+
+// memSink is a Sink over an in-memory table. Peek leaves out the
+// aggregates of Keys.New, as a sink does for those it has not cached, and
+// gives those in stale as they were, as a stale cache would; CommitBatch
+// gives the plan what the table holds and applies its changes.
+type memSink struct {
+	rows     map[string]projection.Row
+	versions map[string]int64
+	stale    map[string]State
+	next     int64
+	commits  []memCommit
+}
+
+type memCommit struct {
+	planned bool
+	end     int64
+	err     error
+	changes Changes
+}
+
+func newMemSink() *memSink {
+	return &memSink{rows: map[string]projection.Row{}, versions: map[string]int64{}, stale: map[string]State{}}
+}
+
+func (s *memSink) state(keys []string, skip func(string) bool) State {
+	st := State{Rows: map[string]projection.Row{}, Versions: map[string]int64{}}
+	for _, k := range keys {
+		if skip(k) {
+			continue
+		}
+		if r := s.rows[k]; r != nil {
+			st.Rows[k] = maps.Clone(r)
+		}
+		if v, ok := s.versions[k]; ok {
+			st.Versions[k] = v
+		}
+	}
+	return st
+}
+
+func (s *memSink) Peek(_ context.Context, _ Claim, keys Keys) (State, error) {
+	isNew := map[string]bool{}
+	for _, k := range keys.New {
+		isNew[k] = true
+	}
+	st := s.state(keys.All, func(k string) bool { return isNew[k] })
+	for _, k := range keys.All {
+		if old, ok := s.stale[k]; ok {
+			st.Rows[k], st.Versions[k] = maps.Clone(old.Rows[k]), old.Versions[k]
+		}
+	}
+	return st, nil
+}
+
+func (s *memSink) CommitBatch(_ context.Context, claim Claim, end int64, keys Keys, plan func(State) (Changes, error)) error {
+	if claim.NextOffset != s.next {
+		return fmt.Errorf("commit from offset %d, stored %d", claim.NextOffset, s.next)
+	}
+	ch, err := plan(s.state(keys.All, func(string) bool { return false }))
+	s.commits = append(s.commits, memCommit{planned: keys.Planned, end: end, err: err, changes: ch})
+	if err != nil {
+		return err
+	}
+	for _, u := range ch.Upserts {
+		if u.Version <= s.versions[u.Key] {
+			return fmt.Errorf("%s: write of v%d over v%d", u.Key, u.Version, s.versions[u.Key])
+		}
+		s.rows[u.Key], s.versions[u.Key] = u.Row, u.Version
+	}
+	for _, d := range ch.Deletes {
+		delete(s.rows, d.Key)
+		s.versions[d.Key] = d.Version
+	}
+	s.next = end
+	return nil
+}
+
+func (s *memSink) Parked(context.Context, TP) (map[string]ParkedInfo, error) { return nil, nil }
+func (s *memSink) Load(context.Context, TP, []string) (State, error)         { return State{}, nil }
+
+// windowWorker returns a worker of the demo's accounts projection over
+// sink, with batches of batch records, and the records of events.
+func windowWorker(t *testing.T, sink Sink, batch int, events []demo.Event) (*Worker, []*kgo.Record) {
+	t.Helper()
+	p, enc, dec := demoCodec(t)
+	at := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
+	recs := make([]*kgo.Record, len(events))
+	for i, ev := range events {
+		ev.OccurredAt = at
+		value, err := enc.Encode(demo.Record{Key: ev.AccountID, Event: ev})
+		if err != nil {
+			t.Fatal(err)
+		}
+		recs[i] = &kgo.Record{Topic: demo.Topic, Key: []byte(ev.AccountID), Value: value, Offset: int64(i), Timestamp: at,
+			Headers: []kgo.RecordHeader{{Key: "n", Value: []byte(fmt.Sprint(i))}}}
+	}
+	w := NewWorker(Config{BatchMaxRecords: batch, CommitMaxBatches: 8}, "g", Claim{TP: TP{Topic: demo.Topic}}, p, sink, dec, nil,
+		idleFetcher{}, slog.New(slog.DiscardHandler), NewMetrics(prometheus.NewRegistry()))
+	w.gaps.aggs = map[string]*gap{}
+	return w, recs
+}
+
+// accountEvents returns versions from..to of accounts acc-00.. in turns:
+// every account's version v before any account's v+1.
+func accountEvents(accounts int, from, to int64) []demo.Event {
+	var evs []demo.Event
+	for v := from; v <= to; v++ {
+		for a := 0; a < accounts; a++ {
+			id := fmt.Sprintf("acc-%02d", a)
+			ev := demo.Event{AccountID: id, Version: v, Type: "Deposited", Amount: v}
+			if v == 1 {
+				ev.Type, ev.Owner = "AccountOpened", "owner "+id
+			}
+			evs = append(evs, ev)
+		}
+	}
+	return evs
+}
+
+// applyWindow runs recs through a worker that is behind: the first batch
+// taken, the others waiting in its buffer.
+func applyWindow(t *testing.T, w *Worker, recs []*kgo.Record, batch int) {
+	t.Helper()
+	w.mu.Lock()
+	w.queue = append(w.queue, recs[batch:]...)
+	w.mu.Unlock()
+	if err := w.processWindow(context.Background(), recs[:batch]); err != nil {
+		t.Fatal(err)
+	}
+	if w.claim.NextOffset != int64(len(recs)) {
+		t.Errorf("stored next offset %d after %d records", w.claim.NextOffset, len(recs))
+	}
+}
+
+// A worker behind by several batches commits them in one transaction,
+// each account's row written once, at its last version, equal to folding
+// its events in order.
+func TestWindowCommitsBatchesTogether(t *testing.T) {
+	sink := newMemSink()
+	const accounts, versions, batch = 20, 15, 50
+	w, recs := windowWorker(t, sink, batch, accountEvents(accounts, 1, versions))
+	applyWindow(t, w, recs, batch)
+
+	if len(sink.commits) != 1 || !sink.commits[0].planned {
+		t.Fatalf("%d commits for %d batches of one window, want one planned before its transaction", len(sink.commits), len(recs)/batch)
+	}
+	if n := len(sink.commits[0].changes.Upserts); n != accounts {
+		t.Errorf("%d row writes for %d accounts", n, accounts)
+	}
+	want := int64(versions*(versions+1)/2 - 1) // the deposits of v2..v15
+	for a := 0; a < accounts; a++ {
+		id := fmt.Sprintf("acc-%02d", a)
+		if sink.versions[id] != versions || sink.rows[id]["balance"] != want || sink.rows[id]["owner"] != "owner "+id {
+			t.Errorf("%s: v%d %v, want v%d with balance %d", id, sink.versions[id], sink.rows[id], versions, want)
+		}
+	}
+}
+
+// When the table holds what the window's batches did not read (here an
+// account whose first events are re-sent, assumed new), the window is
+// applied again batch by batch, each planned on what the table holds: the
+// re-sent events are stale, the rest apply once.
+func TestWindowReplaysWhenTheTableDiffers(t *testing.T) {
+	sink := newMemSink()
+	const accounts, batch = 10, 20
+	// acc-03 has been applied up to v5 before.
+	sink.rows["acc-03"] = projection.Row{"account_id": "acc-03", "owner": "owner acc-03", "balance": int64(1000), "opened_at": nil}
+	sink.versions["acc-03"] = 5
+	w, recs := windowWorker(t, sink, batch, accountEvents(accounts, 1, 8))
+	applyWindow(t, w, recs, batch)
+
+	if len(sink.commits) < 2 || !sink.commits[0].planned || !errors.Is(sink.commits[0].err, errWindowStale) {
+		t.Fatalf("commits %+v: want a planned one refused, then batches on their own", sink.commits)
+	}
+	for i, c := range sink.commits[1:] {
+		if c.planned || c.err != nil {
+			t.Errorf("commit %d after the replay began: planned %v, error %v", i+1, c.planned, c.err)
+		}
+	}
+	for a := 0; a < accounts; a++ {
+		id := fmt.Sprintf("acc-%02d", a)
+		want := int64(2 + 3 + 4 + 5 + 6 + 7 + 8)
+		if id == "acc-03" {
+			want = 1000 + 6 + 7 + 8
+		}
+		if sink.versions[id] != 8 || sink.rows[id]["balance"] != want {
+			t.Errorf("%s: v%d %v, want v8 with balance %d", id, sink.versions[id], sink.rows[id], want)
+		}
+	}
+}
+
+// An aggregate whose row in the table is newer than the state the window
+// read (a stale cache) makes the commit refuse the plan, and the replay
+// applies only what is newer.
+func TestWindowReplaysOnStaleState(t *testing.T) {
+	sink := newMemSink()
+	const accounts, batch = 4, 8
+	w, recs := windowWorker(t, sink, batch, accountEvents(accounts, 1, 12))
+	// The first 3 versions are committed; then acc-01 moves on to v6
+	// behind the worker's back, while what it reads still says v3.
+	applyWindow(t, w, recs[:3*accounts], batch)
+	sink.stale["acc-01"] = sink.state([]string{"acc-01"}, func(string) bool { return false })
+	sink.rows["acc-01"]["balance"] = int64(500)
+	sink.versions["acc-01"] = 6
+	sink.commits = nil
+	rest := recs[3*accounts:]
+	w.mu.Lock()
+	w.queue = append(w.queue, rest[batch:]...)
+	w.mu.Unlock()
+	if err := w.processWindow(context.Background(), rest[:batch]); err != nil {
+		t.Fatal(err)
+	}
+	if len(sink.commits) < 2 || !errors.Is(sink.commits[0].err, errWindowStale) {
+		t.Fatalf("commits %+v: want the window refused and replayed", sink.commits)
+	}
+	for a := 0; a < accounts; a++ {
+		id := fmt.Sprintf("acc-%02d", a)
+		want := int64(12*13/2 - 1)
+		if id == "acc-01" {
+			want = 500 + 7 + 8 + 9 + 10 + 11 + 12
+		}
+		if sink.versions[id] != 12 || sink.rows[id]["balance"] != want {
+			t.Errorf("%s: v%d %v, want v12 with balance %d", id, sink.versions[id], sink.rows[id], want)
+		}
+	}
+}
+
+// Held records come back as they were: keys, values (nil or not) and
+// headers.
+func TestHeldRecords(t *testing.T) {
+	at := time.Unix(1_700_000_000, 123_000_000)
+	recs := []*kgo.Record{
+		{Offset: 3, Key: []byte("k"), Value: []byte("value"), Timestamp: at},
+		{Offset: 4, Key: []byte("tomb"), Value: nil, Timestamp: at, Headers: []kgo.RecordHeader{{Key: "traceparent", Value: []byte("00-x")}, {Key: "e", Value: []byte{}}}},
+		{Offset: 5, Key: nil, Value: make([]byte, heldChunk+10), Timestamp: at},
+		{Offset: 6, Key: []byte{}, Value: []byte{}, Timestamp: at},
+	}
+	var h held
+	h.add(recs[:1], 4) // before the window: not kept
+	h.add(recs, 4)
+	got := h.records(TP{Topic: "t", Partition: 2})
+	if len(got) != 3 {
+		t.Fatalf("%d records held, want 3", len(got))
+	}
+	for i, r := range got {
+		want := *recs[i+1]
+		want.Topic, want.Partition = "t", 2
+		if r.Offset != want.Offset || !r.Timestamp.Equal(want.Timestamp) || r.Topic != "t" || r.Partition != 2 ||
+			(r.Key == nil) != (want.Key == nil) || string(r.Key) != string(want.Key) ||
+			(r.Value == nil) != (want.Value == nil) || string(r.Value) != string(want.Value) ||
+			len(r.Headers) != len(want.Headers) || (len(r.Headers) > 0 && !reflect.DeepEqual(r.Headers, want.Headers)) {
+			t.Errorf("record %d: got %+v, want %+v", i, r, want)
+		}
+	}
+}
