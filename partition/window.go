@@ -50,6 +50,16 @@ type window struct {
 	resolved []int64
 	out      outcomes
 	held     held
+	// Of the aggregates of the last batch, how many the window knew.
+	known, seen int
+}
+
+// collapsing reports whether the window's last batch shared enough of its
+// aggregates with the batches before it for one more to pay: with far
+// more aggregates than a batch holds, few share one and the window would
+// only hold more rows.
+func (win *window) collapsing() bool {
+	return len(win.sizes) < 2 || win.known*4 >= win.seen
 }
 
 // windowAgg is one aggregate of a window: its state when it entered it
@@ -99,7 +109,7 @@ func (w *Worker) processWindow(ctx context.Context, recs []*kgo.Record) (err err
 		if err != nil {
 			return err
 		}
-		if len(win.sizes) >= w.cfg.CommitMaxBatches || w.stopping() {
+		if len(win.sizes) >= w.cfg.CommitMaxBatches || !win.collapsing() || w.stopping() {
 			break
 		}
 		if recs = w.take(); recs == nil {
@@ -206,6 +216,8 @@ func (w *Worker) plan1(ctx context.Context, win *window, recs []*kgo.Record) err
 	}
 	win.end = end
 	win.sizes = append(win.sizes, len(recs))
+	win.known = len(keys.All) - len(peek.All)
+	win.seen = len(keys.All)
 	win.out.add(out)
 	// An event the window parked that no longer waits was never stored;
 	// one parked earlier is unparked once, however many batches read it.
