@@ -2,7 +2,6 @@ package partition
 
 import (
 	"context"
-	"encoding/binary"
 	"errors"
 	"fmt"
 	"slices"
@@ -17,12 +16,18 @@ import (
 // A worker that is behind commits several batches in one transaction: it
 // plans each batch as it comes, on the state the earlier ones left
 // (window), and writes each aggregate's row once for all of them. Its
-// events are dropped once planned, and their records kept only as bytes
-// (held), so that a commit covers more events than a batch holds in
-// memory. Should Postgres not be as the batches were planned on (an
-// aggregate assumed new exists, a cached row is stale) or refuse a row,
-// the window's records are applied again batch by batch, each batch
-// planned inside its own transaction.
+// events are dropped once planned, so that a transaction covers more
+// events than a batch holds in memory. Should Postgres not be as the
+// batches were planned on (an aggregate assumed new exists, a cached row
+// is stale) or refuse a row, or a plan fail, nothing is written: the
+// partition is fetched again from the window's first record and applied
+// batch by batch, each batch planned inside its own transaction.
+
+// Rewinder moves the fetch position of a partition back to offset, then
+// calls done; records fetched before are not delivered after done.
+type Rewinder interface {
+	Rewind(tp TP, offset int64, done func())
+}
 
 // errWindowStale reports a window whose commit found an aggregate's state
 // in Postgres other than the one its batches were planned on.
@@ -49,7 +54,6 @@ type window struct {
 	dead     []DeadLetter
 	resolved []int64
 	out      outcomes
-	held     held
 	// Of the aggregates of the last batch, how many the window knew.
 	known, seen int
 }
@@ -77,10 +81,14 @@ type windowAgg struct {
 }
 
 // windowing reports whether the worker is behind, having taken a full
-// batch of n records.
+// batch of n records, and may commit it with the batches after it: not
+// while it applies a replayed window's records again.
 func (w *Worker) windowing(n int) bool {
+	if _, ok := w.fetcher.(Rewinder); !ok || w.cfg.CommitMaxBatches <= 1 || w.claim.NextOffset < w.alone {
+		return false
+	}
 	batchMax, _ := w.limits()
-	return w.cfg.CommitMaxBatches > 1 && n >= batchMax
+	return n >= batchMax
 }
 
 // processWindow applies recs and, while records wait after each batch,
@@ -103,8 +111,8 @@ func (w *Worker) processWindow(ctx context.Context, recs []*kgo.Record) (err err
 		err := w.plan1(ctx, win, recs)
 		var pf *planFailed
 		if errors.As(err, &pf) {
-			w.log.Info("applying the batches of a commit again one by one", "reason", pf.Error(), "records", win.held.len())
-			return w.replay(ctx, win)
+			w.done()
+			return w.replay(ctx, win, pf)
 		}
 		if err != nil {
 			return err
@@ -138,7 +146,6 @@ func (w *Worker) plan1(ctx context.Context, win *window, recs []*kgo.Record) err
 	if err != nil || end <= win.end {
 		return err
 	}
-	win.held.add(recs, win.end)
 	keys := batchKeys(items, w.gaps.has)
 	// Aggregates the window knows are not read again; the others are.
 	aggs := make([]*windowAgg, len(keys.All)) // of keys.All, in order
@@ -291,7 +298,8 @@ func (w *Worker) commitWindow(ctx context.Context, win *window) error {
 	plan := func(st State) (Changes, error) {
 		for _, a := range checked {
 			if st.Versions[a.key] != a.baseVersion || (st.Rows[a.key] != nil) != a.baseExists {
-				return Changes{}, fmt.Errorf("%q: %w", a.key, errWindowStale)
+				return Changes{}, fmt.Errorf("%q (planned on v%d, row %v; found v%d, row %v): %w",
+					a.key, a.baseVersion, a.baseExists, st.Versions[a.key], st.Rows[a.key] != nil, errWindowStale)
 			}
 		}
 		return ch, nil
@@ -312,8 +320,8 @@ func (w *Worker) commitWindow(ctx context.Context, win *window) error {
 		}
 		var rej *RejectedRows
 		if errors.Is(err, errWindowStale) || errors.As(err, &rej) {
-			w.log.Info("applying the batches of a commit again one by one", "reason", err.Error(), "records", win.held.len())
-			return w.replay(ctx, win)
+			w.done()
+			return w.replay(ctx, win, err)
 		}
 		if err := w.backoff(ctx, attempt, "commit batches", err); err != nil {
 			return err
@@ -325,122 +333,33 @@ func (w *Worker) commitWindow(ctx context.Context, win *window) error {
 }
 
 // replay applies the window's records again, batch by batch, each batch
-// planned in its own transaction.
-func (w *Worker) replay(ctx context.Context, win *window) error {
+// planned in its own transaction: the partition is fetched again from
+// the window's first record.
+func (w *Worker) replay(ctx context.Context, win *window, cause error) error {
 	w.metrics.replays.Inc()
-	recs := win.held.records(w.claim.TP)
-	batchMax, _ := w.limits()
-	for len(recs) > 0 {
-		n := min(len(recs), batchMax)
-		if err := w.process(ctx, recs[:n]); err != nil {
-			return err
-		}
-		recs = recs[n:]
-	}
-	if w.claim.NextOffset < win.end {
-		// The window ended in transaction markers only.
-		return w.skipTo(ctx, win.end)
-	}
-	return nil
-}
-
-// skipTo stores end as the next offset, with nothing else to commit.
-func (w *Worker) skipTo(ctx context.Context, end int64) error {
-	err := w.retry(ctx, "commit offset", func() error {
-		return w.sink.CommitBatch(ctx, w.claim, end, Keys{}, func(State) (Changes, error) { return Changes{}, nil })
+	w.log.Info("applying the batches of a transaction again one by one", "reason", cause.Error(),
+		"from", win.start, "to", win.end)
+	w.mu.Lock()
+	clear(w.queue)
+	w.queue = w.queue[:0]
+	w.rewinding = true
+	w.paused = false
+	w.syncFetch()
+	w.mu.Unlock()
+	w.alone = win.end
+	done := make(chan struct{})
+	w.fetcher.(Rewinder).Rewind(w.claim.TP, win.start, func() {
+		w.mu.Lock()
+		w.rewinding = false
+		w.mu.Unlock()
+		close(done)
 	})
-	if err == nil {
-		w.committed(end, Changes{}, outcomes{})
-	}
-	return err
-}
-
-// held keeps records as bytes, in chunks without pointers for the
-// garbage collector to follow, to rebuild them when a window is replayed.
-type held struct {
-	chunks [][]byte
-	recs   []heldRecord
-}
-
-// heldChunk is the size of a chunk of held bytes (larger records get one
-// of their own).
-const heldChunk = 256 << 10
-
-type heldRecord struct {
-	offset, unixNano int64
-	key, value       span
-	headers          span // each header's key and value, length first
-}
-
-// span is bytes of a chunk; n < 0 is nil.
-type span struct{ chunk, off, n int32 }
-
-func (h *held) len() int { return len(h.recs) }
-
-func (h *held) put(b []byte) span {
-	if b == nil {
-		return span{n: -1}
-	}
-	last := len(h.chunks) - 1
-	if last < 0 || len(h.chunks[last])+len(b) > cap(h.chunks[last]) {
-		h.chunks = append(h.chunks, make([]byte, 0, max(heldChunk, len(b))))
-		last++
-	}
-	c := h.chunks[last]
-	s := span{chunk: int32(last), off: int32(len(c)), n: int32(len(b))}
-	h.chunks[last] = append(c, b...)
-	return s
-}
-
-func (h *held) get(s span) []byte {
-	if s.n < 0 {
+	select {
+	case <-done:
 		return nil
+	case <-ctx.Done():
+		return ctx.Err()
+	case <-w.stop:
+		return errStopped
 	}
-	return h.chunks[s.chunk][s.off : s.off+s.n : s.off+s.n]
-}
-
-// add keeps the records of recs from offset start on, but transaction
-// markers.
-func (h *held) add(recs []*kgo.Record, start int64) {
-	var hb []byte
-	for _, r := range recs {
-		if r.Offset < start || r.Attrs.IsControl() {
-			continue
-		}
-		hr := heldRecord{offset: r.Offset, unixNano: r.Timestamp.UnixNano()}
-		hr.key, hr.value = h.put(r.Key), h.put(r.Value)
-		hr.headers = span{n: -1}
-		if len(r.Headers) > 0 {
-			hb = hb[:0]
-			for _, hd := range r.Headers {
-				hb = binary.AppendUvarint(hb, uint64(len(hd.Key)))
-				hb = append(hb, hd.Key...)
-				hb = binary.AppendUvarint(hb, uint64(len(hd.Value)))
-				hb = append(hb, hd.Value...)
-			}
-			hr.headers = h.put(hb)
-		}
-		h.recs = append(h.recs, hr)
-	}
-}
-
-// records rebuilds the held records of tp.
-func (h *held) records(tp TP) []*kgo.Record {
-	out := make([]*kgo.Record, 0, len(h.recs))
-	for _, hr := range h.recs {
-		r := &kgo.Record{
-			Topic: tp.Topic, Partition: tp.Partition, Offset: hr.offset,
-			Key: h.get(hr.key), Value: h.get(hr.value), Timestamp: time.Unix(0, hr.unixNano),
-		}
-		for hb := h.get(hr.headers); len(hb) > 0; {
-			var hd kgo.RecordHeader
-			n, l := binary.Uvarint(hb)
-			hd.Key, hb = string(hb[l:l+int(n)]), hb[l+int(n):]
-			n, l = binary.Uvarint(hb)
-			hd.Value, hb = hb[l:l+int(n):l+int(n)], hb[l+int(n):]
-			r.Headers = append(r.Headers, hd)
-		}
-		out = append(out, r)
-	}
-	return out
 }

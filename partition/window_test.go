@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"log/slog"
 	"maps"
-	"reflect"
 	"testing"
 	"time"
 
@@ -96,6 +95,20 @@ func (s *memSink) CommitBatch(_ context.Context, claim Claim, end int64, keys Ke
 func (s *memSink) Parked(context.Context, TP) (map[string]ParkedInfo, error) { return nil, nil }
 func (s *memSink) Load(context.Context, TP, []string) (State, error)         { return State{}, nil }
 
+// rewindFetcher is the fetcher of a worker fed from recs: a rewind pushes
+// them again from the offset asked.
+type rewindFetcher struct {
+	w    *Worker
+	recs []*kgo.Record
+}
+
+func (f *rewindFetcher) PauseFetchPartitions(map[string][]int32) map[string][]int32 { return nil }
+func (f *rewindFetcher) ResumeFetchPartitions(map[string][]int32)                   {}
+func (f *rewindFetcher) Rewind(_ TP, offset int64, done func()) {
+	done()
+	f.w.Push(f.recs[offset:], -1)
+}
+
 // windowWorker returns a worker of the demo's accounts projection over
 // sink, with batches of batch records, and the records of events.
 func windowWorker(t *testing.T, sink Sink, batch int, events []demo.Event) (*Worker, []*kgo.Record) {
@@ -109,12 +122,12 @@ func windowWorker(t *testing.T, sink Sink, batch int, events []demo.Event) (*Wor
 		if err != nil {
 			t.Fatal(err)
 		}
-		recs[i] = &kgo.Record{Topic: demo.Topic, Key: []byte(ev.AccountID), Value: value, Offset: int64(i), Timestamp: at,
-			Headers: []kgo.RecordHeader{{Key: "n", Value: []byte(fmt.Sprint(i))}}}
+		recs[i] = &kgo.Record{Topic: demo.Topic, Key: []byte(ev.AccountID), Value: value, Offset: int64(i), Timestamp: at}
 	}
-	w := NewWorker(Config{BatchMaxRecords: batch, CommitMaxBatches: 8}, "g", Claim{TP: TP{Topic: demo.Topic}}, p, sink, dec, nil,
-		idleFetcher{}, slog.New(slog.DiscardHandler), NewMetrics(prometheus.NewRegistry()))
-	w.gaps.aggs = map[string]*gap{}
+	f := &rewindFetcher{recs: recs}
+	w := NewWorker(Config{BatchMaxRecords: batch, BatchMaxWait: time.Millisecond, CommitMaxBatches: 8}, "g", Claim{TP: TP{Topic: demo.Topic}},
+		p, sink, dec, nil, f, slog.New(slog.DiscardHandler), NewMetrics(prometheus.NewRegistry()))
+	f.w = w
 	return w, recs
 }
 
@@ -135,18 +148,23 @@ func accountEvents(accounts int, from, to int64) []demo.Event {
 	return evs
 }
 
-// applyWindow runs recs through a worker that is behind: the first batch
-// taken, the others waiting in its buffer.
-func applyWindow(t *testing.T, w *Worker, recs []*kgo.Record, batch int) {
+// applyWindow runs the worker on recs, handed to it at once, as to a
+// worker that is behind, until it has committed them all.
+func applyWindow(t *testing.T, w *Worker, recs []*kgo.Record) {
 	t.Helper()
-	w.mu.Lock()
-	w.queue = append(w.queue, recs[batch:]...)
-	w.mu.Unlock()
-	if err := w.processWindow(context.Background(), recs[:batch]); err != nil {
-		t.Fatal(err)
+	w.Push(recs, -1)
+	done := make(chan error, 1)
+	go func() { done <- w.Run(context.Background()) }()
+	deadline := time.Now().Add(10 * time.Second)
+	for w.Status().NextOffset < recs[len(recs)-1].Offset+1 {
+		if time.Now().After(deadline) {
+			t.Fatalf("stored next offset %d after 10s, want %d", w.Status().NextOffset, recs[len(recs)-1].Offset+1)
+		}
+		time.Sleep(time.Millisecond)
 	}
-	if w.claim.NextOffset != int64(len(recs)) {
-		t.Errorf("stored next offset %d after %d records", w.claim.NextOffset, len(recs))
+	w.Stop()
+	if err := <-done; err != nil {
+		t.Fatal(err)
 	}
 }
 
@@ -157,7 +175,7 @@ func TestWindowCommitsBatchesTogether(t *testing.T) {
 	sink := newMemSink()
 	const accounts, versions, batch = 20, 15, 50
 	w, recs := windowWorker(t, sink, batch, accountEvents(accounts, 1, versions))
-	applyWindow(t, w, recs, batch)
+	applyWindow(t, w, recs)
 
 	if len(sink.commits) != 1 || !sink.commits[0].planned {
 		t.Fatalf("%d commits for %d batches of one window, want one planned before its transaction", len(sink.commits), len(recs)/batch)
@@ -185,7 +203,7 @@ func TestWindowReplaysWhenTheTableDiffers(t *testing.T) {
 	sink.rows["acc-03"] = projection.Row{"account_id": "acc-03", "owner": "owner acc-03", "balance": int64(1000), "opened_at": nil}
 	sink.versions["acc-03"] = 5
 	w, recs := windowWorker(t, sink, batch, accountEvents(accounts, 1, 8))
-	applyWindow(t, w, recs, batch)
+	applyWindow(t, w, recs)
 
 	if len(sink.commits) < 2 || !sink.commits[0].planned || !errors.Is(sink.commits[0].err, errWindowStale) {
 		t.Fatalf("commits %+v: want a planned one refused, then batches on their own", sink.commits)
@@ -216,18 +234,19 @@ func TestWindowReplaysOnStaleState(t *testing.T) {
 	w, recs := windowWorker(t, sink, batch, accountEvents(accounts, 1, 12))
 	// The first 3 versions are committed; then acc-01 moves on to v6
 	// behind the worker's back, while what it reads still says v3.
-	applyWindow(t, w, recs[:3*accounts], batch)
+	first := recs[:3*accounts]
+	for len(first) > 0 {
+		n := min(batch, len(first))
+		if err := w.process(context.Background(), first[:n]); err != nil {
+			t.Fatal(err)
+		}
+		first = first[n:]
+	}
 	sink.stale["acc-01"] = sink.state([]string{"acc-01"}, func(string) bool { return false })
 	sink.rows["acc-01"]["balance"] = int64(500)
 	sink.versions["acc-01"] = 6
 	sink.commits = nil
-	rest := recs[3*accounts:]
-	w.mu.Lock()
-	w.queue = append(w.queue, rest[batch:]...)
-	w.mu.Unlock()
-	if err := w.processWindow(context.Background(), rest[:batch]); err != nil {
-		t.Fatal(err)
-	}
+	applyWindow(t, w, recs[3*accounts:])
 	if len(sink.commits) < 2 || !errors.Is(sink.commits[0].err, errWindowStale) {
 		t.Fatalf("commits %+v: want the window refused and replayed", sink.commits)
 	}
@@ -239,35 +258,6 @@ func TestWindowReplaysOnStaleState(t *testing.T) {
 		}
 		if sink.versions[id] != 12 || sink.rows[id]["balance"] != want {
 			t.Errorf("%s: v%d %v, want v12 with balance %d", id, sink.versions[id], sink.rows[id], want)
-		}
-	}
-}
-
-// Held records come back as they were: keys, values (nil or not) and
-// headers.
-func TestHeldRecords(t *testing.T) {
-	at := time.Unix(1_700_000_000, 123_000_000)
-	recs := []*kgo.Record{
-		{Offset: 3, Key: []byte("k"), Value: []byte("value"), Timestamp: at},
-		{Offset: 4, Key: []byte("tomb"), Value: nil, Timestamp: at, Headers: []kgo.RecordHeader{{Key: "traceparent", Value: []byte("00-x")}, {Key: "e", Value: []byte{}}}},
-		{Offset: 5, Key: nil, Value: make([]byte, heldChunk+10), Timestamp: at},
-		{Offset: 6, Key: []byte{}, Value: []byte{}, Timestamp: at},
-	}
-	var h held
-	h.add(recs[:1], 4) // before the window: not kept
-	h.add(recs, 4)
-	got := h.records(TP{Topic: "t", Partition: 2})
-	if len(got) != 3 {
-		t.Fatalf("%d records held, want 3", len(got))
-	}
-	for i, r := range got {
-		want := *recs[i+1]
-		want.Topic, want.Partition = "t", 2
-		if r.Offset != want.Offset || !r.Timestamp.Equal(want.Timestamp) || r.Topic != "t" || r.Partition != 2 ||
-			(r.Key == nil) != (want.Key == nil) || string(r.Key) != string(want.Key) ||
-			(r.Value == nil) != (want.Value == nil) || string(r.Value) != string(want.Value) ||
-			len(r.Headers) != len(want.Headers) || (len(r.Headers) > 0 && !reflect.DeepEqual(r.Headers, want.Headers)) {
-			t.Errorf("record %d: got %+v, want %+v", i, r, want)
 		}
 	}
 }

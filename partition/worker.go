@@ -165,9 +165,15 @@ type Worker struct {
 	// changes in syncFetch, with mu held.
 	fetchPaused bool
 	oldest      time.Time // timestamp of the oldest record not yet committed
-	wake        chan struct{}
-	stop        chan struct{}
-	stopOne     sync.Once
+	// rewinding drops what is pushed until the fetcher has moved back to
+	// replay a window (see replay).
+	rewinding bool
+	// alone is the end of the last window replayed: the batches before it
+	// commit one by one.
+	alone   int64
+	wake    chan struct{}
+	stop    chan struct{}
+	stopOne sync.Once
 
 	next         atomic.Int64 // stored next offset, after the last commit
 	hwm          atomic.Int64 // high watermark last seen in a fetch
@@ -215,7 +221,7 @@ func (w *Worker) Push(recs []*kgo.Record, highWatermark int64) {
 		return
 	}
 	w.mu.Lock()
-	if w.stopped {
+	if w.stopped || w.rewinding {
 		w.mu.Unlock()
 		return
 	}

@@ -204,6 +204,58 @@ type Engine struct {
 	mu      sync.Mutex
 	workers map[partition.TP]*running
 	owned   atomic.Int64 // len(workers), for the workers' shares
+
+	// rewinds holds the workers' requests to fetch their partition again
+	// from an earlier offset, served in the poll loop (under mu);
+	// stopPoll ends the poll in progress so that they need not wait for
+	// records.
+	rewinds  []rewind
+	stopPoll atomic.Pointer[context.CancelFunc]
+}
+
+type rewind struct {
+	f      *fetcher
+	offset int64
+	done   func()
+}
+
+// fetcher is what a worker moves its partition's fetching with: pausing
+// and resuming through the client, rewinding through the poll loop.
+type fetcher struct {
+	e  *Engine
+	tp partition.TP
+	w  *partition.Worker // set once the worker is built
+}
+
+func (f *fetcher) PauseFetchPartitions(tps map[string][]int32) map[string][]int32 {
+	return f.e.cl.PauseFetchPartitions(tps)
+}
+
+func (f *fetcher) ResumeFetchPartitions(tps map[string][]int32) { f.e.cl.ResumeFetchPartitions(tps) }
+
+// Rewind implements partition.Rewinder.
+func (f *fetcher) Rewind(_ partition.TP, offset int64, done func()) {
+	f.e.mu.Lock()
+	f.e.rewinds = append(f.e.rewinds, rewind{f: f, offset: offset, done: done})
+	f.e.mu.Unlock()
+	if stop := f.e.stopPoll.Load(); stop != nil {
+		(*stop)()
+	}
+}
+
+// rewound serves the rewinds asked for, between polls, with mu held: the
+// client fetches those partitions again from the offsets asked and drops
+// what it had buffered of them. A worker no longer running its partition
+// (revoked, perhaps assigned again to a new one) moves nothing.
+func (e *Engine) rewound() {
+	for _, r := range e.rewinds {
+		if cur := e.workers[r.f.tp]; cur != nil && cur.w == r.f.w {
+			e.cl.SetOffsets(map[string]map[int32]kgo.EpochOffset{r.f.tp.Topic: {r.f.tp.Partition: {Epoch: -1, Offset: r.offset}}})
+		}
+		r.done()
+	}
+	clear(e.rewinds)
+	e.rewinds = e.rewinds[:0]
 }
 
 type running struct {
@@ -350,7 +402,15 @@ func (e *Engine) Run(ctx context.Context) error {
 		}()
 	}
 	for {
-		fetches := e.cl.PollRecords(runCtx, 10_000)
+		pollCtx, stop := context.WithCancel(runCtx)
+		e.stopPoll.Store(&stop)
+		e.mu.Lock()
+		if len(e.rewinds) > 0 {
+			stop() // asked for before stopPoll was stored
+		}
+		e.mu.Unlock()
+		fetches := e.cl.PollRecords(pollCtx, 10_000)
+		stop()
 		if fetches.IsClientClosed() || runCtx.Err() != nil {
 			return nil
 		}
@@ -369,6 +429,7 @@ func (e *Engine) Run(ctx context.Context) error {
 				r.w.Push(fp.Records, fp.HighWatermark)
 			}
 		})
+		e.rewound()
 		e.mu.Unlock()
 		e.cl.AllowRebalance()
 	}
@@ -481,7 +542,9 @@ func (e *Engine) start(c partition.Claim) {
 		old.cancel()
 	}
 	p := e.byTopic[c.Topic]
-	w := partition.NewWorker(e.cfg.Partition, e.cfg.Identity, c, p, e.sinks[c.Topic], e.decoders[c.Topic], e.repairers[c.Topic], e.cl, e.log, e.metrics)
+	f := &fetcher{e: e, tp: c.TP}
+	w := partition.NewWorker(e.cfg.Partition, e.cfg.Identity, c, p, e.sinks[c.Topic], e.decoders[c.Topic], e.repairers[c.Topic], f, e.log, e.metrics)
+	f.w = w
 	parent := e.runCtx
 	if parent == nil {
 		parent = context.Background()
