@@ -37,6 +37,7 @@ type benchFlags struct {
 	freshFor        time.Duration
 	freshLoad       float64
 	batchMaxRecords int
+	commitMax       int
 	memberMax       int
 	stateCacheRows  int
 	stateCacheBytes byteSize
@@ -76,7 +77,8 @@ func benchCommand(stdout, stderr io.Writer) *ffcli.Command {
 			fs.DurationVar(&f.timeLimit, "time-limit", 15*time.Second, "the naive and watermill consumers stop after this and are measured on the prefix they committed")
 			fs.DurationVar(&f.freshFor, "fresh-for", 10*time.Second, "how long the freshness run produces")
 			fs.Float64Var(&f.freshLoad, "fresh-load", 0.25, "the freshness run's arrival rate, as a fraction of the fold engine's measured events/s")
-			fs.IntVar(&f.batchMaxRecords, "batch-max-records", partition.DefaultBatchMaxRecords, "engine: most records in one batch transaction (as projector run)")
+			fs.IntVar(&f.batchMaxRecords, "batch-max-records", partition.DefaultBatchMaxRecords, "engine: most records planned together in one batch (as projector run)")
+			fs.IntVar(&f.commitMax, "commit-max-batches", partition.DefaultCommitMaxBatches, "engine: most batches one transaction covers while the engine is behind (as projector run)")
 			fs.IntVar(&f.memberMax, "member-max-records", projector.DefaultMemberMaxRecords, "engine: records held across partitions, shared among them; 0: no bound (as projector run)")
 			fs.IntVar(&f.stateCacheRows, "state-cache-rows", postgres.DefaultStateCacheRows, "engine: aggregates whose rows are kept in memory; 0 disables (as projector run)")
 			f.stateCacheBytes = postgres.DefaultStateCacheBytes
@@ -104,7 +106,7 @@ func runBench(ctx context.Context, f *benchFlags, stdout, stderr io.Writer) erro
 	cfg := bench.Config{
 		Events: f.events, Partitions: f.partitions, Skew: f.skew, ValueBytes: f.valueBytes, Runs: f.runs,
 		DatabaseURL: f.databaseURL, TimeLimit: f.timeLimit, FreshFor: f.freshFor, FreshLoad: f.freshLoad,
-		BatchMaxRecords: f.batchMaxRecords, BatchMaxWait: f.batchMaxWait, CopyConns: f.copyConns,
+		BatchMaxRecords: f.batchMaxRecords, BatchMaxWait: f.batchMaxWait, CommitMaxBatches: f.commitMax, CopyConns: f.copyConns,
 		MemberMaxRecords: offFlag(f.memberMax),
 		StateCacheRows:   offFlag(f.stateCacheRows), StateCacheBytes: cacheBytes(f.stateCacheBytes),
 		ProfileDir: f.profileDir, KeepSchemas: f.keepSchemas, LogLevel: f.logLevel,

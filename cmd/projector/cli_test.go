@@ -88,6 +88,7 @@ func TestBadInputStopsWithAClearMessage(t *testing.T) {
 		{[]string{"run", "--brokers", "127.0.0.1:1"}, "--registry-url"},
 		{[]string{"run", "--brokers", "b", "--registry-url", "r", "--start-from", "middle"}, "--start-from"},
 		{[]string{"run", "--brokers", "b", "--registry-url", "r", "--batch-max-records", "0"}, "--batch-max-records"},
+		{[]string{"run", "--brokers", "b", "--registry-url", "r", "--commit-max-batches", "0"}, "--commit-max-batches"},
 		{[]string{"run", "--brokers", "b", "--registry-url", "r", "--member-max-records", "-1"}, "--member-max-records"},
 		{[]string{"run", "--brokers", "b", "--registry-url", "r", "--state-cache-bytes", "lots"}, "-state-cache-bytes"},
 		{[]string{"run", "--brokers", "b", "--registry-url", "r", "--state-cache-bytes", "-5MiB"}, "-state-cache-bytes"},

@@ -32,6 +32,7 @@ type runFlags struct {
 	httpAddr        string
 	startFrom       string
 	batchMaxRecords int
+	commitMax       int
 	stateCacheRows  int
 	memberMax       int
 	stateCacheBytes byteSize
@@ -80,7 +81,8 @@ func runCommand(_, stderr io.Writer) *ffcli.Command {
 				return err
 			}
 			log.Info("projector running", "identity", f.identity, "config", f.config,
-				"batch_max_records", f.batchMaxRecords, "batch_max_wait", f.batchMaxWait, "member_max_records", f.memberMax,
+				"batch_max_records", f.batchMaxRecords, "batch_max_wait", f.batchMaxWait, "commit_max_batches", f.commitMax,
+				"member_max_records", f.memberMax,
 				"state_cache_rows", f.stateCacheRows, "state_cache_bytes", f.stateCacheBytes.String())
 			return serve(ctx, log, f.httpAddr, metrics, e.Ready, e.Run)
 		})
@@ -90,7 +92,8 @@ func (f *runFlags) register(fs *flag.FlagSet) {
 	f.common.register(fs, "brokers", "registry-url", "database-url", "identity", "config", "log")
 	fs.StringVar(&f.httpAddr, "http-addr", ":8080", "address of /metrics, /livez, /readyz (PROJECTOR_HTTP_ADDR); empty disables")
 	fs.StringVar(&f.startFrom, "start-from", projector.StartEarliest, "where a partition without a stored offset starts: earliest or latest (PROJECTOR_START_FROM)")
-	fs.IntVar(&f.batchMaxRecords, "batch-max-records", partition.DefaultBatchMaxRecords, "most records in one batch transaction (PROJECTOR_BATCH_MAX_RECORDS)")
+	fs.IntVar(&f.batchMaxRecords, "batch-max-records", partition.DefaultBatchMaxRecords, "most records planned together in one batch (PROJECTOR_BATCH_MAX_RECORDS)")
+	fs.IntVar(&f.commitMax, "commit-max-batches", partition.DefaultCommitMaxBatches, "most batches one transaction covers while a partition is behind, each aggregate's row written once for all of them; 1: a transaction per batch (PROJECTOR_COMMIT_MAX_BATCHES)")
 	fs.IntVar(&f.memberMax, "member-max-records", projector.DefaultMemberMaxRecords, "records this member holds across its partitions, buffered or in a batch being applied: each partition's batch and buffer get an equal share of it, when that is less than --batch-max-records; 0: no bound (PROJECTOR_MEMBER_MAX_RECORDS)")
 	fs.DurationVar(&f.batchMaxWait, "batch-max-wait", 50*time.Millisecond, "longest a batch waits for more records after its first (PROJECTOR_BATCH_MAX_WAIT)")
 	fs.IntVar(&f.stateCacheRows, "state-cache-rows", postgres.DefaultStateCacheRows, "aggregates per projection whose rows are kept in memory, so a batch reads only the others from Postgres; 0 disables (PROJECTOR_STATE_CACHE_ROWS)")
@@ -111,6 +114,9 @@ func (f *runFlags) register(fs *flag.FlagSet) {
 func (f *runFlags) validate() error {
 	if f.batchMaxRecords < 1 {
 		return fmt.Errorf("--batch-max-records %d: must be at least 1", f.batchMaxRecords)
+	}
+	if f.commitMax < 1 {
+		return fmt.Errorf("--commit-max-batches %d: must be at least 1", f.commitMax)
 	}
 	if f.stateCacheRows < 0 {
 		return fmt.Errorf("--state-cache-rows %d: must be 0 (off) or more", f.stateCacheRows)
@@ -223,14 +229,15 @@ func startEngine(ctx context.Context, f *runFlags, log *slog.Logger, pool *pgxpo
 		Projections: projs,
 		StartFrom:   f.startFrom,
 		Partition: partition.Config{
-			BatchMaxRecords: f.batchMaxRecords,
-			BatchMaxWait:    f.batchMaxWait,
-			ClassifyDecode:  projector.ClassifyDecode,
-			MaxAttempts:     f.maxAttempts,
-			MaxRecordBytes:  f.maxRecordBytes,
-			RetryBase:       f.retryBase,
-			RetryCap:        f.retryCap,
-			UnreadyAfter:    f.unreadyAfter,
+			BatchMaxRecords:  f.batchMaxRecords,
+			BatchMaxWait:     f.batchMaxWait,
+			CommitMaxBatches: f.commitMax,
+			ClassifyDecode:   projector.ClassifyDecode,
+			MaxAttempts:      f.maxAttempts,
+			MaxRecordBytes:   f.maxRecordBytes,
+			RetryBase:        f.retryBase,
+			RetryCap:         f.retryCap,
+			UnreadyAfter:     f.unreadyAfter,
 		},
 		MemberMaxRecords: offFlag(f.memberMax),
 		StateCacheRows:   offFlag(f.stateCacheRows),

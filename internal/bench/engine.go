@@ -130,9 +130,10 @@ func runEngine(ctx context.Context, e *runEnv) error {
 		Identity:    spec.Identity,
 		Projections: projs,
 		Partition: partition.Config{
-			BatchMaxRecords: spec.BatchMaxRecords,
-			BatchMaxWait:    spec.BatchMaxWait,
-			ClassifyDecode:  projector.ClassifyDecode,
+			BatchMaxRecords:  spec.BatchMaxRecords,
+			BatchMaxWait:     spec.BatchMaxWait,
+			CommitMaxBatches: spec.CommitMaxBatches,
+			ClassifyDecode:   projector.ClassifyDecode,
 		},
 		MemberMaxRecords: spec.MemberMaxRecords,
 		StateCacheRows:   spec.StateCacheRows,

@@ -128,7 +128,8 @@ func (b *bench) runFreshness(ctx context.Context, main *dataset, rate float64) (
 	}
 	spec := WorkerSpec{
 		Mode: ModeEngineFold, Topic: ds.topic, Partitions: cfg.Partitions,
-		BatchMaxRecords: cfg.BatchMaxRecords, BatchMaxWait: cfg.BatchMaxWait, StateCacheRows: cfg.StateCacheRows,
+		BatchMaxRecords: cfg.BatchMaxRecords, BatchMaxWait: cfg.BatchMaxWait, CommitMaxBatches: cfg.CommitMaxBatches,
+		StateCacheRows:  cfg.StateCacheRows,
 		StateCacheBytes: cfg.StateCacheBytes, MemberMaxRecords: cfg.MemberMaxRecords, CommitLog: true,
 	}
 	s, err := b.runChild(ctx, spec, during, func(ctx context.Context, pool *pgxpool.Pool, _ *WorkerResult) error {

@@ -44,6 +44,7 @@ type Settings struct {
 	TimeLimitSeconds float64 `json:"naive_time_limit_seconds"`
 	BatchMaxRecords  int     `json:"batch_max_records"`
 	BatchMaxWaitMS   float64 `json:"batch_max_wait_ms"`
+	CommitMaxBatches int     `json:"commit_max_batches"`
 	MemberMaxRecords int     `json:"member_max_records"` // 0: the default, negative: no bound
 	StateCacheRows   int     `json:"state_cache_rows"`   // 0: the default, negative: off
 	StateCacheBytes  int64   `json:"state_cache_bytes"`  // 0: the default, negative: off
@@ -364,8 +365,8 @@ func (r *Report) Table(w io.Writer) error {
 	case s.MemberMaxRecords < 0:
 		member = "off"
 	}
-	fmt.Fprintf(w, "engine: batch-max-records %d, batch-max-wait %.0fms, member-max-records %s, state cache %s, the pool as `projector run` opens it; limit: COPY over %d connection(s) into an append-only table",
-		s.BatchMaxRecords, s.BatchMaxWaitMS, member, cache, s.CopyConns)
+	fmt.Fprintf(w, "engine: batch-max-records %d, batch-max-wait %.0fms, commit-max-batches %d, member-max-records %s, state cache %s, the pool as `projector run` opens it; limit: COPY over %d connection(s) into an append-only table",
+		s.BatchMaxRecords, s.BatchMaxWaitMS, s.CommitMaxBatches, member, cache, s.CopyConns)
 	if keyed := r.row(ModeLimitKeyed); keyed != nil {
 		fmt.Fprint(w, "; keyed limit: the same rows into a table with a primary key (account_id, version)")
 		var vs []string

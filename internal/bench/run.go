@@ -57,6 +57,9 @@ type Config struct {
 	// engine's defaults, as `projector run` has them).
 	BatchMaxRecords int
 	BatchMaxWait    time.Duration
+	// CommitMaxBatches is how many batches one transaction may cover
+	// while the engine is behind (0: the default).
+	CommitMaxBatches int
 	// MemberMaxRecords bounds the records the engine holds across its
 	// partitions (0: the default; negative: no bound).
 	MemberMaxRecords int
@@ -172,7 +175,8 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 		Events: cfg.Events, Aggregates: cfg.Aggregates[0], Partitions: cfg.Partitions, Skew: cfg.Skew,
 		Runs: cfg.Runs, CPUs: runtime.NumCPU(), GoVersion: runtime.Version(),
 		TimeLimitSeconds: cfg.TimeLimit.Seconds(), BatchMaxRecords: cfg.BatchMaxRecords, BatchMaxWaitMS: float64(cfg.BatchMaxWait) / 1e6,
-		StateCacheRows: cfg.StateCacheRows, StateCacheBytes: cfg.StateCacheBytes,
+		CommitMaxBatches: cfg.CommitMaxBatches,
+		StateCacheRows:   cfg.StateCacheRows, StateCacheBytes: cfg.StateCacheBytes,
 		MemberMaxRecords: cfg.MemberMaxRecords, CopyConns: cfg.CopyConns,
 	}}
 	_ = b.admin.QueryRow(ctx, `SELECT current_setting('server_version'), current_setting('fsync'), current_setting('synchronous_commit'), current_setting('shared_buffers')`).
@@ -377,6 +381,9 @@ func (c *Config) defaults() error {
 	if c.BatchMaxWait <= 0 {
 		c.BatchMaxWait = 50 * time.Millisecond
 	}
+	if c.CommitMaxBatches <= 0 {
+		c.CommitMaxBatches = partition.DefaultCommitMaxBatches
+	}
 	if c.CopyConns <= 0 {
 		c.CopyConns = 1
 	}
@@ -479,8 +486,8 @@ func (b *bench) deleteTopics() {
 func (b *bench) runThroughput(ctx context.Context, mode string, ds *dataset) (*Sample, error) {
 	spec := WorkerSpec{
 		Mode: mode, Topic: ds.topic, Partitions: b.cfg.Partitions, End: ds.end,
-		BatchMaxRecords: b.cfg.BatchMaxRecords, BatchMaxWait: b.cfg.BatchMaxWait, StateCacheRows: b.cfg.StateCacheRows,
-		StateCacheBytes: b.cfg.StateCacheBytes, MemberMaxRecords: b.cfg.MemberMaxRecords,
+		BatchMaxRecords: b.cfg.BatchMaxRecords, BatchMaxWait: b.cfg.BatchMaxWait, CommitMaxBatches: b.cfg.CommitMaxBatches,
+		StateCacheRows: b.cfg.StateCacheRows, StateCacheBytes: b.cfg.StateCacheBytes, MemberMaxRecords: b.cfg.MemberMaxRecords,
 		TimeLimit: b.cfg.TimeLimit, Gen: ds.opts, ValueBytes: b.cfg.ValueBytes, CopyConns: b.cfg.CopyConns,
 	}
 	if b.cfg.ProfileDir != "" && (mode == ModeEngineFold || mode == ModeEngineSnapshot) {

@@ -44,6 +44,7 @@ type WorkerSpec struct {
 
 	BatchMaxRecords  int           `json:"batch_max_records"`
 	BatchMaxWait     time.Duration `json:"batch_max_wait"`
+	CommitMaxBatches int           `json:"commit_max_batches"`
 	StateCacheRows   int           `json:"state_cache_rows"`
 	StateCacheBytes  int64         `json:"state_cache_bytes"`
 	MemberMaxRecords int           `json:"member_max_records"`
