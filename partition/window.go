@@ -120,7 +120,7 @@ func (w *Worker) processWindow(ctx context.Context, recs []*kgo.Record) (err err
 		if len(win.sizes) >= w.cfg.CommitMaxBatches || !win.collapsing() || w.stopping() {
 			break
 		}
-		if recs = w.take(); recs == nil {
+		if recs = w.more(ctx, win.end); recs == nil {
 			break
 		}
 	}
@@ -128,6 +128,31 @@ func (w *Worker) processWindow(ctx context.Context, recs []*kgo.Record) (err err
 		return nil
 	}
 	return w.commitWindow(ctx, win)
+}
+
+// more returns the next batch for a window that ends at offset end: what
+// the buffer holds or, while the partition holds more records than that,
+// what arrives within BatchMaxWait (nil: none).
+func (w *Worker) more(ctx context.Context, end int64) []*kgo.Record {
+	if recs := w.take(); recs != nil || w.hwm.Load() <= end {
+		return recs
+	}
+	t := time.NewTimer(w.cfg.BatchMaxWait)
+	defer t.Stop()
+	for {
+		select {
+		case <-w.wake:
+			if recs := w.take(); recs != nil {
+				return recs
+			}
+		case <-t.C:
+			return nil
+		case <-w.stop:
+			return nil
+		case <-ctx.Done():
+			return nil
+		}
+	}
 }
 
 // stopping reports whether Stop was called.
