@@ -261,3 +261,21 @@ func TestWindowReplaysOnStaleState(t *testing.T) {
 		}
 	}
 }
+
+// A second batch that shares few aggregates with the first ends the
+// transaction: with far more aggregates than a batch holds, more batches
+// would only hold more rows.
+func TestWindowEndsWhenBatchesShareFewAggregates(t *testing.T) {
+	sink := newMemSink()
+	const batch = 50
+	w, recs := windowWorker(t, sink, batch, accountEvents(8*batch, 1, 1)) // 8 batches, every account once
+	applyWindow(t, w, recs)
+	if len(sink.commits) != 4 {
+		t.Errorf("%d transactions for 8 batches of distinct accounts, want 4 of two batches each", len(sink.commits))
+	}
+	for i, c := range sink.commits {
+		if !c.planned || len(c.changes.Upserts) != 2*batch {
+			t.Errorf("transaction %d: planned %v, %d rows; want two batches' %d rows", i, c.planned, len(c.changes.Upserts), 2*batch)
+		}
+	}
+}
