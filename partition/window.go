@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/twmb/franz-go/pkg/kgo"
+	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/codes"
 
 	"github.com/projector-dev/projector/projection"
@@ -127,6 +128,11 @@ func (w *Worker) processWindow(ctx context.Context, recs []*kgo.Record) (err err
 	if win.end <= win.start {
 		return nil
 	}
+	n := 0
+	for _, size := range win.sizes {
+		n += size
+	}
+	span.SetAttributes(attribute.Int("messaging.batch.message_count", n))
 	return w.commitWindow(ctx, win)
 }
 

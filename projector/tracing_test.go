@@ -5,6 +5,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
 	"github.com/twmb/franz-go/pkg/kadm"
 	"github.com/twmb/franz-go/pkg/kgo"
 	"go.opentelemetry.io/otel/attribute"
@@ -14,6 +15,7 @@ import (
 
 	"github.com/projector-dev/projector/internal/demo"
 	"github.com/projector-dev/projector/outbox"
+	"github.com/projector-dev/projector/partition"
 	"github.com/projector-dev/projector/projector"
 )
 
@@ -151,5 +153,71 @@ func TestTraceAcrossOutbox(t *testing.T) {
 	var owner string
 	if err := f.db.Pool.QueryRow(ctx, `SELECT owner FROM accounts WHERE account_id = 'outboxed-1'`).Scan(&owner); err != nil || owner != "o" {
 		t.Errorf("outboxed-1: owner %q (err %v), want o", owner, err)
+	}
+}
+
+// TestTransactionSpanLinksEveryBatch has a member behind by two batches of
+// one record, from two producer traces: the one transaction covering both
+// is one "process" span linked to both producers, counting both records.
+func TestTransactionSpanLinksEveryBatch(t *testing.T) {
+	ctx := context.Background()
+	f := faultSetup(t, demo.Options{Aggregates: 1, MeanEvents: 1}, 1)
+	traces := []string{"4bf92f3577b34da6a3ce929d0e0e4736", "5cf92f3577b34da6a3ce929d0e0e4737"}
+	records := []demo.Record{
+		{Key: "traced-1", Event: demo.Event{AccountID: "traced-1", Version: 1, Type: "AccountOpened", Owner: "o"}},
+		{Key: "traced-1", Event: demo.Event{AccountID: "traced-1", Version: 2, Type: "Deposited", Amount: 3}},
+	}
+	var krecs []*kgo.Record
+	for i, r := range records {
+		v, err := f.enc.Encode(r)
+		if err != nil {
+			t.Fatal(err)
+		}
+		krecs = append(krecs, &kgo.Record{Topic: demo.Topic, Key: []byte(r.Key), Value: v, Headers: []kgo.RecordHeader{
+			{Key: "traceparent", Value: []byte("00-" + traces[i] + "-00f067aa0ba902b7-01")},
+		}})
+	}
+	cl := f.kafkaClient(t)
+	if err := cl.ProduceSync(ctx, krecs...).FirstErr(); err != nil {
+		t.Fatal(err)
+	}
+	var err error
+	if f.end, err = demo.EndOffsets(ctx, kadm.NewClient(cl), demo.Topic); err != nil {
+		t.Fatal(err)
+	}
+	f.records = records
+
+	spans := tracetest.NewInMemoryExporter()
+	tp := sdktrace.NewTracerProvider(sdktrace.WithSyncer(spans))
+	defer tp.Shutdown(ctx) //nolint:errcheck // in-memory
+	reg := prometheus.NewRegistry()
+	run(t, f.engine(t, "traced", projector.Config{TracerProvider: tp, Registerer: reg,
+		Partition: partition.Config{BatchMaxRecords: 1}}))
+	f.verify(t, "traced")
+	if commits, batches := counter(t, reg, "projector_commit_batches"), histogramSum(t, reg, "projector_commit_batches"); commits != 1 || batches != 2 {
+		t.Fatalf("%.0f batches in %.0f transactions: want both in one", batches, commits)
+	}
+	var process *tracetest.SpanStub
+	waitFor(t, "the transaction's span", 10*time.Second, func() bool {
+		for _, s := range spans.GetSpans() {
+			if s.Name == "process "+demo.Topic {
+				process = &s
+			}
+		}
+		return process != nil
+	})
+	linked := map[string]bool{}
+	for _, l := range process.Links {
+		linked[l.SpanContext.TraceID().String()] = true
+	}
+	for _, tr := range traces {
+		if !linked[tr] {
+			t.Errorf("process span links %v: none to the producer trace %s", process.Links, tr)
+		}
+	}
+	for _, a := range process.Attributes {
+		if a.Key == "messaging.batch.message_count" && a.Value.AsInt64() != 2 {
+			t.Errorf("messaging.batch.message_count %d, want 2", a.Value.AsInt64())
+		}
 	}
 }
