@@ -161,16 +161,21 @@ type Sink interface {
 	// fenced by claim.Epoch. It returns ErrFenced when a newer owner
 	// exists. plan may be called more than once.
 	CommitBatch(ctx context.Context, claim Claim, end int64, keys Keys, plan func(State) (Changes, error)) error
-	// Peek returns the state of keys as CommitBatch would load it (keys.New
-	// it does not know of may be left out, assumed new), outside a
-	// transaction: as only the partition's owner writes its aggregates,
-	// it holds until the owner commits them.
-	Peek(ctx context.Context, claim Claim, keys Keys) (State, error)
 	// Parked lists the aggregates of the partition with parked events.
 	Parked(ctx context.Context, tp TP) (map[string]ParkedInfo, error)
 	// Load reads the state of keys and their parked events outside a
 	// batch (safe: only the partition's owner writes them).
 	Load(ctx context.Context, tp TP, keys []string) (State, error)
+}
+
+// Peeker is a Sink that reads state outside a transaction, which lets a
+// worker that is behind commit several batches in one (see window.go).
+type Peeker interface {
+	// Peek returns the state of keys as CommitBatch would load it
+	// (keys.New it does not know of may be left out, assumed new): as
+	// only the partition's owner writes its aggregates, it holds until
+	// the owner commits them.
+	Peek(ctx context.Context, claim Claim, keys Keys) (State, error)
 }
 
 // ParkedInfo describes one aggregate's parked events.

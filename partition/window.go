@@ -82,10 +82,13 @@ type windowAgg struct {
 }
 
 // windowing reports whether the worker is behind, having taken a full
-// batch of n records, and may commit it with the batches after it: not
-// while it applies a replayed window's records again.
+// batch of n records, and may commit it with the batches after it: its
+// sink peeks and its fetcher rewinds, and it is not applying a replayed
+// window's records again.
 func (w *Worker) windowing(n int) bool {
-	if _, ok := w.fetcher.(Rewinder); !ok || w.cfg.CommitMaxBatches <= 1 || w.claim.NextOffset < w.alone {
+	_, rewinds := w.fetcher.(Rewinder)
+	_, peeks := w.sink.(Peeker)
+	if !rewinds || !peeks || w.cfg.CommitMaxBatches <= 1 || w.claim.NextOffset < w.alone {
 		return false
 	}
 	batchMax, _ := w.limits()
@@ -198,7 +201,7 @@ func (w *Worker) plan1(ctx context.Context, win *window, recs []*kgo.Record) err
 	peek.Parked = keys.Parked
 	var known State
 	err = w.retry(ctx, "read the state of a batch", func() (err error) {
-		known, err = w.sink.Peek(ctx, w.claim, peek)
+		known, err = w.sink.(Peeker).Peek(ctx, w.claim, peek)
 		return err
 	})
 	if err != nil {

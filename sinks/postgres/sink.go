@@ -65,7 +65,10 @@ type statements struct {
 	del       string
 }
 
-var _ partition.Sink = (*Sink)(nil)
+var (
+	_ partition.Sink   = (*Sink)(nil)
+	_ partition.Peeker = (*Sink)(nil)
+)
 
 // NewSink prepares the statements of projection p for identity. Call
 // Migrate first. With dlqTopic set, every new dead letter is also queued
