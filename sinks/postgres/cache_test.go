@@ -447,3 +447,53 @@ func TestCacheKeptWhileMostAggregatesAreNew(t *testing.T) {
 		seen = append(seen, keys.New...)
 	}
 }
+
+// Peek reads outside a transaction what a batch would be planned on: the
+// rows and versions Postgres holds (the same as Load), leaving out the
+// aggregates assumed new it does not know of; what it read is then cached,
+// and a planned commit is given whether rows exist without their values.
+func TestPeek(t *testing.T) {
+	e := newEnv(t, demoProjection(t))
+	c := e.claim(0)
+	if _, err := e.planOnce(c, 1, []string{"a1", "a2"}, func(partition.State) partition.Changes {
+		return partition.Changes{Upserts: []partition.RowWrite{upsert("a1", 2, "ann", 10), upsert("a2", 1, "bob", 20)}}
+	}); err != nil {
+		t.Fatal(err)
+	}
+	c.NextOffset = 1
+	e.sink.Forget(e.tp) // as after a restart: nothing cached
+	keys := partition.Keys{All: []string{"a1", "a2", "new"}, New: []string{"new"}}
+	start := e.sink.CacheStats()
+	peeked, err := e.sink.Peek(e.ctx, c, keys)
+	if err != nil {
+		t.Fatal(err)
+	}
+	fromPG, err := e.sink.Load(e.ctx, e.tp, keys.All)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !reflect.DeepEqual(peeked.Versions, fromPG.Versions) || !reflect.DeepEqual(peeked.Rows, fromPG.Rows) {
+		t.Errorf("peeked %v %v, Postgres has %v %v", peeked.Versions, peeked.Rows, fromPG.Versions, fromPG.Rows)
+	}
+	if before := e.sink.CacheStats(); before.Misses-start.Misses != 2 {
+		t.Errorf("%d aggregates read from Postgres, want a1 and a2 (new is assumed new)", before.Misses)
+	}
+	before := e.sink.CacheStats()
+	var planned partition.State
+	err = e.sink.CommitBatch(e.ctx, c, 2, partition.Keys{All: []string{"a1", "a2"}, Planned: true}, func(st partition.State) (partition.Changes, error) {
+		planned = st
+		return partition.Changes{Upserts: []partition.RowWrite{upsert("a1", 3, "ann", 11)}}, nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if after := e.sink.CacheStats(); after.Hits-before.Hits != 2 || after.Misses != before.Misses {
+		t.Errorf("the commit read %d aggregates from Postgres and found %d cached, want both cached by the peek", after.Misses-before.Misses, after.Hits-before.Hits)
+	}
+	if planned.Versions["a1"] != 2 || planned.Versions["a2"] != 1 || planned.Rows["a1"] == nil || len(planned.Rows["a1"]) != 0 {
+		t.Errorf("planned commit given %v %v: want the versions, and rows that exist but are empty", planned.Versions, planned.Rows)
+	}
+	if a, _ := e.account("a1"); a.version != 3 || *a.balance != 11 {
+		t.Errorf("a1 = v%d balance %d, want v3 balance 11", a.version, *a.balance)
+	}
+}
