@@ -98,8 +98,10 @@ func (w *Worker) windowing(n int) bool {
 // processWindow applies recs and, while records wait after each batch,
 // the batches after them in one transaction.
 func (w *Worker) processWindow(ctx context.Context, recs []*kgo.Record) (err error) {
-	win := &window{start: w.claim.NextOffset, end: w.claim.NextOffset, aggs: map[string]*windowAgg{},
-		parked: map[string][]StoredEvent{}, unparked: map[ParkedRef]bool{}}
+	// Room for the aggregates of a batch or two, which a window of
+	// batches sharing aggregates seldom outgrows by much.
+	win := &window{start: w.claim.NextOffset, end: w.claim.NextOffset, aggs: make(map[string]*windowAgg, 2*len(recs)),
+		list: make([]*windowAgg, 0, 2*len(recs)), parked: map[string][]StoredEvent{}, unparked: map[ParkedRef]bool{}}
 	ctx, span := w.startSpan(ctx, recs)
 	defer func() {
 		if err != nil {
