@@ -114,7 +114,7 @@ func (w *Worker) processWindow(ctx context.Context, recs []*kgo.Record) (err err
 		if !first {
 			w.linkSpan(span, recs)
 		}
-		err := w.plan1(ctx, win, recs)
+		err := w.planBatch(ctx, win, recs)
 		var pf *planFailed
 		if errors.As(err, &pf) {
 			w.done()
@@ -176,8 +176,8 @@ func (w *Worker) stopping() bool {
 	}
 }
 
-// plan1 plans one batch of the window.
-func (w *Worker) plan1(ctx context.Context, win *window, recs []*kgo.Record) error {
+// planBatch plans one batch of the window.
+func (w *Worker) planBatch(ctx context.Context, win *window, recs []*kgo.Record) error {
 	items, end, err := w.items(ctx, recs, win.end)
 	if err != nil || end <= win.end {
 		return err
