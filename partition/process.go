@@ -61,13 +61,7 @@ func (f *foldRetry) Unwrap() error { return f.err }
 func (w *Worker) process(ctx context.Context, recs []*kgo.Record) (err error) {
 	start := w.claim.NextOffset
 	ctx, span := w.startSpan(ctx, recs)
-	defer func() {
-		if err != nil {
-			span.RecordError(err)
-			span.SetStatus(codes.Error, err.Error())
-		}
-		span.End()
-	}()
+	defer endSpan(span, &err)
 	items, end, err := w.items(ctx, recs, start)
 	if err != nil || end <= start {
 		return err
@@ -242,6 +236,15 @@ func (w *Worker) startSpan(ctx context.Context, recs []*kgo.Record) (context.Con
 			attribute.String("messaging.consumer.group.name", w.group),
 			attribute.Int("messaging.batch.message_count", len(recs)),
 		))
+}
+
+// endSpan ends a batch's span, recording *err when set.
+func endSpan(span trace.Span, err *error) {
+	if *err != nil {
+		span.RecordError(*err)
+		span.SetStatus(codes.Error, (*err).Error())
+	}
+	span.End()
 }
 
 // linkSpan links the batch's span to the producer contexts of recs too.

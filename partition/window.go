@@ -9,7 +9,6 @@ import (
 
 	"github.com/twmb/franz-go/pkg/kgo"
 	"go.opentelemetry.io/otel/attribute"
-	"go.opentelemetry.io/otel/codes"
 
 	"github.com/projector-dev/projector/projection"
 )
@@ -103,13 +102,7 @@ func (w *Worker) processWindow(ctx context.Context, recs []*kgo.Record) (err err
 	win := &window{start: w.claim.NextOffset, end: w.claim.NextOffset, aggs: make(map[string]*windowAgg, 2*len(recs)),
 		list: make([]*windowAgg, 0, 2*len(recs)), parked: map[string][]StoredEvent{}, unparked: map[ParkedRef]bool{}}
 	ctx, span := w.startSpan(ctx, recs)
-	defer func() {
-		if err != nil {
-			span.RecordError(err)
-			span.SetStatus(codes.Error, err.Error())
-		}
-		span.End()
-	}()
+	defer endSpan(span, &err)
 	for first := true; ; first = false {
 		if !first {
 			w.linkSpan(span, recs)

@@ -394,21 +394,3 @@ func TestBehindReplaysWhenAssumedNewExists(t *testing.T) {
 		t.Error("no transaction was applied again batch by batch")
 	}
 }
-
-// histogramSum sums the observed values of a histogram family.
-func histogramSum(t *testing.T, g prometheus.Gatherer, name string) float64 {
-	t.Helper()
-	mfs, err := g.Gather()
-	if err != nil {
-		t.Fatal(err)
-	}
-	var sum float64
-	for _, mf := range mfs {
-		if mf.GetName() == name {
-			for _, m := range mf.GetMetric() {
-				sum += m.GetHistogram().GetSampleSum()
-			}
-		}
-	}
-	return sum
-}

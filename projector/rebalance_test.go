@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
+	dto "github.com/prometheus/client_model/go"
 
 	"github.com/projector-dev/projector/internal/demo"
 	"github.com/projector-dev/projector/partition"
@@ -117,21 +118,38 @@ func TestFencedOwnerStops(t *testing.T) {
 	b.verify(t, "fence")
 }
 
-// counter sums every sample of a counter or gauge family, or counts the
-// observations of a histogram family.
-func counter(t *testing.T, g prometheus.Gatherer, name string) float64 {
+// metrics returns the samples of the family name gathered from g.
+func metrics(t *testing.T, g prometheus.Gatherer, name string) []*dto.Metric {
 	t.Helper()
 	mfs, err := g.Gather()
 	if err != nil {
 		t.Fatal(err)
 	}
-	var sum float64
 	for _, mf := range mfs {
 		if mf.GetName() == name {
-			for _, m := range mf.GetMetric() {
-				sum += m.GetCounter().GetValue() + m.GetGauge().GetValue() + float64(m.GetHistogram().GetSampleCount())
-			}
+			return mf.GetMetric()
 		}
+	}
+	return nil
+}
+
+// counter sums every sample of a counter or gauge family, or counts the
+// observations of a histogram family.
+func counter(t *testing.T, g prometheus.Gatherer, name string) float64 {
+	t.Helper()
+	var sum float64
+	for _, m := range metrics(t, g, name) {
+		sum += m.GetCounter().GetValue() + m.GetGauge().GetValue() + float64(m.GetHistogram().GetSampleCount())
+	}
+	return sum
+}
+
+// histogramSum sums the observed values of a histogram family.
+func histogramSum(t *testing.T, g prometheus.Gatherer, name string) float64 {
+	t.Helper()
+	var sum float64
+	for _, m := range metrics(t, g, name) {
+		sum += m.GetHistogram().GetSampleSum()
 	}
 	return sum
 }
@@ -139,20 +157,11 @@ func counter(t *testing.T, g prometheus.Gatherer, name string) float64 {
 // bucket returns the observations of a histogram family at most le.
 func bucket(t *testing.T, g prometheus.Gatherer, name string, le float64) float64 {
 	t.Helper()
-	mfs, err := g.Gather()
-	if err != nil {
-		t.Fatal(err)
-	}
 	var n float64
-	for _, mf := range mfs {
-		if mf.GetName() != name {
-			continue
-		}
-		for _, m := range mf.GetMetric() {
-			for _, b := range m.GetHistogram().GetBucket() {
-				if b.GetUpperBound() == le {
-					n += float64(b.GetCumulativeCount())
-				}
+	for _, m := range metrics(t, g, name) {
+		for _, b := range m.GetHistogram().GetBucket() {
+			if b.GetUpperBound() == le {
+				n += float64(b.GetCumulativeCount())
 			}
 		}
 	}

@@ -27,29 +27,7 @@ func TestBatchSpansLinkToProducers(t *testing.T) {
 	ctx := context.Background()
 	f := faultSetup(t, demo.Options{Aggregates: 1, MeanEvents: 1}, 1)
 	producerTrace, _ := trace.TraceIDFromHex("4bf92f3577b34da6a3ce929d0e0e4736")
-	records := []demo.Record{
-		{Key: "traced-1", Event: demo.Event{AccountID: "traced-1", Version: 1, Type: "AccountOpened", Owner: "o"}},
-		{Key: "traced-1", Event: demo.Event{AccountID: "traced-1", Version: 2, Type: "Deposited", Amount: 3}},
-	}
-	var krecs []*kgo.Record
-	for _, r := range records {
-		v, err := f.enc.Encode(r)
-		if err != nil {
-			t.Fatal(err)
-		}
-		krecs = append(krecs, &kgo.Record{Topic: demo.Topic, Key: []byte(r.Key), Value: v, Headers: []kgo.RecordHeader{
-			{Key: "traceparent", Value: []byte("00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01")},
-		}})
-	}
-	cl := f.kafkaClient(t)
-	if err := cl.ProduceSync(ctx, krecs...).FirstErr(); err != nil {
-		t.Fatal(err)
-	}
-	var err error
-	if f.end, err = demo.EndOffsets(ctx, kadm.NewClient(cl), demo.Topic); err != nil {
-		t.Fatal(err)
-	}
-	f.records = records
+	produceTraced(t, f, producerTrace.String(), producerTrace.String())
 
 	spans := tracetest.NewInMemoryExporter()
 	tp := sdktrace.NewTracerProvider(sdktrace.WithSyncer(spans))
@@ -163,29 +141,7 @@ func TestTransactionSpanLinksEveryBatch(t *testing.T) {
 	ctx := context.Background()
 	f := faultSetup(t, demo.Options{Aggregates: 1, MeanEvents: 1}, 1)
 	traces := []string{"4bf92f3577b34da6a3ce929d0e0e4736", "5cf92f3577b34da6a3ce929d0e0e4737"}
-	records := []demo.Record{
-		{Key: "traced-1", Event: demo.Event{AccountID: "traced-1", Version: 1, Type: "AccountOpened", Owner: "o"}},
-		{Key: "traced-1", Event: demo.Event{AccountID: "traced-1", Version: 2, Type: "Deposited", Amount: 3}},
-	}
-	var krecs []*kgo.Record
-	for i, r := range records {
-		v, err := f.enc.Encode(r)
-		if err != nil {
-			t.Fatal(err)
-		}
-		krecs = append(krecs, &kgo.Record{Topic: demo.Topic, Key: []byte(r.Key), Value: v, Headers: []kgo.RecordHeader{
-			{Key: "traceparent", Value: []byte("00-" + traces[i] + "-00f067aa0ba902b7-01")},
-		}})
-	}
-	cl := f.kafkaClient(t)
-	if err := cl.ProduceSync(ctx, krecs...).FirstErr(); err != nil {
-		t.Fatal(err)
-	}
-	var err error
-	if f.end, err = demo.EndOffsets(ctx, kadm.NewClient(cl), demo.Topic); err != nil {
-		t.Fatal(err)
-	}
-	f.records = records
+	produceTraced(t, f, traces...)
 
 	spans := tracetest.NewInMemoryExporter()
 	tp := sdktrace.NewTracerProvider(sdktrace.WithSyncer(spans))
@@ -220,4 +176,34 @@ func TestTransactionSpanLinksEveryBatch(t *testing.T) {
 			t.Errorf("messaging.batch.message_count %d, want 2", a.Value.AsInt64())
 		}
 	}
+}
+
+// produceTraced produces version 1 and 2 of one account, each carrying a
+// traceparent of the producer trace given for it.
+func produceTraced(t *testing.T, f *faultBundle, traces ...string) {
+	t.Helper()
+	ctx := context.Background()
+	records := []demo.Record{
+		{Key: "traced-1", Event: demo.Event{AccountID: "traced-1", Version: 1, Type: "AccountOpened", Owner: "o"}},
+		{Key: "traced-1", Event: demo.Event{AccountID: "traced-1", Version: 2, Type: "Deposited", Amount: 3}},
+	}
+	var krecs []*kgo.Record
+	for i, r := range records {
+		v, err := f.enc.Encode(r)
+		if err != nil {
+			t.Fatal(err)
+		}
+		krecs = append(krecs, &kgo.Record{Topic: demo.Topic, Key: []byte(r.Key), Value: v, Headers: []kgo.RecordHeader{
+			{Key: "traceparent", Value: []byte("00-" + traces[i] + "-00f067aa0ba902b7-01")},
+		}})
+	}
+	cl := f.kafkaClient(t)
+	if err := cl.ProduceSync(ctx, krecs...).FirstErr(); err != nil {
+		t.Fatal(err)
+	}
+	var err error
+	if f.end, err = demo.EndOffsets(ctx, kadm.NewClient(cl), demo.Topic); err != nil {
+		t.Fatal(err)
+	}
+	f.records = records
 }
