@@ -338,6 +338,7 @@ func (w *Worker) Run(ctx context.Context) error {
 			err = w.applyRepair(ctx, *j.repair)
 		case j.skip != nil:
 			err = w.skip(ctx, *j.skip)
+		case len(j.recs) == 0:
 		case w.windowing(len(j.recs)):
 			err = w.processWindow(ctx, j.recs)
 		default:
