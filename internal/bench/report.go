@@ -407,7 +407,7 @@ func (r *Report) Table(w io.Writer) error {
 			parent, row.ParentCPU, row.ParentCPU/math.Max(1, float64(row.Events))*1e6)
 		if p := row.Phases; p != nil && p.Batches > 0 {
 			total := p.Begin + p.Load + p.Plan + p.Write + p.Commit
-			fmt.Fprintf(w, "  %d batches (%.0f events each), %.1fms per batch transaction: begin %.0f%%, load state %.0f%%, plan (Go) %.0f%%, write pipeline %.0f%%, commit %.0f%%\n",
+			fmt.Fprintf(w, "  %d transactions (%.0f events each), %.1fms each: begin %.0f%%, load state %.0f%%, plan (Go) %.0f%%, write pipeline %.0f%%, commit %.0f%%\n",
 				p.Batches, float64(row.Events)/float64(p.Batches), total/float64(p.Batches)*1e3,
 				100*p.Begin/total, 100*p.Load/total, 100*p.Plan/total, 100*p.Write/total, 100*p.Commit/total)
 		}
