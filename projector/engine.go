@@ -243,19 +243,28 @@ func (f *fetcher) Rewind(_ partition.TP, offset int64, done func()) {
 	}
 }
 
-// rewound serves the rewinds asked for, between polls, with mu held: the
-// client fetches those partitions again from the offsets asked and drops
-// what it had buffered of them. A worker no longer running its partition
-// (revoked, perhaps assigned again to a new one) moves nothing.
+// rewound serves the rewinds asked for, between polls (no rebalance can
+// run until AllowRebalance): the client fetches those partitions again
+// from the offsets asked and drops what it had buffered of them. A worker
+// no longer running its partition (revoked, perhaps assigned again to a
+// new one) moves nothing.
 func (e *Engine) rewound() {
+	e.mu.Lock()
+	var move []rewind
 	for _, r := range e.rewinds {
 		if cur := e.workers[r.f.tp]; cur != nil && cur.w == r.f.w {
-			e.cl.SetOffsets(map[string]map[int32]kgo.EpochOffset{r.f.tp.Topic: {r.f.tp.Partition: {Epoch: -1, Offset: r.offset}}})
+			move = append(move, r)
+		} else {
+			r.done()
 		}
-		r.done()
 	}
 	clear(e.rewinds)
 	e.rewinds = e.rewinds[:0]
+	e.mu.Unlock()
+	for _, r := range move {
+		e.cl.SetOffsets(map[string]map[int32]kgo.EpochOffset{r.f.tp.Topic: {r.f.tp.Partition: {Epoch: -1, Offset: r.offset}}})
+		r.done()
+	}
 }
 
 type running struct {
@@ -429,8 +438,8 @@ func (e *Engine) Run(ctx context.Context) error {
 				r.w.Push(fp.Records, fp.HighWatermark)
 			}
 		})
-		e.rewound()
 		e.mu.Unlock()
+		e.rewound()
 		e.cl.AllowRebalance()
 	}
 }
