@@ -217,16 +217,9 @@ func (w *Worker) startSpan(ctx context.Context, recs []*kgo.Record) (context.Con
 	if w.cfg.Tracer == nil {
 		return ctx, trace.SpanFromContext(context.Background()) // a no-op span
 	}
-	links := make([]trace.Link, 0, len(recs))
-	for _, r := range recs {
-		sc := trace.SpanContextFromContext(traceContext.Extract(context.Background(), kotel.NewRecordCarrier(r)))
-		if sc.IsValid() {
-			links = append(links, trace.Link{SpanContext: sc})
-		}
-	}
 	return w.cfg.Tracer.Start(ctx, "process "+w.claim.Topic,
 		trace.WithSpanKind(trace.SpanKindConsumer),
-		trace.WithLinks(links...),
+		trace.WithLinks(producerLinks(recs)...),
 		trace.WithAttributes(
 			attribute.String("messaging.system", "kafka"),
 			attribute.String("messaging.operation.type", "process"),
@@ -252,12 +245,22 @@ func (w *Worker) linkSpan(span trace.Span, recs []*kgo.Record) {
 	if w.cfg.Tracer == nil {
 		return
 	}
+	for _, l := range producerLinks(recs) {
+		span.AddLink(l)
+	}
+}
+
+// producerLinks links to the producer context each record carries in its
+// traceparent header.
+func producerLinks(recs []*kgo.Record) []trace.Link {
+	links := make([]trace.Link, 0, len(recs))
 	for _, r := range recs {
 		sc := trace.SpanContextFromContext(traceContext.Extract(context.Background(), kotel.NewRecordCarrier(r)))
 		if sc.IsValid() {
-			span.AddLink(trace.Link{SpanContext: sc})
+			links = append(links, trace.Link{SpanContext: sc})
 		}
 	}
+	return links
 }
 
 // commitTraced runs the batch transaction, as a child span when tracing.
