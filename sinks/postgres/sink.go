@@ -911,7 +911,7 @@ func (s *Sink) Load(ctx context.Context, tp partition.TP, keys []string) (partit
 	return st, err
 }
 
-// Peek implements partition.Sink: the state of keys as a batch loads it,
+// Peek implements partition.Peeker: the state of keys as a batch loads it,
 // from the state cache where it holds them and from Postgres otherwise,
 // outside a transaction. Aggregates of keys.New that the cache does not
 // hold are not read: the commit that writes them verifies that they are
