@@ -36,8 +36,8 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 		}),
 		commitBatches: prometheus.NewHistogram(prometheus.HistogramOpts{
 			Name:    "projector_commit_batches",
-			Help:    "Batches one transaction covered: 1, or up to --commit-max-batches while the partition is behind.",
-			Buckets: prometheus.LinearBuckets(1, 1, 16),
+			Help:    "Batches one transaction covered: 1, or more while the partition is behind (up to --commit-max-batches full ones' worth of records).",
+			Buckets: prometheus.ExponentialBuckets(1, 2, 7),
 		}),
 		replays: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "projector_commit_replays_total",

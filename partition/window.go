@@ -56,6 +56,8 @@ type window struct {
 	out      outcomes
 	// Of the aggregates of the last batch, how many the window knew.
 	known, seen int
+	// waited is how long the window has waited for its batches.
+	waited time.Duration
 }
 
 // collapsing reports whether the window's last batch shared enough of its
@@ -116,10 +118,10 @@ func (w *Worker) processWindow(ctx context.Context, recs []*kgo.Record) (err err
 		if err != nil {
 			return err
 		}
-		if len(win.sizes) >= w.cfg.CommitMaxBatches || !win.collapsing() || w.stopping() {
+		if w.windowFull(win) || !win.collapsing() || w.stopping() {
 			break
 		}
-		if recs = w.more(ctx, win.end); recs == nil {
+		if recs = w.more(ctx, win); recs == nil {
 			break
 		}
 	}
@@ -134,14 +136,41 @@ func (w *Worker) processWindow(ctx context.Context, recs []*kgo.Record) (err err
 	return w.commitWindow(ctx, win)
 }
 
-// more returns the next batch for a window that ends at offset end: what
-// the buffer holds or, while the partition holds more records than that,
-// what arrives within BatchMaxWait (nil: none).
-func (w *Worker) more(ctx context.Context, end int64) []*kgo.Record {
-	if recs := w.take(); recs != nil || w.hwm.Load() <= end {
+// windowFull reports whether win holds as many records as
+// CommitMaxBatches full batches, or as many aggregates as two: the rows a
+// transaction holds stay within what two batches of distinct aggregates
+// would.
+func (w *Worker) windowFull(win *window) bool {
+	batchMax, _ := w.limits()
+	n := 0
+	for _, size := range win.sizes {
+		n += size
+	}
+	return n >= w.cfg.CommitMaxBatches*batchMax || len(win.list) >= 2*batchMax
+}
+
+// more returns the next batch of win: what the buffer holds or, while the
+// partition holds more records than that, what arrives in time (nil:
+// none). A window waits, in all, as long as its CommitMaxBatches batches
+// could have waited each (BatchMaxWait); while less than a full batch is
+// left in the partition, what is left of that but at most BatchMaxWait.
+// Fetching a batch takes longer than BatchMaxWait when the processor is
+// busy, and a window that ended then would write its aggregates' rows
+// again in the next one.
+func (w *Worker) more(ctx context.Context, win *window) []*kgo.Record {
+	if recs := w.take(); recs != nil || w.hwm.Load() <= win.end {
 		return recs
 	}
-	t := time.NewTimer(w.cfg.BatchMaxWait)
+	wait := time.Duration(w.cfg.CommitMaxBatches)*w.cfg.BatchMaxWait - win.waited
+	if batchMax, _ := w.limits(); w.hwm.Load()-win.end < int64(batchMax) {
+		wait = min(wait, w.cfg.BatchMaxWait)
+	}
+	if wait <= 0 {
+		return nil
+	}
+	start := time.Now()
+	defer func() { win.waited += time.Since(start) }()
+	t := time.NewTimer(wait)
 	defer t.Stop()
 	for {
 		select {

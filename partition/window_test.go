@@ -113,6 +113,12 @@ func (f *rewindFetcher) Rewind(_ TP, offset int64, done func()) {
 // sink, with batches of batch records, and the records of events.
 func windowWorker(t *testing.T, sink Sink, batch int, events []demo.Event) (*Worker, []*kgo.Record) {
 	t.Helper()
+	return windowWorkerConfig(t, sink, Config{BatchMaxRecords: batch, BatchMaxWait: time.Millisecond, CommitMaxBatches: 8}, events)
+}
+
+// windowWorkerConfig is windowWorker with cfg.
+func windowWorkerConfig(t *testing.T, sink Sink, cfg Config, events []demo.Event) (*Worker, []*kgo.Record) {
+	t.Helper()
 	p, enc, dec := demoCodec(t)
 	at := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
 	recs := make([]*kgo.Record, len(events))
@@ -125,7 +131,7 @@ func windowWorker(t *testing.T, sink Sink, batch int, events []demo.Event) (*Wor
 		recs[i] = &kgo.Record{Topic: demo.Topic, Key: []byte(ev.AccountID), Value: value, Offset: int64(i), Timestamp: at}
 	}
 	f := &rewindFetcher{recs: recs}
-	w := NewWorker(Config{BatchMaxRecords: batch, BatchMaxWait: time.Millisecond, CommitMaxBatches: 8}, "g", Claim{TP: TP{Topic: demo.Topic}},
+	w := NewWorker(cfg, "g", Claim{TP: TP{Topic: demo.Topic}},
 		p, sink, dec, nil, f, slog.New(slog.DiscardHandler), NewMetrics(prometheus.NewRegistry()))
 	f.w = w
 	return w, recs
@@ -268,14 +274,176 @@ func TestWindowReplaysOnStaleState(t *testing.T) {
 func TestWindowEndsWhenBatchesShareFewAggregates(t *testing.T) {
 	sink := newMemSink()
 	const batch = 50
-	w, recs := windowWorker(t, sink, batch, accountEvents(8*batch, 1, 1)) // 8 batches, every account once
+	// 10 accounts' first 5 versions, then 50 other accounts' first two.
+	events := accountEvents(10, 1, 5)
+	others := accountEvents(60, 1, 2)
+	events = append(events, others[10:60]...)
+	events = append(events, others[70:]...)
+	w, recs := windowWorker(t, sink, batch, events)
 	applyWindow(t, w, recs)
-	if len(sink.commits) != 4 {
-		t.Errorf("%d transactions for 8 batches of distinct accounts, want 4 of two batches each", len(sink.commits))
+	if len(sink.commits) != 2 {
+		t.Fatalf("%d transactions, want 2: the first two batches, then the third", len(sink.commits))
 	}
-	for i, c := range sink.commits {
-		if !c.planned || len(c.changes.Upserts) != 2*batch {
-			t.Errorf("transaction %d: planned %v, %d rows; want two batches' %d rows", i, c.planned, len(c.changes.Upserts), 2*batch)
+	if c := sink.commits[0]; !c.planned || c.end != 2*batch || len(c.changes.Upserts) != 60 {
+		t.Errorf("first transaction: planned %v, up to offset %d, %d rows; want two batches' 60 rows", c.planned, c.end, len(c.changes.Upserts))
+	}
+	checkAccounts(t, sink, events)
+}
+
+// A window ends once it holds as many aggregates as two batches, however
+// much its batches share: the rows it holds stay bounded.
+func TestWindowEndsAtTwoBatchesOfAggregates(t *testing.T) {
+	sink := newMemSink()
+	const batch = 20
+	// Each batch: 10 accounts of the batch before at their next version,
+	// 10 new ones.
+	var events []demo.Event
+	for b := 0; b < 6; b++ {
+		for a := 0; a < 20; a++ {
+			acc := 10*b + a - 10 // batch 0: accounts -10..9
+			if acc < 0 {
+				acc += 1000
+			}
+			events = append(events, demo.Event{AccountID: fmt.Sprintf("acc-%04d", acc)})
 		}
+	}
+	numberVersions(events)
+	w, recs := windowWorker(t, sink, batch, events)
+	applyWindow(t, w, recs)
+	if len(sink.commits) < 2 {
+		t.Fatalf("%d transactions, want the first to end at 40 accounts", len(sink.commits))
+	}
+	if c := sink.commits[0]; c.end != 3*batch || len(c.changes.Upserts) != 2*batch {
+		t.Errorf("first transaction up to offset %d with %d rows; want three batches' %d accounts", c.end, len(c.changes.Upserts), 2*batch)
+	}
+	checkAccounts(t, sink, events)
+}
+
+// A window counts records, not batches: batches taken as records trickle
+// in fill it as full ones do.
+func TestWindowCountsRecords(t *testing.T) {
+	sink := newMemSink()
+	const batch = 50
+	events := accountEvents(10, 1, 15) // 150 records
+	w, recs := windowWorkerConfig(t, sink, Config{BatchMaxRecords: batch, BatchMaxWait: time.Second, CommitMaxBatches: 2}, events)
+	run := runWorker(t, w)
+	w.Push(recs[:batch], int64(len(recs)))
+	for at := batch; at < 2*batch; at += 10 {
+		waitTaken(t, w)
+		w.Push(recs[at:at+10], int64(len(recs)))
+	}
+	waitStored(t, w, 2*batch)
+	w.Push(recs[2*batch:], int64(len(recs)))
+	waitStored(t, w, len(recs))
+	run()
+	if c := sink.commits[0]; c.end != 2*batch {
+		t.Errorf("first transaction up to offset %d; want the %d records of two full batches in six", c.end, 2*batch)
+	}
+	checkAccounts(t, sink, events)
+}
+
+// A window waits longer than a batch would for its next batch while a
+// full batch is left in the partition (fetching it takes longer than
+// BatchMaxWait on a busy processor), and no longer than a batch once less
+// is left.
+func TestWindowWaitsForTheNextBatch(t *testing.T) {
+	const batch, wait = 20, 40 * time.Millisecond
+	for _, tc := range []struct {
+		name    string
+		left    int64 // records in the partition past the first batch, as its high watermark says
+		commits int
+	}{
+		{"a full batch left", batch, 1},
+		{"less than a batch left", batch - 1, 2},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			sink := newMemSink()
+			events := accountEvents(10, 1, 3)[:batch+10]
+			w, recs := windowWorkerConfig(t, sink, Config{BatchMaxRecords: batch, BatchMaxWait: wait, CommitMaxBatches: 50}, events)
+			run := runWorker(t, w)
+			w.Push(recs[:batch], batch+tc.left)
+			waitTaken(t, w)
+			time.Sleep(4 * wait) // the next fetch is late
+			w.Push(recs[batch:], batch+tc.left)
+			waitStored(t, w, len(recs))
+			run()
+			if len(sink.commits) != tc.commits {
+				t.Errorf("%d transactions, want %d", len(sink.commits), tc.commits)
+			}
+			checkAccounts(t, sink, events)
+		})
+	}
+}
+
+// numberVersions gives each event its account's next version, the first
+// one opening the account.
+func numberVersions(events []demo.Event) {
+	next := map[string]int64{}
+	for i := range events {
+		ev := &events[i]
+		next[ev.AccountID]++
+		ev.Version, ev.Type, ev.Amount = next[ev.AccountID], "Deposited", next[ev.AccountID]
+		if ev.Version == 1 {
+			ev.Type, ev.Owner = "AccountOpened", "owner "+ev.AccountID
+		}
+	}
+}
+
+// checkAccounts compares the table with the reference fold of events.
+func checkAccounts(t *testing.T, sink *memSink, events []demo.Event) {
+	t.Helper()
+	recs := make([]demo.Record, len(events))
+	for i, ev := range events {
+		recs[i] = demo.Record{Key: ev.AccountID, Event: ev}
+	}
+	for id, acc := range demo.Fold(recs).Accounts {
+		got := sink.rows[id]
+		if sink.versions[id] != acc.Version || got == nil || got["balance"] != acc.Balance || got["owner"] != acc.Owner {
+			t.Errorf("%s: v%d %v, want v%d with balance %d, owner %q", id, sink.versions[id], got, acc.Version, acc.Balance, acc.Owner)
+		}
+	}
+}
+
+// runWorker starts w; the function returned stops it and fails t on its
+// error.
+func runWorker(t *testing.T, w *Worker) func() {
+	t.Helper()
+	done := make(chan error, 1)
+	go func() { done <- w.Run(context.Background()) }()
+	return func() {
+		w.Stop()
+		if err := <-done; err != nil {
+			t.Error(err)
+		}
+	}
+}
+
+// waitTaken waits until w has taken every record pushed to it.
+func waitTaken(t *testing.T, w *Worker) {
+	t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		w.mu.Lock()
+		n := len(w.queue)
+		w.mu.Unlock()
+		if n == 0 {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("%d records still queued after 10s", n)
+		}
+		time.Sleep(time.Millisecond)
+	}
+}
+
+// waitStored waits until w has committed up to offset next.
+func waitStored(t *testing.T, w *Worker, next int) {
+	t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for w.Status().NextOffset < int64(next) {
+		if time.Now().After(deadline) {
+			t.Fatalf("stored next offset %d after 10s, want %d", w.Status().NextOffset, next)
+		}
+		time.Sleep(time.Millisecond)
 	}
 }

@@ -35,10 +35,11 @@ type Fetcher interface {
 // a fifth less per event.
 const DefaultBatchMaxRecords = 5000
 
-// DefaultCommitMaxBatches is how many batches one transaction covers at
-// most while a worker is behind, unless told otherwise: an aggregate's
-// events in any of them collapse into one row write (see window.go).
-const DefaultCommitMaxBatches = 8
+// DefaultCommitMaxBatches is how many full batches' worth of records one
+// transaction covers at most while a worker is behind, unless told
+// otherwise: an aggregate's events in any of them collapse into one row
+// write (see window.go).
+const DefaultCommitMaxBatches = 16
 
 // minBuffered is the least MaxBuffered defaults to: several fetches of
 // small records (a fetch brings up to 256 KiB of a partition), so that a
@@ -66,9 +67,9 @@ type Config struct {
 	// a member-wide bound among the partitions it owns, so that memory
 	// does not grow with their number.
 	Share func() int
-	// CommitMaxBatches is how many batches one transaction may cover
-	// while full batches wait (default DefaultCommitMaxBatches; 1: each
-	// batch commits alone).
+	// CommitMaxBatches is how many full batches' worth of records one
+	// transaction may cover while full batches wait (default
+	// DefaultCommitMaxBatches; 1: each batch commits alone).
 	CommitMaxBatches int
 	// RetryBase and RetryCap bound the exponential backoff with full jitter
 	// between attempts of a batch that failed for a transient reason

@@ -93,7 +93,7 @@ func (f *runFlags) register(fs *flag.FlagSet) {
 	fs.StringVar(&f.httpAddr, "http-addr", ":8080", "address of /metrics, /livez, /readyz (PROJECTOR_HTTP_ADDR); empty disables")
 	fs.StringVar(&f.startFrom, "start-from", projector.StartEarliest, "where a partition without a stored offset starts: earliest or latest (PROJECTOR_START_FROM)")
 	fs.IntVar(&f.batchMaxRecords, "batch-max-records", partition.DefaultBatchMaxRecords, "most records planned together in one batch (PROJECTOR_BATCH_MAX_RECORDS)")
-	fs.IntVar(&f.commitMax, "commit-max-batches", partition.DefaultCommitMaxBatches, "most batches one transaction covers while a partition is behind, each aggregate's row written once for all of them; 1: a transaction per batch (PROJECTOR_COMMIT_MAX_BATCHES)")
+	fs.IntVar(&f.commitMax, "commit-max-batches", partition.DefaultCommitMaxBatches, "most full batches' worth of records one transaction covers while a partition is behind, each aggregate's row written once for all of them; 1: a transaction per batch (PROJECTOR_COMMIT_MAX_BATCHES)")
 	fs.IntVar(&f.memberMax, "member-max-records", projector.DefaultMemberMaxRecords, "records this member holds across its partitions, buffered or in a batch being applied: each partition's batch and buffer get an equal share of it, when that is less than --batch-max-records; 0: no bound (PROJECTOR_MEMBER_MAX_RECORDS)")
 	fs.DurationVar(&f.batchMaxWait, "batch-max-wait", 50*time.Millisecond, "longest a batch waits for more records after its first (PROJECTOR_BATCH_MAX_WAIT)")
 	fs.IntVar(&f.stateCacheRows, "state-cache-rows", postgres.DefaultStateCacheRows, "aggregates per projection whose rows are kept in memory, so a batch reads only the others from Postgres; 0 disables (PROJECTOR_STATE_CACHE_ROWS)")
