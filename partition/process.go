@@ -27,11 +27,15 @@ type item struct {
 	timestamp time.Time
 	replayOf  int64 // dead letter this record replays, 0: none
 
-	key       string
-	agg       int // the key's index in the batch's Keys.All (see batchKeys)
-	version   int64
-	typ       string
-	fields    map[string]any
+	key     string
+	agg     int // the key's index in the batch's Keys.All (see batchKeys)
+	version int64
+	typ     string
+	fields  map[string]any
+	// The record decoded into values (see ValuesDecoder), names nil
+	// otherwise.
+	names     []string
+	values    []any
 	schemaID  int
 	tombstone bool
 	restored  bool // parked in an earlier batch
@@ -45,6 +49,17 @@ type item struct {
 func (it *item) fail(class string, err error) {
 	it.class, it.err = class, err
 }
+
+// event is the item's event at version v.
+func (it *item) event(v int64) projection.Event {
+	if it.names != nil {
+		return projection.NewEvent(it.key, v, it.typ, it.names, it.values)
+	}
+	return projection.Event{Key: it.key, Version: v, Type: it.typ, Fields: it.fields}
+}
+
+// decoded reports whether the item's record has been decoded.
+func (it *item) decoded() bool { return it.fields != nil || it.names != nil }
 
 // outcomes counts what a batch did, for metrics after commit.
 type outcomes struct {
@@ -148,11 +163,20 @@ func (w *Worker) committed(end int64, changes Changes, out outcomes) {
 func (w *Worker) items(ctx context.Context, recs []*kgo.Record, start int64) ([]*item, int64, error) {
 	items := make([]*item, 0, len(recs))
 	slab := make([]item, len(recs)) // one allocation for the batch's items
+	var values []any                // and one for their decoded fields
+	width := 0
+	if w.values != nil {
+		width = w.values.Width()
+		values = make([]any, len(recs)*width)
+	}
 	for i, r := range recs {
 		if r.Offset < start || r.Attrs.IsControl() {
 			continue // already committed, or a transaction marker
 		}
 		recordItem(&slab[i], r)
+		if values != nil {
+			slab[i].values = values[i*width : (i+1)*width : (i+1)*width]
+		}
 		items = append(items, &slab[i])
 	}
 	end := recs[len(recs)-1].Offset + 1
@@ -320,7 +344,7 @@ func (w *Worker) decodeAll(ctx context.Context, items []*item) error {
 		var again []*item
 		var cause error
 		for _, it := range items {
-			if it.err != nil || it.fields != nil || it.tombstone {
+			if it.err != nil || it.decoded() || it.tombstone {
 				continue
 			}
 			err := w.decode(ctx, it)
@@ -369,14 +393,29 @@ func (w *Worker) decode(ctx context.Context, it *item) error {
 		it.key = string(it.recordKey)
 		return nil
 	}
-	fields, id, err := w.dec.Decode(ctx, it.value)
+	var (
+		id  int
+		err error
+	)
+	if w.values != nil {
+		if it.values == nil { // not of a batch (a parked event)
+			it.values = make([]any, w.values.Width())
+		}
+		it.names, it.fields, id, err = w.values.DecodeValues(ctx, it.value, it.values)
+	} else {
+		it.fields, id, err = w.dec.Decode(ctx, it.value)
+	}
 	it.schemaID = id
 	if err != nil {
 		return err
 	}
-	it.fields = fields
 	p := w.proj
-	switch k := fields[p.KeyField].(type) {
+	ev := it.event(0)
+	field := func(name string) any {
+		v, _ := ev.Field(name)
+		return v
+	}
+	switch k := field(p.KeyField).(type) {
 	case string:
 		it.key = k
 	case nil:
@@ -387,7 +426,7 @@ func (w *Worker) decode(ctx context.Context, it *item) error {
 	default:
 		it.key = fmt.Sprint(k)
 	}
-	switch v := fields[p.VersionField].(type) {
+	switch v := field(p.VersionField).(type) {
 	case int64:
 		it.version = v
 	case int32:
@@ -403,9 +442,9 @@ func (w *Worker) decode(ctx context.Context, it *item) error {
 		return nil
 	}
 	if p.TypeField != "" {
-		t, ok := fields[p.TypeField].(string)
+		t, ok := field(p.TypeField).(string)
 		if !ok {
-			it.fail(ClassInvalid, fmt.Errorf("type field %q: want a string, got %T", p.TypeField, fields[p.TypeField]))
+			it.fail(ClassInvalid, fmt.Errorf("type field %q: want a string, got %T", p.TypeField, field(p.TypeField)))
 			return nil
 		}
 		it.typ = t
@@ -501,7 +540,7 @@ func (w *Worker) plan(ctx context.Context, items []*item, keys []string, st Stat
 	)
 	apply := func(v int64, it *item) error {
 		// cur.row is the plan's (see State.Rows) or an earlier fold's.
-		row, err := w.proj.FoldOwned(cur.row, projection.Event{Key: it.key, Version: v, Type: it.typ, Fields: it.fields})
+		row, err := w.proj.FoldOwned(cur.row, it.event(v))
 		if err != nil {
 			failed = it
 			return err

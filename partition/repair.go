@@ -249,7 +249,7 @@ func (w *Worker) planRepair(ctx context.Context, r repaired, st State) (Changes,
 	}
 	var failed *item
 	apply := func(v int64, it *item) error {
-		row, err := w.proj.Fold(agg.row, projection.Event{Key: it.key, Version: v, Type: it.typ, Fields: it.fields})
+		row, err := w.proj.Fold(agg.row, it.event(v))
 		if err != nil {
 			failed = it
 			return err

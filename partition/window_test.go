@@ -447,3 +447,44 @@ func waitStored(t *testing.T, w *Worker, next int) {
 		time.Sleep(time.Millisecond)
 	}
 }
+
+// A Go fold reads events' Fields: a worker whose decoder could decode
+// into values gives it maps, while a compiled fold takes values.
+func TestGoFoldGetsFieldsMaps(t *testing.T) {
+	for _, goFold := range []bool{false, true} {
+		p, enc, dec := demoCodec(t)
+		if _, ok := dec.(ValuesDecoder); !ok {
+			t.Fatal("the demo's decoder does not decode into values")
+		}
+		compiled, maps := p.Fold, 0
+		if goFold {
+			p.Fold = func(r projection.Row, ev projection.Event) (projection.Row, error) {
+				if ev.Fields != nil {
+					maps++
+				}
+				return compiled(r, ev)
+			}
+		}
+		w := NewWorker(Config{}, "g", Claim{TP: TP{Topic: demo.Topic}}, p, newMemSink(), dec, nil, &rewindFetcher{},
+			slog.New(slog.DiscardHandler), NewMetrics(prometheus.NewRegistry()))
+		if (w.values != nil) == goFold {
+			t.Errorf("Go fold %v: decoding into values %v", goFold, w.values != nil)
+		}
+		events := accountEvents(3, 1, 2)
+		var recs []*kgo.Record
+		for i, ev := range events {
+			value, err := enc.Encode(demo.Record{Key: ev.AccountID, Event: ev})
+			if err != nil {
+				t.Fatal(err)
+			}
+			recs = append(recs, &kgo.Record{Key: []byte(ev.AccountID), Value: value, Offset: int64(i)})
+		}
+		if err := w.process(context.Background(), recs); err != nil {
+			t.Fatal(err)
+		}
+		if goFold && maps != len(events) {
+			t.Errorf("the Go fold got %d of %d events with Fields", maps, len(events))
+		}
+		checkAccounts(t, w.sink.(*memSink), events)
+	}
+}

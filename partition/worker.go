@@ -21,6 +21,18 @@ type Decoder interface {
 	Decode(ctx context.Context, value []byte) (map[string]any, int, error)
 }
 
+// ValuesDecoder is a Decoder that can also write a record's fields into
+// values the caller provides, Width of them, in the order of the names it
+// returns (a *schemas.Decoder with a reader schema); a record it cannot
+// decode so it returns as a map, names nil. A worker whose projection's
+// fold reads events through projection.Event.Field decodes batches with
+// it: one slice for a batch's values instead of a map per event.
+type ValuesDecoder interface {
+	Decoder
+	Width() int
+	DecodeValues(ctx context.Context, value []byte, vals []any) (names []string, rec map[string]any, id int, err error)
+}
+
 // Fetcher pauses and resumes fetching of partitions (a *kgo.Client).
 type Fetcher interface {
 	PauseFetchPartitions(map[string][]int32) map[string][]int32
@@ -154,6 +166,7 @@ type Worker struct {
 	proj    *projection.Projection
 	sink    Sink
 	dec     Decoder
+	values  ValuesDecoder // dec, when events are decoded into values (see ValuesDecoder)
 	fetcher Fetcher
 	log     *slog.Logger
 	metrics *Metrics
@@ -197,6 +210,9 @@ func NewWorker(cfg Config, group string, claim Claim, p *projection.Projection, 
 		wake:  make(chan struct{}, 1),
 		skips: make(chan skipRequest),
 		stop:  make(chan struct{}),
+	}
+	if vd, ok := dec.(ValuesDecoder); ok && vd.Width() > 0 && !p.ReadsFieldsMap() {
+		w.values = vd
 	}
 	w.next.Store(claim.NextOffset)
 	w.hwm.Store(-1)

@@ -26,16 +26,28 @@ func (p *Projection) FoldReadsRow() bool {
 	return p.Fold == nil || reflect.ValueOf(p.Fold).Pointer() != snapshotFoldCode
 }
 
+// ReadsFieldsMap reports whether p's fold reads events' Fields: a Go fold
+// does. The folds projector compiles from a projection's file read them
+// through Event.Field, so they also take events built by NewEvent.
+func (p *Projection) ReadsFieldsMap() bool {
+	if p.Fold == nil {
+		return true
+	}
+	code := reflect.ValueOf(p.Fold).Pointer()
+	return code != snapshotFoldCode && (p.decl == nil || code != declFoldCode)
+}
+
 func (s snapshotFolder) fold(_ Row, ev Event) (Row, error) {
 	p := s.p
-	if ev.Fields == nil || p.DeleteTypes[ev.Type] {
+	if ev.Tombstone() || p.DeleteTypes[ev.Type] {
 		return nil, nil
 	}
 	cols := p.Columns
 	row := make(Row, len(cols))
 	row[cols[0].Name] = ev.Key
 	for _, c := range cols[1:] {
-		v, err := c.Convert(ev.Fields[c.Field])
+		f, _ := ev.Field(c.Field)
+		v, err := c.Convert(f)
 		if err != nil {
 			return nil, Terminal(fmt.Errorf("field %s: %w", c.Field, err))
 		}
@@ -192,7 +204,7 @@ func (d *declFold) fold(state Row, ev Event) (Row, error) { return d.apply(state
 // apply folds ev into a copy of state or, with owned, into state itself;
 // state changes only once every value of the event has converted.
 func (d *declFold) apply(state Row, ev Event, owned bool) (Row, error) {
-	if ev.Fields == nil {
+	if ev.Tombstone() {
 		return nil, nil
 	}
 	eo, known := d.ops[ev.Type]
@@ -210,7 +222,7 @@ func (d *declFold) apply(state Row, ev Event, owned bool) (Row, error) {
 	for _, op := range eo.set {
 		v := op.literal
 		if op.field != "" {
-			f, ok := ev.Fields[op.field]
+			f, ok := ev.Field(op.field)
 			if !ok {
 				return nil, Terminal(fmt.Errorf("%s: set %s: event has no field %q", ev.Type, op.col.Name, op.field))
 			}
@@ -223,7 +235,7 @@ func (d *declFold) apply(state Row, ev Event, owned bool) (Row, error) {
 		vals = append(vals, v)
 	}
 	for _, op := range eo.add {
-		f, ok := ev.Fields[op.field]
+		f, ok := ev.Field(op.field)
 		if !ok || f == nil {
 			return nil, Terminal(fmt.Errorf("%s: add to %s: event has no value in field %q", ev.Type, op.col.Name, op.field))
 		}

@@ -1,6 +1,8 @@
 package projection_test
 
 import (
+	"fmt"
+	"maps"
 	"math"
 	"reflect"
 	"slices"
@@ -62,13 +64,25 @@ func copyRow(r projection.Row) projection.Row {
 	return c
 }
 
-// fold runs p.Fold and checks it leaves the input state alone.
+// fold runs p.Fold and checks it leaves the input state alone, and that
+// the event built with NewEvent, as the engine decodes it, folds the same.
 func fold(t *testing.T, p *projection.Projection, state projection.Row, ev projection.Event) (projection.Row, error) {
 	t.Helper()
 	before := copyRow(state)
 	row, err := p.Fold(state, ev)
 	if !reflect.DeepEqual(state, before) {
 		t.Errorf("fold of %s changed its input state: %v, was %v", ev.Type, state, before)
+	}
+	if ev.Fields != nil && !p.ReadsFieldsMap() {
+		names := append([]string{}, slices.Sorted(maps.Keys(ev.Fields))...) // never nil: a record, not a tombstone
+		values := make([]any, len(names))
+		for i, n := range names {
+			values[i] = ev.Fields[n]
+		}
+		vrow, verr := p.Fold(state, projection.NewEvent(ev.Key, ev.Version, ev.Type, names, values))
+		if !reflect.DeepEqual(vrow, row) || fmt.Sprint(verr) != fmt.Sprint(err) {
+			t.Errorf("fold of %s from values: row %v, error %v; from the map: row %v, error %v", ev.Type, vrow, verr, row, err)
+		}
 	}
 	return row, err
 }
@@ -551,6 +565,32 @@ func TestFoldReadsRow(t *testing.T) {
 	}
 	if !mustParse(t, foldYAML).FoldReadsRow() {
 		t.Error("a fold-mode projection is taken not to read rows")
+	}
+}
+
+// The folds compiled from a file read events through Event.Field, a Go
+// fold reads their Fields.
+func TestReadsFieldsMap(t *testing.T) {
+	for _, src := range []string{snapshotYAML, foldYAML} {
+		p := mustParse(t, src)
+		if p.ReadsFieldsMap() {
+			t.Errorf("%s projection: its compiled fold is taken to read Fields", p.Mode)
+		}
+		compiled := p.Fold
+		p.Fold = func(r projection.Row, ev projection.Event) (projection.Row, error) { return compiled(r, ev) }
+		if !p.ReadsFieldsMap() {
+			t.Errorf("%s projection with a Go fold: taken not to read Fields", p.Mode)
+		}
+	}
+	ev := projection.NewEvent("k", 1, "T", []string{"a", "b"}, []any{int64(1), nil})
+	if v, ok := ev.Field("b"); !ok || v != nil || ev.Tombstone() {
+		t.Errorf("NewEvent: field b %v %v, tombstone %v; want a nil value present, not a tombstone", v, ok, ev.Tombstone())
+	}
+	if _, ok := ev.Field("c"); ok {
+		t.Error("NewEvent: field c is present")
+	}
+	if !(projection.Event{Key: "k"}).Tombstone() {
+		t.Error("an event without a record is not a tombstone")
 	}
 }
 

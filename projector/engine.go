@@ -177,6 +177,9 @@ func (c *Config) validate() error {
 // Decoders gives the decoder of each projection (by projection name).
 type Decoders func(p *projection.Projection) partition.Decoder
 
+// A *schemas.Decoder with a reader schema decodes events into values.
+var _ partition.ValuesDecoder = (*schemas.Decoder)(nil)
+
 // Engine runs the projections of one consumer identity as one member of
 // its consumer group: one worker goroutine per assigned partition.
 type Engine struct {

@@ -135,6 +135,8 @@ type Decoder struct {
 	api    avro.API
 	pool   sync.Pool // *avro.Reader bound to api
 
+	names []string // the reader's field names; nil without a reader schema
+
 	mu      sync.Mutex                     // serialises writers of entries
 	entries atomic.Pointer[map[int]*entry] // copy-on-write, read without locks
 	group   singleflight.Group
@@ -162,6 +164,11 @@ func NewDecoder(reg Registry, reader avro.Schema) *Decoder {
 	// whatever else the process does with avro.DefaultConfig.
 	api := avro.Config{MaxSliceAllocSize: maxSliceElems}.Freeze()
 	d := &Decoder{reg: reg, reader: reader, api: api}
+	if rec, ok := deref(reader).(*avro.RecordSchema); ok {
+		for _, f := range rec.Fields() {
+			d.names = append(d.names, f.Name())
+		}
+	}
 	d.pool.New = func() any { return avro.NewReader(nil, 0, avro.WithReaderConfig(api)) }
 	empty := map[int]*entry{}
 	d.entries.Store(&empty)
@@ -173,6 +180,20 @@ func NewDecoder(reg Registry, reader avro.Schema) *Decoder {
 // malformed). See Decoder for the Go types of the record's values and the
 // Err variables for how failures are classified.
 func (d *Decoder) Decode(ctx context.Context, value []byte) (map[string]any, int, error) {
+	e, id, err := d.entry(ctx, value)
+	if err != nil {
+		return nil, id, err
+	}
+	rec, err := d.decode(e, value[wireHeaderLen:])
+	if err != nil {
+		return nil, id, fmt.Errorf("schema id %d: %w", id, err)
+	}
+	return rec, id, nil
+}
+
+// entry checks value's wire-format header and returns the entry of its
+// schema id.
+func (d *Decoder) entry(ctx context.Context, value []byte) (*entry, int, error) {
 	if len(value) < wireHeaderLen {
 		return nil, 0, fmt.Errorf("%w: %d bytes, need at least %d", ErrMalformed, len(value), wireHeaderLen)
 	}
@@ -191,11 +212,35 @@ func (d *Decoder) Decode(ctx context.Context, value []byte) (map[string]any, int
 	if e.err != nil {
 		return nil, id, e.err
 	}
-	rec, err := d.decode(e, value[wireHeaderLen:])
+	return e, id, nil
+}
+
+// Width is how many values DecodeValues writes: the reader schema's
+// fields (0 without a reader schema, when it always returns maps).
+func (d *Decoder) Width() int { return len(d.names) }
+
+// DecodeValues decodes like Decode, but a record of scalar fields that
+// needs no resolution beyond dropping writer fields is written into vals
+// (of length Width), each reader field's value at its index in names,
+// which are the reader's field names (the same for every record): no map
+// is made. Any other record is returned as Decode returns it, with names
+// nil.
+func (d *Decoder) DecodeValues(ctx context.Context, value []byte, vals []any) (names []string, rec map[string]any, id int, err error) {
+	e, id, err := d.entry(ctx, value)
 	if err != nil {
-		return nil, id, fmt.Errorf("schema id %d: %w", id, err)
+		return nil, nil, id, err
 	}
-	return rec, id, nil
+	if e.flat == nil || d.names == nil || len(vals) < len(d.names) {
+		rec, err := d.decode(e, value[wireHeaderLen:])
+		if err != nil {
+			return nil, nil, id, fmt.Errorf("schema id %d: %w", id, err)
+		}
+		return nil, rec, id, nil
+	}
+	if err := d.read(value[wireHeaderLen:], func(r *avro.Reader) { e.flat.decodeValues(r, vals) }); err != nil {
+		return nil, nil, id, fmt.Errorf("schema id %d: %w", id, err)
+	}
+	return d.names, nil, id, nil
 }
 
 // fetch looks id up in the registry, builds its entry and caches it. All
@@ -305,39 +350,20 @@ func (d *Decoder) build(id int, s sr.Schema) (e *entry) {
 
 // decode decodes an Avro body under e's schema.
 func (d *Decoder) decode(e *entry, body []byte) (rec map[string]any, err error) {
-	r := d.pool.Get().(*avro.Reader)
-	r.Reset(body)
-	r.Error = nil
-	defer func() {
-		if p := recover(); p != nil {
-			// The reader's state is unknown: drop it rather than pool it.
-			rec, err = nil, fmt.Errorf("%w: decoder panic: %v", ErrUndecodable, p)
+	err = d.read(body, func(r *avro.Reader) {
+		// Not avro.Unmarshal: it treats running out of input as success
+		// and returns zero values for the missing fields.
+		if e.flat != nil {
+			rec = e.flat.decode(r)
 			return
 		}
-		r.Reset(nil)
-		r.Error = nil
-		d.pool.Put(r)
-	}()
-
-	// Not avro.Unmarshal: it treats running out of input as success and
-	// returns zero values for the missing fields.
-	if e.flat != nil {
-		rec = e.flat.decode(r)
-	} else {
 		if e.fields > 0 {
 			rec = make(map[string]any, e.fields)
 		}
 		r.ReadVal(e.schema, &rec)
-	}
-	if r.Error != nil {
-		if errors.Is(r.Error, io.EOF) {
-			return nil, fmt.Errorf("%w: truncated body (%v)", ErrUndecodable, r.Error)
-		}
-		return nil, fmt.Errorf("%w: %v", ErrUndecodable, r.Error)
-	}
-	// Peek sets io.EOF when every byte has been consumed.
-	if r.Peek(); r.Error == nil {
-		return nil, fmt.Errorf("%w: trailing bytes after the record", ErrUndecodable)
+	})
+	if err != nil {
+		return nil, err
 	}
 	if rec == nil {
 		rec = map[string]any{}
@@ -346,6 +372,36 @@ func (d *Decoder) decode(e *entry, body []byte) (rec map[string]any, err error) 
 		rec = e.norm(rec).(map[string]any)
 	}
 	return rec, nil
+}
+
+// read runs decode on a pooled reader over body and checks that it read
+// the whole body without error.
+func (d *Decoder) read(body []byte, decode func(r *avro.Reader)) (err error) {
+	r := d.pool.Get().(*avro.Reader)
+	r.Reset(body)
+	r.Error = nil
+	defer func() {
+		if p := recover(); p != nil {
+			// The reader's state is unknown: drop it rather than pool it.
+			err = fmt.Errorf("%w: decoder panic: %v", ErrUndecodable, p)
+			return
+		}
+		r.Reset(nil)
+		r.Error = nil
+		d.pool.Put(r)
+	}()
+	decode(r)
+	if r.Error != nil {
+		if errors.Is(r.Error, io.EOF) {
+			return fmt.Errorf("%w: truncated body (%v)", ErrUndecodable, r.Error)
+		}
+		return fmt.Errorf("%w: %v", ErrUndecodable, r.Error)
+	}
+	// Peek sets io.EOF when every byte has been consumed.
+	if r.Peek(); r.Error == nil {
+		return fmt.Errorf("%w: trailing bytes after the record", ErrUndecodable)
+	}
+	return nil
 }
 
 // deref follows a reference to the schema it names.

@@ -22,6 +22,10 @@ type flatRecord struct {
 	read   int         // fields that go into the map
 }
 
+// Without a reader schema every writer field is kept, in the writer's
+// order; with one, a kept field's slot is its index among the reader's
+// fields (see decodeValues).
+
 // flatField is one writer field, kept in the record or skipped.
 type flatField struct {
 	name string // the writer's, and the reader's when kept
@@ -31,6 +35,7 @@ type flatField struct {
 	// field; -1 when the field is not a union.
 	null int64
 	size int // fixed: its size
+	slot int // kept: its index among the reader's fields (the writer's without one)
 }
 
 type scalar uint8
@@ -91,6 +96,12 @@ func newFlatRecord(writer, reader avro.Schema) *flatRecord {
 			byName[f.Name()] = f
 		}
 	}
+	slots := map[string]int{}
+	if r != nil {
+		for i, f := range r.Fields() {
+			slots[f.Name()] = i
+		}
+	}
 	fr := &flatRecord{}
 	for _, wf := range w.Fields() {
 		kind, null, size, ok := flatType(wf.Type())
@@ -108,6 +119,10 @@ func newFlatRecord(writer, reader avro.Schema) *flatRecord {
 				return nil
 			}
 			f.keep = true
+			f.slot = fr.read
+			if r != nil {
+				f.slot = slots[wf.Name()]
+			}
 			fr.read++
 		}
 		fr.fields = append(fr.fields, f)
@@ -164,13 +179,28 @@ func sameFlatType(w, r avro.Schema) bool {
 // r.Error, as hamba/avro's decoding leaves them.
 func (fr *flatRecord) decode(r *avro.Reader) map[string]any {
 	rec := make(map[string]any, fr.read)
+	if !fr.each(r, func(f *flatField, v any) { rec[f.name] = v }) {
+		return nil
+	}
+	return rec
+}
+
+// decodeValues reads one record from r into vals, each kept field's value
+// at its slot. It reports whether the record decoded; errors are left in
+// r.Error.
+func (fr *flatRecord) decodeValues(r *avro.Reader, vals []any) bool {
+	return fr.each(r, func(f *flatField, v any) { vals[f.slot] = v })
+}
+
+// each reads one record from r, handing each kept field's value to keep.
+func (fr *flatRecord) each(r *avro.Reader, keep func(f *flatField, v any)) bool {
 	for i := range fr.fields {
 		f := &fr.fields[i]
 		if f.null >= 0 {
 			switch idx := r.ReadLong(); {
 			case idx == f.null:
 				if f.keep {
-					rec[f.name] = nil
+					keep(f, nil)
 				}
 				continue
 			case idx != 1-f.null:
@@ -178,7 +208,7 @@ func (fr *flatRecord) decode(r *avro.Reader) map[string]any {
 			}
 		}
 		if r.Error != nil {
-			return nil
+			return false
 		}
 		if !f.keep {
 			fr.skip(r, f)
@@ -211,12 +241,9 @@ func (fr *flatRecord) decode(r *avro.Reader) map[string]any {
 			b := r.ReadBytes()
 			v = b[:len(b):len(b)] // see clipBytes
 		}
-		rec[f.name] = v
+		keep(f, v)
 	}
-	if r.Error != nil {
-		return nil
-	}
-	return rec
+	return r.Error == nil
 }
 
 // skip reads past a field the reader does not keep.
