@@ -47,6 +47,22 @@ func BenchmarkDecodeBenchValue(b *testing.B) {
 				}
 			}
 		})
+		// Into values, as a worker decodes for a compiled fold: the
+		// baseline above is the map per event it decoded into before.
+		b.Run(fmt.Sprintf("bytes=%d/values", len(value)), func(b *testing.B) {
+			d := schemas.NewDecoder(cl, reader)
+			vals := make([]any, d.Width())
+			if names, _, _, err := d.DecodeValues(ctx, value, vals); err != nil || names == nil {
+				b.Fatalf("names %v, error %v: want the record decoded into values", names, err)
+			}
+			b.ReportAllocs()
+			b.SetBytes(int64(len(value)))
+			for b.Loop() {
+				if _, _, _, err := d.DecodeValues(ctx, value, vals); err != nil {
+					b.Fatal(err)
+				}
+			}
+		})
 	}
 }
 
