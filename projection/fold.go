@@ -254,7 +254,9 @@ func (d *declFold) apply(state Row, ev Event, owned bool) (Row, error) {
 	default:
 		row = maps.Clone(state) // copies the map's storage in one piece
 	}
-	row[d.cols[0].Name] = ev.Key
+	if k, ok := row[d.cols[0].Name].(string); !ok || k != ev.Key {
+		row[d.cols[0].Name] = ev.Key // not set yet: a row's key does not change
+	}
 	for i, op := range eo.set {
 		row[op.col.Name] = vals[i]
 	}

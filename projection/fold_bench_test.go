@@ -26,3 +26,25 @@ func BenchmarkFoldNewAggregate(b *testing.B) {
 		}
 	}
 }
+
+// BenchmarkFoldDeposit folds a deposit into a row the caller owns, as a
+// batch does for an aggregate's later events.
+func BenchmarkFoldDeposit(b *testing.B) {
+	ps, err := projection.Parse(demo.Projections, ".")
+	if err != nil {
+		b.Fatal(err)
+	}
+	p := ps[0]
+	row, err := p.FoldOwned(nil, projection.Event{Key: "acc-0000001", Version: 1, Type: "AccountOpened",
+		Fields: map[string]any{"owner": "ann", "occurred_at": time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)}})
+	if err != nil {
+		b.Fatal(err)
+	}
+	ev := projection.NewEvent("acc-0000001", 2, "Deposited", []string{"account_id", "amount", "type", "version"}, []any{"acc-0000001", int64(420), "Deposited", int64(2)})
+	b.ReportAllocs()
+	for b.Loop() {
+		if row, err = p.FoldOwned(row, ev); err != nil {
+			b.Fatal(err)
+		}
+	}
+}
