@@ -46,6 +46,30 @@ type item struct {
 	attempts int
 }
 
+// batchMemory is where a batch's items and their decoded values are
+// made: one allocation each for the batch. A worker that is behind plans
+// batch after batch and keeps none of their items once planned (what it
+// keeps is copied out: rows, parked events, dead letters), so it makes
+// them in the same memory every time (see Worker.planBatch).
+type batchMemory struct {
+	ptrs   []*item
+	items  []item
+	values []any
+}
+
+// take returns room for n items with width values each, reusing what m
+// holds. The items are zeroed by recordItem; values are written by
+// decoding before they are read.
+func (m *batchMemory) take(n, width int) (ptrs []*item, items []item, values []any) {
+	if cap(m.items) < n {
+		m.ptrs, m.items = make([]*item, 0, n), make([]item, n)
+	}
+	if cap(m.values) < n*width {
+		m.values = make([]any, n*width)
+	}
+	return m.ptrs[:0], m.items[:n], m.values[:n*width]
+}
+
 func (it *item) fail(class string, err error) {
 	it.class, it.err = class, err
 }
@@ -77,7 +101,7 @@ func (w *Worker) process(ctx context.Context, recs []*kgo.Record) (err error) {
 	start := w.claim.NextOffset
 	ctx, span := w.startSpan(ctx, recs)
 	defer endSpan(span, &err)
-	items, end, err := w.items(ctx, recs, start)
+	items, end, err := w.items(ctx, recs, start, nil)
 	if err != nil || end <= start {
 		return err
 	}
@@ -159,22 +183,23 @@ func (w *Worker) committed(end int64, changes Changes, out outcomes) {
 }
 
 // items returns the decoded items of the records from offset start on
-// (those before it are committed) and the offset after the last record.
-func (w *Worker) items(ctx context.Context, recs []*kgo.Record, start int64) ([]*item, int64, error) {
-	items := make([]*item, 0, len(recs))
-	slab := make([]item, len(recs)) // one allocation for the batch's items
-	var values []any                // and one for their decoded fields
+// (those before it are committed) and the offset after the last record,
+// made in mem (nil: in new memory).
+func (w *Worker) items(ctx context.Context, recs []*kgo.Record, start int64, mem *batchMemory) ([]*item, int64, error) {
+	if mem == nil {
+		mem = &batchMemory{}
+	}
 	width := 0
 	if w.values != nil {
 		width = w.values.Width()
-		values = make([]any, len(recs)*width)
 	}
+	items, slab, values := mem.take(len(recs), width)
 	for i, r := range recs {
 		if r.Offset < start || r.Attrs.IsControl() {
 			continue // already committed, or a transaction marker
 		}
 		recordItem(&slab[i], r)
-		if values != nil {
+		if width > 0 {
 			slab[i].values = values[i*width : (i+1)*width : (i+1)*width]
 		}
 		items = append(items, &slab[i])

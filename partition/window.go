@@ -200,7 +200,7 @@ func (w *Worker) stopping() bool {
 
 // planBatch plans one batch of the window.
 func (w *Worker) planBatch(ctx context.Context, win *window, recs []*kgo.Record) error {
-	items, end, err := w.items(ctx, recs, win.end)
+	items, end, err := w.items(ctx, recs, win.end, &w.batchMem)
 	if err != nil || end <= win.end {
 		return err
 	}

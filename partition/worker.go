@@ -160,16 +160,19 @@ func (c *Config) defaults() {
 // batch through the sink. Push is called by the poll loop; Run by the
 // goroutine that owns the worker.
 type Worker struct {
-	cfg     Config
-	group   string
-	claim   Claim
-	proj    *projection.Projection
-	sink    Sink
-	dec     Decoder
-	values  ValuesDecoder // dec, when events are decoded into values (see ValuesDecoder)
-	fetcher Fetcher
-	log     *slog.Logger
-	metrics *Metrics
+	cfg    Config
+	group  string
+	claim  Claim
+	proj   *projection.Projection
+	sink   Sink
+	dec    Decoder
+	values ValuesDecoder // dec, when events are decoded into values (see ValuesDecoder)
+	// batchMem is the memory of the batches a window plans, one after
+	// the other (see batchMemory).
+	batchMem batchMemory
+	fetcher  Fetcher
+	log      *slog.Logger
+	metrics  *Metrics
 
 	mu      sync.Mutex
 	queue   []*kgo.Record
