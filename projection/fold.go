@@ -249,13 +249,11 @@ func (d *declFold) apply(state Row, ev Event, owned bool) (Row, error) {
 	switch {
 	case state == nil:
 		row = maps.Clone(d.blank)
+		row[d.cols[0].Name] = ev.Key
 	case owned:
-		row = state
+		row = state // a row holds its key from its first event on
 	default:
 		row = maps.Clone(state) // copies the map's storage in one piece
-	}
-	if k, ok := row[d.cols[0].Name].(string); !ok || k != ev.Key {
-		row[d.cols[0].Name] = ev.Key // not set yet: a row's key does not change
 	}
 	for i, op := range eo.set {
 		row[op.col.Name] = vals[i]
