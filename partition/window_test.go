@@ -363,7 +363,7 @@ func TestWindowWaitsForTheNextBatch(t *testing.T) {
 			run := runWorker(t, w)
 			w.Push(recs[:batch], batch+tc.left)
 			waitTaken(t, w)
-			time.Sleep(4 * wait) // the next fetch is late
+			time.Sleep(10 * wait) // the next fetch is late
 			w.Push(recs[batch:], batch+tc.left)
 			waitStored(t, w, len(recs))
 			run()
