@@ -330,7 +330,8 @@ func (w *Worker) commitWindow(ctx context.Context, win *window) error {
 	for _, evs := range win.parked {
 		ch.Park = append(ch.Park, evs...)
 	}
-	keys := Keys{Planned: true}
+	keys := Keys{Planned: true, All: make([]string, 0, len(win.list))}
+	ch.Upserts = make([]RowWrite, 0, len(win.list))
 	checked := make([]*windowAgg, 0, len(win.list))
 	for _, a := range win.list {
 		// Every aggregate assumed new is checked, written or not: had it
