@@ -49,12 +49,15 @@ func (c Column) Convert(v any) (any, error) {
 			if lim := intLimit(c.Type); n > lim || n < -lim-1 {
 				return nil, fmt.Errorf("column %s (%s): %d is out of range", c.Name, c.Type, n)
 			}
+			if _, same := v.(int64); same {
+				return v, nil // boxed already: no allocation
+			}
 			return n, nil
 		}
 	case KindFloat:
 		switch x := v.(type) {
 		case float64:
-			return x, nil
+			return v, nil
 		case float32:
 			return float64(x), nil
 		}
@@ -109,7 +112,7 @@ func intLimit(pgType string) int64 {
 func (c Column) text(v any) (any, error) {
 	switch x := v.(type) {
 	case string:
-		return x, nil
+		return v, nil // boxed already: no allocation
 	case []byte:
 		if c.Type == "bytea" {
 			return `\x` + hex.EncodeToString(x), nil
