@@ -54,18 +54,8 @@ type window struct {
 	dead     []DeadLetter
 	resolved []int64
 	out      outcomes
-	// Of the aggregates of the last batch, how many the window knew.
-	known, seen int
 	// waited is how long the window has waited for its batches.
 	waited time.Duration
-}
-
-// collapsing reports whether the window's last batch shared enough of its
-// aggregates with the batches before it for one more to pay: with far
-// more aggregates than a batch holds, few share one and the window would
-// only hold more rows.
-func (win *window) collapsing() bool {
-	return len(win.sizes) < 2 || win.known*4 >= win.seen
 }
 
 // windowAgg is one aggregate of a window: its state when it entered it
@@ -118,7 +108,7 @@ func (w *Worker) processWindow(ctx context.Context, recs []*kgo.Record) (err err
 		if err != nil {
 			return err
 		}
-		if w.windowFull(win) || !win.collapsing() || w.stopping() {
+		if w.windowFull(win) || w.stopping() {
 			break
 		}
 		if recs = w.more(ctx, win); recs == nil {
@@ -137,16 +127,23 @@ func (w *Worker) processWindow(ctx context.Context, recs []*kgo.Record) (err err
 }
 
 // windowFull reports whether win holds as many records as
-// CommitMaxBatches full batches, or as many aggregates as two: the rows a
-// transaction holds stay within what two batches of distinct aggregates
-// would.
+// CommitMaxBatches full batches, or as many aggregates as the partition
+// may hold records (its share of the member's bound, two batches at
+// least): the rows a member's transactions hold stay within what it may
+// hold of records. With many more aggregates than that, the batches of a
+// transaction share few of them and it ends early, so that its rows do not
+// grow with the aggregates.
 func (w *Worker) windowFull(win *window) bool {
 	batchMax, _ := w.limits()
 	n := 0
 	for _, size := range win.sizes {
 		n += size
 	}
-	return n >= w.cfg.CommitMaxBatches*batchMax || len(win.list) >= 2*batchMax
+	aggs := 2 * batchMax
+	if w.cfg.Share != nil {
+		aggs = max(aggs, 2*w.cfg.Share())
+	}
+	return n >= w.cfg.CommitMaxBatches*batchMax || len(win.list) >= aggs
 }
 
 // more returns the next batch of win: what the buffer holds or, while the
@@ -281,8 +278,6 @@ func (w *Worker) planBatch(ctx context.Context, win *window, recs []*kgo.Record)
 	}
 	win.end = end
 	win.sizes = append(win.sizes, len(recs))
-	win.known = len(keys.All) - len(peek.All)
-	win.seen = len(keys.All)
 	win.out.add(out)
 	// An event the window parked that no longer waits was never stored;
 	// one parked earlier is unparked once, however many batches read it.

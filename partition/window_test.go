@@ -268,24 +268,23 @@ func TestWindowReplaysOnStaleState(t *testing.T) {
 	}
 }
 
-// A second batch that shares few aggregates with the first ends the
-// transaction: with far more aggregates than a batch holds, more batches
-// would only hold more rows.
-func TestWindowEndsWhenBatchesShareFewAggregates(t *testing.T) {
+// A worker with a share of a member's bound holds up to twice its share
+// of aggregates in a transaction, however few of them its batches share:
+// a partition with the member to itself collapses more of a stream with
+// many aggregates.
+func TestWindowHoldsTwiceTheShareOfAggregates(t *testing.T) {
 	sink := newMemSink()
-	const batch = 50
-	// 10 accounts' first 5 versions, then 50 other accounts' first two.
-	events := accountEvents(10, 1, 5)
-	others := accountEvents(60, 1, 2)
-	events = append(events, others[10:60]...)
-	events = append(events, others[70:]...)
-	w, recs := windowWorker(t, sink, batch, events)
+	const batch, share = 20, 40
+	// 6 batches of 20 accounts each, each account in one batch only.
+	events := accountEvents(6*batch, 1, 1)
+	w, recs := windowWorkerConfig(t, sink, Config{BatchMaxRecords: batch, BatchMaxWait: time.Millisecond, CommitMaxBatches: 8,
+		Share: func() int { return share }}, events)
 	applyWindow(t, w, recs)
 	if len(sink.commits) != 2 {
-		t.Fatalf("%d transactions, want 2: the first two batches, then the third", len(sink.commits))
+		t.Fatalf("%d transactions, want 2: four batches of distinct accounts, then two", len(sink.commits))
 	}
-	if c := sink.commits[0]; !c.planned || c.end != 2*batch || len(c.changes.Upserts) != 60 {
-		t.Errorf("first transaction: planned %v, up to offset %d, %d rows; want two batches' 60 rows", c.planned, c.end, len(c.changes.Upserts))
+	if c := sink.commits[0]; !c.planned || c.end != 4*batch || len(c.changes.Upserts) != 2*share {
+		t.Errorf("first transaction: planned %v, up to offset %d, %d rows; want four batches' %d accounts", c.planned, c.end, len(c.changes.Upserts), 2*share)
 	}
 	checkAccounts(t, sink, events)
 }

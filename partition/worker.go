@@ -77,7 +77,8 @@ type Config struct {
 	// Share, when set, lowers BatchMaxRecords and MaxBuffered each to
 	// what it returns, read at every fetch and batch: an engine divides
 	// a member-wide bound among the partitions it owns, so that memory
-	// does not grow with their number.
+	// does not grow with their number. A transaction of several batches
+	// holds the rows of up to twice as many aggregates (see windowFull).
 	Share func() int
 	// CommitMaxBatches is how many full batches' worth of records one
 	// transaction may cover while full batches wait (default

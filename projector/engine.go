@@ -76,7 +76,9 @@ type Config struct {
 	// partitions it owns, fetched and waiting or in a batch being
 	// applied: each partition's worker gets an equal share for its batch
 	// and as much for its buffer, so that memory does not grow with the
-	// number of partitions (0: DefaultMemberMaxRecords; negative: no
+	// number of partitions, and a transaction of several batches holds
+	// the rows of at most as many aggregates as both shares together
+	// (0: DefaultMemberMaxRecords; negative: no
 	// bound beyond each worker's BatchMaxRecords and MaxBuffered). The
 	// engine sets Partition.Share to apply it.
 	MemberMaxRecords int
