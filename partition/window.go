@@ -146,22 +146,28 @@ func (w *Worker) windowFull(win *window) bool {
 	return n >= w.cfg.CommitMaxBatches*batchMax || len(win.list) >= aggs
 }
 
-// more returns the next batch of win: what the buffer holds or, while the
-// partition holds more records than that, what arrives in time (nil:
-// none). A window waits, in all, as long as its CommitMaxBatches batches
-// could have waited each (BatchMaxWait); while less than a full batch is
-// left in the partition, what is left of that but at most BatchMaxWait.
-// Fetching a batch takes longer than BatchMaxWait when the processor is
+// more returns the next batch of win while the worker is behind, a full
+// batch or more left in its buffer or in the partition (its high
+// watermark): what the buffer holds, or what arrives in time (nil: none,
+// or the worker has caught up). A window waits, in all, as long as its
+// CommitMaxBatches batches could have waited each (BatchMaxWait):
+// fetching a batch takes longer than BatchMaxWait when the processor is
 // busy, and a window that ended then would write its aggregates' rows
-// again in the next one.
+// again in the next one. A worker that has caught up commits at once:
+// records that trickle in would keep its window open, and its rows
+// unwritten, for as long as they came.
 func (w *Worker) more(ctx context.Context, win *window) []*kgo.Record {
-	if recs := w.take(); recs != nil || w.hwm.Load() <= win.end {
+	batchMax, _ := w.limits()
+	w.mu.Lock()
+	queued := len(w.queue)
+	w.mu.Unlock()
+	if queued < batchMax && w.hwm.Load()-win.end < int64(batchMax) {
+		return nil
+	}
+	if recs := w.take(); recs != nil {
 		return recs
 	}
 	wait := time.Duration(w.cfg.CommitMaxBatches)*w.cfg.BatchMaxWait - win.waited
-	if batchMax, _ := w.limits(); w.hwm.Load()-win.end < int64(batchMax) {
-		wait = min(wait, w.cfg.BatchMaxWait)
-	}
 	if wait <= 0 {
 		return nil
 	}

@@ -343,8 +343,7 @@ func TestWindowCountsRecords(t *testing.T) {
 
 // A window waits longer than a batch would for its next batch while a
 // full batch is left in the partition (fetching it takes longer than
-// BatchMaxWait on a busy processor), and no longer than a batch once less
-// is left.
+// BatchMaxWait on a busy processor), and not at all once less is left.
 func TestWindowWaitsForTheNextBatch(t *testing.T) {
 	const batch, wait = 20, 40 * time.Millisecond
 	for _, tc := range []struct {
@@ -372,6 +371,26 @@ func TestWindowWaitsForTheNextBatch(t *testing.T) {
 			checkAccounts(t, sink, events)
 		})
 	}
+}
+
+// A worker that has caught up commits its window at once: records that
+// trickle in after it would keep the window's rows unwritten for as long
+// as they came.
+func TestWindowEndsOnceCaughtUp(t *testing.T) {
+	sink := newMemSink()
+	const batch = 20
+	events := accountEvents(5, 1, 5) // 25 records
+	w, recs := windowWorkerConfig(t, sink, Config{BatchMaxRecords: batch, BatchMaxWait: time.Second, CommitMaxBatches: 50}, events)
+	run := runWorker(t, w)
+	w.Push(recs[:batch], int64(len(recs)))
+	waitTaken(t, w)
+	w.Push(recs[batch:], int64(len(recs)))
+	waitStored(t, w, len(recs))
+	run()
+	if c := sink.commits[0]; c.end != batch {
+		t.Errorf("first transaction up to offset %d; want the full batch's %d alone, less than a batch being left after it", c.end, batch)
+	}
+	checkAccounts(t, sink, events)
 }
 
 // numberVersions gives each event its account's next version, the first
