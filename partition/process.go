@@ -314,13 +314,19 @@ func producerLinks(recs []*kgo.Record) []trace.Link {
 
 // commitTraced runs the batch transaction, as a child span when tracing.
 func (w *Worker) commitTraced(ctx context.Context, end int64, keys Keys, plan func(State) (Changes, error)) error {
+	return w.commitAs(ctx, w.claim, end, keys, plan)
+}
+
+// commitAs is commitTraced under claim, which a transaction committing
+// while the worker plans the next one is given as it was when it began.
+func (w *Worker) commitAs(ctx context.Context, claim Claim, end int64, keys Keys, plan func(State) (Changes, error)) error {
 	if w.cfg.Tracer == nil {
-		return w.sink.CommitBatch(ctx, w.claim, end, keys, plan)
+		return w.sink.CommitBatch(ctx, claim, end, keys, plan)
 	}
 	ctx, span := w.cfg.Tracer.Start(ctx, "commit batch", trace.WithSpanKind(trace.SpanKindClient),
 		trace.WithAttributes(attribute.String("db.system.name", "postgresql"), attribute.String("db.operation.name", "COMMIT")))
 	defer span.End()
-	err := w.sink.CommitBatch(ctx, w.claim, end, keys, plan)
+	err := w.sink.CommitBatch(ctx, claim, end, keys, plan)
 	if err != nil {
 		span.RecordError(err)
 		span.SetStatus(codes.Error, err.Error())

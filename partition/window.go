@@ -4,11 +4,13 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"maps"
 	"slices"
 	"time"
 
 	"github.com/twmb/franz-go/pkg/kgo"
 	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/trace"
 
 	"github.com/projector-dev/projector/projection"
 )
@@ -87,14 +89,24 @@ func (w *Worker) windowing(n int) bool {
 }
 
 // processWindow applies recs and, while records wait after each batch,
-// the batches after them in one transaction.
+// the batches after them in one transaction. A transaction that writes
+// rows alone commits while the worker plans the next window (see settle).
 func (w *Worker) processWindow(ctx context.Context, recs []*kgo.Record) (err error) {
+	start := w.claim.NextOffset
+	if w.pending != nil {
+		start = w.pending.win.end
+	}
 	// Room for the aggregates of a batch or two, which a window of
 	// batches sharing aggregates seldom outgrows by much.
-	win := &window{start: w.claim.NextOffset, end: w.claim.NextOffset, aggs: make(map[string]*windowAgg, 2*len(recs)),
+	win := &window{start: start, end: start, aggs: make(map[string]*windowAgg, 2*len(recs)),
 		list: make([]*windowAgg, 0, 2*len(recs)), parked: map[string][]StoredEvent{}, unparked: map[ParkedRef]bool{}}
 	ctx, span := w.startSpan(ctx, recs)
-	defer endSpan(span, &err)
+	launched := false
+	defer func() {
+		if !launched {
+			endSpan(span, &err)
+		}
+	}()
 	for first := true; ; first = false {
 		if !first {
 			w.linkSpan(span, recs)
@@ -102,6 +114,11 @@ func (w *Worker) processWindow(ctx context.Context, recs []*kgo.Record) (err err
 		err := w.planBatch(ctx, win, recs)
 		var pf *planFailed
 		if errors.As(err, &pf) {
+			// The records are applied again from the window's first,
+			// after the window before it has landed.
+			if ok, err := w.settle(ctx); !ok || err != nil {
+				return err
+			}
 			w.done()
 			return w.replay(ctx, win, pf)
 		}
@@ -123,14 +140,25 @@ func (w *Worker) processWindow(ctx context.Context, recs []*kgo.Record) (err err
 		n += size
 	}
 	span.SetAttributes(attribute.Int("messaging.batch.message_count", n))
-	return w.commitWindow(ctx, win)
+	if ok, err := w.settle(ctx); !ok || err != nil {
+		return err // the window before did not commit as planned: this one is void
+	}
+	wc := w.windowCommit(win)
+	if wc.rowsOnly() {
+		w.launch(ctx, win, wc, span)
+		launched = true
+		return nil
+	}
+	_, err = w.commitLoop(ctx, win, wc, nil)
+	return err
 }
 
 // windowFull reports whether win holds as many records as
 // CommitMaxBatches full batches, or as many aggregates as the partition
 // may hold records (its share of the member's bound, two batches at
 // least): the rows a member's transactions hold stay within what it may
-// hold of records. With many more aggregates than that, the batches of a
+// hold of records (twice that while a transaction commits as the next is
+// planned, see launch). With many more aggregates than that, the batches of a
 // transaction share few of them and it ends early, so that its rows do not
 // grow with the aggregates.
 func (w *Worker) windowFull(win *window) bool {
@@ -219,6 +247,11 @@ func (w *Worker) planBatch(ctx context.Context, win *window, recs []*kgo.Record)
 			n++
 		}
 		if aggs[i] = win.aggs[k]; aggs[i] == nil {
+			if aggs[i] = w.carried(k); aggs[i] != nil {
+				win.aggs[k] = aggs[i]
+				win.list = append(win.list, aggs[i])
+				continue
+			}
 			peek.All = append(peek.All, k)
 			if isNew[i] {
 				peek.New = append(peek.New, k)
@@ -322,11 +355,25 @@ func (out *outcomes) add(o outcomes) {
 	}
 }
 
-// commitWindow writes the window's rows, parked events and dead letters
-// and the offset after the window in one transaction. When Postgres
-// contradicts the state the window was planned on, or refuses a row, the
-// window's records are applied again batch by batch.
-func (w *Worker) commitWindow(ctx context.Context, win *window) error {
+// windowCommit is what a window's transaction writes.
+type windowCommit struct {
+	ch   Changes
+	keys Keys
+	plan func(State) (Changes, error)
+}
+
+// rowsOnly reports whether the transaction writes rows alone: no parked
+// event, dead letter or resolved one, whose state the window after it
+// would need (see launch).
+func (wc windowCommit) rowsOnly() bool {
+	ch := wc.ch
+	return len(ch.Park) == 0 && len(ch.Unpark) == 0 && len(ch.DeadLetters) == 0 && len(ch.Resolved) == 0
+}
+
+// windowCommit returns what win's transaction writes: its rows, parked
+// events and dead letters and the offset after it. Its plan refuses the
+// transaction when Postgres does not hold what the window was planned on.
+func (w *Worker) windowCommit(win *window) windowCommit {
 	ch := Changes{Unpark: win.unpark, DeadLetters: win.dead, Resolved: win.resolved}
 	for _, evs := range win.parked {
 		ch.Park = append(ch.Park, evs...)
@@ -364,32 +411,121 @@ func (w *Worker) commitWindow(ctx context.Context, win *window) error {
 		}
 		return ch, nil
 	}
+	return windowCommit{ch: ch, keys: keys, plan: plan}
+}
+
+// commitLoop commits win's transaction, first handling err, the failure
+// of an attempt made already (nil: none). Transient failures are retried
+// with backoff. When Postgres contradicts the state the window was
+// planned on, or refuses a row, the window's records are applied again
+// batch by batch, and replayed is true.
+func (w *Worker) commitLoop(ctx context.Context, win *window, wc windowCommit, err error) (replayed bool, _ error) {
 	for attempt := 0; ; attempt++ {
-		began := time.Now()
-		err := w.commitTraced(ctx, win.end, keys, plan)
 		if err == nil {
-			w.metrics.commitDuration.Observe(time.Since(began).Seconds())
-			for _, n := range win.sizes {
-				w.metrics.batchRecords.Observe(float64(n))
+			began := time.Now()
+			if err = w.commitTraced(ctx, win.end, wc.keys, wc.plan); err == nil {
+				w.windowCommitted(win, wc, time.Since(began))
+				return false, nil
 			}
-			w.metrics.commitBatches.Observe(float64(len(win.sizes)))
-			break
 		}
 		if errors.Is(err, ErrFenced) || ctx.Err() != nil {
-			return err
+			return false, err
 		}
 		var rej *RejectedRows
 		if errors.Is(err, errWindowStale) || errors.As(err, &rej) {
 			w.done()
-			return w.replay(ctx, win, err)
+			return true, w.replay(ctx, win, err)
 		}
 		if err := w.backoff(ctx, attempt, "commit batches", err); err != nil {
-			return err
+			return false, err
 		}
+		err = nil
 	}
+}
+
+// windowCommitted moves the worker past win's committed transaction, which
+// took took.
+func (w *Worker) windowCommitted(win *window, wc windowCommit, took time.Duration) {
+	w.metrics.commitDuration.Observe(took.Seconds())
+	for _, n := range win.sizes {
+		w.metrics.batchRecords.Observe(float64(n))
+	}
+	w.metrics.commitBatches.Observe(float64(len(win.sizes)))
 	w.done()
-	w.committed(win.end, ch, win.out)
-	return nil
+	w.committed(win.end, wc.ch, win.out)
+}
+
+// pendingCommit is the transaction of a window that commits while its
+// worker plans the next one.
+type pendingCommit struct {
+	win  *window
+	wc   windowCommit
+	span trace.Span
+	done chan struct{} // closed when the attempt has returned
+	err  error
+	took time.Duration
+}
+
+// launch begins win's transaction, which writes rows alone, and returns:
+// the worker plans the next window meanwhile, on the state win leaves
+// (see carried), and settles win's transaction before it commits anything
+// else, reads the partition's parked events, or waits for records. The
+// two use the processor and Postgres at once, where a worker that
+// committed each window before planning the next used one while the other
+// waited.
+func (w *Worker) launch(ctx context.Context, win *window, wc windowCommit, span trace.Span) {
+	p := &pendingCommit{win: win, wc: wc, span: span, done: make(chan struct{})}
+	claim := w.claim
+	go func() {
+		defer close(p.done)
+		began := time.Now()
+		p.err = w.commitAs(ctx, claim, win.end, wc.keys, wc.plan)
+		p.took = time.Since(began)
+	}()
+	w.pending = p
+}
+
+// settle waits for the transaction launch began, if any, and completes
+// it: committed, the worker moves past it; failed, it is retried or its
+// window's records are applied again, as a transaction committed in turn
+// would be. ok is false when it did not commit as planned: whatever was
+// planned on it is void (its records are fetched again), or err says why
+// the worker stops.
+func (w *Worker) settle(ctx context.Context) (ok bool, err error) {
+	p := w.pending
+	if p == nil {
+		return true, nil
+	}
+	w.pending = nil
+	<-p.done
+	if p.err == nil {
+		w.windowCommitted(p.win, p.wc, p.took)
+		p.span.End()
+		return true, nil
+	}
+	replayed, err := w.commitLoop(ctx, p.win, p.wc, p.err)
+	endSpan(p.span, &err)
+	return !replayed && err == nil, err
+}
+
+// carried returns the aggregate of the window whose transaction is
+// pending as the next window starts from it (nil: not one of its): at the
+// version and with a copy of the row the pending one writes, known, as
+// that transaction checks or writes it.
+func (w *Worker) carried(key string) *windowAgg {
+	if w.pending == nil {
+		return nil
+	}
+	pa := w.pending.win.aggs[key]
+	if pa == nil {
+		return nil
+	}
+	exists := pa.row != nil && !pa.deleted
+	var row projection.Row
+	if exists {
+		row = maps.Clone(pa.row)
+	}
+	return &windowAgg{key: key, baseVersion: pa.version, baseExists: exists, version: pa.version, row: row}
 }
 
 // replay applies the window's records again, batch by batch, each batch

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"log/slog"
 	"maps"
+	"sync"
 	"testing"
 	"time"
 
@@ -21,11 +22,16 @@ import (
 // gives those in stale as they were, as a stale cache would; CommitBatch
 // gives the plan what the table holds and applies its changes.
 type memSink struct {
+	mu       sync.Mutex // a transaction commits while the next window peeks
 	rows     map[string]projection.Row
 	versions map[string]int64
 	stale    map[string]State
 	next     int64
 	commits  []memCommit
+	// gate, when set, holds each commit until it is closed; peeked lists
+	// the keys Peek was asked for.
+	gate   chan struct{}
+	peeked []string
 }
 
 type memCommit struct {
@@ -56,6 +62,9 @@ func (s *memSink) state(keys []string, skip func(string) bool) State {
 }
 
 func (s *memSink) Peek(_ context.Context, _ Claim, keys Keys) (State, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.peeked = append(s.peeked, keys.All...)
 	isNew := map[string]bool{}
 	for _, k := range keys.New {
 		isNew[k] = true
@@ -70,6 +79,11 @@ func (s *memSink) Peek(_ context.Context, _ Claim, keys Keys) (State, error) {
 }
 
 func (s *memSink) CommitBatch(_ context.Context, claim Claim, end int64, keys Keys, plan func(State) (Changes, error)) error {
+	if s.gate != nil {
+		<-s.gate
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
 	if claim.NextOffset != s.next {
 		return fmt.Errorf("commit from offset %d, stored %d", claim.NextOffset, s.next)
 	}
@@ -391,6 +405,68 @@ func TestWindowEndsOnceCaughtUp(t *testing.T) {
 		t.Errorf("first transaction up to offset %d; want the full batch's %d alone, less than a batch being left after it", c.end, batch)
 	}
 	checkAccounts(t, sink, events)
+}
+
+// A window whose transaction writes rows alone commits while the worker
+// plans the next window on the state it leaves: the next one neither
+// waits for that commit nor reads the aggregates the two share.
+func TestWindowPlansWhileTheOneBeforeCommits(t *testing.T) {
+	sink := newMemSink()
+	sink.gate = make(chan struct{})
+	const batch = 20
+	events := accountEvents(10, 1, 8) // two windows of 40 records, the same 10 accounts
+	w, recs := windowWorkerConfig(t, sink, Config{BatchMaxRecords: batch, BatchMaxWait: time.Millisecond, CommitMaxBatches: 2}, events)
+	w.Push(recs, int64(len(recs)))
+	run := runWorker(t, w)
+	waitTaken(t, w) // the second window is taken while the first one's commit waits
+	close(sink.gate)
+	waitStored(t, w, len(recs))
+	run()
+	if len(sink.commits) != 2 || sink.commits[0].end != 2*batch || sink.commits[1].end != 4*batch {
+		t.Fatalf("commits %+v: want two windows of two batches, in order", sink.commits)
+	}
+	if len(sink.peeked) != 10 {
+		t.Errorf("peeked %d keys, want the first window's 10 only: the second starts from what the first writes", len(sink.peeked))
+	}
+	checkAccounts(t, sink, events)
+}
+
+// When the window committing in the background turns out stale, the one
+// planned on it is void: the records from the stale window's first are
+// applied again, each once.
+func TestWindowPlannedOnAStaleOneIsVoid(t *testing.T) {
+	sink := newMemSink()
+	sink.gate = make(chan struct{})
+	// acc-03 has been applied up to v2 before: the first window assumed it new.
+	sink.rows["acc-03"] = projection.Row{"account_id": "acc-03", "owner": "owner acc-03", "balance": int64(1000), "opened_at": nil}
+	sink.versions["acc-03"] = 2
+	const batch = 20
+	events := accountEvents(10, 1, 8)
+	w, recs := windowWorkerConfig(t, sink, Config{BatchMaxRecords: batch, BatchMaxWait: time.Millisecond, CommitMaxBatches: 2}, events)
+	w.Push(recs, int64(len(recs)))
+	run := runWorker(t, w)
+	waitTaken(t, w)
+	close(sink.gate)
+	waitStored(t, w, len(recs))
+	run()
+	if !errors.Is(sink.commits[0].err, errWindowStale) {
+		t.Fatalf("commits %+v: want the first window refused", sink.commits)
+	}
+	for _, c := range sink.commits[1:] {
+		if c.err != nil {
+			t.Errorf("commit up to %d after the replay: %v", c.end, c.err)
+		}
+	}
+	for a := 0; a < 10; a++ {
+		id := fmt.Sprintf("acc-%02d", a)
+		want := int64(2 + 3 + 4 + 5 + 6 + 7 + 8)
+		if id == "acc-03" {
+			want = 1000 + 3 + 4 + 5 + 6 + 7 + 8
+		}
+		if sink.versions[id] != 8 || sink.rows[id]["balance"] != want {
+			t.Errorf("%s: v%d %v, want v8 with balance %d", id, sink.versions[id], sink.rows[id], want)
+		}
+	}
 }
 
 // numberVersions gives each event its account's next version, the first

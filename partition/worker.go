@@ -171,9 +171,12 @@ type Worker struct {
 	// batchMem is the memory of the batches a window plans, one after
 	// the other (see batchMemory).
 	batchMem batchMemory
-	fetcher  Fetcher
-	log      *slog.Logger
-	metrics  *Metrics
+	// pending is the transaction of a window committing while the worker
+	// plans the next one (see launch); only Run's goroutine touches it.
+	pending *pendingCommit
+	fetcher Fetcher
+	log     *slog.Logger
+	metrics *Metrics
 
 	mu      sync.Mutex
 	queue   []*kgo.Record
@@ -226,6 +229,18 @@ func NewWorker(cfg Config, group string, claim Claim, p *projection.Projection, 
 	w.fetchPaused = true
 	w.syncFetch()
 	return w
+}
+
+// settleOrVoid settles the pending transaction (see settle), then runs
+// then (nil: nothing), which does not depend on the records after it.
+func (w *Worker) settleOrVoid(ctx context.Context, then func() error) error {
+	if _, err := w.settle(ctx); err != nil {
+		return err
+	}
+	if then == nil {
+		return nil
+	}
+	return then()
 }
 
 // TP is the worker's partition.
@@ -349,23 +364,41 @@ func (w *Worker) Run(ctx context.Context) error {
 	for {
 		j, ok := w.nextBatch(ctx, repairs)
 		if !ok {
+			if _, err := w.settle(ctx); err != nil && ctx.Err() == nil && !errors.Is(err, errStopped) {
+				return err
+			}
 			if ctx.Err() != nil {
 				return ctx.Err()
 			}
 			return nil
 		}
 		switch {
+		case j.settle:
+			// The transaction committing in the background has returned
+			// while the worker waits for records: its offset, metrics and
+			// status are brought up to date.
+			err = w.settleOrVoid(ctx, nil)
 		case j.repair != nil:
-			err = w.applyRepair(ctx, *j.repair)
+			err = w.settleOrVoid(ctx, func() error { return w.applyRepair(ctx, *j.repair) })
 		case j.skip != nil:
-			err = w.skip(ctx, *j.skip)
+			err = w.settleOrVoid(ctx, func() error { return w.skip(ctx, *j.skip) })
 		case len(j.recs) == 0:
 		case w.windowing(len(j.recs)):
 			err = w.processWindow(ctx, j.recs)
 		default:
-			err = w.process(ctx, j.recs)
+			// Fetched after the pending transaction's window: void if it
+			// is applied again.
+			if ok, serr := w.settle(ctx); serr != nil {
+				err = serr
+			} else if ok {
+				err = w.process(ctx, j.recs)
+			}
 		}
 		if err != nil {
+			// Stopped first, so that a pending transaction that failed is
+			// not retried: the records are consumed again.
+			w.Stop()
+			w.settle(ctx) //nolint:errcheck // stopping: the first error is the one to report
 			if errors.Is(err, errStopped) {
 				w.done()
 				return nil // revoked while backing off: the open batch is abandoned
@@ -404,6 +437,10 @@ func (w *Worker) nextBatch(ctx context.Context, repairs <-chan repaired) (job, b
 			defer t.Stop()
 			deadline = t.C
 		}
+		var settled <-chan struct{}
+		if w.pending != nil {
+			settled = w.pending.done
+		}
 		select {
 		case <-ctx.Done():
 			return job{}, false
@@ -411,6 +448,8 @@ func (w *Worker) nextBatch(ctx context.Context, repairs <-chan repaired) (job, b
 			return job{}, false
 		case <-w.wake:
 			continue
+		case <-settled:
+			return job{settle: true}, true
 		case r := <-repairs:
 			return job{repair: &r}, true
 		case s := <-skips:
@@ -482,6 +521,7 @@ type job struct {
 	recs   []*kgo.Record
 	repair *repaired
 	skip   *skipRequest
+	settle bool // the pending transaction has returned (see settle)
 }
 
 type skipRequest struct {

@@ -77,7 +77,8 @@ type Config struct {
 	// applied: each partition's worker gets an equal share for its batch
 	// and as much for its buffer, so that memory does not grow with the
 	// number of partitions, and a transaction of several batches holds
-	// the rows of at most as many aggregates as both shares together
+	// the rows of at most as many aggregates as both shares together (a
+	// worker holds two while one commits and the next is planned)
 	// (0: DefaultMemberMaxRecords; negative: no
 	// bound beyond each worker's BatchMaxRecords and MaxBuffered). The
 	// engine sets Partition.Share to apply it.
