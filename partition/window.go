@@ -23,7 +23,9 @@ import (
 // batches were planned on (an aggregate assumed new exists, a cached row
 // is stale) or refuse a row, or a plan fail, nothing is written: the
 // partition is fetched again from the window's first record and applied
-// batch by batch, each batch planned inside its own transaction.
+// batch by batch, each batch planned inside its own transaction. A window
+// that writes rows alone commits while the worker plans the next one on
+// the state it leaves (see launch and settle).
 
 // Rewinder moves the fetch position of a partition back to offset, then
 // calls done; records fetched before are not delivered after done.
