@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"log/slog"
 	"maps"
+	"slices"
 	"sync"
 	"testing"
 	"time"
@@ -32,6 +33,8 @@ type memSink struct {
 	// the keys Peek was asked for.
 	gate   chan struct{}
 	peeked []string
+	// fail, when set, is the error of the next commit (once).
+	fail error
 }
 
 type memCommit struct {
@@ -84,6 +87,11 @@ func (s *memSink) CommitBatch(_ context.Context, claim Claim, end int64, keys Ke
 	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
+	if err := s.fail; err != nil {
+		s.fail = nil
+		s.commits = append(s.commits, memCommit{planned: keys.Planned, end: end, err: err})
+		return err
+	}
 	if claim.NextOffset != s.next {
 		return fmt.Errorf("commit from offset %d, stored %d", claim.NextOffset, s.next)
 	}
@@ -467,6 +475,36 @@ func TestWindowPlannedOnAStaleOneIsVoid(t *testing.T) {
 			t.Errorf("%s: v%d %v, want v8 with balance %d", id, sink.versions[id], sink.rows[id], want)
 		}
 	}
+}
+
+// A window committing in the background that fails for a transient
+// reason is retried, and the window planned on it meanwhile stands: it
+// commits after it, without being applied again.
+func TestWindowPlannedOnARetriedOneStands(t *testing.T) {
+	sink := newMemSink()
+	sink.gate = make(chan struct{})
+	sink.fail = errors.New("connection reset")
+	const batch = 20
+	events := accountEvents(10, 1, 8)
+	w, recs := windowWorkerConfig(t, sink, Config{BatchMaxRecords: batch, BatchMaxWait: time.Millisecond, CommitMaxBatches: 2,
+		RetryBase: time.Millisecond, RetryCap: time.Millisecond}, events)
+	w.Push(recs, int64(len(recs)))
+	run := runWorker(t, w)
+	waitTaken(t, w)
+	close(sink.gate)
+	waitStored(t, w, len(recs))
+	run()
+	var ends []int64
+	for _, c := range sink.commits {
+		ends = append(ends, c.end)
+	}
+	if len(sink.commits) != 3 || sink.commits[0].err == nil || !slices.Equal(ends, []int64{2 * batch, 2 * batch, 4 * batch}) {
+		t.Errorf("commits up to %v (first error %v): want the first window failed, retried, then the second", ends, sink.commits[0].err)
+	}
+	if len(sink.peeked) != 10 {
+		t.Errorf("peeked %d keys, want the first window's 10 only", len(sink.peeked))
+	}
+	checkAccounts(t, sink, events)
 }
 
 // numberVersions gives each event its account's next version, the first
