@@ -24,8 +24,9 @@ import (
 // is stale) or refuse a row, or a plan fail, nothing is written: the
 // partition is fetched again from the window's first record and applied
 // batch by batch, each batch planned inside its own transaction. A window
-// that writes rows alone commits while the worker plans the next one on
-// the state it leaves (see launch and settle).
+// that writes nothing the next one reads but rows commits while the
+// worker plans the next one on the state it leaves (see launch and
+// settle).
 
 // Rewinder moves the fetch position of a partition back to offset, then
 // calls done; records fetched before are not delivered after done.
@@ -92,7 +93,8 @@ func (w *Worker) windowing(n int) bool {
 
 // processWindow applies recs and, while records wait after each batch,
 // the batches after them in one transaction. A transaction that writes
-// rows alone commits while the worker plans the next window (see settle).
+// nothing the next window reads but rows commits while the worker plans
+// the next window (see launch).
 func (w *Worker) processWindow(ctx context.Context, recs []*kgo.Record) (err error) {
 	start := w.claim.NextOffset
 	if w.pending != nil {
@@ -146,7 +148,7 @@ func (w *Worker) processWindow(ctx context.Context, recs []*kgo.Record) (err err
 		return err // the window before did not commit as planned: this one is void
 	}
 	wc := w.windowCommit(win)
-	if wc.rowsOnly() {
+	if wc.independent() {
 		w.launch(ctx, win, wc, span)
 		launched = true
 		return nil
@@ -364,12 +366,14 @@ type windowCommit struct {
 	plan func(State) (Changes, error)
 }
 
-// rowsOnly reports whether the transaction writes rows alone: no parked
-// event, dead letter or resolved one, whose state the window after it
-// would need (see launch).
-func (wc windowCommit) rowsOnly() bool {
+// independent reports whether the transaction writes nothing the next
+// window reads besides rows: no parked events stored or deleted (the next
+// window reads a partition's parked events) and no dead letter resolved.
+// Rows it takes from the pending window (see carried); dead letters it
+// does not read.
+func (wc windowCommit) independent() bool {
 	ch := wc.ch
-	return len(ch.Park) == 0 && len(ch.Unpark) == 0 && len(ch.DeadLetters) == 0 && len(ch.Resolved) == 0
+	return len(ch.Park) == 0 && len(ch.Unpark) == 0 && len(ch.Resolved) == 0
 }
 
 // windowCommit returns what win's transaction writes: its rows, parked
@@ -468,7 +472,7 @@ type pendingCommit struct {
 	took time.Duration
 }
 
-// launch begins win's transaction, which writes rows alone, and returns:
+// launch begins win's transaction, which is independent, and returns:
 // the worker plans the next window meanwhile, on the state win leaves
 // (see carried), and settles win's transaction before it commits anything
 // else, reads the partition's parked events, or waits for records. The

@@ -415,28 +415,43 @@ func TestWindowEndsOnceCaughtUp(t *testing.T) {
 	checkAccounts(t, sink, events)
 }
 
-// A window whose transaction writes rows alone commits while the worker
-// plans the next window on the state it leaves: the next one neither
-// waits for that commit nor reads the aggregates the two share.
+// A window whose transaction writes nothing the next window reads but
+// rows (a dead letter it does not read) commits while the worker plans the
+// next window on the state it leaves: the next one neither waits for that
+// commit nor reads the aggregates the two share.
 func TestWindowPlansWhileTheOneBeforeCommits(t *testing.T) {
-	sink := newMemSink()
-	sink.gate = make(chan struct{})
-	const batch = 20
-	events := accountEvents(10, 1, 8) // two windows of 40 records, the same 10 accounts
-	w, recs := windowWorkerConfig(t, sink, Config{BatchMaxRecords: batch, BatchMaxWait: time.Millisecond, CommitMaxBatches: 2}, events)
-	w.Push(recs, int64(len(recs)))
-	run := runWorker(t, w)
-	waitTaken(t, w) // the second window is taken while the first one's commit waits
-	close(sink.gate)
-	waitStored(t, w, len(recs))
-	run()
-	if len(sink.commits) != 2 || sink.commits[0].end != 2*batch || sink.commits[1].end != 4*batch {
-		t.Fatalf("commits %+v: want two windows of two batches, in order", sink.commits)
+	for _, poison := range []bool{false, true} {
+		sink := newMemSink()
+		sink.gate = make(chan struct{})
+		const batch = 20
+		events := accountEvents(10, 1, 8) // two windows of 40 records, the same 10 accounts
+		w, recs := windowWorkerConfig(t, sink, Config{BatchMaxRecords: batch, BatchMaxWait: time.Millisecond, CommitMaxBatches: 2}, events)
+		if poison { // one more record in the first window, not in the wire format
+			bad := &kgo.Record{Topic: demo.Topic, Key: []byte("acc-00"), Value: []byte("not avro")}
+			recs = slices.Insert(recs, 5, bad)
+			for i, r := range recs {
+				r.Offset = int64(i)
+			}
+			recs = recs[:len(recs)-1] // the windows stay 40 records each; the last event goes
+			events = events[:len(events)-1]
+		}
+		w.Push(recs, int64(len(recs)))
+		run := runWorker(t, w)
+		waitTaken(t, w) // the second window is taken while the first one's commit waits
+		close(sink.gate)
+		waitStored(t, w, len(recs))
+		run()
+		if len(sink.commits) != 2 || sink.commits[0].end != 2*batch || sink.commits[1].end != int64(len(recs)) {
+			t.Fatalf("poison %v: commits %+v: want two windows, in order", poison, sink.commits)
+		}
+		if dead := len(sink.commits[0].changes.DeadLetters); dead != map[bool]int{false: 0, true: 1}[poison] {
+			t.Errorf("poison %v: %d dead letters in the first window", poison, dead)
+		}
+		if len(sink.peeked) != 10 {
+			t.Errorf("poison %v: peeked %d keys, want the first window's 10 only: the second starts from what the first writes", poison, len(sink.peeked))
+		}
+		checkAccounts(t, sink, events)
 	}
-	if len(sink.peeked) != 10 {
-		t.Errorf("peeked %d keys, want the first window's 10 only: the second starts from what the first writes", len(sink.peeked))
-	}
-	checkAccounts(t, sink, events)
 }
 
 // When the window committing in the background turns out stale, the one
