@@ -211,13 +211,7 @@ func TestWindowCommitsBatchesTogether(t *testing.T) {
 	if n := len(sink.commits[0].changes.Upserts); n != accounts {
 		t.Errorf("%d row writes for %d accounts", n, accounts)
 	}
-	want := int64(versions*(versions+1)/2 - 1) // the deposits of v2..v15
-	for a := 0; a < accounts; a++ {
-		id := fmt.Sprintf("acc-%02d", a)
-		if sink.versions[id] != versions || sink.rows[id]["balance"] != want || sink.rows[id]["owner"] != "owner "+id {
-			t.Errorf("%s: v%d %v, want v%d with balance %d", id, sink.versions[id], sink.rows[id], versions, want)
-		}
-	}
+	checkBalances(t, sink, accounts, versions, nil)
 }
 
 // When the table holds what the window's batches did not read (here an
@@ -241,16 +235,7 @@ func TestWindowReplaysWhenTheTableDiffers(t *testing.T) {
 			t.Errorf("commit %d after the replay began: planned %v, error %v", i+1, c.planned, c.err)
 		}
 	}
-	for a := 0; a < accounts; a++ {
-		id := fmt.Sprintf("acc-%02d", a)
-		want := int64(2 + 3 + 4 + 5 + 6 + 7 + 8)
-		if id == "acc-03" {
-			want = 1000 + 6 + 7 + 8
-		}
-		if sink.versions[id] != 8 || sink.rows[id]["balance"] != want {
-			t.Errorf("%s: v%d %v, want v8 with balance %d", id, sink.versions[id], sink.rows[id], want)
-		}
-	}
+	checkBalances(t, sink, accounts, 8, map[string]prior{"acc-03": {5, 1000}})
 }
 
 // An aggregate whose row in the table is newer than the state the window
@@ -278,16 +263,7 @@ func TestWindowReplaysOnStaleState(t *testing.T) {
 	if len(sink.commits) < 2 || !errors.Is(sink.commits[0].err, errWindowStale) {
 		t.Fatalf("commits %+v: want the window refused and replayed", sink.commits)
 	}
-	for a := 0; a < accounts; a++ {
-		id := fmt.Sprintf("acc-%02d", a)
-		want := int64(12*13/2 - 1)
-		if id == "acc-01" {
-			want = 500 + 7 + 8 + 9 + 10 + 11 + 12
-		}
-		if sink.versions[id] != 12 || sink.rows[id]["balance"] != want {
-			t.Errorf("%s: v%d %v, want v12 with balance %d", id, sink.versions[id], sink.rows[id], want)
-		}
-	}
+	checkBalances(t, sink, accounts, 12, map[string]prior{"acc-01": {6, 500}})
 }
 
 // A worker with a share of a member's bound holds up to twice its share
@@ -480,16 +456,7 @@ func TestWindowPlannedOnAStaleOneIsVoid(t *testing.T) {
 			t.Errorf("commit up to %d after the replay: %v", c.end, c.err)
 		}
 	}
-	for a := 0; a < 10; a++ {
-		id := fmt.Sprintf("acc-%02d", a)
-		want := int64(2 + 3 + 4 + 5 + 6 + 7 + 8)
-		if id == "acc-03" {
-			want = 1000 + 3 + 4 + 5 + 6 + 7 + 8
-		}
-		if sink.versions[id] != 8 || sink.rows[id]["balance"] != want {
-			t.Errorf("%s: v%d %v, want v8 with balance %d", id, sink.versions[id], sink.rows[id], want)
-		}
-	}
+	checkBalances(t, sink, 10, 8, map[string]prior{"acc-03": {2, 1000}})
 }
 
 // A window committing in the background that fails for a transient
@@ -532,6 +499,31 @@ func numberVersions(events []demo.Event) {
 		ev.Version, ev.Type, ev.Amount = next[ev.AccountID], "Deposited", next[ev.AccountID]
 		if ev.Version == 1 {
 			ev.Type, ev.Owner = "AccountOpened", "owner "+ev.AccountID
+		}
+	}
+}
+
+// prior is an account's version and balance in the table before the
+// worker ran.
+type prior struct{ version, balance int64 }
+
+// checkBalances checks that accounts acc-00.. of accountEvents are at
+// version v, opened by their first event with every later one deposited
+// (version k deposits k) on top of what priors gives (none: from v1).
+func checkBalances(t *testing.T, sink *memSink, accounts int, v int64, priors map[string]prior) {
+	t.Helper()
+	for a := 0; a < accounts; a++ {
+		id := fmt.Sprintf("acc-%02d", a)
+		from := prior{1, 0}
+		if p, ok := priors[id]; ok {
+			from = p
+		}
+		want := from.balance
+		for k := from.version + 1; k <= v; k++ {
+			want += k
+		}
+		if sink.versions[id] != v || sink.rows[id]["balance"] != want || sink.rows[id]["owner"] != "owner "+id {
+			t.Errorf("%s: v%d %v, want v%d with balance %d, owner %q", id, sink.versions[id], sink.rows[id], v, want, "owner "+id)
 		}
 	}
 }
