@@ -231,9 +231,9 @@ func NewWorker(cfg Config, group string, claim Claim, p *projection.Projection, 
 	return w
 }
 
-// settleOrVoid settles the pending transaction (see settle), then runs
+// settleThen settles the pending transaction (see settle), then runs
 // then (nil: nothing), which does not depend on the records after it.
-func (w *Worker) settleOrVoid(ctx context.Context, then func() error) error {
+func (w *Worker) settleThen(ctx context.Context, then func() error) error {
 	if _, err := w.settle(ctx); err != nil {
 		return err
 	}
@@ -377,11 +377,11 @@ func (w *Worker) Run(ctx context.Context) error {
 			// The transaction committing in the background has returned
 			// while the worker waits for records: its offset, metrics and
 			// status are brought up to date.
-			err = w.settleOrVoid(ctx, nil)
+			err = w.settleThen(ctx, nil)
 		case j.repair != nil:
-			err = w.settleOrVoid(ctx, func() error { return w.applyRepair(ctx, *j.repair) })
+			err = w.settleThen(ctx, func() error { return w.applyRepair(ctx, *j.repair) })
 		case j.skip != nil:
-			err = w.settleOrVoid(ctx, func() error { return w.skip(ctx, *j.skip) })
+			err = w.settleThen(ctx, func() error { return w.skip(ctx, *j.skip) })
 		case len(j.recs) == 0:
 		case w.windowing(len(j.recs)):
 			err = w.processWindow(ctx, j.recs)
