@@ -37,23 +37,46 @@ func (p *Projection) ReadsFieldsMap() bool {
 	return code != snapshotFoldCode && (p.decl == nil || code != declFoldCode)
 }
 
-func (s snapshotFolder) fold(_ Row, ev Event) (Row, error) {
+func (s snapshotFolder) fold(_ Row, ev Event) (Row, error) { return s.apply(nil, ev) }
+
+// apply builds ev's row in a new map or, when into holds every column (a
+// row an earlier fold built, which the caller owns), in into itself; into
+// changes only once every value of the event has converted. An empty row,
+// which only says that a row exists, is never written to.
+func (s snapshotFolder) apply(into Row, ev Event) (Row, error) {
 	p := s.p
 	if ev.Tombstone() || p.DeleteTypes[ev.Type] {
 		return nil, nil
 	}
 	cols := p.Columns
-	row := make(Row, len(cols))
-	row[cols[0].Name] = ev.Key
+	if len(into) != len(cols) {
+		row := make(Row, len(cols))
+		row[cols[0].Name] = ev.Key
+		for _, c := range cols[1:] {
+			f, _ := ev.Field(c.Field)
+			v, err := c.Convert(f)
+			if err != nil {
+				return nil, Terminal(fmt.Errorf("field %s: %w", c.Field, err))
+			}
+			row[c.Name] = v
+		}
+		return row, nil
+	}
+	var buf [8]any
+	vals := buf[:0]
 	for _, c := range cols[1:] {
 		f, _ := ev.Field(c.Field)
 		v, err := c.Convert(f)
 		if err != nil {
 			return nil, Terminal(fmt.Errorf("field %s: %w", c.Field, err))
 		}
-		row[c.Name] = v
+		vals = append(vals, v)
 	}
-	return row, nil
+	into[cols[0].Name] = ev.Key
+	for i, c := range cols[1:] {
+		into[c.Name] = vals[i]
+	}
+	return into, nil
 }
 
 type setOp struct {
@@ -158,12 +181,16 @@ type declFold struct {
 var declFoldCode = reflect.ValueOf((&declFold{}).fold).Pointer()
 
 // FoldOwned folds like Fold for a caller that owns row and, once the fold
-// succeeds, no longer needs it: a declarative fold-mode projection then
-// writes the new row into row instead of copying it first. Whatever the
-// fold, row is unchanged when it fails.
+// succeeds, no longer needs it: a declarative projection then writes the
+// new row into row instead of copying it first (a snapshot one only into
+// a row that holds every column, not into an empty row that only says the
+// row exists). Whatever the fold, row is unchanged when it fails.
 func (p *Projection) FoldOwned(row Row, ev Event) (Row, error) {
-	if p.decl != nil && reflect.ValueOf(p.Fold).Pointer() == declFoldCode {
+	switch code := reflect.ValueOf(p.Fold).Pointer(); {
+	case p.decl != nil && code == declFoldCode:
 		return p.decl.apply(row, ev, true)
+	case code == snapshotFoldCode:
+		return snapshotFolder{p}.apply(row, ev)
 	}
 	return p.Fold(row, ev)
 }

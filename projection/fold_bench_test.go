@@ -48,3 +48,51 @@ func BenchmarkFoldDeposit(b *testing.B) {
 		}
 	}
 }
+
+// BenchmarkSnapshotFold folds an aggregate's next snapshot event: "owned"
+// rebuilds the row in place as a batch does (FoldOwned), "new row" builds
+// a fresh map per event as Fold must.
+func BenchmarkSnapshotFold(b *testing.B) {
+	ps, err := projection.Parse([]byte(`projections:
+  - name: last_event
+    topic: t
+    table: last_event
+    key: account_id
+    mode: snapshot
+    columns:
+      account_id:  {type: text, primary_key: true}
+      kind:        {type: text, field: type}
+      amount:      {type: bigint}
+      occurred_at: {type: timestamptz}
+`), ".")
+	if err != nil {
+		b.Fatal(err)
+	}
+	p := ps[0]
+	at := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
+	ev := projection.NewEvent("acc-0000001", 2, "Deposited", []string{"account_id", "amount", "occurred_at", "type"},
+		[]any{"acc-0000001", int64(420), at, "Deposited"})
+	for _, owned := range []bool{true, false} {
+		name := "owned"
+		if !owned {
+			name = "new row"
+		}
+		b.Run(name, func(b *testing.B) {
+			row, err := p.Fold(nil, ev)
+			if err != nil {
+				b.Fatal(err)
+			}
+			b.ReportAllocs()
+			for b.Loop() {
+				if owned {
+					row, err = p.FoldOwned(row, ev)
+				} else {
+					row, err = p.Fold(row, ev)
+				}
+				if err != nil {
+					b.Fatal(err)
+				}
+			}
+		})
+	}
+}

@@ -653,6 +653,52 @@ func TestFoldOwned(t *testing.T) {
 	}
 }
 
+// A snapshot projection's FoldOwned gives the rows Fold gives, rebuilds in
+// place a row it owns, never writes into an empty row (one that only says
+// a row exists, which a sink may share), and leaves the row unchanged when
+// a value does not convert.
+func TestSnapshotFoldOwned(t *testing.T) {
+	p := mustParse(t, snapshotYAML)
+	events := []projection.Event{
+		{Type: "Updated", Fields: map[string]any{"name": "Al", "total": int64(1), "ok": true}},
+		{Type: "Updated", Fields: map[string]any{"name": "Bo", "total": int32(7), "data": []byte{0xde}}},
+		{Type: "Updated", Fields: map[string]any{"name": "x", "total": "many"}}, // fails
+		{Type: "Updated", Fields: map[string]any{"name": "Cy"}},
+		{Type: "Removed", Fields: map[string]any{}},
+		{Type: "Updated", Fields: map[string]any{"name": "Di", "ok": false}},
+	}
+	present := projection.Row{}
+	var owned projection.Row = present
+	for i, ev := range events {
+		ev.Key, ev.Version = "k", int64(i+1)
+		want, wantErr := p.Fold(nil, ev)
+		before := copyRow(owned)
+		got, err := p.FoldOwned(owned, ev)
+		if (err == nil) != (wantErr == nil) {
+			t.Fatalf("event %d: FoldOwned error %v, Fold error %v", i, err, wantErr)
+		}
+		if len(present) != 0 {
+			t.Fatalf("event %d: FoldOwned wrote into the empty row: %v", i, present)
+		}
+		if err != nil {
+			if !reflect.DeepEqual(owned, before) {
+				t.Errorf("event %d failed and changed the row: %v, was %v", i, owned, before)
+			}
+			continue
+		}
+		if !reflect.DeepEqual(got, want) {
+			t.Errorf("event %d: FoldOwned %v, Fold %v", i, got, want)
+		}
+		if len(owned) > 0 && got != nil && reflect.ValueOf(got).Pointer() != reflect.ValueOf(owned).Pointer() {
+			t.Errorf("event %d: FoldOwned copied the row it owns", i)
+		}
+		owned = got
+	}
+	if owned["full_name"] != "Di" || owned["ok"] != false || owned["total"] != nil {
+		t.Errorf("final row %v, want the last snapshot", owned)
+	}
+}
+
 // ReadFields names every field a declarative projection's fold reads, so
 // that only those need decoding; a Go fold may read any.
 func TestReadFields(t *testing.T) {
