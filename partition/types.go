@@ -21,6 +21,10 @@ type Claim struct {
 	TP
 	Epoch      int64
 	NextOffset int64
+	// Since is when the claim was stored (zero: not known). What a sink
+	// reads of the partition's aggregates after it stays true while the
+	// claim lasts, but for the owner's own writes.
+	Since time.Time
 }
 
 // Header is one Kafka record header.

@@ -513,7 +513,7 @@ func (e *Engine) claim(ctx context.Context, offsets map[string]map[int32]kgo.Off
 			out[c.Topic] = map[int32]kgo.Offset{}
 		}
 		out[c.Topic][c.Partition] = kgo.NewOffset().At(next).WithEpoch(-1)
-		e.start(partition.Claim{TP: c.TP, Epoch: c.Epoch, NextOffset: next})
+		e.start(partition.Claim{TP: c.TP, Epoch: c.Epoch, NextOffset: next, Since: c.At})
 	}
 	return out, nil
 }

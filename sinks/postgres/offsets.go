@@ -3,6 +3,7 @@ package postgres
 import (
 	"context"
 	"fmt"
+	"time"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -28,6 +29,7 @@ type Claimed struct {
 	partition.TP
 	Epoch      int64
 	NextOffset *int64
+	At         time.Time // once Postgres had stored the claim
 }
 
 // Claim takes ownership of partitions: it bumps each one's owner epoch,
@@ -55,6 +57,10 @@ func (o *Offsets) Claim(ctx context.Context, tps []partition.TP) ([]Claimed, err
 	})
 	if err != nil {
 		return nil, fmt.Errorf("claim %d partitions: %w", len(tps), err)
+	}
+	at := time.Now()
+	for i := range out {
+		out[i].At = at
 	}
 	return out, nil
 }

@@ -27,6 +27,7 @@ type Sink struct {
 
 	dlqTopic string
 	cache    *stateCache
+	tombs    *tombstoneFilter
 	// readsRows is false for a projection whose fold builds every row from
 	// the event alone: only aggregates' versions and whether their row
 	// exists are read and cached, never the rows.
@@ -76,8 +77,17 @@ var (
 func NewSink(pool *pgxpool.Pool, identity string, p *projection.Projection, dlqTopic string) *Sink {
 	s := &Sink{pool: pool, identity: identity, p: p, dlqTopic: dlqTopic, readsRows: p.FoldReadsRow()}
 	s.cache = newStateCache(DefaultStateCacheRows, DefaultStateCacheBytes, p.Columns, s.readsRows)
+	s.tombs = newTombstoneFilter(p.Table, DefaultTombstoneFilterKeys)
 	s.sql = rowSQL(p)
 	return s
+}
+
+// SetTombstoneFilter sets the most tombstones of the table the sink reads
+// into memory to rule out (see DefaultTombstoneFilterKeys); with more, or
+// with 0, the row of every aggregate assumed new is inserted only after
+// probing for its tombstone. Call it before the first batch.
+func (s *Sink) SetTombstoneFilter(keys int) {
+	s.tombs = newTombstoneFilter(s.p.Table, keys)
 }
 
 // SetStateCache sets how many aggregates' rows the sink keeps in memory
@@ -96,7 +106,10 @@ var presentRow = projection.Row{}
 
 // Forget drops what the sink keeps in memory about a partition; call it
 // when the partition is revoked.
-func (s *Sink) Forget(tp partition.TP) { s.cache.drop(tp) }
+func (s *Sink) Forget(tp partition.TP) {
+	s.cache.drop(tp)
+	s.tombs.forget(tp)
+}
 
 // errStaleState reports a batch planned on state (cached, or read earlier
 // in the transaction) that Postgres contradicts when the rows are written;
@@ -391,6 +404,11 @@ func (s *Sink) commit(ctx context.Context, claim partition.Claim, end int64, key
 		if err := onlyInserts(ch, assumed); err != nil {
 			return err
 		}
+		// Those surely without a tombstone are inserted as rows known
+		// not to exist: one that does exist fails on the primary key.
+		if err := s.tombs.rule(ctx, tx, claim, assumed); err != nil {
+			return err
+		}
 	}
 	// Rows the state says exist are updated, the others inserted, those of
 	// aggregates assumed new last; upserts lists them in that order.
@@ -411,6 +429,7 @@ func (s *Sink) commit(ctx context.Context, claim partition.Claim, end int64, key
 	if isolate {
 		inexact = nil // not known: check every row
 	}
+	s.tombs.deleted(claim, ch.Deletes)
 	advance := b.Queue(advanceSQL, end, s.identity, claim.Topic, claim.Partition, claim.Epoch, claim.NextOffset)
 	var fenced bool
 	advance.Exec(func(tag pgconn.CommandTag) error {

@@ -114,9 +114,9 @@ func (e *env) claim(start int64) partition.Claim {
 		if err := e.offs.Init(e.ctx, c, start); err != nil {
 			e.t.Fatalf("init: %v", err)
 		}
-		return partition.Claim{TP: c.TP, Epoch: c.Epoch, NextOffset: start}
+		return partition.Claim{TP: c.TP, Epoch: c.Epoch, NextOffset: start, Since: c.At}
 	}
-	return partition.Claim{TP: c.TP, Epoch: c.Epoch, NextOffset: *c.NextOffset}
+	return partition.Claim{TP: c.TP, Epoch: c.Epoch, NextOffset: *c.NextOffset, Since: c.At}
 }
 
 func (e *env) commit(c partition.Claim, end int64, ch partition.Changes) error {
