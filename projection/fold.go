@@ -72,8 +72,7 @@ func (s snapshotFolder) apply(into Row, ev Event) (Row, error) {
 		}
 		vals = append(vals, v)
 	}
-	into[cols[0].Name] = ev.Key
-	for i, c := range cols[1:] {
+	for i, c := range cols[1:] { // the row holds its key from its first event on
 		into[c.Name] = vals[i]
 	}
 	return into, nil
