@@ -72,6 +72,21 @@ func StartPostgres(t testing.TB) *PGServer {
 
 func (s *PGServer) data() string { return filepath.Join(s.dir, "data") }
 
+// DB returns a pool on the server's database, closed when the test ends.
+// A test whose outcome depends on what every transaction of the cluster
+// holds back (such as how far Postgres prunes dead rows) runs on a
+// server of its own: the shared one serves other packages' tests at the
+// same time.
+func (s *PGServer) DB(t testing.TB) *DB {
+	t.Helper()
+	pool, err := pgxpool.New(context.Background(), s.URL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(pool.Close)
+	return &DB{Pool: pool, URL: s.URL, Schema: "public"}
+}
+
 // Restart stops the server with a fast shutdown (open connections are
 // terminated, open transactions roll back) and starts it again.
 func (s *PGServer) Restart(t testing.TB) {

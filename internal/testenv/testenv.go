@@ -48,19 +48,6 @@ func NewDB(t testing.TB) *DB {
 	})
 }
 
-// NewDatabase creates a database of its own for the test, on the test
-// database's server, and a pool connected to it; both go away when the
-// test ends. Tests that depend on what other sessions of the server do
-// use it instead of NewDB: an open transaction anywhere in a database holds
-// back the cleanup of dead row versions in all of that database's tables.
-func NewDatabase(t testing.TB) *DB {
-	t.Helper()
-	name := fmt.Sprintf("t_%x", rand.Uint64())
-	return fresh(t, "CREATE DATABASE "+name, "DROP DATABASE "+name+" WITH (FORCE)", "public", func(u *url.URL) {
-		u.Path = "/" + name
-	})
-}
-
 // fresh runs create on the test database, and drop when the test ends,
 // and returns a pool on the test database's URL as edit changes it.
 func fresh(t testing.TB, create, drop, schema string, edit func(*url.URL)) *DB {
