@@ -30,9 +30,11 @@ const tombstoneFalsePositives = 0.01
 // only the partition's owner writes its aggregates' tombstones, so
 // nothing else can add one of its keys while the claim lasts. The table's
 // tombstones are read once for all partitions claimed before the read
-// began (a member claims its partitions together); each partition keeps a
-// copy, to which it adds its own deletes, before they commit. A table with
-// more tombstones than the filter may hold is probed as before.
+// began (a member claims its partitions together) into a filter they
+// share; each partition adds its own deletes, before they commit, to a set
+// of its own, and past ownDeletes of them to a copy of the shared filter.
+// A table with more tombstones than the filter may hold is probed as
+// before.
 type tombstoneFilter struct {
 	table string
 	max   int // most tombstones read; 0: no filter, every insert probes
@@ -44,15 +46,56 @@ type tombstoneFilter struct {
 	parts map[partition.TP]*partTombstones
 }
 
-// partTombstones is one partition's filter under one claim.
+// ownDeletes is how many of its own deletes a partition keeps beside the
+// shared filter before it adds them to a copy of it.
+const ownDeletes = 10_000
+
+// partTombstones is one partition's filter under one claim: the shared
+// filter (nil: not read yet, or not usable: over) and the partition's own
+// deletes, or a copy of the shared filter with them added (own).
 type partTombstones struct {
-	epoch  int64
-	since  time.Time          // when the claim began
-	filter *bloom.BloomFilter // nil: not read yet, or not usable (over)
-	over   bool
-	// deletes are the partition's own deletes queued before it had a
-	// filter, added when it gets one.
-	deletes []string
+	epoch   int64
+	since   time.Time // when the claim began
+	shared  *bloom.BloomFilter
+	own     *bloom.BloomFilter
+	deletes map[string]struct{}
+	over    bool
+}
+
+// has reports whether key may have a tombstone. Call with mu held, once
+// the partition has its filter.
+func (p *partTombstones) has(key string) bool {
+	if p.own != nil {
+		return p.own.TestString(key)
+	}
+	_, deleted := p.deletes[key]
+	return deleted || p.shared.TestString(key)
+}
+
+// add records one of the partition's deletes. Call with mu held.
+func (p *partTombstones) add(key string) {
+	switch {
+	case p.own != nil:
+		p.own.AddString(key)
+		return
+	case p.deletes == nil:
+		p.deletes = map[string]struct{}{}
+	}
+	p.deletes[key] = struct{}{}
+	p.spill()
+}
+
+// spill moves the partition's deletes into a copy of the shared filter
+// once they are more than ownDeletes. Call with mu held.
+func (p *partTombstones) spill() {
+	if p.shared == nil || len(p.deletes) <= ownDeletes {
+		return
+	}
+	p.own = p.shared.Copy()
+	for k := range p.deletes {
+		p.own.AddString(k)
+	}
+	p.deletes = nil
 }
 
 func newTombstoneFilter(table string, max int) *tombstoneFilter {
@@ -83,7 +126,7 @@ func (f *tombstoneFilter) rule(ctx context.Context, q pgx.Tx, claim partition.Cl
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	p := f.part(claim)
-	if p.filter == nil && !p.over {
+	if p.shared == nil && !p.over {
 		if f.since.IsZero() || !f.since.After(p.since) {
 			if err := f.load(ctx, q); err != nil {
 				return err
@@ -91,19 +134,16 @@ func (f *tombstoneFilter) rule(ctx context.Context, q pgx.Tx, claim partition.Cl
 		}
 		if f.over {
 			p.over, p.deletes = true, nil
-		} else {
-			p.filter = f.read.Copy()
-			for _, k := range p.deletes {
-				p.filter.AddString(k)
-			}
-			p.deletes = nil
+			return nil
 		}
+		p.shared = f.read // never written to: a later read makes another
+		p.spill()
 	}
 	if p.over {
 		return nil
 	}
 	for k := range assumed {
-		if !p.filter.TestString(k) {
+		if !p.has(k) {
 			delete(assumed, k)
 		}
 	}
@@ -146,13 +186,11 @@ func (f *tombstoneFilter) deleted(claim partition.Claim, deletes []partition.Row
 		switch {
 		case p.over:
 			return
-		case p.filter != nil:
-			p.filter.AddString(d.Key)
-		case len(p.deletes) >= f.max: // as many as a table too large
+		case p.shared == nil && len(p.deletes) >= f.max: // as many as a table too large
 			p.over, p.deletes = true, nil
-		default:
-			p.deletes = append(p.deletes, d.Key)
+			return
 		}
+		p.add(d.Key)
 	}
 }
 
