@@ -278,10 +278,11 @@ func (w *Worker) planBatch(ctx context.Context, win *window, recs []*kgo.Record)
 	st := State{
 		Rows:     make(map[string]projection.Row, len(keys.All)),
 		Versions: make(map[string]int64, len(keys.All)),
-		Parked:   known.Parked,
+		Parked:   w.stillParked(known.Parked, win),
 	}
 	for i, k := range keys.All {
 		st.Parked = append(st.Parked, win.parked[k]...)
+		st.Parked = w.carriedParked(st.Parked, win, k)
 		a := aggs[i]
 		if a == nil {
 			v, has := known.Versions[k]
@@ -366,14 +367,12 @@ type windowCommit struct {
 	plan func(State) (Changes, error)
 }
 
-// independent reports whether the transaction writes nothing the next
-// window reads besides rows: no parked events stored or deleted (the next
-// window reads a partition's parked events) and no dead letter resolved.
-// Rows it takes from the pending window (see carried); dead letters it
-// does not read.
+// independent reports whether the next window may be planned while the
+// transaction commits: it resolves no dead letter. Rows and parked events
+// the next window takes from the pending one (see carried and
+// carriedParked); dead letters it does not read.
 func (wc windowCommit) independent() bool {
-	ch := wc.ch
-	return len(ch.Park) == 0 && len(ch.Unpark) == 0 && len(ch.Resolved) == 0
+	return len(wc.ch.Resolved) == 0
 }
 
 // windowCommit returns what win's transaction writes: its rows, parked
@@ -532,6 +531,32 @@ func (w *Worker) carried(key string) *windowAgg {
 		row = maps.Clone(pa.row)
 	}
 	return &windowAgg{key: key, baseVersion: pa.version, baseExists: exists, version: pa.version, row: row}
+}
+
+// carriedParked appends to evs the events of key that the pending window
+// parks, which its transaction stores, and win has not unparked since: to
+// the next window they are parked events as those it reads (one it
+// applies it unparks, after that transaction has stored it).
+func (w *Worker) carriedParked(evs []StoredEvent, win *window, key string) []StoredEvent {
+	if w.pending == nil {
+		return evs
+	}
+	for _, e := range w.pending.win.parked[key] {
+		if !win.unparked[ParkedRef{Key: key, Version: e.Version}] {
+			evs = append(evs, e)
+		}
+	}
+	return evs
+}
+
+// stillParked leaves out of evs, parked events read from the sink, those
+// win or the pending window has unparked already (applied, superseded or
+// dead-lettered): the sink holds them until those transactions commit.
+func (w *Worker) stillParked(evs []StoredEvent, win *window) []StoredEvent {
+	return slices.DeleteFunc(evs, func(e StoredEvent) bool {
+		ref := ParkedRef{Key: e.Key, Version: e.Version}
+		return win.unparked[ref] || (w.pending != nil && w.pending.win.unparked[ref])
+	})
 }
 
 // replay applies the window's records again, batch by batch, each batch

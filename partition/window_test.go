@@ -27,6 +27,7 @@ type memSink struct {
 	rows     map[string]projection.Row
 	versions map[string]int64
 	stale    map[string]State
+	parked   map[string][]StoredEvent
 	next     int64
 	commits  []memCommit
 	// gate, when set, holds each commit until it is closed; peeked lists
@@ -45,7 +46,17 @@ type memCommit struct {
 }
 
 func newMemSink() *memSink {
-	return &memSink{rows: map[string]projection.Row{}, versions: map[string]int64{}, stale: map[string]State{}}
+	return &memSink{rows: map[string]projection.Row{}, versions: map[string]int64{}, stale: map[string]State{},
+		parked: map[string][]StoredEvent{}}
+}
+
+// parkedOf returns the parked events of keys.
+func (s *memSink) parkedOf(keys []string) []StoredEvent {
+	var evs []StoredEvent
+	for _, k := range keys {
+		evs = append(evs, s.parked[k]...)
+	}
+	return evs
 }
 
 func (s *memSink) state(keys []string, skip func(string) bool) State {
@@ -73,6 +84,7 @@ func (s *memSink) Peek(_ context.Context, _ Claim, keys Keys) (State, error) {
 		isNew[k] = true
 	}
 	st := s.state(keys.All, func(k string) bool { return isNew[k] })
+	st.Parked = s.parkedOf(keys.Parked)
 	for _, k := range keys.All {
 		if old, ok := s.stale[k]; ok {
 			st.Rows[k], st.Versions[k] = maps.Clone(old.Rows[k]), old.Versions[k]
@@ -95,7 +107,9 @@ func (s *memSink) CommitBatch(_ context.Context, claim Claim, end int64, keys Ke
 	if claim.NextOffset != s.next {
 		return fmt.Errorf("commit from offset %d, stored %d", claim.NextOffset, s.next)
 	}
-	ch, err := plan(s.state(keys.All, func(string) bool { return false }))
+	st := s.state(keys.All, func(string) bool { return false })
+	st.Parked = s.parkedOf(keys.Parked)
+	ch, err := plan(st)
 	s.commits = append(s.commits, memCommit{planned: keys.Planned, end: end, err: err, changes: ch})
 	if err != nil {
 		return err
@@ -109,6 +123,15 @@ func (s *memSink) CommitBatch(_ context.Context, claim Claim, end int64, keys Ke
 	for _, d := range ch.Deletes {
 		delete(s.rows, d.Key)
 		s.versions[d.Key] = d.Version
+	}
+	for _, e := range ch.Park {
+		s.parked[e.Key] = append(s.parked[e.Key], e)
+	}
+	for _, u := range ch.Unpark {
+		s.parked[u.Key] = slices.DeleteFunc(s.parked[u.Key], func(e StoredEvent) bool { return e.Version == u.Version })
+		if len(s.parked[u.Key]) == 0 {
+			delete(s.parked, u.Key)
+		}
 	}
 	s.next = end
 	return nil
@@ -428,6 +451,87 @@ func TestWindowPlansWhileTheOneBeforeCommits(t *testing.T) {
 		}
 		checkAccounts(t, sink, events)
 	}
+}
+
+// A window that parks events also commits while the next one is planned:
+// the next takes the events it parks as parked ones, applies them once
+// their gap fills, and unparks them after the first has stored them.
+func TestWindowParkingPlansWhileTheOneBeforeCommits(t *testing.T) {
+	sink := newMemSink()
+	sink.gate = make(chan struct{})
+	const batch = 20
+	events := accountEvents(10, 1, 8) // two windows of 40 records, the same 10 accounts
+	// acc-00's v2 comes in the second window, its v5 in the first: the
+	// first window parks v3, v4 and v5.
+	events[10], events[40] = events[40], events[10]
+	w, recs := windowWorkerConfig(t, sink, Config{BatchMaxRecords: batch, BatchMaxWait: time.Millisecond, CommitMaxBatches: 2}, events)
+	w.Push(recs, int64(len(recs)))
+	run := runWorker(t, w)
+	waitTaken(t, w) // the second window is taken while the first one's commit waits
+	close(sink.gate)
+	waitStored(t, w, len(recs))
+	run()
+	if len(sink.commits) != 2 {
+		t.Fatalf("commits %+v: want two windows", sink.commits)
+	}
+	want := []ParkedRef{{"acc-00", 3}, {"acc-00", 4}, {"acc-00", 5}}
+	if got := parkedRefs(sink.commits[0].changes.Park); !slices.Equal(got, want) {
+		t.Errorf("the first window parked %v, want %v", got, want)
+	}
+	unparked := slices.Clone(sink.commits[1].changes.Unpark)
+	slices.SortFunc(unparked, func(a, b ParkedRef) int { return int(a.Version - b.Version) })
+	if !slices.Equal(unparked, want) {
+		t.Errorf("the second window unparked %v, want %v", unparked, want)
+	}
+	if len(sink.parked) != 0 {
+		t.Errorf("still parked: %v", parkedRefs(slices.Concat(slices.Collect(maps.Values(sink.parked))...)))
+	}
+	checkAccounts(t, sink, events)
+}
+
+// Parked events the sink still holds that the pending window has
+// unparked are not read again by the next window: it neither applies nor
+// unparks them a second time.
+func TestWindowLeavesOutWhatThePendingOneUnparks(t *testing.T) {
+	sink := newMemSink()
+	sink.gate = make(chan struct{}) // one commit per token
+	const batch = 20
+	events := accountEvents(10, 1, 12) // three windows of 40 records
+	// The first window parks acc-00's v3, v4 and v5; the second fills the
+	// gap and unparks them; the third has acc-00's v9 to v12.
+	events[10], events[40] = events[40], events[10]
+	w, recs := windowWorkerConfig(t, sink, Config{BatchMaxRecords: batch, BatchMaxWait: time.Millisecond, CommitMaxBatches: 2}, events)
+	w.Push(recs, int64(len(recs)))
+	run := runWorker(t, w)
+	sink.gate <- struct{}{} // the first window commits
+	waitTaken(t, w)         // the third window is planned while the second one's commit waits
+	sink.gate <- struct{}{}
+	sink.gate <- struct{}{}
+	waitStored(t, w, len(recs))
+	run()
+	if len(sink.commits) != 3 {
+		t.Fatalf("commits %+v: want three windows", sink.commits)
+	}
+	if n := len(sink.commits[1].changes.Unpark); n != 3 {
+		t.Errorf("the second window unparked %d events, want acc-00's v3 to v5", n)
+	}
+	if u := sink.commits[2].changes.Unpark; len(u) != 0 {
+		t.Errorf("the third window unparked %v again", u)
+	}
+	if len(sink.parked) != 0 {
+		t.Errorf("still parked: %v", parkedRefs(slices.Concat(slices.Collect(maps.Values(sink.parked))...)))
+	}
+	checkAccounts(t, sink, events)
+}
+
+// parkedRefs names evs, in the order of their versions.
+func parkedRefs(evs []StoredEvent) []ParkedRef {
+	var out []ParkedRef
+	for _, e := range evs {
+		out = append(out, ParkedRef{Key: e.Key, Version: e.Version})
+	}
+	slices.SortFunc(out, func(a, b ParkedRef) int { return int(a.Version - b.Version) })
+	return out
 }
 
 // When the window committing in the background turns out stale, the one
