@@ -137,7 +137,15 @@ func (s *memSink) CommitBatch(_ context.Context, claim Claim, end int64, keys Ke
 	return nil
 }
 
-func (s *memSink) Parked(context.Context, TP) (map[string]ParkedInfo, error) { return nil, nil }
+func (s *memSink) Parked(context.Context, TP) (map[string]ParkedInfo, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	info := map[string]ParkedInfo{}
+	for k, evs := range s.parked {
+		info[k] = ParkedInfo{Count: len(evs)}
+	}
+	return info, nil
+}
 func (s *memSink) Load(context.Context, TP, []string) (State, error)         { return State{}, nil }
 
 // rewindFetcher is the fetcher of a worker fed from recs: a rewind pushes
@@ -522,6 +530,39 @@ func TestWindowLeavesOutWhatThePendingOneUnparks(t *testing.T) {
 		t.Errorf("still parked: %v", parkedRefs(slices.Concat(slices.Collect(maps.Values(sink.parked))...)))
 	}
 	checkAccounts(t, sink, events)
+}
+
+// A parked event a window's batch has unparked (here dead-lettered: it no
+// longer decodes) is not read again by its later batches while Postgres
+// still holds it: it is dead-lettered once.
+func TestWindowDeadLettersARestoredEventOnce(t *testing.T) {
+	sink := newMemSink()
+	priors := map[string]prior{}
+	for a := range 10 {
+		id := fmt.Sprintf("acc-%02d", a)
+		sink.rows[id] = projection.Row{"account_id": id, "owner": "owner " + id, "balance": int64(2), "opened_at": nil}
+		sink.versions[id] = 2
+		priors[id] = prior{2, 2}
+	}
+	// An earlier transaction parked acc-00's v4, whose value no longer decodes.
+	sink.parked["acc-00"] = []StoredEvent{{Key: "acc-00", Version: 4, Offset: 999, RecordKey: []byte("acc-00"), Value: []byte("not avro")}}
+	const batch = 20
+	events := accountEvents(10, 3, 6) // one window of two batches, acc-00 in both
+	w, recs := windowWorkerConfig(t, sink, Config{BatchMaxRecords: batch, BatchMaxWait: time.Millisecond, CommitMaxBatches: 2}, events)
+	applyWindow(t, w, recs)
+	var dead []int64
+	for _, c := range sink.commits {
+		for _, d := range c.changes.DeadLetters {
+			dead = append(dead, d.Offset)
+		}
+	}
+	if !slices.Equal(dead, []int64{999}) {
+		t.Errorf("dead letters at offsets %v, want the parked event's once", dead)
+	}
+	if len(sink.parked) != 0 {
+		t.Errorf("still parked: %v", parkedRefs(slices.Concat(slices.Collect(maps.Values(sink.parked))...)))
+	}
+	checkBalances(t, sink, 10, 6, priors)
 }
 
 // parkedRefs names evs, in the order of their versions.
