@@ -174,7 +174,11 @@ func (f *tombstoneFilter) load(ctx context.Context, q pgx.Tx) error {
 }
 
 // deleted adds the keys of a transaction's deletes to the partition's
-// filter, before the transaction may commit.
+// filter, before the transaction may commit. The partition's earlier
+// transactions have all ended (it commits one at a time): a partition
+// without a filter yet that has noted ownDeletes deletes forgets those of
+// the earlier ones and asks for a read of the table that begins after
+// them instead.
 func (f *tombstoneFilter) deleted(claim partition.Claim, deletes []partition.RowDelete) {
 	if f.max <= 0 || len(deletes) == 0 {
 		return
@@ -182,14 +186,13 @@ func (f *tombstoneFilter) deleted(claim partition.Claim, deletes []partition.Row
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	p := f.part(claim)
+	if p.over {
+		return
+	}
+	if p.shared == nil && len(p.deletes)+len(deletes) > ownDeletes {
+		p.deletes, p.since = nil, time.Now()
+	}
 	for _, d := range deletes {
-		switch {
-		case p.over:
-			return
-		case p.shared == nil && len(p.deletes) >= f.max: // as many as a table too large
-			p.over, p.deletes = true, nil
-			return
-		}
 		p.add(d.Key)
 	}
 }

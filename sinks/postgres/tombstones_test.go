@@ -2,6 +2,7 @@ package postgres_test
 
 import (
 	"context"
+	"fmt"
 	"strings"
 	"sync"
 	"testing"
@@ -212,5 +213,55 @@ func TestTombstoneFilterOverFull(t *testing.T) {
 		if a, ok := e.account("new-" + k); !ok || a.version != 1 {
 			t.Errorf("new-%s = %+v (present %v), want written at v1", k, a, ok)
 		}
+	}
+}
+
+// A partition that deletes many aggregates before its filter is read
+// forgets them only by asking for a read that begins after their
+// transactions: one another partition began earlier does not hold them.
+func TestTombstoneFilterAfterManyDeletes(t *testing.T) {
+	e := newEnv(t, demoProjection(t))
+	s, _ := tracedSink(t, e)
+	tps := []partition.TP{{Topic: e.tp.Topic, Partition: 0}, {Topic: e.tp.Topic, Partition: 1}}
+	cs, err := e.offs.Claim(e.ctx, tps)
+	if err != nil {
+		t.Fatal(err)
+	}
+	claims := make([]partition.Claim, len(cs))
+	for i, c := range cs {
+		if err := e.offs.Init(e.ctx, c, 0); err != nil {
+			t.Fatal(err)
+		}
+		claims[i] = partition.Claim{TP: c.TP, Epoch: c.Epoch, Since: c.At}
+	}
+	p, q := &claims[0], &claims[1]
+	commitNew(t, e, s, q, 1, "q-1") // the other partition reads the (empty) tombstones first
+
+	del := func(c *partition.Claim, end int64, keys []string) {
+		t.Helper()
+		err := s.CommitBatch(e.ctx, *c, end, partition.Keys{All: keys}, func(partition.State) (partition.Changes, error) {
+			var ch partition.Changes
+			for _, k := range keys {
+				ch.Deletes = append(ch.Deletes, partition.RowDelete{Key: k, Version: 2})
+			}
+			return ch, nil
+		})
+		if err != nil {
+			t.Fatal(err)
+		}
+		c.NextOffset = end
+	}
+	many := make([]string, 10_001)
+	for i := range many {
+		many[i] = fmt.Sprintf("gone-%05d", i)
+	}
+	del(p, 1, many)
+	del(p, 2, []string{"one more"})
+	commitNew(t, e, s, p, 3, "gone-00000", "new")
+	if a, ok := e.account("gone-00000"); ok {
+		t.Errorf("gone-00000 came back as %+v; it was deleted at v2", a)
+	}
+	if a, ok := e.account("new"); !ok || a.version != 1 {
+		t.Errorf("new = %+v (present %v), want written at v1", a, ok)
 	}
 }
