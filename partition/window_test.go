@@ -146,7 +146,7 @@ func (s *memSink) Parked(context.Context, TP) (map[string]ParkedInfo, error) {
 	}
 	return info, nil
 }
-func (s *memSink) Load(context.Context, TP, []string) (State, error)         { return State{}, nil }
+func (s *memSink) Load(context.Context, TP, []string) (State, error) { return State{}, nil }
 
 // rewindFetcher is the fetcher of a worker fed from recs: a rewind pushes
 // them again from the offset asked.
