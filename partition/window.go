@@ -92,9 +92,8 @@ func (w *Worker) windowing(n int) bool {
 }
 
 // processWindow applies recs and, while records wait after each batch,
-// the batches after them in one transaction. A transaction that writes
-// nothing the next window reads but rows commits while the worker plans
-// the next window (see launch).
+// the batches after them in one transaction, which commits while the
+// worker plans the next window (see launch).
 func (w *Worker) processWindow(ctx context.Context, recs []*kgo.Record) (err error) {
 	start := w.claim.NextOffset
 	if w.pending != nil {
@@ -147,14 +146,9 @@ func (w *Worker) processWindow(ctx context.Context, recs []*kgo.Record) (err err
 	if ok, err := w.settle(ctx); !ok || err != nil {
 		return err // the window before did not commit as planned: this one is void
 	}
-	wc := w.windowCommit(win)
-	if wc.independent() {
-		w.launch(ctx, win, wc, span)
-		launched = true
-		return nil
-	}
-	_, err = w.commitLoop(ctx, win, wc, nil)
-	return err
+	w.launch(ctx, win, w.windowCommit(win), span)
+	launched = true
+	return nil
 }
 
 // windowFull reports whether win holds as many records as
@@ -367,14 +361,6 @@ type windowCommit struct {
 	plan func(State) (Changes, error)
 }
 
-// independent reports whether the next window may be planned while the
-// transaction commits: it resolves no dead letter. Rows and parked events
-// the next window takes from the pending one (see carried and
-// carriedParked); dead letters it does not read.
-func (wc windowCommit) independent() bool {
-	return len(wc.ch.Resolved) == 0
-}
-
 // windowCommit returns what win's transaction writes: its rows, parked
 // events and dead letters and the offset after it. Its plan refuses the
 // transaction when Postgres does not hold what the window was planned on.
@@ -471,13 +457,12 @@ type pendingCommit struct {
 	took time.Duration
 }
 
-// launch begins win's transaction, which is independent, and returns:
-// the worker plans the next window meanwhile, on the state win leaves
-// (see carried), and settles win's transaction before it commits anything
-// else, reads the partition's parked events, or waits for records. The
-// two use the processor and Postgres at once, where a worker that
-// committed each window before planning the next used one while the other
-// waited.
+// launch begins win's transaction and returns: the worker plans the next
+// window meanwhile, on the state win leaves (see carried and
+// carriedParked), and settles win's transaction before it commits
+// anything else, repairs or skips a gap, or waits for records. The two
+// use the processor and Postgres at once, where a worker that committed
+// each window before planning the next used one while the other waited.
 func (w *Worker) launch(ctx context.Context, win *window, wc windowCommit, span trace.Span) {
 	p := &pendingCommit{win: win, wc: wc, span: span, done: make(chan struct{})}
 	claim := w.claim

@@ -497,6 +497,27 @@ func TestWindowParkingPlansWhileTheOneBeforeCommits(t *testing.T) {
 	checkAccounts(t, sink, events)
 }
 
+// A window that resolves a dead letter (its record, replayed, applied)
+// also commits while the next one is planned.
+func TestWindowResolvingPlansWhileTheOneBeforeCommits(t *testing.T) {
+	sink := newMemSink()
+	sink.gate = make(chan struct{})
+	const batch = 20
+	events := accountEvents(10, 1, 8)
+	w, recs := windowWorkerConfig(t, sink, Config{BatchMaxRecords: batch, BatchMaxWait: time.Millisecond, CommitMaxBatches: 2}, events)
+	recs[5].Headers = []kgo.RecordHeader{{Key: ReplayHeader, Value: []byte("42")}} // the replay of dead letter 42
+	w.Push(recs, int64(len(recs)))
+	run := runWorker(t, w)
+	waitTaken(t, w) // the second window is taken while the first one's commit waits
+	close(sink.gate)
+	waitStored(t, w, len(recs))
+	run()
+	if len(sink.commits) != 2 || !slices.Equal(sink.commits[0].changes.Resolved, []int64{42}) {
+		t.Fatalf("commits %+v: want two windows, the first resolving dead letter 42", sink.commits)
+	}
+	checkAccounts(t, sink, events)
+}
+
 // Parked events the sink still holds that the pending window has
 // unparked are not read again by the next window: it neither applies nor
 // unparks them a second time.
