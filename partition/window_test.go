@@ -429,7 +429,6 @@ func TestWindowEndsOnceCaughtUp(t *testing.T) {
 func TestWindowPlansWhileTheOneBeforeCommits(t *testing.T) {
 	for _, poison := range []bool{false, true} {
 		sink := newMemSink()
-		sink.gate = make(chan struct{})
 		const batch = 20
 		events := accountEvents(10, 1, 8) // two windows of 40 records, the same 10 accounts
 		w, recs := windowWorkerConfig(t, sink, Config{BatchMaxRecords: batch, BatchMaxWait: time.Millisecond, CommitMaxBatches: 2}, events)
@@ -442,12 +441,7 @@ func TestWindowPlansWhileTheOneBeforeCommits(t *testing.T) {
 			recs = recs[:len(recs)-1] // the windows stay 40 records each; the last event goes
 			events = events[:len(events)-1]
 		}
-		w.Push(recs, int64(len(recs)))
-		run := runWorker(t, w)
-		waitTaken(t, w) // the second window is taken while the first one's commit waits
-		close(sink.gate)
-		waitStored(t, w, len(recs))
-		run()
+		runHeld(t, sink, w, recs)
 		if len(sink.commits) != 2 || sink.commits[0].end != 2*batch || sink.commits[1].end != int64(len(recs)) {
 			t.Fatalf("poison %v: commits %+v: want two windows, in order", poison, sink.commits)
 		}
@@ -466,19 +460,13 @@ func TestWindowPlansWhileTheOneBeforeCommits(t *testing.T) {
 // their gap fills, and unparks them after the first has stored them.
 func TestWindowParkingPlansWhileTheOneBeforeCommits(t *testing.T) {
 	sink := newMemSink()
-	sink.gate = make(chan struct{})
 	const batch = 20
 	events := accountEvents(10, 1, 8) // two windows of 40 records, the same 10 accounts
 	// acc-00's v2 comes in the second window, its v5 in the first: the
 	// first window parks v3, v4 and v5.
 	events[10], events[40] = events[40], events[10]
 	w, recs := windowWorkerConfig(t, sink, Config{BatchMaxRecords: batch, BatchMaxWait: time.Millisecond, CommitMaxBatches: 2}, events)
-	w.Push(recs, int64(len(recs)))
-	run := runWorker(t, w)
-	waitTaken(t, w) // the second window is taken while the first one's commit waits
-	close(sink.gate)
-	waitStored(t, w, len(recs))
-	run()
+	runHeld(t, sink, w, recs)
 	if len(sink.commits) != 2 {
 		t.Fatalf("commits %+v: want two windows", sink.commits)
 	}
@@ -501,17 +489,11 @@ func TestWindowParkingPlansWhileTheOneBeforeCommits(t *testing.T) {
 // also commits while the next one is planned.
 func TestWindowResolvingPlansWhileTheOneBeforeCommits(t *testing.T) {
 	sink := newMemSink()
-	sink.gate = make(chan struct{})
 	const batch = 20
 	events := accountEvents(10, 1, 8)
 	w, recs := windowWorkerConfig(t, sink, Config{BatchMaxRecords: batch, BatchMaxWait: time.Millisecond, CommitMaxBatches: 2}, events)
 	recs[5].Headers = []kgo.RecordHeader{{Key: ReplayHeader, Value: []byte("42")}} // the replay of dead letter 42
-	w.Push(recs, int64(len(recs)))
-	run := runWorker(t, w)
-	waitTaken(t, w) // the second window is taken while the first one's commit waits
-	close(sink.gate)
-	waitStored(t, w, len(recs))
-	run()
+	runHeld(t, sink, w, recs)
 	if len(sink.commits) != 2 || !slices.Equal(sink.commits[0].changes.Resolved, []int64{42}) {
 		t.Fatalf("commits %+v: want two windows, the first resolving dead letter 42", sink.commits)
 	}
@@ -601,19 +583,13 @@ func parkedRefs(evs []StoredEvent) []ParkedRef {
 // applied again, each once.
 func TestWindowPlannedOnAStaleOneIsVoid(t *testing.T) {
 	sink := newMemSink()
-	sink.gate = make(chan struct{})
 	// acc-03 has been applied up to v2 before: the first window assumed it new.
 	sink.rows["acc-03"] = projection.Row{"account_id": "acc-03", "owner": "owner acc-03", "balance": int64(1000), "opened_at": nil}
 	sink.versions["acc-03"] = 2
 	const batch = 20
 	events := accountEvents(10, 1, 8)
 	w, recs := windowWorkerConfig(t, sink, Config{BatchMaxRecords: batch, BatchMaxWait: time.Millisecond, CommitMaxBatches: 2}, events)
-	w.Push(recs, int64(len(recs)))
-	run := runWorker(t, w)
-	waitTaken(t, w)
-	close(sink.gate)
-	waitStored(t, w, len(recs))
-	run()
+	runHeld(t, sink, w, recs)
 	if !errors.Is(sink.commits[0].err, errWindowStale) {
 		t.Fatalf("commits %+v: want the first window refused", sink.commits)
 	}
@@ -630,18 +606,12 @@ func TestWindowPlannedOnAStaleOneIsVoid(t *testing.T) {
 // commits after it, without being applied again.
 func TestWindowPlannedOnARetriedOneStands(t *testing.T) {
 	sink := newMemSink()
-	sink.gate = make(chan struct{})
 	sink.fail = errors.New("connection reset")
 	const batch = 20
 	events := accountEvents(10, 1, 8)
 	w, recs := windowWorkerConfig(t, sink, Config{BatchMaxRecords: batch, BatchMaxWait: time.Millisecond, CommitMaxBatches: 2,
 		RetryBase: time.Millisecond, RetryCap: time.Millisecond}, events)
-	w.Push(recs, int64(len(recs)))
-	run := runWorker(t, w)
-	waitTaken(t, w)
-	close(sink.gate)
-	waitStored(t, w, len(recs))
-	run()
+	runHeld(t, sink, w, recs)
 	var ends []int64
 	for _, c := range sink.commits {
 		ends = append(ends, c.end)
@@ -721,6 +691,20 @@ func runWorker(t *testing.T, w *Worker) func() {
 			t.Error(err)
 		}
 	}
+}
+
+// runHeld runs w on recs with each commit held until the worker has
+// taken every record: the last window is planned while the one before it
+// waits to commit.
+func runHeld(t *testing.T, sink *memSink, w *Worker, recs []*kgo.Record) {
+	t.Helper()
+	sink.gate = make(chan struct{})
+	w.Push(recs, int64(len(recs)))
+	run := runWorker(t, w)
+	waitTaken(t, w)
+	close(sink.gate)
+	waitStored(t, w, len(recs))
+	run()
 }
 
 // waitTaken waits until w has taken every record pushed to it.
