@@ -49,19 +49,6 @@ func (s snapshotFolder) apply(into Row, ev Event) (Row, error) {
 		return nil, nil
 	}
 	cols := p.Columns
-	if len(into) != len(cols) {
-		row := make(Row, len(cols))
-		row[cols[0].Name] = ev.Key
-		for _, c := range cols[1:] {
-			f, _ := ev.Field(c.Field)
-			v, err := c.Convert(f)
-			if err != nil {
-				return nil, Terminal(fmt.Errorf("field %s: %w", c.Field, err))
-			}
-			row[c.Name] = v
-		}
-		return row, nil
-	}
 	var buf [8]any
 	vals := buf[:0]
 	for _, c := range cols[1:] {
@@ -72,10 +59,15 @@ func (s snapshotFolder) apply(into Row, ev Event) (Row, error) {
 		}
 		vals = append(vals, v)
 	}
-	for i, c := range cols[1:] { // the row holds its key from its first event on
-		into[c.Name] = vals[i]
+	row := into
+	if len(row) != len(cols) {
+		row = make(Row, len(cols))
+		row[cols[0].Name] = ev.Key // a row holds its key from its first event on
 	}
-	return into, nil
+	for i, c := range cols[1:] {
+		row[c.Name] = vals[i]
+	}
+	return row, nil
 }
 
 type setOp struct {
