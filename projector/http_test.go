@@ -97,6 +97,8 @@ func TestHTTPSurface(t *testing.T) {
 		`projector_state_cache_bytes{projection="accounts"}`,
 		`projector_state_cache_lookups_total{projection="accounts",result="hit"}`,
 		`projector_state_cache_lookups_total{projection="accounts",result="miss"}`,
+		`projector_tombstone_checks_total{check="filter",projection="accounts"}`,
+		`projector_tombstone_checks_total{check="probe",projection="accounts"}`,
 		`kgo_buffered_fetch_records_total`,
 		`go_build_info`,
 	} {

@@ -81,6 +81,9 @@ var (
 	cacheLookupsDesc = prometheus.NewDesc("projector_state_cache_lookups_total",
 		"Aggregates a batch needed, found in the state cache (hit) or read from Postgres (miss); those first seen in their batch are neither.",
 		[]string{"projection", "result"}, nil)
+	tombstoneChecksDesc = prometheus.NewDesc("projector_tombstone_checks_total",
+		"Rows of aggregates first seen in their batch, inserted once the tombstone filter ruled out a tombstone (filter) or after probing Postgres for one (probe).",
+		[]string{"projection", "check"}, nil)
 )
 
 // lagCollector reports lag per assigned partition, parked events and
@@ -96,6 +99,7 @@ func (c *lagCollector) Describe(ch chan<- *prometheus.Desc) {
 	ch <- cacheEntriesDesc
 	ch <- cacheBytesDesc
 	ch <- cacheLookupsDesc
+	ch <- tombstoneChecksDesc
 }
 
 func (c *lagCollector) Collect(ch chan<- prometheus.Metric) {
@@ -138,6 +142,15 @@ func (c *lagCollector) Collect(ch chan<- prometheus.Metric) {
 		ch <- prometheus.MustNewConstMetric(cacheBytesDesc, prometheus.GaugeValue, float64(st.Bytes), p.Name)
 		ch <- prometheus.MustNewConstMetric(cacheLookupsDesc, prometheus.CounterValue, float64(st.Hits), p.Name, "hit")
 		ch <- prometheus.MustNewConstMetric(cacheLookupsDesc, prometheus.CounterValue, float64(st.Misses), p.Name, "miss")
+	}
+	for _, p := range c.e.cfg.Projections {
+		tc, ok := c.e.sinks[p.Topic].(interface{ TombstoneChecks() (int64, int64) })
+		if !ok {
+			continue
+		}
+		ruledOut, probed := tc.TombstoneChecks()
+		ch <- prometheus.MustNewConstMetric(tombstoneChecksDesc, prometheus.CounterValue, float64(ruledOut), p.Name, "filter")
+		ch <- prometheus.MustNewConstMetric(tombstoneChecksDesc, prometheus.CounterValue, float64(probed), p.Name, "probe")
 	}
 	for _, s := range c.e.Workers() {
 		labels := []string{c.e.cfg.Identity, s.Topic, strconv.Itoa(int(s.Partition))}

@@ -35,6 +35,9 @@ type Sink struct {
 	// Aggregates batches found in the cache and read from Postgres
 	// instead (see CacheStats).
 	hits, misses atomic.Int64
+	// Rows of aggregates assumed new the tombstone filter ruled out, and
+	// those checked in Postgres (see TombstoneChecks).
+	ruledOut, probed atomic.Int64
 
 	sql statements
 }
@@ -54,6 +57,14 @@ type CacheStats struct {
 func (s *Sink) CacheStats() CacheStats {
 	entries, bytes := s.cache.usage()
 	return CacheStats{Entries: entries, Bytes: bytes, Hits: s.hits.Load(), Misses: s.misses.Load()}
+}
+
+// TombstoneChecks reports, since the sink was made, how many rows of
+// aggregates assumed new were inserted without looking for a tombstone
+// (the filter ruled one out) and how many after probing Postgres for it,
+// per attempt of a batch.
+func (s *Sink) TombstoneChecks() (ruledOut, probed int64) {
+	return s.ruledOut.Load(), s.probed.Load()
 }
 
 // statements are the SQL of a projection's table (see rowSQL).
@@ -406,9 +417,12 @@ func (s *Sink) commit(ctx context.Context, claim partition.Claim, end int64, key
 		}
 		// Those surely without a tombstone are inserted as rows known
 		// not to exist: one that does exist fails on the primary key.
+		n := len(assumed)
 		if err := s.tombs.rule(ctx, tx, claim, assumed); err != nil {
 			return err
 		}
+		s.ruledOut.Add(int64(n - len(assumed)))
+		s.probed.Add(int64(len(assumed)))
 	}
 	// Rows the state says exist are updated, the others inserted, those of
 	// aggregates assumed new last; upserts lists them in that order.

@@ -112,6 +112,9 @@ func TestTombstoneFilter(t *testing.T) {
 	if n := probes.take(); n != 0 {
 		t.Errorf("%d inserts probed tombstones for aggregates the filter rules out", n)
 	}
+	if ruledOut, probed := s.TombstoneChecks(); ruledOut != 2 || probed != 0 {
+		t.Errorf("tombstone checks: %d ruled out, %d probed; want 2 and 0", ruledOut, probed)
+	}
 
 	// The tombstone written before the claim is in the filter.
 	g := commitNew(t, e, s, &c, 5, "gone-before", "fresh-3")
@@ -123,6 +126,9 @@ func TestTombstoneFilter(t *testing.T) {
 	}
 	if len(g.calls) != 2 {
 		t.Errorf("planned %d times; want twice, the second time from Postgres", len(g.calls))
+	}
+	if ruledOut, probed := s.TombstoneChecks(); ruledOut != 3 || probed != 1 {
+		t.Errorf("tombstone checks: %d ruled out, %d probed; want fresh-3 ruled out and gone-before probed", ruledOut, probed)
 	}
 
 	// So is one the partition writes itself, before it commits.
