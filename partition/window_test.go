@@ -582,23 +582,31 @@ func parkedRefs(evs []StoredEvent) []ParkedRef {
 // planned on it is void: the records from the stale window's first are
 // applied again, each once.
 func TestWindowPlannedOnAStaleOneIsVoid(t *testing.T) {
-	sink := newMemSink()
-	// acc-03 has been applied up to v2 before: the first window assumed it new.
-	sink.rows["acc-03"] = projection.Row{"account_id": "acc-03", "owner": "owner acc-03", "balance": int64(1000), "opened_at": nil}
-	sink.versions["acc-03"] = 2
-	const batch = 20
-	events := accountEvents(10, 1, 8)
-	w, recs := windowWorkerConfig(t, sink, Config{BatchMaxRecords: batch, BatchMaxWait: time.Millisecond, CommitMaxBatches: 2}, events)
-	runHeld(t, sink, w, recs)
-	if !errors.Is(sink.commits[0].err, errWindowStale) {
-		t.Fatalf("commits %+v: want the first window refused", sink.commits)
-	}
-	for _, c := range sink.commits[1:] {
-		if c.err != nil {
-			t.Errorf("commit up to %d after the replay: %v", c.end, c.err)
+	for _, gap := range []bool{false, true} {
+		sink := newMemSink()
+		// acc-03 has been applied up to v2 before: the first window assumed it new.
+		sink.rows["acc-03"] = projection.Row{"account_id": "acc-03", "owner": "owner acc-03", "balance": int64(1000), "opened_at": nil}
+		sink.versions["acc-03"] = 2
+		const batch = 20
+		events := accountEvents(10, 1, 8)
+		if gap { // the first window also parks acc-00's v3 to v5, which the second takes
+			events[10], events[40] = events[40], events[10]
 		}
+		w, recs := windowWorkerConfig(t, sink, Config{BatchMaxRecords: batch, BatchMaxWait: time.Millisecond, CommitMaxBatches: 2}, events)
+		runHeld(t, sink, w, recs)
+		if !errors.Is(sink.commits[0].err, errWindowStale) {
+			t.Fatalf("gap %v: commits %+v: want the first window refused", gap, sink.commits)
+		}
+		for _, c := range sink.commits[1:] {
+			if c.err != nil {
+				t.Errorf("gap %v: commit up to %d after the replay: %v", gap, c.end, c.err)
+			}
+		}
+		if len(sink.parked) != 0 {
+			t.Errorf("gap %v: still parked: %v", gap, parkedRefs(slices.Concat(slices.Collect(maps.Values(sink.parked))...)))
+		}
+		checkBalances(t, sink, 10, 8, map[string]prior{"acc-03": {2, 1000}})
 	}
-	checkBalances(t, sink, 10, 8, map[string]prior{"acc-03": {2, 1000}})
 }
 
 // A window committing in the background that fails for a transient
