@@ -277,9 +277,9 @@ const (
 	// reads 32 ms with 100,000 parked). The rows' statements keep their
 	// cached plans: planned anew with a batch's arrays they cost Postgres
 	// more than they saved.
-	customPlans = `SELECT set_config('plan_cache_mode', 'force_custom_plan', true)`
-	cachedPlans = `RESET plan_cache_mode`
-	parkedLoadSQL   = `SELECT key, version, "offset", record_key, value, headers, record_time
+	customPlans   = `SELECT set_config('plan_cache_mode', 'force_custom_plan', true)`
+	cachedPlans   = `RESET plan_cache_mode`
+	parkedLoadSQL = `SELECT key, version, "offset", record_key, value, headers, record_time
 		FROM projector_parked
 		WHERE identity = $1 AND topic = $2 AND partition = $3 AND key = ANY($4::text[])`
 	parkedKeysSQL = `SELECT DISTINCT key FROM projector_parked
