@@ -29,6 +29,7 @@ type benchFlags struct {
 	aggregates      string
 	partitions      int
 	skew            string
+	reorder         float64
 	valueBytes      int
 	runs            int
 	modes           string
@@ -70,6 +71,7 @@ func benchCommand(stdout, stderr io.Writer) *ffcli.Command {
 			fs.StringVar(&f.aggregates, "aggregates", "100000", "accounts the events spread over; a comma list (10000,100000,1000000) adds an engine events/s per size (scaling)")
 			fs.IntVar(&f.partitions, "partitions", 12, "partitions of the topic")
 			fs.StringVar(&f.skew, "skew", "uniform", "which account each event belongs to: uniform, or zipf (hot accounts: many events of one account per batch)")
+			fs.Float64Var(&f.reorder, "reorder", 0, "share of each account's events that arrive after its next one, parked until their gap fills (engine and limit modes only)")
 			fs.IntVar(&f.valueBytes, "value-bytes", 200, "size of each Avro value (the writer schema pads the event)")
 			fs.IntVar(&f.runs, "runs", 1, "run every row this many times and report the median")
 			fs.StringVar(&f.modes, "modes", strings.Join(bench.AllModes, ","), "rows to run: "+strings.Join(bench.AllModes, ","))
@@ -104,7 +106,7 @@ func benchCommand(stdout, stderr io.Writer) *ffcli.Command {
 
 func runBench(ctx context.Context, f *benchFlags, stdout, stderr io.Writer) error {
 	cfg := bench.Config{
-		Events: f.events, Partitions: f.partitions, Skew: f.skew, ValueBytes: f.valueBytes, Runs: f.runs,
+		Events: f.events, Partitions: f.partitions, Skew: f.skew, Reorder: f.reorder, ValueBytes: f.valueBytes, Runs: f.runs,
 		DatabaseURL: f.databaseURL, TimeLimit: f.timeLimit, FreshFor: f.freshFor, FreshLoad: f.freshLoad,
 		BatchMaxRecords: f.batchMaxRecords, BatchMaxWait: f.batchMaxWait, CommitMaxBatches: f.commitMax, CopyConns: f.copyConns,
 		MemberMaxRecords: offFlag(f.memberMax),

@@ -129,6 +129,31 @@ func TestBenchSmoke(t *testing.T) {
 		t.Errorf("zipf: engine fold wrote %d rows for 20,000 events, want under a quarter as many:\n%s", writes, out)
 	}
 	t.Logf("zipf: %d row writes for 20,000 events", writes)
+
+	// Out of order: a tenth of each account's events arrive after their
+	// next one, which the engine parks until the gap fills; the tables
+	// end equal to the reference fold, nothing left parked.
+	stdout.Reset()
+	err = Main(ctx, []string{"bench", "--events", "20000", "--aggregates", "2000", "--reorder", "0.1",
+		"--modes", "engine-snapshot,engine-fold", "--batch-max-records", "1000", "--database-url", testenv.DatabaseURL()}, &stdout, &stderr)
+	out = stdout.String()
+	if err != nil {
+		t.Fatalf("projector bench, reorder: %v\n%s\nstderr:\n%s", err, out, stderr.String())
+	}
+	if !strings.Contains(out, "10% of each account's events after its next") {
+		t.Errorf("reorder: the header does not say the stream is reordered:\n%s", out)
+	}
+	for _, row := range []string{"engine snapshot", "engine fold"} {
+		if line := lineWith(out, row); !strings.HasSuffix(strings.TrimSpace(line), "ok") {
+			t.Errorf("reorder: %s missing or not checked: %q\n%s", row, line, out)
+		}
+	}
+	// The transaction-per-event consumers cannot take a reordered stream.
+	err = Main(ctx, []string{"bench", "--events", "1000", "--reorder", "0.1", "--modes", "engine-fold,naive",
+		"--database-url", testenv.DatabaseURL()}, &stdout, &stderr)
+	if err == nil || !strings.Contains(err.Error(), "--reorder") || !strings.Contains(err.Error(), "naive") {
+		t.Errorf("reorder with the naive consumer: %v, want a refusal naming --reorder and naive", err)
+	}
 }
 
 // after returns what follows the first occurrence of marker in s.

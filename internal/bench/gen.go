@@ -30,14 +30,19 @@ const (
 )
 
 // GenOptions shape a benchmark stream: Events events over Aggregates
-// accounts, versions in order per account, no duplicates, gaps or poison.
+// accounts, versions in order per account (but for Reorder), no
+// duplicates, gaps or poison.
 type GenOptions struct {
 	Events     int    `json:"events"`
 	Aggregates int    `json:"aggregates"`
 	Skew       string `json:"skew"`
 	// CloseEvery closes every n-th account with its last event (0: never).
-	CloseEvery int    `json:"close_every"`
-	Seed       uint64 `json:"seed"`
+	CloseEvery int `json:"close_every"`
+	// Reorder is the share of an account's events that change places
+	// with its next one: the later version arrives first and waits (is
+	// parked) until the earlier one fills its gap.
+	Reorder float64 `json:"reorder"`
+	Seed    uint64  `json:"seed"`
 }
 
 // DefaultCloseEvery matches the demo stream: one account in 20 ends closed.
@@ -95,7 +100,24 @@ func Generate(o GenOptions) ([]demo.Record, error) {
 		}
 		out[i] = demo.Record{Key: ev.AccountID, Event: ev}
 	}
+	if o.Reorder > 0 {
+		reorder(out, picks, o.Aggregates, o.Reorder, rng)
+	}
 	return out, nil
+}
+
+// reorder swaps the places of a share of the events of each account with
+// its next event's (an event swapped forward is not swapped again).
+func reorder(out []demo.Record, picks []int32, aggregates int, share float64, rng *rand.Rand) {
+	last := make([]int32, aggregates) // an account's latest place not yet swapped, plus one
+	for i, a := range picks {
+		if j := last[a] - 1; j >= 0 && rng.Float64() < share {
+			out[i], out[j] = out[j], out[i]
+			last[a] = 0
+			continue
+		}
+		last[a] = int32(i) + 1
+	}
 }
 
 // WriterSchema is the schema benchmark values are written with: the demo's

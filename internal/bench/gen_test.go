@@ -3,6 +3,7 @@ package bench
 import (
 	"bytes"
 	"context"
+	"maps"
 	"testing"
 
 	"github.com/hamba/avro/v2"
@@ -115,5 +116,40 @@ func TestGenerate(t *testing.T) {
 				t.Errorf("zipf: the hottest account has only %d events", hottest)
 			}
 		}
+	}
+}
+
+// With Reorder a share of each account's events change places with the
+// next one: the stream folds to what it folds to in order, with that
+// share of events arriving before the version they follow.
+func TestGenerateReorders(t *testing.T) {
+	o := GenOptions{Events: 50_000, Aggregates: 2_000, CloseEvery: DefaultCloseEvery, Seed: 9}
+	inOrder, err := Generate(o)
+	if err != nil {
+		t.Fatal(err)
+	}
+	o.Reorder = 0.1
+	recs, err := Generate(o)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(recs) != len(inOrder) {
+		t.Fatalf("%d records, want %d", len(recs), len(inOrder))
+	}
+	early := 0
+	last := map[string]int64{}
+	for _, r := range recs {
+		if r.Event.Version < last[r.Key] {
+			early++ // a version arriving after the one it precedes
+		}
+		last[r.Key] = max(last[r.Key], r.Event.Version)
+	}
+	if share := float64(early) / float64(len(recs)); share < 0.07 || share > 0.1 {
+		t.Errorf("%d of %d events (%.3f) arrive after their next one, want about 0.1 of those that have one", early, len(recs), share)
+	}
+	want, got := demo.Fold(inOrder), demo.Fold(recs)
+	if !maps.Equal(got.Accounts, want.Accounts) || got.Applied != len(recs) || got.Parked != 0 {
+		t.Errorf("reordered stream folds to %d accounts (%d applied, %d parked), want %d accounts as in order",
+			len(got.Accounts), got.Applied, got.Parked, len(want.Accounts))
 	}
 }

@@ -31,6 +31,7 @@ type Settings struct {
 	Distinct         int     `json:"aggregates_with_events"`
 	Partitions       int     `json:"partitions"`
 	Skew             string  `json:"skew"`
+	Reorder          float64 `json:"reorder"`
 	ValueBytes       float64 `json:"value_bytes_mean"`
 	Runs             int     `json:"runs"`
 	CPUs             int     `json:"cpus"`
@@ -292,8 +293,12 @@ func (r *Report) JSON(w io.Writer) error {
 // Table writes the report for people.
 func (r *Report) Table(w io.Writer) error {
 	s := r.Settings
-	fmt.Fprintf(w, "projector bench: %s events over %s aggregates (%s, %s with events), %d partitions, Avro values of %.0f bytes on average\n",
-		group(int64(s.Events)), group(int64(s.Aggregates)), s.Skew, group(int64(s.Distinct)), s.Partitions, s.ValueBytes)
+	reordered := ""
+	if s.Reorder > 0 {
+		reordered = fmt.Sprintf(", %g%% of each account's events after its next", 100*s.Reorder)
+	}
+	fmt.Fprintf(w, "projector bench: %s events over %s aggregates (%s, %s with events%s), %d partitions, Avro values of %.0f bytes on average\n",
+		group(int64(s.Events)), group(int64(s.Aggregates)), s.Skew, group(int64(s.Distinct)), reordered, s.Partitions, s.ValueBytes)
 	fmt.Fprintf(w, "postgres %s at %s (fsync %s, synchronous_commit %s, shared_buffers %s); kafka: %s; %d CPUs, %s; ",
 		s.Postgres, s.Database, s.Fsync, s.SyncCommit, s.SharedBuffers, s.Kafka, s.CPUs, s.GoVersion)
 	if s.Runs > 1 {

@@ -34,9 +34,12 @@ type Config struct {
 	Events int
 	// Aggregates lists stream sizes: the first gets every row of the
 	// table, each further one an engine (fold) run for the scaling table.
-	Aggregates  []int
-	Partitions  int
-	Skew        string
+	Aggregates []int
+	Partitions int
+	Skew       string
+	// Reorder is the share of an account's events that arrive after its
+	// next one (engine modes only: the others apply events as they come).
+	Reorder     float64
 	ValueBytes  int
 	Runs        int
 	DatabaseURL string
@@ -172,7 +175,7 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 		return nil, fmt.Errorf("cannot connect to PostgreSQL (--database-url): %w", err)
 	}
 	rep := &Report{Settings: Settings{
-		Events: cfg.Events, Aggregates: cfg.Aggregates[0], Partitions: cfg.Partitions, Skew: cfg.Skew,
+		Events: cfg.Events, Aggregates: cfg.Aggregates[0], Partitions: cfg.Partitions, Skew: cfg.Skew, Reorder: cfg.Reorder,
 		Runs: cfg.Runs, CPUs: runtime.NumCPU(), GoVersion: runtime.Version(),
 		TimeLimitSeconds: cfg.TimeLimit.Seconds(), BatchMaxRecords: cfg.BatchMaxRecords, BatchMaxWaitMS: float64(cfg.BatchMaxWait) / 1e6,
 		CommitMaxBatches: cfg.CommitMaxBatches,
@@ -355,6 +358,9 @@ func (c *Config) defaults() error {
 	default:
 		return fmt.Errorf("--skew %q: want uniform or zipf", c.Skew)
 	}
+	if c.Reorder < 0 || c.Reorder > 1 {
+		return fmt.Errorf("--reorder %v: want a share from 0 to 1", c.Reorder)
+	}
 	if c.Runs < 1 {
 		c.Runs = 1
 	}
@@ -364,6 +370,9 @@ func (c *Config) defaults() error {
 	for _, m := range c.Modes {
 		if !slices.Contains(AllModes, m) {
 			return fmt.Errorf("--modes: %q: want some of %s", m, strings.Join(AllModes, ","))
+		}
+		if c.Reorder > 0 && (m == ModeNaive || m == ModeWatermill) {
+			return fmt.Errorf("--reorder with --modes %s: the transaction-per-event consumers apply events as they come and would fail the reference check; leave them out", m)
 		}
 	}
 	if c.TimeLimit <= 0 {
@@ -401,7 +410,7 @@ func (c *Config) defaults() error {
 
 // dataset generates a stream and produces it to a topic of its own.
 func (b *bench) dataset(ctx context.Context, aggregates, events int, seed uint64, name string) (*dataset, error) {
-	ds := &dataset{opts: GenOptions{Events: events, Aggregates: aggregates, Skew: b.cfg.Skew, CloseEvery: DefaultCloseEvery, Seed: seed}}
+	ds := &dataset{opts: GenOptions{Events: events, Aggregates: aggregates, Skew: b.cfg.Skew, CloseEvery: DefaultCloseEvery, Reorder: b.cfg.Reorder, Seed: seed}}
 	began := time.Now()
 	var err error
 	if ds.records, err = Generate(ds.opts); err != nil {
