@@ -115,13 +115,18 @@ type outboxRow struct {
 	errClass   string
 }
 
+// claimSQL takes the oldest outbox rows and finds each one's dead letter
+// through its primary key (LATERAL ... LIMIT 1): as a plain join, before
+// Postgres had analyzed the tables, it read every dead letter to hash
+// them (22-36 ms a round with 100,000 of them).
 const claimSQL = `SELECT o.dead_letter_id, o.topic, d.identity, d.topic, d.partition, d."offset",
 		d.record_key, d.value, d.headers, d.error, d.error_class
-	FROM projector_dlq_outbox o
-	JOIN projector_dead_letters d ON d.id = o.dead_letter_id
-	ORDER BY o.created_at, o.dead_letter_id
-	LIMIT $1
-	FOR UPDATE OF o SKIP LOCKED`
+	FROM (SELECT dead_letter_id, topic, created_at FROM projector_dlq_outbox
+	      ORDER BY created_at, dead_letter_id
+	      LIMIT $1
+	      FOR UPDATE SKIP LOCKED) o
+	CROSS JOIN LATERAL (SELECT * FROM projector_dead_letters d WHERE d.id = o.dead_letter_id LIMIT 1) d
+	ORDER BY o.created_at, o.dead_letter_id`
 
 // PublishBatch runs one round: it publishes up to BatchSize outbox rows and
 // returns how many it published (0 as well when another publisher holds
