@@ -4,6 +4,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/projector-dev/projector/internal/bench"
 	"github.com/projector-dev/projector/internal/demo"
 	"github.com/projector-dev/projector/projection"
 )
@@ -49,22 +50,12 @@ func BenchmarkFoldDeposit(b *testing.B) {
 	}
 }
 
-// BenchmarkSnapshotFold folds an aggregate's next snapshot event: "owned"
-// rebuilds the row in place as a batch does (FoldOwned), "new row" builds
-// a fresh map per event as Fold must.
+// BenchmarkSnapshotFold folds an aggregate's next event into the snapshot
+// projection `projector bench` runs: "owned" rebuilds the row in place as
+// a batch does (FoldOwned), "new row" builds a fresh map per event as Fold
+// must.
 func BenchmarkSnapshotFold(b *testing.B) {
-	ps, err := projection.Parse([]byte(`projections:
-  - name: last_event
-    topic: t
-    table: last_event
-    key: account_id
-    mode: snapshot
-    columns:
-      account_id:  {type: text, primary_key: true}
-      kind:        {type: text, field: type}
-      amount:      {type: bigint}
-      occurred_at: {type: timestamptz}
-`), ".")
+	ps, err := bench.Projections(bench.ModeEngineSnapshot, "t")
 	if err != nil {
 		b.Fatal(err)
 	}
