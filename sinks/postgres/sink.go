@@ -350,12 +350,12 @@ func (s *Sink) CommitBatch(ctx context.Context, claim partition.Claim, end int64
 		keys.New = slices.DeleteFunc(slices.Clone(keys.New), func(k string) bool { return u.keys[k] })
 		err = s.commit(ctx, claim, end, keys, plan, true, false)
 	}
-	switch {
-	case errors.Is(err, errNotNew):
+	if errors.Is(err, errNotNew) {
 		// Postgres knows an aggregate assumed new: plan again from what it
 		// holds (the cache is not in question).
 		err = s.commit(ctx, claim, end, keys, plan, false, false)
-	case errors.Is(err, errStaleState) || s.keyConflict(ctx, err):
+	}
+	if errors.Is(err, errStaleState) || s.keyConflict(ctx, err) {
 		// Planned on what the sink remembered, which Postgres contradicts:
 		// forget it and plan again from what Postgres holds.
 		s.cache.drop(claim.TP)
@@ -429,6 +429,7 @@ func (s *Sink) commit(ctx context.Context, claim partition.Claim, end int64, key
 	if err != nil {
 		return err
 	}
+	ruledOut := 0 // aggregates assumed new the tombstone filter ruled out
 	if len(assumed) > 0 {
 		if err := onlyInserts(ch, assumed); err != nil {
 			return err
@@ -439,7 +440,8 @@ func (s *Sink) commit(ctx context.Context, claim partition.Claim, end int64, key
 		if err := s.tombs.rule(ctx, tx, claim, assumed); err != nil {
 			return err
 		}
-		s.ruledOut.Add(int64(n - len(assumed)))
+		ruledOut = n - len(assumed)
+		s.ruledOut.Add(int64(ruledOut))
 		s.probed.Add(int64(len(assumed)))
 	}
 	// Rows the state says exist are updated, the others inserted, those of
@@ -469,6 +471,9 @@ func (s *Sink) commit(ctx context.Context, claim partition.Claim, end int64, key
 		return nil
 	})
 	if err := tx.SendBatch(ctx, b).Close(); err != nil {
+		if ruledOut > 0 && s.keyConflict(ctx, err) {
+			return errNotNew // most likely one of those: no reason to doubt the cache yet
+		}
 		return fmt.Errorf("write batch: %w", err)
 	}
 	if fenced {

@@ -271,3 +271,29 @@ func TestTombstoneFilterAfterManyDeletes(t *testing.T) {
 		t.Errorf("new = %+v (present %v), want written at v1", a, ok)
 	}
 }
+
+// A first event sent again, of an aggregate whose row exists but which
+// the cache does not hold, fails the insert the filter let through on the
+// primary key: the batch is planned again from Postgres, and the
+// partition keeps what its cache holds of the others.
+func TestTombstoneFilterKeepsTheCacheOnAnExistingRow(t *testing.T) {
+	e := newEnv(t, demoProjection(t))
+	other, _ := tracedSink(t, e) // wrote x's row, which e.sink has never seen
+	c := e.claim(0)
+	commitNew(t, e, e.sink, &c, 1, "a", "b")
+	commitNew(t, e, other, &c, 2, "x")
+	before := e.sink.CacheStats()
+	if before.Entries != 2 {
+		t.Fatalf("the cache holds %d entries, want a and b", before.Entries)
+	}
+	g := commitNew(t, e, e.sink, &c, 3, "x", "y")
+	if len(g.calls) != 2 {
+		t.Errorf("planned %d times; want twice, the second time from Postgres", len(g.calls))
+	}
+	if a, ok := e.account("x"); !ok || a.version != 1 || *a.owner != "new x" {
+		t.Errorf("x = %+v (present %v), want its row kept", a, ok)
+	}
+	if got := e.sink.CacheStats().Entries; got != 4 {
+		t.Errorf("the cache holds %d entries after the batch, want a, b, x and y: it was dropped", got)
+	}
+}
