@@ -270,7 +270,8 @@ const (
 	// Postgres cached once it had analyzed a table while it was tiny read
 	// the whole table once per key after the table had grown (an update of
 	// 3 rows took 125 ms with 200,000 in the table, of 10,000 rows it would
-	// have taken minutes). It is the first statement of every transaction.
+	// have taken minutes). It opens each batch of statements a transaction
+	// sends.
 	planIndexProbes = `SELECT set_config('enable_seqscan', 'off', true), set_config('enable_hashjoin', 'off', true), set_config('enable_mergejoin', 'off', true)`
 	// customPlans has the rest of the transaction plan each statement
 	// for the tables as they are. It is queued before the statements on
