@@ -11,18 +11,16 @@ import (
 	"github.com/projector-dev/projector/sinks/postgres"
 )
 
-// A batch's statements keep probing the key's index after the table has
-// grown, although Postgres planned them once it had analyzed the table
-// while it was tiny (a projection live with little traffic, then a
-// backlog): a cached plan that scanned the table per key would read it
-// whole for every row of the batch.
-func TestPlansProbeTheIndexAfterTheTableGrew(t *testing.T) {
-	e := newEnv(t, demoProjection(t))
+// oneConnectionSink is a sink of e's projection, with the cache off, on a
+// pool of one connection, whose prepared statements keep the plans
+// Postgres settles on; commit commits a batch of changes through it.
+func oneConnectionSink(t *testing.T, e *env) (*pgxpool.Pool, *postgres.Sink, func(c *partition.Claim, end int64, ch partition.Changes, keys, parked []string)) {
+	t.Helper()
 	cfg, err := pgxpool.ParseConfig(e.db.URL)
 	if err != nil {
 		t.Fatal(err)
 	}
-	cfg.MaxConns = 1 // one connection, whose prepared statements keep their plans
+	cfg.MaxConns = 1
 	pool, err := pgxpool.NewWithConfig(e.ctx, cfg)
 	if err != nil {
 		t.Fatal(err)
@@ -30,19 +28,58 @@ func TestPlansProbeTheIndexAfterTheTableGrew(t *testing.T) {
 	t.Cleanup(pool.Close)
 	s := postgres.NewSink(pool, identity, e.p, "")
 	s.SetStateCache(0, 0) // every batch reads its rows
-	c := e.claim(0)
-	commit := func(end int64, ch partition.Changes, keys []string) {
+	commit := func(c *partition.Claim, end int64, ch partition.Changes, keys, parked []string) {
 		t.Helper()
-		if err := s.CommitBatch(e.ctx, c, end, partition.Keys{All: keys}, func(partition.State) (partition.Changes, error) { return ch, nil }); err != nil {
+		err := s.CommitBatch(e.ctx, *c, end, partition.Keys{All: keys, Parked: parked}, func(partition.State) (partition.Changes, error) { return ch, nil })
+		if err != nil {
 			t.Fatal(err)
 		}
 		c.NextOffset = end
 	}
+	return pool, s, commit
+}
+
+// tableReads returns how many rows of table sequential and index scans
+// have read, once the sink's connection has reported n changes to it (as
+// counted by column changes of pg_stat_user_tables).
+func tableReads(t *testing.T, e *env, pool *pgxpool.Pool, table, changes string, n int64) (rows int64) {
+	t.Helper()
+	deadline := time.Now().Add(20 * time.Second)
+	for {
+		// A transaction on the sink's connection has it report its
+		// statistics, at most once a second.
+		if _, err := pool.Exec(e.ctx, `SELECT 1`); err != nil {
+			t.Fatal(err)
+		}
+		var got int64
+		if err := e.db.Pool.QueryRow(e.ctx, fmt.Sprintf(`SELECT coalesce(seq_tup_read, 0) + coalesce(idx_tup_fetch, 0), %s
+			FROM pg_stat_user_tables WHERE relid = $1::regclass`, changes), table).Scan(&rows, &got); err != nil {
+			t.Fatal(err)
+		}
+		if got >= n {
+			return rows
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("%s: %d of %d changes reported after 20s", table, got, n)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+}
+
+// A batch's statements keep probing the key's index after the table has
+// grown, although Postgres planned them once it had analyzed the table
+// while it was tiny (a projection live with little traffic, then a
+// backlog): a cached plan that scanned the table per key would read it
+// whole for every row of the batch.
+func TestPlansProbeTheIndexAfterTheTableGrew(t *testing.T) {
+	e := newEnv(t, demoProjection(t))
+	pool, _, commit := oneConnectionSink(t, e)
+	c := e.claim(0)
 	var seed partition.Changes
 	for i := range 60 {
 		seed.Upserts = append(seed.Upserts, upsert(fmt.Sprintf("acc-%02d", i), 1, "ann", 1))
 	}
-	commit(1, seed, nil)
+	commit(&c, 1, seed, nil, nil)
 	if _, err := e.db.Pool.Exec(e.ctx, `ANALYZE accounts`); err != nil {
 		t.Fatal(err)
 	}
@@ -55,56 +92,122 @@ func TestPlansProbeTheIndexAfterTheTableGrew(t *testing.T) {
 		for _, k := range keys {
 			ch.Upserts = append(ch.Upserts, upsert(k, v, "ann", v))
 		}
-		commit(end, ch, keys)
+		commit(&c, end, ch, keys, nil)
 		end++
 	}
 	if _, err := e.db.Pool.Exec(e.ctx, `INSERT INTO accounts (account_id, owner, balance, version)
 		SELECT 'grown-' || i, 'bob', 1, 1 FROM generate_series(1, 50000) i`); err != nil {
 		t.Fatal(err)
 	}
-	read := func() (seqRead, updated int64) {
-		t.Helper()
-		// A transaction on the sink's connection has it report its
-		// statistics, at most once a second.
-		if _, err := pool.Exec(e.ctx, `SELECT 1`); err != nil {
-			t.Fatal(err)
-		}
-		if err := e.db.Pool.QueryRow(e.ctx, `SELECT coalesce(seq_tup_read, 0), n_tup_upd FROM pg_stat_user_tables WHERE relid = 'accounts'::regclass`).
-			Scan(&seqRead, &updated); err != nil {
-			t.Fatal(err)
-		}
-		return seqRead, updated
-	}
-	deadline := time.Now().Add(20 * time.Second)
-	seqBefore, updBefore := read()
-	for updBefore < 7*3 && time.Now().Before(deadline) {
-		time.Sleep(50 * time.Millisecond)
-		seqBefore, updBefore = read()
-	}
-	if updBefore < 7*3 {
-		t.Fatalf("the warm-up's 21 updates were not reported within 20s (%d)", updBefore)
-	}
+	before := tableReads(t, e, pool, "accounts", "n_tup_upd", 7*3)
 	keys := []string{"acc-04", "acc-05", "acc-06"}
 	var ch partition.Changes
 	for _, k := range keys {
 		ch.Upserts = append(ch.Upserts, upsert(k, 2, "cy", 2))
 	}
-	commit(end, ch, keys)
-	deadline = time.Now().Add(20 * time.Second)
-	seqAfter, updAfter := read()
-	for updAfter < updBefore+3 && time.Now().Before(deadline) {
-		time.Sleep(50 * time.Millisecond)
-		seqAfter, updAfter = read()
-	}
-	if updAfter < updBefore+3 {
-		t.Fatalf("the batch's updates were not reported within 20s (%d, then %d)", updBefore, updAfter)
-	}
-	if n := seqAfter - seqBefore; n >= 50000 {
-		t.Errorf("the batch read %d rows of the table by sequential scans: its statements scanned the grown table instead of probing its index", n)
+	commit(&c, end, ch, keys, nil)
+	if n := tableReads(t, e, pool, "accounts", "n_tup_upd", 8*3) - before; n >= 50000 {
+		t.Errorf("the batch read %d rows of the table: its statements scanned the grown table instead of probing its index", n)
 	}
 	for _, k := range keys {
 		if a, ok := e.account(k); !ok || a.version != 2 || *a.owner != "cy" {
 			t.Errorf("%s = %+v (present %v), want updated to v2", k, a, ok)
 		}
+	}
+}
+
+// So do a batch's reads and deletes of parked events after the
+// partition's parked events have grown in number: planned on a few, they
+// read all of the partition's for every batch.
+func TestParkedPlansProbeTheKeyAfterTheTableGrew(t *testing.T) {
+	e := newEnv(t, demoProjection(t))
+	pool, _, commit := oneConnectionSink(t, e)
+	c := e.claim(0)
+	event := func(key string, v int64) partition.StoredEvent {
+		return partition.StoredEvent{Key: key, Version: v, Offset: v, Value: []byte("v")}
+	}
+	// Each batch parks an event and unparks the one parked before, having
+	// read the parked events of its aggregate.
+	commit(&c, 1, partition.Changes{Park: []partition.StoredEvent{event("p", 1)}}, nil, nil)
+	if _, err := e.db.Pool.Exec(e.ctx, `ANALYZE projector_parked`); err != nil {
+		t.Fatal(err)
+	}
+	end := int64(2)
+	for v := int64(2); v <= 9; v++ {
+		commit(&c, end, partition.Changes{
+			Park:   []partition.StoredEvent{event("p", v)},
+			Unpark: []partition.ParkedRef{{Key: "p", Version: v - 1}},
+		}, []string{"p"}, []string{"p"})
+		end++
+	}
+	if _, err := e.db.Pool.Exec(e.ctx, `INSERT INTO projector_parked (identity, projection, topic, partition, key, version, "offset", value)
+		SELECT $1, 'accounts', $2, $3, 'other-' || i, 2, i, 'v' FROM generate_series(1, 50000) i`, identity, e.tp.Topic, e.tp.Partition); err != nil {
+		t.Fatal(err)
+	}
+	before := tableReads(t, e, pool, "projector_parked", "n_tup_del", 8)
+	commit(&c, end, partition.Changes{
+		Park:   []partition.StoredEvent{event("p", 10)},
+		Unpark: []partition.ParkedRef{{Key: "p", Version: 9}},
+	}, []string{"p"}, []string{"p"})
+	if n := tableReads(t, e, pool, "projector_parked", "n_tup_del", 9) - before; n >= 50000 {
+		t.Errorf("the batch read %d parked events: its statements went through the partition's parked events instead of finding its aggregate's", n)
+	}
+	var left []int64
+	rows, err := e.db.Pool.Query(e.ctx, `SELECT version FROM projector_parked WHERE key = 'p' ORDER BY version`)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for rows.Next() {
+		var v int64
+		if err := rows.Scan(&v); err != nil {
+			t.Fatal(err)
+		}
+		left = append(left, v)
+	}
+	if len(left) != 1 || left[0] != 10 {
+		t.Errorf("p's parked events: %v, want v10 alone", left)
+	}
+}
+
+// And so do a batch's writes of dead letters after the dead letters have
+// grown in number: planned on a few, they read all of them per batch.
+func TestDeadLetterPlansProbeTheKeyAfterTheTableGrew(t *testing.T) {
+	e := newEnv(t, demoProjection(t))
+	pool, _, commit := oneConnectionSink(t, e)
+	c := e.claim(0)
+	dead := func(off int64) partition.DeadLetter {
+		return partition.DeadLetter{Offset: off, Value: []byte("x"), Err: "bad", Class: "decode", Attempts: 1}
+	}
+	commit(&c, 1, partition.Changes{DeadLetters: []partition.DeadLetter{dead(0)}}, nil, nil)
+	if _, err := e.db.Pool.Exec(e.ctx, `ANALYZE projector_dead_letters`); err != nil {
+		t.Fatal(err)
+	}
+	end := int64(2)
+	for ; end <= 9; end++ {
+		commit(&c, end, partition.Changes{DeadLetters: []partition.DeadLetter{dead(end - 1)}}, nil, nil)
+	}
+	if _, err := e.db.Pool.Exec(e.ctx, `INSERT INTO projector_dead_letters (identity, projection, topic, partition, "offset", value, error)
+		SELECT $1, 'accounts', $2, $3, 1000000 + i, 'x', 'e' FROM generate_series(1, 50000) i`, identity, e.tp.Topic, e.tp.Partition); err != nil {
+		t.Fatal(err)
+	}
+	var first int64
+	if err := e.db.Pool.QueryRow(e.ctx, `SELECT id FROM projector_dead_letters WHERE "offset" = 0`).Scan(&first); err != nil {
+		t.Fatal(err)
+	}
+	before := tableReads(t, e, pool, "projector_dead_letters", "n_tup_ins", 9+50000)
+	// Two new dead letters, one replayed that failed again, one resolved.
+	replayed := dead(1)
+	replayed.ReplayOf = first + 1
+	commit(&c, end, partition.Changes{DeadLetters: []partition.DeadLetter{dead(end - 1), replayed}, Resolved: []int64{first}}, nil, nil)
+	if n := tableReads(t, e, pool, "projector_dead_letters", "n_tup_ins", 9+50000+1) - before; n >= 50000 {
+		t.Errorf("the batch read %d dead letters: its statements went through all of them instead of finding the ones they write", n)
+	}
+	var status string
+	var attempts int
+	if err := e.db.Pool.QueryRow(e.ctx, `SELECT status FROM projector_dead_letters WHERE id = $1`, first).Scan(&status); err != nil || status != "resolved" {
+		t.Errorf("dead letter %d: status %q (%v), want resolved", first, status, err)
+	}
+	if err := e.db.Pool.QueryRow(e.ctx, `SELECT attempts FROM projector_dead_letters WHERE id = $1`, first+1).Scan(&attempts); err != nil || attempts != 2 {
+		t.Errorf("dead letter %d replayed and failed again: %d attempts (%v), want 2", first+1, attempts, err)
 	}
 }

@@ -273,20 +273,17 @@ const (
 	// have taken minutes). It opens each batch of statements a transaction
 	// sends.
 	planIndexProbes = `SELECT set_config('enable_seqscan', 'off', true), set_config('enable_hashjoin', 'off', true), set_config('enable_mergejoin', 'off', true)`
-	// customPlans has the rest of the transaction plan each statement
-	// for the tables as they are. It is queued before the statements on
-	// parked events and dead letters: a plan Postgres cached while those
-	// tables were nearly empty went through all of their rows for every
-	// batch once they had grown, until the next ANALYZE (a batch's 20 dead
-	// letters took 680 ms with 100,000 in the table, its parked events'
-	// reads 32 ms with 100,000 parked). The rows' statements keep their
-	// cached plans: planned anew with a batch's arrays they cost Postgres
-	// more than they saved.
-	customPlans   = `SELECT set_config('plan_cache_mode', 'force_custom_plan', true)`
-	cachedPlans   = `RESET plan_cache_mode`
-	parkedLoadSQL = `SELECT key, version, "offset", record_key, value, headers, record_time
-		FROM projector_parked
-		WHERE identity = $1 AND topic = $2 AND partition = $3 AND key = ANY($4::text[])`
+	// parkedLoadSQL reads each aggregate's parked events through the
+	// primary key (the LATERAL subquery, kept apart by OFFSET 0, runs per
+	// key): written as key = ANY($4), Postgres read all of the partition's
+	// parked events and filtered them, even planned for the values at
+	// hand, once the table had grown since it was last analyzed (50,000
+	// rows read for one key).
+	parkedLoadSQL = `SELECT p.key, p.version, p."offset", p.record_key, p.value, p.headers, p.record_time
+		FROM unnest($4::text[]) AS k(key)
+		CROSS JOIN LATERAL (SELECT * FROM projector_parked p
+		                    WHERE p.identity = $1 AND p.topic = $2 AND p.partition = $3 AND p.key = k.key
+		                    OFFSET 0) p`
 	parkedKeysSQL = `SELECT DISTINCT key FROM projector_parked
 		WHERE identity = $1 AND topic = $2 AND partition = $3`
 	parkSQL = `INSERT INTO projector_parked
@@ -311,7 +308,9 @@ const (
 		WHERE projector_tombstones.version < excluded.version`
 	// deadLetterSQL stores dead letters. A replayed record that failed
 	// again ($15 names the entry it replays) reopens that entry of this
-	// identity with one more attempt instead of adding one; otherwise, and
+	// identity with one more attempt instead of adding one (found by its
+	// id alone, see resolvedSQL: planned on few dead letters, a join read
+	// all of them for every batch once they had grown); otherwise, and
 	// when that entry is gone, a new entry is added. With a dead-letter
 	// topic configured ($16 not empty) new entries are queued for
 	// publishing in the same transaction.
@@ -321,9 +320,11 @@ const (
 		  AS u(off, rkey, value, headers, ts, err, class, attempts, schema_id, trace_id, replay_of)
 	), reopened AS (
 		UPDATE projector_dead_letters d
-		SET attempts = d.attempts + 1, last_seen = now(), error = u.err, error_class = u.class, status = 'open'
-		FROM u WHERE d.id = u.replay_of AND d.identity = $1 AND d.status <> 'purged'
-		RETURNING u.off
+		SET attempts = d.attempts + 1, last_seen = now(), error = r.err, error_class = r.class, status = 'open'
+		FROM (SELECT u.off, u.err, u.class, t.tid FROM u
+		      CROSS JOIN LATERAL (SELECT t.ctid AS tid FROM projector_dead_letters t WHERE t.id = u.replay_of LIMIT 1) t) r
+		WHERE d.ctid = r.tid AND d.identity = $1 AND d.status <> 'purged'
+		RETURNING r.off
 	), dl AS (
 		INSERT INTO projector_dead_letters AS d
 		(identity, projection, topic, partition, "offset", record_key, value, headers, record_time, error,
@@ -336,8 +337,14 @@ const (
 	INSERT INTO projector_dlq_outbox (dead_letter_id, topic)
 	SELECT id, $16 FROM dl WHERE $16 <> ''
 	ON CONFLICT (dead_letter_id) DO NOTHING`
-	resolvedSQL = `UPDATE projector_dead_letters SET status = 'resolved', resolved_at = now()
-		WHERE id = ANY($1::bigint[]) AND identity = $2 AND status NOT IN ('resolved', 'purged')`
+	// resolvedSQL, as the reopening above, finds each dead letter by its
+	// id alone (LATERAL ... LIMIT 1), then checks the rest: with the
+	// identity's conditions beside it, Postgres could take the index that
+	// starts with the identity and read all of its dead letters.
+	resolvedSQL = `UPDATE projector_dead_letters d SET status = 'resolved', resolved_at = now()
+		FROM unnest($1::bigint[]) AS r(id)
+		CROSS JOIN LATERAL (SELECT t.ctid AS tid FROM projector_dead_letters t WHERE t.id = r.id LIMIT 1) t
+		WHERE d.ctid = t.tid AND d.identity = $2 AND d.status NOT IN ('resolved', 'purged')`
 	advanceSQL = `UPDATE projector_offsets SET next_offset = $1, updated_at = now()
 		WHERE identity = $2 AND topic = $3 AND partition = $4 AND owner_epoch = $5 AND next_offset = $6`
 )
@@ -760,7 +767,6 @@ func (s *Sink) load(ctx context.Context, tx pgx.Tx, tp partition.TP, keys, parke
 		return rows.Err()
 	})
 	if len(parkedKeys) > 0 {
-		b.Queue(customPlans)
 		b.Queue(parkedLoadSQL, s.identity, tp.Topic, tp.Partition, parkedKeys).Query(func(rows pgx.Rows) error {
 			for rows.Next() {
 				var (
@@ -781,7 +787,6 @@ func (s *Sink) load(ctx context.Context, tx pgx.Tx, tp partition.TP, keys, parke
 			}
 			return rows.Err()
 		})
-		b.Queue(cachedPlans)
 	}
 	if err := tx.SendBatch(ctx, b).Close(); err != nil {
 		return fmt.Errorf("load state of %d aggregates: %w", len(keys), err)
@@ -839,9 +844,6 @@ func (s *Sink) queueChanges(b *pgx.Batch, tp partition.TP, ch partition.Changes,
 			keys[i] = w.Key
 		}
 		b.Queue(s.sql.insertNew, append(args, keys, s.p.Table)...).Exec(count(&counts.insertedNew))
-	}
-	if len(ch.Unpark)+len(ch.Park)+len(ch.DeadLetters)+len(ch.Resolved) > 0 {
-		b.Queue(customPlans) // the statements that follow, not the rows' above
 	}
 	if len(ch.Unpark) > 0 {
 		keys := make([]string, len(ch.Unpark))
