@@ -14,7 +14,7 @@ import (
 // oneConnectionSink is a sink of e's projection, with the cache off, on a
 // pool of one connection, whose prepared statements keep the plans
 // Postgres settles on; commit commits a batch of changes through it.
-func oneConnectionSink(t *testing.T, e *env) (*pgxpool.Pool, *postgres.Sink, func(c *partition.Claim, end int64, ch partition.Changes, keys, parked []string)) {
+func oneConnectionSink(t *testing.T, e *env) (*pgxpool.Pool, func(c *partition.Claim, end int64, ch partition.Changes, keys, parked []string)) {
 	t.Helper()
 	cfg, err := pgxpool.ParseConfig(e.db.URL)
 	if err != nil {
@@ -36,7 +36,7 @@ func oneConnectionSink(t *testing.T, e *env) (*pgxpool.Pool, *postgres.Sink, fun
 		}
 		c.NextOffset = end
 	}
-	return pool, s, commit
+	return pool, commit
 }
 
 // tableReads returns how many rows of table sequential and index scans
@@ -73,7 +73,7 @@ func tableReads(t *testing.T, e *env, pool *pgxpool.Pool, table, changes string,
 // whole for every row of the batch.
 func TestPlansProbeTheIndexAfterTheTableGrew(t *testing.T) {
 	e := newEnv(t, demoProjection(t))
-	pool, _, commit := oneConnectionSink(t, e)
+	pool, commit := oneConnectionSink(t, e)
 	c := e.claim(0)
 	var seed partition.Changes
 	for i := range 60 {
@@ -121,7 +121,7 @@ func TestPlansProbeTheIndexAfterTheTableGrew(t *testing.T) {
 // read all of the partition's for every batch.
 func TestParkedPlansProbeTheKeyAfterTheTableGrew(t *testing.T) {
 	e := newEnv(t, demoProjection(t))
-	pool, _, commit := oneConnectionSink(t, e)
+	pool, commit := oneConnectionSink(t, e)
 	c := e.claim(0)
 	event := func(key string, v int64) partition.StoredEvent {
 		return partition.StoredEvent{Key: key, Version: v, Offset: v, Value: []byte("v")}
@@ -173,7 +173,7 @@ func TestParkedPlansProbeTheKeyAfterTheTableGrew(t *testing.T) {
 // grown in number: planned on a few, they read all of them per batch.
 func TestDeadLetterPlansProbeTheKeyAfterTheTableGrew(t *testing.T) {
 	e := newEnv(t, demoProjection(t))
-	pool, _, commit := oneConnectionSink(t, e)
+	pool, commit := oneConnectionSink(t, e)
 	c := e.claim(0)
 	dead := func(off int64) partition.DeadLetter {
 		return partition.DeadLetter{Offset: off, Value: []byte("x"), Err: "bad", Class: "decode", Attempts: 1}
