@@ -40,6 +40,9 @@ type Spec struct {
 	// repair, e.g. 30s.
 	GapTimeout string     `yaml:"gap_timeout"`
 	Repair     *RepairDef `yaml:"repair"`
+	// Fillfactor: the percentage of each page of the table that new rows
+	// fill when the engine creates it (see Projection.Fillfactor).
+	Fillfactor int `yaml:"fillfactor"`
 }
 
 // RepairDef is the repair source in the YAML file: exactly one of HTTP
@@ -135,6 +138,7 @@ func (s Spec) compile(dir string) (*Projection, error) {
 		Mode:         Mode(s.Mode),
 		OnGap:        GapPolicy(s.OnGap),
 		DeleteTypes:  map[string]bool{},
+		Fillfactor:   s.Fillfactor,
 	}
 	bad := func(format string, args ...any) error {
 		return fmt.Errorf("projection %q: %s", s.Name, fmt.Sprintf(format, args...))

@@ -132,6 +132,19 @@ func TestParseDefaultsAndKeyFirst(t *testing.T) {
 	if p.TypeField != "" {
 		t.Errorf("type field = %q, want empty", p.TypeField)
 	}
+	if got := p.TableFillfactor(); got != projection.DefaultFillfactor {
+		t.Errorf("table fillfactor = %d, want the default %d", got, projection.DefaultFillfactor)
+	}
+}
+
+func TestParseFillfactor(t *testing.T) {
+	ps, err := projection.Parse([]byte(edit(t, baseYAML, "    mode: fold\n", "    mode: fold\n    fillfactor: 90\n")), ".")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := ps[0].TableFillfactor(); got != 90 {
+		t.Errorf("table fillfactor = %d, want 90 as the file says", got)
+	}
 }
 
 func TestParseVersionFieldAndOnGap(t *testing.T) {
@@ -181,6 +194,12 @@ func TestParseRejects(t *testing.T) {
 		{"on_gap apply in fold mode", func(t *testing.T) string {
 			return edit(t, baseYAML, "    mode: fold\n", "    mode: fold\n    on_gap: apply\n")
 		}, []string{`projection "p1"`, "on_gap apply"}},
+		{"fillfactor too low", func(t *testing.T) string {
+			return edit(t, baseYAML, "    mode: fold\n", "    mode: fold\n    fillfactor: 5\n")
+		}, []string{`projection "p1"`, "fillfactor 5", "10 to 100"}},
+		{"fillfactor too high", func(t *testing.T) string {
+			return edit(t, baseYAML, "    mode: fold\n", "    mode: fold\n    fillfactor: 101\n")
+		}, []string{`projection "p1"`, "fillfactor 101"}},
 		{"unknown on_gap", func(t *testing.T) string {
 			return edit(t, baseYAML, "    mode: fold\n", "    mode: fold\n    on_gap: skip\n")
 		}, []string{`projection "p1"`, `on_gap "skip"`}},

@@ -133,6 +133,33 @@ type Projection struct {
 	// Repair configures the repair source of a declarative projection;
 	// library users may hand the engine a Repairer instead.
 	Repair *RepairSpec
+	// Fillfactor is the percentage of each page of the table that new
+	// rows fill when the engine creates the table (10 to 100; 0:
+	// DefaultFillfactor). The rest is room for the versions updates
+	// write: an update whose new version fits on its row's page writes
+	// no index entry (a heap-only tuple).
+	Fillfactor int
+}
+
+// DefaultFillfactor is the fillfactor of the tables the engine creates.
+// Postgres can reclaim the old version of an updated row only once no
+// running transaction began before the update committed, and the engine
+// keeps a transaction running almost all the time (the next one begins
+// while the last commits), so a page must hold the new versions that
+// several transactions write to its rows. Measured at 100,000 aggregates
+// with ten events each: with 80% filled, 44% of the updates stayed on
+// their page and an update took Postgres 11-16 µs; with 50%, 99% did,
+// at 8 µs, and the table ended no larger (the versions written elsewhere
+// had grown it as much). A table whose rows are rarely updated may take
+// a higher one.
+const DefaultFillfactor = 50
+
+// TableFillfactor is the fillfactor the engine creates p's table with.
+func (p *Projection) TableFillfactor() int {
+	if p.Fillfactor == 0 {
+		return DefaultFillfactor
+	}
+	return p.Fillfactor
 }
 
 // Column is one column of a projection's table.
@@ -215,6 +242,9 @@ func (p *Projection) Validate() error {
 		}
 	default:
 		return bad("on_gap %q: want hold, apply or repair", p.OnGap)
+	}
+	if p.Fillfactor != 0 && (p.Fillfactor < 10 || p.Fillfactor > 100) {
+		return bad("fillfactor %d: want a percentage from 10 to 100", p.Fillfactor)
 	}
 	if len(p.Columns) == 0 {
 		return bad("columns: at least the key column is required")

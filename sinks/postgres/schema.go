@@ -151,7 +151,7 @@ func createTableSQL(p *projection.Projection) string {
 	}
 	// Room on each page for updated row versions: upserts can then stay
 	// heap-only (no index update) and write less WAL.
-	b.WriteString("\tversion bigint NOT NULL\n) WITH (fillfactor = 80)")
+	fmt.Fprintf(&b, "\tversion bigint NOT NULL\n) WITH (fillfactor = %d)", p.TableFillfactor())
 	return b.String()
 }
 

@@ -327,6 +327,117 @@ func TestMigrateKeyInByteOrder(t *testing.T) {
 	}
 }
 
+// TestMigrateFillfactor checks that created tables leave the room the
+// projection asks for on each page (by default half of it).
+func TestMigrateFillfactor(t *testing.T) {
+	ctx := context.Background()
+	db := testenv.NewDB(t)
+	byDefault := demoProjection(t)
+	dense := parseOne(t, `projections:
+  - name: dense
+    topic: dense.events
+    table: dense
+    key: id
+    mode: snapshot
+    fillfactor: 90
+    columns:
+      id:   {type: text, primary_key: true}
+      note: {type: text}
+`)
+	if err := postgres.Migrate(ctx, db.Pool, byDefault, dense); err != nil {
+		t.Fatalf("migrate: %v", err)
+	}
+	for table, want := range map[string]string{"accounts": "fillfactor=50", "dense": "fillfactor=90"} {
+		var opts []string
+		if err := db.Pool.QueryRow(ctx, `SELECT coalesce(reloptions, '{}') FROM pg_class WHERE oid = $1::regclass`, table).Scan(&opts); err != nil {
+			t.Fatalf("%s: %v", table, err)
+		}
+		if !slices.Contains(opts, want) {
+			t.Errorf("%s: options %v, want %s", table, opts, want)
+		}
+	}
+}
+
+// TestUpdatesStayOnTheirPage checks that a created table leaves room on
+// each page for the new versions of its rows while another transaction
+// keeps Postgres from reclaiming the old ones, as the engine's next
+// transaction does while one commits: the updates then write no index
+// entry. With 80% of each page filled, only about half did.
+func TestUpdatesStayOnTheirPage(t *testing.T) {
+	e := newEnv(t, demoProjection(t))
+	const rows = 2000
+	keys := make([]string, rows)
+	for i := range keys {
+		keys[i] = fmt.Sprintf("acc-%05d", i)
+	}
+	write := func(c partition.Claim, end int64, keys []string) {
+		t.Helper()
+		if _, err := e.planOnce(c, end, keys, func(st partition.State) partition.Changes {
+			var ch partition.Changes
+			for _, k := range keys {
+				v := st.Versions[k] + 1
+				ch.Upserts = append(ch.Upserts, upsert(k, v, "owner of "+k, v*10))
+			}
+			return ch
+		}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	pages := func() map[string]int64 {
+		t.Helper()
+		rows, err := e.db.Pool.Query(e.ctx, `SELECT account_id, (ctid::text::point)[0]::bigint FROM accounts`)
+		if err != nil {
+			t.Fatal(err)
+		}
+		m := map[string]int64{}
+		for rows.Next() {
+			var k string
+			var page int64
+			if err := rows.Scan(&k, &page); err != nil {
+				t.Fatal(err)
+			}
+			m[k] = page
+		}
+		if err := rows.Err(); err != nil {
+			t.Fatal(err)
+		}
+		return m
+	}
+	c := e.claim(0)
+	write(c, 1, keys)
+	before := pages()
+
+	// A transaction that began before the updates and holds a
+	// transaction id: no old version can be reclaimed while it runs.
+	hold, err := e.db.Pool.Begin(e.ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer hold.Rollback(e.ctx) //nolint:errcheck // only held open
+	if _, err := hold.Exec(e.ctx, `SELECT txid_current()`); err != nil {
+		t.Fatal(err)
+	}
+	var half []string // every second row: some of every page
+	for i := 0; i < rows; i += 2 {
+		half = append(half, keys[i])
+	}
+	c.NextOffset = 1
+	write(c, 2, half)
+	after := pages()
+	moved := 0
+	for _, k := range half {
+		if after[k] != before[k] {
+			moved++
+		}
+	}
+	if moved > len(half)/20 {
+		t.Errorf("%d of %d updated rows moved to another page (an index entry each), want at most %d", moved, len(half), len(half)/20)
+	}
+	if n := e.count(`SELECT count(*) FROM accounts WHERE version = 2 AND balance = 20`); n != len(half) {
+		t.Errorf("%d rows updated, want %d", n, len(half))
+	}
+}
+
 func TestMigrateAcceptsEquivalentTable(t *testing.T) {
 	ctx := context.Background()
 	db := testenv.NewDB(t)
