@@ -149,7 +149,8 @@ type Keys struct {
 	// all but always empty, so a sink may plan the batch assuming it is,
 	// without reading it, provided its writes verify the assumption (no
 	// row and no tombstone of the aggregate exists) and it plans again
-	// from the state it reads when they do not.
+	// from the state it reads when they do not. They are listed in the
+	// order of All.
 	New []string
 	// Planned says that the plan reads only aggregates' versions and
 	// whether their rows exist (it was made before the transaction): a

@@ -427,7 +427,7 @@ func (s *Sink) commit(ctx context.Context, claim partition.Claim, end int64, key
 	misses, hits, caching := s.cache.lookup(claim, keys.All, state, !keys.Planned)
 	read, assumed := misses, map[string]bool(nil)
 	if assume && !isolate && len(keys.New) > 0 {
-		read, assumed = splitNew(misses, keys.New)
+		read, assumed = splitNew(keys.All, misses, keys.New, true)
 	}
 	if caching {
 		caching = s.cache.tally(claim, hits+len(read), hits)
@@ -520,24 +520,52 @@ func (s *Sink) commit(ctx context.Context, claim partition.Claim, end int64, key
 	return nil
 }
 
-// splitNew splits misses into the keys to read and those of newKeys, which
-// are assumed new.
-func splitNew(misses, newKeys []string) (read []string, assumed map[string]bool) {
-	assumed = make(map[string]bool, len(newKeys))
-	for _, k := range newKeys {
-		assumed[k] = false // a candidate: not yet known to be a miss
-	}
+// splitNew splits misses, some of all, into the keys to read and those of
+// newKeys, which are assumed new; assumed is only built when wanted. Both
+// lists are in the order of all (see partition.Keys), so one pass over it
+// splits them without a set of either; lists in another order are split
+// by a set of newKeys.
+func splitNew(all, misses, newKeys []string, wantAssumed bool) (read []string, assumed map[string]bool) {
 	read = make([]string, 0, len(misses))
-	for _, k := range misses {
-		if _, ok := assumed[k]; ok {
-			assumed[k] = true
-		} else {
+	if wantAssumed {
+		assumed = make(map[string]bool, len(newKeys))
+	}
+	m, n := 0, 0
+	for _, k := range all {
+		miss := m < len(misses) && misses[m] == k
+		if miss {
+			m++
+		}
+		isNew := n < len(newKeys) && newKeys[n] == k
+		if isNew {
+			n++
+		}
+		switch {
+		case miss && isNew:
+			if wantAssumed {
+				assumed[k] = true
+			}
+		case miss:
 			read = append(read, k)
 		}
 	}
-	for k, miss := range assumed {
-		if !miss {
-			delete(assumed, k) // cached: its state is known
+	if m == len(misses) && n == len(newKeys) {
+		return read, assumed
+	}
+	isNew := make(map[string]bool, len(newKeys))
+	for _, k := range newKeys {
+		isNew[k] = true
+	}
+	read, assumed = read[:0], nil
+	if wantAssumed {
+		assumed = make(map[string]bool, len(newKeys))
+	}
+	for _, k := range misses {
+		switch {
+		case !isNew[k]:
+			read = append(read, k)
+		case wantAssumed:
+			assumed[k] = true
 		}
 	}
 	return read, assumed
@@ -994,7 +1022,7 @@ func (s *Sink) Peek(ctx context.Context, claim partition.Claim, keys partition.K
 	misses, hits, caching := s.cache.lookup(claim, keys.All, st, true)
 	read := misses
 	if len(keys.New) > 0 {
-		read, _ = splitNew(misses, keys.New)
+		read, _ = splitNew(keys.All, misses, keys.New, false)
 	}
 	if caching {
 		caching = s.cache.tally(claim, hits+len(read), hits)
