@@ -15,7 +15,7 @@ func TestBatchKeys(t *testing.T) {
 		ev("a", 1), ev("b", 2), ev("a", 2), ev("c", 3), ev("c", 1), // c: out of order, starts at 1
 		ev("tomb", 1), tomb, ev("parked", 1), bad, ev("gap", 1), ev("gap", 3), ev("zero", 0), ev("zero", 1),
 	}
-	got := batchKeys(items, func(k string) bool { return k == "parked" })
+	got := batchKeys(items, func(k string) bool { return k == "parked" }, nil)
 	want := Keys{
 		All:    []string{"a", "b", "c", "tomb", "parked", "gap", "zero"},
 		Parked: []string{"parked"},

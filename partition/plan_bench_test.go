@@ -125,7 +125,7 @@ func perEvent(b *testing.B, events int, f func()) {
 func BenchmarkPlan(b *testing.B) {
 	bb := newBenchBatch(b)
 	items := bb.items(b)
-	keys := batchKeys(items, func(string) bool { return false })
+	keys := batchKeys(items, func(string) bool { return false }, nil)
 	ctx := context.Background()
 	ch, out, err := bb.w.plan(ctx, items, keys.All, bb.state, map[string]string{}, false)
 	if err != nil || out.applied != benchBatchSize || len(ch.Upserts) != 200 {
@@ -157,7 +157,7 @@ func BenchmarkBatchGoSide(b *testing.B) {
 	b.ReportAllocs()
 	perEvent(b, benchBatchSize, func() {
 		items := bb.items(b)
-		keys := batchKeys(items, func(string) bool { return false })
+		keys := batchKeys(items, func(string) bool { return false }, nil)
 		if _, _, err := bb.w.plan(ctx, items, keys.All, bb.state, map[string]string{}, false); err != nil {
 			b.Fatal(err)
 		}

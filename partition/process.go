@@ -106,7 +106,7 @@ func (w *Worker) process(ctx context.Context, recs []*kgo.Record) (err error) {
 		return err
 	}
 
-	keys := batchKeys(items, w.gaps.has)
+	keys := batchKeys(items, w.gaps.has, w.keys())
 
 	var (
 		out      outcomes
@@ -218,12 +218,16 @@ func (w *Worker) items(ctx context.Context, recs []*kgo.Record, start int64, mem
 
 // batchKeys lists the aggregates of a batch's decoded items (see Keys) and
 // gives each item its key's index in Keys.All; parked reports those with
-// parked events.
-func batchKeys(items []*item, parked func(string) bool) Keys {
+// parked events. It indexes the keys in index, cleared first (nil: a new
+// map).
+func batchKeys(items []*item, parked func(string) bool, index map[string]int) Keys {
 	var keys Keys
 	keys.All = make([]string, 0, len(items))
 	const notNew = -1
-	index := make(map[string]int, len(items))
+	if index == nil {
+		index = make(map[string]int, len(items))
+	}
+	clear(index)
 	var low []int64 // per aggregate: its lowest version, or notNew
 	for _, it := range items {
 		if it.err != nil {
@@ -256,6 +260,14 @@ func batchKeys(items []*item, parked func(string) bool) Keys {
 		}
 	}
 	return keys
+}
+
+// keys returns the worker's index of a batch's keys (see batchKeys).
+func (w *Worker) keys() map[string]int {
+	if w.keyIndex == nil {
+		w.keyIndex = map[string]int{}
+	}
+	return w.keyIndex
 }
 
 var traceContext = propagation.TraceContext{}
@@ -507,7 +519,11 @@ func (w *Worker) plan(ctx context.Context, items []*item, keys []string, st Stat
 	)
 	get := func(i int) *aggState {
 		a := &aggs[i]
-		if !a.seen {
+		switch {
+		case a.seen:
+		case st.known != nil:
+			a.row, a.gate.Version, a.seen = st.known[i].row, st.known[i].version, true
+		default:
 			a.row, a.gate.Version, a.seen = st.Rows[keys[i]], st.Versions[keys[i]], true
 		}
 		return a

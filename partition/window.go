@@ -233,7 +233,7 @@ func (w *Worker) planBatch(ctx context.Context, win *window, recs []*kgo.Record)
 	if err != nil || end <= win.end {
 		return err
 	}
-	keys := batchKeys(items, w.gaps.has)
+	keys := batchKeys(items, w.gaps.has, w.keys())
 	// Aggregates the window knows are not read again; the others are.
 	aggs := make([]*windowAgg, len(keys.All)) // of keys.All, in order
 	isNew := make([]bool, len(keys.All))
@@ -269,11 +269,7 @@ func (w *Worker) planBatch(ctx context.Context, win *window, recs []*kgo.Record)
 	// retried, the registry down while parked events are decoded), the
 	// window is applied again batch by batch, each batch retried as it
 	// would be on its own.
-	st := State{
-		Rows:     make(map[string]projection.Row, len(keys.All)),
-		Versions: make(map[string]int64, len(keys.All)),
-		Parked:   w.stillParked(known.Parked, win),
-	}
+	st := State{Parked: w.stillParked(known.Parked, win), known: aggs}
 	for i, k := range keys.All {
 		st.Parked = append(st.Parked, win.parked[k]...)
 		st.Parked = w.carriedParked(st.Parked, win, k)
@@ -285,12 +281,6 @@ func (w *Worker) planBatch(ctx context.Context, win *window, recs []*kgo.Record)
 			aggs[i] = a
 			win.aggs[k] = a
 			win.list = append(win.list, a)
-		}
-		if a.version != 0 {
-			st.Versions[k] = a.version
-		}
-		if a.row != nil {
-			st.Rows[k] = a.row
 		}
 	}
 	changes, out, err := w.plan(ctx, items, keys.All, st, nil, false)

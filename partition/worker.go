@@ -171,6 +171,10 @@ type Worker struct {
 	// batchMem is the memory of the batches a window plans, one after
 	// the other (see batchMemory).
 	batchMem batchMemory
+	// keyIndex is the index of a batch's keys that batchKeys builds,
+	// cleared and used again by the next batch; only Run's goroutine
+	// touches it.
+	keyIndex map[string]int
 	// pending is the transaction of a window committing while the worker
 	// plans the next one (see launch); only Run's goroutine touches it.
 	pending *pendingCommit
