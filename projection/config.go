@@ -41,7 +41,7 @@ type Spec struct {
 	GapTimeout string     `yaml:"gap_timeout"`
 	Repair     *RepairDef `yaml:"repair"`
 	// Fillfactor: the percentage of each page of the table that new rows
-	// fill when the engine creates it (see Projection.Fillfactor).
+	// fill (see Projection.Fillfactor).
 	Fillfactor int `yaml:"fillfactor"`
 }
 

@@ -134,10 +134,11 @@ type Projection struct {
 	// library users may hand the engine a Repairer instead.
 	Repair *RepairSpec
 	// Fillfactor is the percentage of each page of the table that new
-	// rows fill when the engine creates the table (10 to 100; 0:
-	// DefaultFillfactor). The rest is room for the versions updates
+	// rows fill (10 to 100). The rest is room for the versions updates
 	// write: an update whose new version fits on its row's page writes
-	// no index entry (a heap-only tuple).
+	// no index entry (a heap-only tuple). 0: a table the engine creates
+	// gets DefaultFillfactor and an existing one keeps its own; otherwise
+	// an existing table is given this one.
 	Fillfactor int
 }
 

@@ -133,7 +133,32 @@ func ensureTable(ctx context.Context, tx pgx.Tx, p *projection.Projection) error
 		}
 		return nil
 	}
-	return checkTable(ctx, tx, p)
+	if err := checkTable(ctx, tx, p); err != nil {
+		return err
+	}
+	return setFillfactor(ctx, tx, p)
+}
+
+// setFillfactor gives an existing table the fillfactor its projection sets
+// explicitly (one that leaves it to the default keeps the table's own).
+// Postgres applies it to the pages written from then on; the lock it takes
+// blocks neither reads nor writes.
+func setFillfactor(ctx context.Context, tx pgx.Tx, p *projection.Projection) error {
+	if p.Fillfactor == 0 {
+		return nil
+	}
+	var have int
+	if err := tx.QueryRow(ctx, `SELECT coalesce((SELECT option_value::int FROM pg_options_to_table(reloptions)
+		WHERE option_name = 'fillfactor'), 100) FROM pg_class WHERE oid = $1::regclass`, p.Table).Scan(&have); err != nil {
+		return fmt.Errorf("projection %q: read the fillfactor of table %s: %w", p.Name, p.Table, err)
+	}
+	if have == p.Fillfactor {
+		return nil
+	}
+	if _, err := tx.Exec(ctx, fmt.Sprintf("ALTER TABLE %s SET (fillfactor = %d)", quoteTable(p.Table), p.Fillfactor)); err != nil {
+		return fmt.Errorf("projection %q: set the fillfactor of table %s to %d: %w", p.Name, p.Table, p.Fillfactor, err)
+	}
+	return nil
 }
 
 func createTableSQL(p *projection.Projection) string {

@@ -328,7 +328,9 @@ func TestMigrateKeyInByteOrder(t *testing.T) {
 }
 
 // TestMigrateFillfactor checks that created tables leave the room the
-// projection asks for on each page (by default half of it).
+// projection asks for on each page (by default half of it), and that an
+// existing table takes a fillfactor its projection sets but keeps its own
+// when the projection leaves it to the default.
 func TestMigrateFillfactor(t *testing.T) {
 	ctx := context.Background()
 	db := testenv.NewDB(t)
@@ -344,18 +346,27 @@ func TestMigrateFillfactor(t *testing.T) {
       id:   {type: text, primary_key: true}
       note: {type: text}
 `)
-	if err := postgres.Migrate(ctx, db.Pool, byDefault, dense); err != nil {
-		t.Fatalf("migrate: %v", err)
-	}
-	for table, want := range map[string]string{"accounts": "fillfactor=50", "dense": "fillfactor=90"} {
-		var opts []string
-		if err := db.Pool.QueryRow(ctx, `SELECT coalesce(reloptions, '{}') FROM pg_class WHERE oid = $1::regclass`, table).Scan(&opts); err != nil {
-			t.Fatalf("%s: %v", table, err)
+	want := func(when string, fillfactors map[string]string) {
+		t.Helper()
+		if err := postgres.Migrate(ctx, db.Pool, byDefault, dense); err != nil {
+			t.Fatalf("migrate %s: %v", when, err)
 		}
-		if !slices.Contains(opts, want) {
-			t.Errorf("%s: options %v, want %s", table, opts, want)
+		for table, want := range fillfactors {
+			var opts []string
+			if err := db.Pool.QueryRow(ctx, `SELECT coalesce(reloptions, '{}') FROM pg_class WHERE oid = $1::regclass`, table).Scan(&opts); err != nil {
+				t.Fatalf("%s: %v", table, err)
+			}
+			if !slices.Contains(opts, want) {
+				t.Errorf("%s, %s: options %v, want %s", when, table, opts, want)
+			}
 		}
 	}
+	want("creating the tables", map[string]string{"accounts": "fillfactor=50", "dense": "fillfactor=90"})
+	if _, err := db.Pool.Exec(ctx, `ALTER TABLE accounts SET (fillfactor = 80)`); err != nil {
+		t.Fatal(err)
+	}
+	dense.Fillfactor = 70
+	want("migrating again", map[string]string{"accounts": "fillfactor=80", "dense": "fillfactor=70"})
 }
 
 // TestUpdatesStayOnTheirPage checks that a created table leaves room on
