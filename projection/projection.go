@@ -149,8 +149,8 @@ type Projection struct {
 // while the last commits), so a page must hold the new versions that
 // several transactions write to its rows. Measured at 100,000 aggregates
 // with ten events each: with 80% filled, 44% of the updates stayed on
-// their page and an update took Postgres 11-16 µs; with 50%, 99% did,
-// at 8 µs, and the table ended no larger (the versions written elsewhere
+// their page and an update took 11-16 µs of statement time; with 50%,
+// 99% did, at 8 µs, and the table ended no larger (the versions written elsewhere
 // had grown it as much). A table whose rows are rarely updated may take
 // a higher one.
 const DefaultFillfactor = 50
