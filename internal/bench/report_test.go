@@ -92,3 +92,22 @@ func TestKeyedLimit(t *testing.T) {
 		}
 	}
 }
+
+// With several runs the COPY target also gives the ratio of each round,
+// whose runs ran minutes apart, beside the ratio of the medians.
+func TestCopyTargetPerRound(t *testing.T) {
+	runs := func(mode string, seconds ...float64) []*Sample {
+		var out []*Sample
+		for _, s := range seconds {
+			out = append(out, &Sample{Mode: mode, Result: WorkerResult{Events: 1000, Seconds: s}})
+		}
+		return out
+	}
+	r := &Report{Settings: Settings{Runs: 3, Events: 1000}}
+	r.add(ModeLimit, runs(ModeLimit, 1, 1, 2), 1000)
+	r.add(ModeEngineFold, runs(ModeEngineFold, 4, 2, 4), 1000)
+	r.finish()
+	if got, want := r.Targets[0].Got, "25% (per round: 25%, 50%, 50%)"; got != want {
+		t.Errorf("COPY target got %q, want %q", got, want)
+	}
+}
