@@ -41,6 +41,20 @@ func (e *env) planOnce(c partition.Claim, end int64, keys []string, write func(p
 	return seen, err
 }
 
+// nextVersions commits a batch that writes the next version of each
+// aggregate of keys, its balance ten times its version.
+func (e *env) nextVersions(c partition.Claim, end int64, keys []string) error {
+	_, err := e.planOnce(c, end, keys, func(st partition.State) partition.Changes {
+		var ch partition.Changes
+		for _, k := range keys {
+			v := st.Versions[k] + 1
+			ch.Upserts = append(ch.Upserts, upsert(k, v, "owner of "+k, v*10))
+		}
+		return ch
+	})
+	return err
+}
+
 // A batch planned on cached state sees exactly what a read from Postgres
 // gives: the same versions, and rows with the same Go values (a real
 // rounded to single precision, ints of any width as int64).
@@ -197,14 +211,7 @@ func TestUpdatesKeepTheTableSize(t *testing.T) {
 				batch = append(batch, keys[i])
 			}
 		}
-		if _, err := e.planOnce(c, int64(b+1), batch, func(st partition.State) partition.Changes {
-			var ch partition.Changes
-			for _, k := range batch {
-				v := st.Versions[k] + 1
-				ch.Upserts = append(ch.Upserts, upsert(k, v, "owner of "+k, v*10))
-			}
-			return ch
-		}); err != nil {
+		if err := e.nextVersions(c, int64(b+1), batch); err != nil {
 			t.Fatalf("batch %d: %v", b, err)
 		}
 		c.NextOffset = int64(b + 1)

@@ -381,19 +381,6 @@ func TestUpdatesStayOnTheirPage(t *testing.T) {
 	for i := range keys {
 		keys[i] = fmt.Sprintf("acc-%05d", i)
 	}
-	write := func(c partition.Claim, end int64, keys []string) {
-		t.Helper()
-		if _, err := e.planOnce(c, end, keys, func(st partition.State) partition.Changes {
-			var ch partition.Changes
-			for _, k := range keys {
-				v := st.Versions[k] + 1
-				ch.Upserts = append(ch.Upserts, upsert(k, v, "owner of "+k, v*10))
-			}
-			return ch
-		}); err != nil {
-			t.Fatal(err)
-		}
-	}
 	pages := func() map[string]int64 {
 		t.Helper()
 		rows, err := e.db.Pool.Query(e.ctx, `SELECT account_id, (ctid::text::point)[0]::bigint FROM accounts`)
@@ -415,7 +402,9 @@ func TestUpdatesStayOnTheirPage(t *testing.T) {
 		return m
 	}
 	c := e.claim(0)
-	write(c, 1, keys)
+	if err := e.nextVersions(c, 1, keys); err != nil {
+		t.Fatal(err)
+	}
 	before := pages()
 
 	// A transaction that began before the updates and holds a
@@ -433,7 +422,9 @@ func TestUpdatesStayOnTheirPage(t *testing.T) {
 		half = append(half, keys[i])
 	}
 	c.NextOffset = 1
-	write(c, 2, half)
+	if err := e.nextVersions(c, 2, half); err != nil {
+		t.Fatal(err)
+	}
 	after := pages()
 	moved := 0
 	for _, k := range half {
