@@ -106,6 +106,14 @@ func TestBenchSmoke(t *testing.T) {
 	if got := strings.Count(stderr.String(), "run 2/2: scaling"); got != 2 {
 		t.Errorf("%d second-round scaling runs logged, want 2 (the sizes after the first, in rounds):\n%s", got, stderr.String())
 	}
+	// Every size's stream also went through the keyed COPY limit, in every
+	// round, which gives each size its ceiling.
+	if got := strings.Count(stderr.String(), "keyed COPY limit, "); got != 6 {
+		t.Errorf("%d keyed COPY runs logged, want 6 (3 sizes, 2 rounds):\n%s", got, stderr.String())
+	}
+	if !strings.Contains(lineWith(out, "engine fold cost per event"), "keyed COPY's ceiling at 4,000 aggregates: ") {
+		t.Errorf("the scaling target gives no ceiling:\n%s", out)
+	}
 
 	// Hot aggregates: most events belong to a few accounts, whose events
 	// in a batch collapse into one row write each (uniform, above, writes

@@ -21,8 +21,8 @@ func (b *bench) check(ctx context.Context, pool *pgxpool.Pool, mode string, ds *
 		if err := pool.QueryRow(ctx, `SELECT count(*) FROM limit_rows`).Scan(&n); err != nil {
 			return err
 		}
-		if n != int64(len(ds.records)) {
-			return fmt.Errorf("limit_rows holds %d rows, want %d", n, len(ds.records))
+		if n != int64(ds.events) {
+			return fmt.Errorf("limit_rows holds %d rows, want %d", n, ds.events)
 		}
 		return nil
 	case ModeEngineFold:

@@ -47,7 +47,7 @@ func (b *bench) runFreshness(ctx context.Context, main *dataset, rate float64) (
 	if ds.records, err = Generate(ds.opts); err != nil {
 		return nil, err
 	}
-	ds.exp = demo.Fold(ds.records)
+	ds.exp, ds.events = demo.Fold(ds.records), len(ds.records)
 	if ds.topic, err = b.topic(ctx, "fresh"); err != nil {
 		return nil, err
 	}

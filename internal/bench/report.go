@@ -115,6 +115,20 @@ type ScalePoint struct {
 	Check            string   `json:"check"`
 	// RunsEPS is every run's events/s, in the order they ran.
 	RunsEPS []float64 `json:"events_per_sec_runs,omitempty"`
+	// KeyedLimitEPS is the keyed COPY limit on this size's stream: the
+	// rows per second Postgres took in under a primary key (median; 0: not
+	// run). CeilingEPS is the events/s it allows at the engine's row
+	// writes per event: what a consumer that cost nothing itself would
+	// reach, were its row writes as cheap as COPY's keyed rows.
+	KeyedLimitEPS float64 `json:"keyed_limit_rows_per_sec,omitempty"`
+	CeilingEPS    float64 `json:"ceiling_events_per_sec,omitempty"`
+}
+
+// ceiling computes CeilingEPS.
+func (p *ScalePoint) ceiling() {
+	if p.KeyedLimitEPS > 0 && p.RowWrites > 0 {
+		p.CeilingEPS = p.KeyedLimitEPS * float64(p.Events) / float64(p.RowWrites)
+	}
 }
 
 // cpuPerRowWrite is the CPU, projector's and Postgres's, per row written.
@@ -230,6 +244,15 @@ func (r *Report) add(mode string, runs []*Sample, total int) {
 	r.Rows = append(r.Rows, row)
 }
 
+// scaleKeyed gives scaling point i its keyed COPY limit, the median of runs.
+func (r *Report) scaleKeyed(i int, runs []*Sample) {
+	p := &r.Scaling[i]
+	p.KeyedLimitEPS = median(runs).EPS()
+	if err := failed(runs); err != nil {
+		r.Failed = append(r.Failed, fmt.Sprintf("keyed COPY limit over %d aggregates: %v", p.Aggregates, err))
+	}
+}
+
 // finish computes the ratios and the targets.
 func (r *Report) finish() {
 	ratio := func(a, b *Row) *float64 {
@@ -287,6 +310,7 @@ func (r *Report) finish() {
 		if us, ok := r.Scaling[i].cpuPerRowWrite(); ok {
 			r.Scaling[i].CPUPerRowWriteUS = &us
 		}
+		r.Scaling[i].ceiling()
 	}
 	scale := Target{Name: "engine fold cost per event, most/fewest aggregates", Want: "≤ 1.5×",
 		Got: "not measured: run projector bench --aggregates 10000,100000,1000000 --modes engine-fold"}
@@ -297,6 +321,10 @@ func (r *Report) finish() {
 		last, ok2 := r.Scaling[n-1].cpuPerRowWrite()
 		if ok1 && ok2 && first > 0 {
 			scale.Got += fmt.Sprintf("; per row write ×%.2f", last/first)
+		}
+		if c := r.Scaling[n-1].CeilingEPS; c > 0 {
+			scale.Got += fmt.Sprintf("; keyed COPY's ceiling at %s aggregates: %s events/s, ×%.2f",
+				group(int64(r.Scaling[n-1].Aggregates)), group(int64(math.Round(c))), r.Scaling[0].EventsPerSec/c)
 		}
 		scale.Met = met(growth <= 1.5)
 	}
@@ -447,23 +475,31 @@ func (r *Report) Table(w io.Writer) error {
 		fmt.Fprintln(w)
 		fmt.Fprintln(w, "scaling (engine fold):")
 		tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
-		fmt.Fprintln(tw, "aggregates\tevents\tevents/s\trow writes\tgo cpu µs/ev\tpg cpu µs/ev\tcpu µs/row write\tcheck\t")
+		fmt.Fprintln(tw, "aggregates\tevents\tevents/s\trow writes\tgo cpu µs/ev\tpg cpu µs/ev\tcpu µs/row write\tkeyed COPY rows/s\tceiling events/s\tcheck\t")
 		for _, p := range r.Scaling {
-			pg, perWrite := "n/a", "n/a"
+			pg, perWrite, keyed, ceiling := "n/a", "n/a", "-", "-"
 			if p.PGCPUPerEvUS != nil {
 				pg = fmt.Sprintf("%.1f", *p.PGCPUPerEvUS)
 			}
 			if us, ok := p.cpuPerRowWrite(); ok {
 				perWrite = fmt.Sprintf("%.1f", us)
 			}
-			fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%.1f\t%s\t%s\t%s\t\n", group(int64(p.Aggregates)), group(int64(p.Events)),
-				group(int64(math.Round(p.EventsPerSec))), group(p.RowWrites), p.GoCPUPerEvUS, pg, perWrite, shortCheck(p.Check))
+			if p.KeyedLimitEPS > 0 {
+				keyed = group(int64(math.Round(p.KeyedLimitEPS)))
+			}
+			if p.CeilingEPS > 0 {
+				ceiling = group(int64(math.Round(p.CeilingEPS)))
+			}
+			fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%.1f\t%s\t%s\t%s\t%s\t%s\t\n", group(int64(p.Aggregates)), group(int64(p.Events)),
+				group(int64(math.Round(p.EventsPerSec))), group(p.RowWrites), p.GoCPUPerEvUS, pg, perWrite, keyed, ceiling, shortCheck(p.Check))
 		}
 
 		if err := tw.Flush(); err != nil {
 			return err
 		}
-		fmt.Fprintln(w, "  (with fewer aggregates more of a batch's events fall on one aggregate and collapse into one row write)")
+		fmt.Fprintln(w, "  (with fewer aggregates more of a batch's events fall on one aggregate and collapse into one row write;")
+		fmt.Fprintln(w, "  ceiling: keyed COPY rows/s over row writes per event, what a consumer that cost nothing would reach")
+		fmt.Fprintln(w, "  were each of its row writes as cheap as a row COPY puts under a primary key)")
 		if s.Runs > 1 {
 			var runs []string
 			for _, p := range r.Scaling {

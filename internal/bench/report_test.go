@@ -42,6 +42,54 @@ func TestScalingTarget(t *testing.T) {
 	}
 }
 
+// Each size's keyed COPY limit bounds the engine at that size: a largest
+// size whose bound is more than the target's factor below the smallest
+// size's events/s cannot meet it on this machine, and the target says so.
+// A keyed COPY run that loses rows fails the report.
+func TestScalingCeiling(t *testing.T) {
+	pg := func(v float64) *float64 { return &v }
+	r := &Report{Scaling: []ScalePoint{
+		{Aggregates: 10_000, Events: 1000, EventsPerSec: 900, RowWrites: 20, GoCPUPerEvUS: 2, PGCPUPerEvUS: pg(0.2), Check: "ok"},
+		{Aggregates: 1_000_000, Events: 1000, EventsPerSec: 150, RowWrites: 800, GoCPUPerEvUS: 5, PGCPUPerEvUS: pg(5), Check: "ok"},
+	}}
+	keyed := func(seconds ...float64) []*Sample {
+		var out []*Sample
+		for _, s := range seconds {
+			out = append(out, &Sample{Mode: ModeLimitKeyed, Result: WorkerResult{Events: 1000, Seconds: s}})
+		}
+		return out
+	}
+	r.scaleKeyed(0, keyed(2, 2.5, 5)) // 400 rows/s, the median
+	r.scaleKeyed(1, keyed(4, 2.5, 2)) // 400 rows/s: 500 events/s at 0.8 writes per event
+	r.finish()
+	if c := r.Scaling[1].CeilingEPS; c != 500 {
+		t.Errorf("ceiling of the largest size %v events/s, want 500", c)
+	}
+	if c := r.Scaling[0].CeilingEPS; c != 20_000 {
+		t.Errorf("ceiling of the smallest size %v events/s, want 20,000", c)
+	}
+	scale := r.Targets[len(r.Targets)-1]
+	if want := "; keyed COPY's ceiling at 1,000,000 aggregates: 500 events/s, ×1.80"; !strings.HasSuffix(scale.Got, want) || scale.Met == nil || *scale.Met {
+		t.Errorf("scaling target got %q (met %v), want it to end in %q and not be met", scale.Got, scale.Met, want)
+	}
+	var out bytes.Buffer
+	if err := r.Table(&out); err != nil {
+		t.Fatal(err)
+	}
+	for _, want := range []string{"keyed COPY rows/s", "ceiling events/s", "20,000", " 500 "} {
+		if !strings.Contains(out.String(), want) {
+			t.Errorf("scaling table lacks %q:\n%s", want, out.String())
+		}
+	}
+
+	bad := keyed(1)
+	bad[0].Check = errors.New("limit_rows holds 999 rows, want 1000")
+	r.scaleKeyed(1, bad)
+	if len(r.Failed) != 1 || !strings.Contains(r.Failed[0], "keyed COPY limit over 1000000 aggregates: limit_rows holds 999 rows") {
+		t.Errorf("failed %q, want the keyed COPY run's lost rows", r.Failed)
+	}
+}
+
 // A run that fails the reference check fails its row even when another run
 // is the median, and the report lists every run's events/s.
 func TestAnyFailedRunFailsTheRow(t *testing.T) {

@@ -123,6 +123,7 @@ type dataset struct {
 	topic      string
 	opts       GenOptions
 	records    []demo.Record
+	events     int // len(records), kept when records are dropped
 	partOf     []int32
 	offOf      []int64
 	end        map[int32]int64
@@ -234,6 +235,19 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 		scaled = append(scaled, ds)
 	}
 	scaleSamples := make([][]*Sample, len(scaled))
+	// Every size's stream is also copied into the keyed COPY limit's table
+	// once per round: what Postgres takes in keyed rows per second on it
+	// bounds what any consumer that writes that size's rows could reach.
+	keyedSamples := make([][]*Sample, len(cfg.Aggregates))
+	keyedSize := func(ctx context.Context, i int, ds *dataset) error {
+		s, err := b.runThroughput(ctx, ModeLimitKeyed, ds)
+		if err != nil {
+			return fmt.Errorf("keyed COPY limit over %d aggregates: %w", cfg.Aggregates[i], err)
+		}
+		b.logf("keyed COPY limit, %d aggregates: %d rows in %.1fs = %.0f rows/s", cfg.Aggregates[i], s.Result.Events, s.Result.Seconds, s.EPS())
+		keyedSamples[i] = append(keyedSamples[i], s)
+		return nil
+	}
 
 	samples := map[string][]*Sample{}
 	has := func(m string) bool { return slices.Contains(cfg.Modes, m) }
@@ -268,6 +282,19 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 			b.logf("scaling, %d aggregates: %d events in %.1fs = %.0f events/s", cfg.Aggregates[i+1], s.Result.Events, s.Result.Seconds, s.EPS())
 			scaleSamples[i] = append(scaleSamples[i], s)
 		}
+		if len(scaled) > 0 && !has(ModeLimitKeyed) {
+			if err := keyedSize(ctx, 0, main); err != nil {
+				return nil, err
+			}
+		}
+		for i, ds := range scaled {
+			if err := keyedSize(ctx, i+1, ds); err != nil {
+				return nil, err
+			}
+		}
+	}
+	if len(scaled) > 0 && has(ModeLimitKeyed) {
+		keyedSamples[0] = samples[ModeLimitKeyed]
 	}
 	for _, mode := range throughputModes {
 		if ss := samples[mode]; len(ss) > 0 {
@@ -327,6 +354,11 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 		}
 		if r := rep.row(ModeEngineFold); r != nil {
 			rep.Scaling[0].Check = r.Check
+		}
+		for i := range cfg.Aggregates {
+			if ks := keyedSamples[i]; len(ks) > 0 {
+				rep.scaleKeyed(i, ks)
+			}
 		}
 	}
 	rep.finish()
@@ -416,7 +448,7 @@ func (b *bench) dataset(ctx context.Context, aggregates, events int, seed uint64
 	if ds.records, err = Generate(ds.opts); err != nil {
 		return nil, err
 	}
-	ds.exp = demo.Fold(ds.records)
+	ds.exp, ds.events = demo.Fold(ds.records), len(ds.records)
 	if ds.topic, err = b.topic(ctx, name); err != nil {
 		return nil, err
 	}
