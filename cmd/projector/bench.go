@@ -68,7 +68,7 @@ func benchCommand(stdout, stderr io.Writer) *ffcli.Command {
 			fs.StringVar(&f.databaseURL, "database-url", DefaultDatabaseURL, "PostgreSQL connection URL (PROJECTOR_DATABASE_URL); every run gets a fresh schema, dropped afterwards")
 			fs.StringVar(&f.brokers, "brokers", "", "real Kafka seed brokers, comma-separated; empty: an embedded broker (kfake)")
 			fs.IntVar(&f.events, "events", 1_000_000, "events in the stream (10000000 shows whether the engine's RSS stays flat: add --modes engine-fold)")
-			fs.StringVar(&f.aggregates, "aggregates", "100000", "accounts the events spread over; a comma list (10000,100000,1000000) adds an engine events/s per size (scaling)")
+			fs.StringVar(&f.aggregates, "aggregates", "100000", "accounts the events spread over; a comma list (10000,100000,1000000) adds an engine events/s and a keyed COPY limit per size (scaling)")
 			fs.IntVar(&f.partitions, "partitions", 12, "partitions of the topic")
 			fs.StringVar(&f.skew, "skew", "uniform", "which account each event belongs to: uniform, or zipf (hot accounts: many events of one account per batch)")
 			fs.Float64Var(&f.reorder, "reorder", 0, "share of each account's events that arrive after its next one, parked until their gap fills (engine and limit modes only)")
