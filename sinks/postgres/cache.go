@@ -253,6 +253,13 @@ func (c *stateCache) encode(b []byte, row projection.Row) ([]byte, bool) {
 // the partition (see tally). Without rows, an existing row is given as
 // presentRow.
 func (c *stateCache) lookup(claim partition.Claim, keys []string, st partition.State, rows bool) (misses []string, hits int, caching bool) {
+	return c.lookupUnheld(claim, keys, nil, st, rows)
+}
+
+// lookupUnheld is lookup for a caller that knows the cache holds none of
+// unheld, some of keys in their order: those are given as misses without
+// a lookup (one out of order is looked up).
+func (c *stateCache) lookupUnheld(claim partition.Claim, keys, unheld []string, st partition.State, rows bool) (misses []string, hits int, caching bool) {
 	if c.max <= 0 {
 		return keys, 0, false
 	}
@@ -263,7 +270,13 @@ func (c *stateCache) lookup(claim partition.Claim, keys []string, st partition.S
 		pc.bypass -= len(keys)
 		return keys, 0, false
 	}
+	n := 0 // unheld[:n] are passed
 	for _, k := range keys {
+		if n < len(unheld) && unheld[n] == k {
+			n++
+			misses = append(misses, k)
+			continue
+		}
 		_, a, ok := c.get(pc, k)
 		if !ok {
 			misses = append(misses, k)
@@ -338,26 +351,64 @@ func (c *stateCache) store(claim partition.Claim, misses []string, loaded partit
 	if pc.bypass > 0 {
 		return // dropped while this batch ran: nothing to keep up to date
 	}
+	// A missed key that was also written gets its written state at once:
+	// storing what was read and then the write took a second lookup and
+	// a second copy of the row for nearly every aggregate of a stream
+	// whose aggregates are mostly new. hashes[i] is rows[i]'s key's hash;
+	// stored marks the rows stored with their misses.
+	hashes := make([]uint64, len(rows))
+	var (
+		written map[uint64]int // rows by their key's hash
+		stored  []bool
+	)
+	for i, w := range rows {
+		hashes[i] = c.hash(w.Key)
+	}
+	if len(misses) > 0 && len(rows) > 0 {
+		written, stored = make(map[uint64]int, len(rows)), make([]bool, len(rows))
+		for i, h := range hashes {
+			written[h] = i
+		}
+	}
 	var buf []byte // each row encoded, then copied into the partition's data
 	for _, k := range misses {
+		h := c.hash(k)
+		old, had := pc.ents[h]
+		own := had && pc.holds(old, k)
+		version, row := loaded.Versions[k], loaded.Rows[k]
+		if i, ok := written[h]; ok && rows[i].Key == k {
+			stored[i] = true
+			w := rows[i]
+			if buf, ok = c.encode(buf[:0], w.Row); !ok || w.Version <= version {
+				// Not cacheable, or not applied as given (see below).
+				if had {
+					c.remove(pc, h, old)
+				}
+				continue
+			}
+			c.put(pc, h, k, old, had, own, w.Version, buf)
+			continue
+		}
 		buf = buf[:0]
-		if r := loaded.Rows[k]; r != nil {
+		if row != nil {
 			var ok bool
-			if buf, ok = c.encode(buf, r); !ok {
+			if buf, ok = c.encode(buf, row); !ok {
 				continue // not cached: a miss again next time
 			}
 		}
-		h := c.hash(k)
-		old, had := pc.ents[h]
-		c.put(pc, h, k, old, had, had && pc.holds(old, k), loaded.Versions[k], buf)
+		c.put(pc, h, k, old, had, own, version, buf)
 	}
 	// A write moves a known aggregate forward. One that Postgres would
 	// not have applied as given (an upsert at or below the known version,
 	// a delete below it), or of an aggregate whose state was not read,
 	// leaves nothing in the cache: its next batch reads Postgres.
-	for _, w := range rows {
-		h, cur, ok := c.get(pc, w.Key)
-		if !ok {
+	for i, w := range rows {
+		if stored != nil && stored[i] {
+			continue
+		}
+		h := hashes[i]
+		cur, ok := pc.ents[h]
+		if !ok || !pc.holds(cur, w.Key) {
 			continue
 		}
 		buf, ok = c.encode(buf[:0], w.Row)

@@ -56,3 +56,39 @@ func BenchmarkStateCache(b *testing.B) {
 	}
 	b.ReportMetric(float64(b.Elapsed().Nanoseconds())/float64(n*batch), "ns/key")
 }
+
+// BenchmarkStateCacheFill is the cache's share of batches whose
+// aggregates are all new, as while a stream of many aggregates first
+// reaches them: 1,000 keys missed and inserted per batch, until the cache
+// holds a million (then it starts over).
+func BenchmarkStateCacheFill(b *testing.B) {
+	cols := []projection.Column{{Name: "account_id", Type: "text"}, {Name: "owner", Type: "text"},
+		{Name: "balance", Type: "bigint"}, {Name: "opened_at", Type: "timestamptz"}}
+	const aggregates, batch = 1_000_000, 1000
+	keys := make([]string, aggregates)
+	writes := make([]partition.RowWrite, aggregates)
+	for i := range keys {
+		keys[i] = fmt.Sprintf("acc-%07d", i)
+	}
+	rand.New(rand.NewPCG(1, 2)).Shuffle(len(keys), func(i, j int) { keys[i], keys[j] = keys[j], keys[i] })
+	for i, k := range keys {
+		writes[i] = partition.RowWrite{Key: k, Version: 1,
+			Row: projection.Row{"account_id": k, "owner": "owner " + k[4:], "balance": int64(7), "opened_at": "2026-01-01 00:00:00+00"}}
+	}
+	claim := partition.Claim{TP: partition.TP{Topic: "t"}, Epoch: 1}
+	b.ReportAllocs()
+	var c *stateCache
+	n := 0
+	for b.Loop() {
+		i := n % (aggregates / batch)
+		if i == 0 {
+			c = newStateCache(aggregates+1, 1<<40, cols, true)
+		}
+		ks := keys[i*batch:][:batch]
+		st := partition.State{Rows: map[string]projection.Row{}, Versions: map[string]int64{}}
+		misses, _, _ := c.lookup(claim, ks, st, true)
+		c.store(claim, misses, st, writes[i*batch:][:batch], nil)
+		n++
+	}
+	b.ReportMetric(float64(b.Elapsed().Nanoseconds())/float64(n*batch), "ns/key")
+}

@@ -17,7 +17,9 @@ import (
 // it may forget any aggregate (bounds, collisions, dropped partitions),
 // but what it hands out is always what Postgres holds, and its counts are
 // always those of its entries. Hashes are drawn from a few values, so that
-// keys collide all the time; rows grow, shrink and keep their length.
+// keys collide all the time; rows grow, shrink and keep their length; some
+// writes come at or below the version Postgres holds, which it does not
+// apply.
 func TestStateCacheAgainstModel(t *testing.T) {
 	cols := []projection.Column{{Name: "owner", Type: "text"}, {Name: "n", Type: "bigint"}}
 	defer func(n int) { compactMin = n }(compactMin)
@@ -80,11 +82,14 @@ func TestStateCacheAgainstModel(t *testing.T) {
 			for _, k := range keys {
 				s := truth[k]
 				v := s.version + int64(rapid.IntRange(1, 3).Draw(t, "step"))
-				switch rapid.IntRange(0, 3).Draw(t, "change") {
+				switch rapid.IntRange(0, 4).Draw(t, "change") {
 				case 0: // not written in this batch
 				case 1:
 					deletes = append(deletes, partition.RowDelete{Key: k, Version: v})
 					truth[k] = state{version: v}
+				case 2: // at or below the version held: Postgres keeps its row
+					stale := max(0, s.version-int64(rapid.IntRange(0, 1).Draw(t, "behind")))
+					writes = append(writes, partition.RowWrite{Key: k, Version: stale, Row: projection.Row{"owner": "stale", "n": stale}})
 				default:
 					row := projection.Row{"owner": strings.Repeat("o", rapid.IntRange(0, 40).Draw(t, "owner")), "n": v}
 					writes = append(writes, partition.RowWrite{Key: k, Version: v, Row: row})

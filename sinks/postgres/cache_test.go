@@ -506,3 +506,38 @@ func TestPeek(t *testing.T) {
 		t.Errorf("a1 = v%d balance %d, want v3 balance 11", a.version, *a.balance)
 	}
 }
+
+// A window's commit does not look up again the aggregates it assumed new,
+// which Peek found the cache without and nothing stores before the commit.
+// Were one cached after all, the window is not applied on that assumption:
+// its insert meets the row, and its plan is given what Postgres holds.
+func TestPlannedCommitOfACachedAggregateAssumedNew(t *testing.T) {
+	e := newEnv(t, demoProjection(t))
+	c := e.claim(0)
+	if err := e.nextVersions(c, 1, []string{"x"}); err != nil { // x at v1, cached
+		t.Fatal(err)
+	}
+	c.NextOffset = 1
+	errStale := errors.New("planned on another state")
+	keys := partition.Keys{All: []string{"x", "y"}, New: []string{"x", "y"}, Planned: true}
+	var last partition.State
+	err := e.sink.CommitBatch(e.ctx, c, 2, keys, func(st partition.State) (partition.Changes, error) {
+		last = st
+		for _, k := range keys.All {
+			if st.Versions[k] != 0 || st.Rows[k] != nil {
+				return partition.Changes{}, fmt.Errorf("%s found at v%d: %w", k, st.Versions[k], errStale)
+			}
+		}
+		return partition.Changes{Upserts: []partition.RowWrite{upsert("x", 1, "again", 5), upsert("y", 1, "new", 1)}}, nil
+	})
+	if !errors.Is(err, errStale) || last.Versions["x"] != 1 {
+		t.Fatalf("commit: %v, last planned on x at v%d; want the plan to find x at v1 and refuse", err, last.Versions["x"])
+	}
+	if a, ok := e.account("x"); !ok || a.version != 1 || *a.owner != "owner of x" {
+		t.Errorf("x = %+v (present %v), want its v1 row untouched", a, ok)
+	}
+	if _, ok := e.account("y"); ok {
+		t.Error("y was written by a transaction that failed")
+	}
+	e.wantOffset(1)
+}

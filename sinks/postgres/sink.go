@@ -424,7 +424,16 @@ func (s *Sink) commit(ctx context.Context, claim partition.Claim, end int64, key
 		Rows:     make(map[string]projection.Row, len(keys.All)),
 		Versions: make(map[string]int64, len(keys.All)),
 	}
-	misses, hits, caching := s.cache.lookup(claim, keys.All, state, !keys.Planned)
+	// A window is planned on what Peek found, and its aggregates assumed
+	// new are those neither the cache nor an earlier window held: nothing
+	// stores them before this transaction does, so they are not looked up
+	// again. (Were one held after all, its insert would fail and the
+	// window be planned again from Postgres.)
+	var unheld []string
+	if keys.Planned {
+		unheld = keys.New
+	}
+	misses, hits, caching := s.cache.lookupUnheld(claim, keys.All, unheld, state, !keys.Planned)
 	read, assumed := misses, map[string]bool(nil)
 	if assume && !isolate && len(keys.New) > 0 {
 		read, assumed = splitNew(keys.All, misses, keys.New, true)
