@@ -293,9 +293,6 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 			}
 		}
 	}
-	if len(scaled) > 0 && has(ModeLimitKeyed) {
-		keyedSamples[0] = samples[ModeLimitKeyed]
-	}
 	for _, mode := range throughputModes {
 		if ss := samples[mode]; len(ss) > 0 {
 			rep.add(mode, ss, len(main.records))
@@ -359,6 +356,9 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 			if ks := keyedSamples[i]; len(ks) > 0 {
 				rep.scaleKeyed(i, ks)
 			}
+		}
+		if r := rep.row(ModeLimitKeyed); r != nil {
+			rep.Scaling[0].KeyedLimitEPS = r.EventsPerSec // the table's row ran on the first size's stream
 		}
 	}
 	rep.finish()
