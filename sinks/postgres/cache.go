@@ -13,9 +13,9 @@ import (
 // The most a sink's state cache holds unless told otherwise (see
 // Sink.SetStateCache): whichever bound it reaches first. A cached
 // aggregate takes its key, its encoded row and entryBytes more; one with a
-// few short columns takes 130-190 bytes of live heap (depending on how
-// full the maps' tables and the partitions' data are) and counts 181, so
-// 128 MiB hold some 740,000 of them. The process's resident memory grows by up to
+// few short columns takes 150-160 bytes of live heap (depending on how
+// full the maps' tables are) and counts 184, so 128 MiB hold some 730,000
+// of them. The process's resident memory grows by up to
 // about twice that, as Go's collector lets the heap reach twice what is
 // live (GOGC=100).
 const (
@@ -26,9 +26,10 @@ const (
 // entryBytes is what the cache counts for one entry besides the bytes of
 // its key and row: its map slot (hash and entry, with the load factor's
 // slack) and the share of unused bytes that compaction lets accumulate
-// (see partCache.compact) and the room data keeps to grow into (see
-// partCache.grow), as measured on rows of four short columns over 12
-// partitions: such entries took 130-190 bytes of heap in all, 181 counted.
+// (see partCache.compact) and the unused ends of data's chunks (see
+// arena), as measured on rows of four short columns over 12
+// partitions: 100,000 to 740,000 such entries took 154-159 bytes of heap
+// each, 184 counted.
 const entryBytes = 110
 
 // stateCache keeps the state of the aggregates a sink has read or written,
@@ -67,7 +68,7 @@ type partCache struct {
 	// data holds the keys and rows of ents. A row is rewritten in place
 	// when the new one fits, appended otherwise; data is compacted once
 	// the bytes no entry uses take a quarter of it. Lookups copy rows out.
-	data  []byte
+	data  arena
 	live  int // bytes of data that entries hold (keys and row slots)
 	bytes int64
 
@@ -139,11 +140,11 @@ func (c *stateCache) get(pc *partCache, key string) (h uint64, a cachedAgg, ok b
 
 // holds reports whether a is key's entry.
 func (pc *partCache) holds(a cachedAgg, key string) bool {
-	return string(pc.data[a.koff:a.koff+uint32(a.klen)]) == key
+	return string(pc.data.at(a.koff, int(a.klen))) == key
 }
 
 // row is a copy of a's row as appendRow encoded it ("": none).
-func (pc *partCache) row(a cachedAgg) string { return string(pc.data[a.roff : a.roff+a.rlen]) }
+func (pc *partCache) row(a cachedAgg) string { return string(pc.data.at(a.roff, int(a.rlen))) }
 
 // put stores an entry for key at hash h with version and row,
 // replacing old, the entry at h when had: key's own when own, another
@@ -151,7 +152,7 @@ func (pc *partCache) row(a cachedAgg) string { return string(pc.data[a.roff : a.
 // data would be too long is not kept: h is left without one. Call with mu
 // held.
 func (c *stateCache) put(pc *partCache, h uint64, key string, old cachedAgg, had, own bool, version int64, row []byte) {
-	if len(key) > math.MaxUint16 || len(pc.data)+len(key)+len(row) > maxData {
+	if len(key) > math.MaxUint16 || pc.data.len()+len(key)+len(row)+2*chunkSize > maxData {
 		if had {
 			c.remove(pc, h, old)
 		}
@@ -166,17 +167,14 @@ func (c *stateCache) put(pc *partCache, h uint64, key string, old cachedAgg, had
 	a := cachedAgg{version: version, klen: uint16(len(key)), rlen: uint32(len(row))}
 	if own && old.rlen <= math.MaxUint16 && len(row) <= old.slot() {
 		a.koff, a.roff, a.rcap = old.koff, old.roff, old.rcap // in place
-		copy(pc.data[a.roff:], row)
+		copy(pc.data.at(a.roff, len(row)), row)
 	} else {
-		pc.grow(len(key) + len(row))
 		if own {
 			a.koff = old.koff // the key's bytes stay
 		} else {
-			a.koff = uint32(len(pc.data))
-			pc.data = append(pc.data, key...)
+			a.koff = add(&pc.data, key)
 		}
-		a.roff = uint32(len(pc.data))
-		pc.data = append(pc.data, row...)
+		a.roff = add(&pc.data, row)
 		a.rcap = uint16(min(len(row), math.MaxUint16))
 	}
 	pc.ents[h] = a
@@ -195,38 +193,21 @@ func (c *stateCache) remove(pc *partCache, h uint64, a cachedAgg) {
 	c.bytes -= cost(a)
 }
 
-// grow makes room in data for n more bytes, by half of what it holds at
-// least: appending grows a large slice by a quarter, which copies the
-// data twice as often (filling the cache with a million aggregates, the
-// copies took 9% of projector's CPU, 4% with this).
-func (pc *partCache) grow(n int) {
-	if len(pc.data)+n <= cap(pc.data) {
-		return
-	}
-	data := make([]byte, len(pc.data), max(len(pc.data)+n, len(pc.data)+len(pc.data)/2))
-	copy(data, pc.data)
-	pc.data = data
-}
-
 // compactMin is the fewest unused bytes worth compacting a partition's
 // data for.
 var compactMin = 64 << 10
 
 // compact rewrites data with only the bytes entries hold once the others
-// take a quarter of it, leaving room for half as much again: the third
-// more that the entries may grow by before the next compaction.
+// take a quarter of it.
 // Call with mu held.
 func (pc *partCache) compact() {
-	if dead := len(pc.data) - pc.live; dead < compactMin || dead < len(pc.data)/4 {
+	if dead := pc.data.len() - pc.live; dead < compactMin || dead < pc.data.len()/4 {
 		return
 	}
-	data := make([]byte, 0, pc.live+pc.live/2)
+	var data arena
 	for h, a := range pc.ents {
-		k := len(data)
-		data = append(data, pc.data[a.koff:a.koff+uint32(a.klen)]...)
-		r := len(data)
-		data = append(data, pc.data[a.roff:a.roff+uint32(a.slot())]...)
-		a.koff, a.roff = uint32(k), uint32(r)
+		a.koff = add(&data, pc.data.at(a.koff, int(a.klen)))
+		a.roff = add(&data, pc.data.at(a.roff, a.slot()))
 		pc.ents[h] = a
 	}
 	pc.data = data
@@ -236,7 +217,7 @@ func (pc *partCache) compact() {
 func (c *stateCache) clear(pc *partCache) {
 	c.size -= len(pc.ents)
 	c.bytes -= pc.bytes
-	pc.ents, pc.data, pc.live, pc.bytes = map[uint64]cachedAgg{}, nil, 0, 0
+	pc.ents, pc.data, pc.live, pc.bytes = map[uint64]cachedAgg{}, arena{}, 0, 0
 }
 
 // encode appends row in cached form to b; ok is false when it cannot be

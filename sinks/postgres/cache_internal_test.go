@@ -231,7 +231,7 @@ func TestStateCacheCountsAReplacedMissOnce(t *testing.T) {
 func entries(pc *partCache) map[string]cachedAgg {
 	out := make(map[string]cachedAgg, len(pc.ents))
 	for _, a := range pc.ents {
-		out[string(pc.data[a.koff:a.koff+uint32(a.klen)])] = a
+		out[string(pc.data.at(a.koff, int(a.klen)))] = a
 	}
 	return out
 }
@@ -282,24 +282,24 @@ func TestStateCacheCompacts(t *testing.T) {
 			writes = append(writes, partition.RowWrite{Key: k, Version: v, Row: projection.Row{"owner": strings.Repeat("o", int(v)) + k, "n": v}})
 		}
 		c.store(claim, nil, partition.State{}, writes, nil)
-		if limit := 2*pc.live + compactMin + 1<<10; len(pc.data) > limit {
-			t.Fatalf("after version %d the partition keeps %d bytes for %d live", v, len(pc.data), pc.live)
+		if limit := 2*pc.live + compactMin + 1<<10; pc.data.len() > limit {
+			t.Fatalf("after version %d the partition keeps %d bytes for %d live", v, pc.data.len(), pc.live)
 		}
 	}
-	if cap(pc.data) > 4*pc.live+(128<<10) {
-		t.Errorf("%d bytes of capacity for %d live", cap(pc.data), pc.live)
+	if pc.data.capacity() > 4*pc.live+(128<<10) {
+		t.Errorf("%d bytes of capacity for %d live", pc.data.capacity(), pc.live)
 	}
 	last := partition.State{Rows: map[string]projection.Row{}, Versions: map[string]int64{}}
 	c.lookup(claim, keys, last, true)
 	// Rows of the same length are rewritten in place.
-	size := len(pc.data)
+	size := pc.data.len()
 	var writes []partition.RowWrite
 	for _, k := range keys {
 		writes = append(writes, partition.RowWrite{Key: k, Version: 201, Row: projection.Row{"owner": strings.Repeat("x", 200) + k, "n": int64(201)}})
 	}
 	c.store(claim, nil, partition.State{}, writes, nil)
-	if len(pc.data) != size {
-		t.Errorf("rewriting rows of the same length took %d bytes more", len(pc.data)-size)
+	if pc.data.len() != size {
+		t.Errorf("rewriting rows of the same length took %d bytes more", pc.data.len()-size)
 	}
 	for _, k := range keys {
 		if got := first.Rows[k]["owner"]; got != "first "+k {

@@ -106,8 +106,8 @@ func TestStateCacheAgainstModel(t *testing.T) {
 					bytes += cost(a)
 					live += int(a.klen) + a.slot()
 				}
-				if live != pc.live || live > len(pc.data) {
-					t.Fatalf("batch %d: %d live bytes counted, %d held, %d in the buffer", step, pc.live, live, len(pc.data))
+				if live != pc.live || live > pc.data.len() {
+					t.Fatalf("batch %d: %d live bytes counted, %d held, %d in the buffer", step, pc.live, live, pc.data.len())
 				}
 			}
 			if size != c.size || bytes != c.bytes || c.size > maxRows || c.bytes > maxBytes {
