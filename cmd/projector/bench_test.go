@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"os"
 	"os/exec"
+	"regexp"
 	"strings"
 	"testing"
 	"time"
@@ -58,6 +59,10 @@ func TestBenchSmoke(t *testing.T) {
 	}
 	if !strings.Contains(out, "freshness (engine fold):") || !strings.Contains(out, "check ok") {
 		t.Errorf("no passed freshness run in:\n%s", out)
+	}
+	cpu := regexp.MustCompile(`cpu over the run's [0-9.]+s \([0-9]+ CPUs, [0-9.]+ CPU seconds\): the engine [0-9.]+s, Postgres [0-9.]+s, the producer, embedded broker and registry [0-9.]+s`)
+	if !cpu.MatchString(out) {
+		t.Errorf("the freshness run does not say where the CPU went:\n%s", out)
 	}
 	want := "reference fold: engine snapshot, engine fold, naive (tx/event), watermill (tx/event), freshness equal the reference fold"
 	if !strings.Contains(out, want) {

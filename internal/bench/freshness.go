@@ -29,7 +29,17 @@ type Freshness struct {
 	MaxMS        float64 `json:"max_ms"`
 	Batches      int     `json:"batches"`
 	GoCPUSeconds float64 `json:"go_cpu_seconds"`
-	Check        string  `json:"check"`
+	// PGCPUSeconds is the CPU of the Postgres backends serving the engine,
+	// nil when their /proc entries are not readable; ProducerCPUSeconds
+	// that of this process, which produces the stream (and runs the
+	// embedded broker and registry, when they are): all three over
+	// WindowSeconds, the engine's run, group join and drain included. On
+	// a machine of few cores the producer's share is CPU the engine did
+	// not have.
+	PGCPUSeconds       *float64 `json:"pg_cpu_seconds,omitempty"`
+	ProducerCPUSeconds float64  `json:"producer_cpu_seconds"`
+	WindowSeconds      float64  `json:"window_seconds"`
+	Check              string   `json:"check"`
 }
 
 // runFreshness starts an engine (fold) on an empty topic, and once it runs
@@ -145,7 +155,8 @@ func (b *bench) runFreshness(ctx context.Context, main *dataset, rate float64) (
 	if s.Check != nil {
 		fr.Check = "FAILED: " + s.Check.Error()
 	}
-	fr.GoCPUSeconds = s.Result.CPUSeconds
+	fr.GoCPUSeconds, fr.PGCPUSeconds = s.Result.CPUSeconds, s.PGCPU
+	fr.ProducerCPUSeconds, fr.WindowSeconds = s.ParentCPU, s.Result.Seconds
 	fr.Batches = len(s.Result.Commits)
 	lat, err := latencies(s.Result.Commits, ds.partOf, ds.offOf, stamp)
 	if err != nil {

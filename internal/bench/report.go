@@ -470,6 +470,7 @@ func (r *Report) Table(w io.Writer) error {
 			"  record timestamp → COMMIT of its batch returned: p50 %.1fms, p90 %.1fms, p99 %.1fms, max %.1fms over %d batches; check %s\n",
 			group(int64(f.Events)), group(int64(math.Round(f.ProducedRate))), group(int64(math.Round(f.TargetRate))),
 			100*f.TargetRate/math.Max(1, ratioBase(r)), f.Seconds, f.P50MS, f.P90MS, f.P99MS, f.MaxMS, f.Batches, shortCheck(f.Check))
+		fmt.Fprintln(w, "  "+freshnessCPU(f, s))
 	}
 	if len(r.Scaling) > 0 {
 		fmt.Fprintln(w)
@@ -589,4 +590,19 @@ func group(n int64) string {
 		out = "-" + out
 	}
 	return out
+}
+
+// freshnessCPU says where the machine's CPU went during the freshness
+// run: the engine, Postgres and this process, which produced the stream.
+func freshnessCPU(f *Freshness, s Settings) string {
+	producer := "the producer"
+	if strings.HasPrefix(s.Kafka, "embedded") {
+		producer = "the producer, embedded broker and registry"
+	}
+	pg := "Postgres n/a"
+	if f.PGCPUSeconds != nil {
+		pg = fmt.Sprintf("Postgres %.1fs", *f.PGCPUSeconds)
+	}
+	return fmt.Sprintf("cpu over the run's %.1fs (%d CPUs, %.1f CPU seconds): the engine %.1fs, %s, %s %.1fs",
+		f.WindowSeconds, s.CPUs, f.WindowSeconds*float64(s.CPUs), f.GoCPUSeconds, pg, producer, f.ProducerCPUSeconds)
 }

@@ -159,3 +159,31 @@ func TestCopyTargetPerRound(t *testing.T) {
 		t.Errorf("COPY target got %q, want %q", got, want)
 	}
 }
+
+// The freshness run says where the machine's CPU went while it ran, the
+// producer's share included, in the table and in the JSON.
+func TestFreshnessCPU(t *testing.T) {
+	pg := 3.5
+	r := &Report{Settings: Settings{Runs: 1, Events: 1000, CPUs: 2, Kafka: "embedded kfake (in the parent process)"}}
+	r.add(ModeEngineFold, []*Sample{{Mode: ModeEngineFold, Result: WorkerResult{Events: 1000, Seconds: 1}}}, 1000)
+	r.Freshness = &Freshness{TargetRate: 250, ProducedRate: 250, Events: 2500, Seconds: 10, Batches: 40, Check: "ok",
+		GoCPUSeconds: 6.25, PGCPUSeconds: &pg, ProducerCPUSeconds: 4.75, WindowSeconds: 10.5}
+	r.finish()
+	var out bytes.Buffer
+	if err := r.Table(&out); err != nil {
+		t.Fatal(err)
+	}
+	want := "cpu over the run's 10.5s (2 CPUs, 21.0 CPU seconds): the engine 6.2s, Postgres 3.5s, the producer, embedded broker and registry 4.8s"
+	if !strings.Contains(out.String(), want) {
+		t.Errorf("report lacks %q:\n%s", want, out.String())
+	}
+	out.Reset()
+	if err := r.JSON(&out); err != nil {
+		t.Fatal(err)
+	}
+	for _, want := range []string{`"pg_cpu_seconds": 3.5`, `"producer_cpu_seconds": 4.75`, `"window_seconds": 10.5`} {
+		if !strings.Contains(out.String(), want) {
+			t.Errorf("JSON lacks %s:\n%s", want, out.String())
+		}
+	}
+}
