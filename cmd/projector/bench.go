@@ -87,7 +87,7 @@ func benchCommand(stdout, stderr io.Writer) *ffcli.Command {
 			fs.Var(&f.stateCacheBytes, "state-cache-bytes", "engine: memory for those rows, whichever bound comes first; 0 disables (as projector run)")
 			fs.DurationVar(&f.batchMaxWait, "batch-max-wait", 50*time.Millisecond, "engine: longest a batch waits for more records (as projector run)")
 			fs.IntVar(&f.copyConns, "copy-conns", runtime.NumCPU(), "limit rows: connections that COPY in parallel (default: one per CPU, as the engine may use every core)")
-			fs.StringVar(&f.profileDir, "cpuprofile-dir", "", "write a CPU profile of every engine run here (engine-fold.pprof, engine-snapshot.pprof) and what it allocated (engine-fold.allocs.pprof, ...)")
+			fs.StringVar(&f.profileDir, "cpuprofile-dir", "", "write a CPU profile of every engine run here (engine-fold.pprof, engine-snapshot.pprof, freshness.pprof) and what it allocated (engine-fold.allocs.pprof, ...)")
 			fs.BoolVar(&f.keepSchemas, "keep-schemas", false, "keep every run's Postgres schema (to inspect or EXPLAIN)")
 			fs.StringVar(&f.logLevel, "log-level", "warn", "log level of the consumers under test")
 			fs.StringVar(&f.worker, "worker", "", "internal: run one benchmark child (JSON spec)")

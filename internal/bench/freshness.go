@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"math"
+	"path/filepath"
 	"slices"
 	"sort"
 	"sync"
@@ -141,6 +142,9 @@ func (b *bench) runFreshness(ctx context.Context, main *dataset, rate float64) (
 		BatchMaxRecords: cfg.BatchMaxRecords, BatchMaxWait: cfg.BatchMaxWait, CommitMaxBatches: cfg.CommitMaxBatches,
 		StateCacheRows:  cfg.StateCacheRows,
 		StateCacheBytes: cfg.StateCacheBytes, MemberMaxRecords: cfg.MemberMaxRecords, CommitLog: true,
+	}
+	if cfg.ProfileDir != "" {
+		spec.CPUProfile = filepath.Join(cfg.ProfileDir, ModeFreshness+".pprof")
 	}
 	s, err := b.runChild(ctx, spec, during, func(ctx context.Context, pool *pgxpool.Pool, _ *WorkerResult) error {
 		if err := demo.Verify(ctx, pool, demo.Table, ds.exp); err != nil {
