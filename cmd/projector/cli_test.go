@@ -9,6 +9,8 @@ import (
 	"net/url"
 	"os"
 	"path/filepath"
+	"regexp"
+	"strconv"
 	"strings"
 	"testing"
 
@@ -43,6 +45,13 @@ func TestDemo(t *testing.T) {
 		if !strings.Contains(out.String(), want) {
 			t.Errorf("demo output lacks %q:\n%s", want, &out)
 		}
+	}
+	// The second member's join is told when it happens, mid-stream.
+	join := regexp.MustCompile(`member-2   joined group "[^"]+" at [0-9.]+s, a third of the way in \(([0-9]+) of ([0-9]+) records sent\)`).FindStringSubmatch(out.String())
+	if join == nil {
+		t.Errorf("demo output does not say when member-2 joined:\n%s", &out)
+	} else if sent, total := atoi(t, join[1]), atoi(t, join[2]); 3*sent < total || sent >= total {
+		t.Errorf("member-2 joined after %d of %d records: want a third of the way in", sent, total)
 	}
 
 	u, _ := url.Parse(testenv.DatabaseURL())
@@ -113,4 +122,13 @@ func TestByteSizeFlag(t *testing.T) {
 			t.Errorf("%q: got %d, %v; want %d", in, b, err, want)
 		}
 	}
+}
+
+func atoi(t *testing.T, s string) int {
+	t.Helper()
+	n, err := strconv.Atoi(s)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return n
 }

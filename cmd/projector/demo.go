@@ -254,6 +254,8 @@ func runDemo(ctx context.Context, f *demoFlags, stdout, stderr io.Writer) error 
 					m2, err := newMember("member-2")
 					if err == nil {
 						members = append(members, m2)
+						say("member-2   joined group %q at %.1fs, a third of the way in (%d of %d records sent)",
+							identity, time.Since(start).Seconds(), done, len(records))
 					}
 					joinErr <- err
 				})
@@ -266,7 +268,6 @@ func runDemo(ctx context.Context, f *demoFlags, stdout, stderr io.Writer) error 
 	if err := <-joinErr; err != nil {
 		return err
 	}
-	say("member-2   joined group %q a third of the way in", identity)
 	if err := waitPublished(ctx, pool, f.timeout); err != nil {
 		return err
 	}
