@@ -30,6 +30,9 @@ func (a *arena) capacity() int { return len(a.chunks) * chunkSize }
 
 // at is the n bytes at offset off, as add placed them.
 func (a *arena) at(off uint32, n int) []byte {
+	if n == 0 {
+		return nil // an empty value's offset may be where no chunk is yet
+	}
 	c := a.chunks[off>>chunkBits]
 	o := int(off & chunkMask)
 	return c[o : o+n]

@@ -46,3 +46,17 @@ func TestArenaHoldsEveryValue(t *testing.T) {
 		t.Errorf("%d bytes handed out in %d of chunks", a.len(), a.capacity())
 	}
 }
+
+// An empty value reads back empty wherever it was added: before any chunk,
+// and where the last chunk is full.
+func TestArenaEmptyValueAtAChunkBoundary(t *testing.T) {
+	var a arena
+	if off := add(&a, ""); len(a.at(off, 0)) != 0 {
+		t.Fatal("an empty value read back bytes")
+	}
+	add(&a, make([]byte, chunkSize))
+	off := add(&a, []byte{})
+	if got := a.at(off, 0); len(got) != 0 || off != chunkSize || a.capacity() != chunkSize {
+		t.Errorf("empty value at %d read back %d bytes, capacity %d", off, len(got), a.capacity())
+	}
+}
