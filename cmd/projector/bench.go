@@ -36,7 +36,7 @@ type benchFlags struct {
 	jsonOut         bool
 	timeLimit       time.Duration
 	freshFor        time.Duration
-	freshLoad       float64
+	freshLoad       string
 	batchMaxRecords int
 	commitMax       int
 	memberMax       int
@@ -78,7 +78,7 @@ func benchCommand(stdout, stderr io.Writer) *ffcli.Command {
 			fs.BoolVar(&f.jsonOut, "json", false, "print the report as JSON")
 			fs.DurationVar(&f.timeLimit, "time-limit", 15*time.Second, "the naive and watermill consumers stop after this and are measured on the prefix they committed")
 			fs.DurationVar(&f.freshFor, "fresh-for", 10*time.Second, "how long the freshness run produces")
-			fs.Float64Var(&f.freshLoad, "fresh-load", 0.25, "the freshness run's arrival rate, as a fraction of the fold engine's measured events/s")
+			fs.StringVar(&f.freshLoad, "fresh-load", "0.25", "the freshness run's arrival rate, as a fraction of the fold engine's measured events/s; a comma list (0.1,0.25,0.5) runs one freshness run per rate")
 			fs.IntVar(&f.batchMaxRecords, "batch-max-records", partition.DefaultBatchMaxRecords, "engine: most records planned together in one batch (as projector run)")
 			fs.IntVar(&f.commitMax, "commit-max-batches", partition.DefaultCommitMaxBatches, "engine: most full batches' worth of records one transaction covers while the engine is behind (as projector run)")
 			fs.IntVar(&f.memberMax, "member-max-records", projector.DefaultMemberMaxRecords, "engine: records held across partitions, shared among them; 0: no bound (as projector run)")
@@ -107,7 +107,7 @@ func benchCommand(stdout, stderr io.Writer) *ffcli.Command {
 func runBench(ctx context.Context, f *benchFlags, stdout, stderr io.Writer) error {
 	cfg := bench.Config{
 		Events: f.events, Partitions: f.partitions, Skew: f.skew, Reorder: f.reorder, ValueBytes: f.valueBytes, Runs: f.runs,
-		DatabaseURL: f.databaseURL, TimeLimit: f.timeLimit, FreshFor: f.freshFor, FreshLoad: f.freshLoad,
+		DatabaseURL: f.databaseURL, TimeLimit: f.timeLimit, FreshFor: f.freshFor,
 		BatchMaxRecords: f.batchMaxRecords, BatchMaxWait: f.batchMaxWait, CommitMaxBatches: f.commitMax, CopyConns: f.copyConns,
 		MemberMaxRecords: offFlag(f.memberMax),
 		StateCacheRows:   offFlag(f.stateCacheRows), StateCacheBytes: cacheBytes(f.stateCacheBytes),
@@ -123,6 +123,19 @@ func runBench(ctx context.Context, f *benchFlags, stdout, stderr io.Writer) erro
 			return fmt.Errorf("--aggregates %q: want positive counts, comma-separated", f.aggregates)
 		}
 		cfg.Aggregates = append(cfg.Aggregates, n)
+	}
+	for _, l := range strings.Split(f.freshLoad, ",") {
+		if l = strings.TrimSpace(l); l == "" {
+			continue
+		}
+		v, err := strconv.ParseFloat(strings.TrimSuffix(l, "%"), 64)
+		if strings.HasSuffix(l, "%") {
+			v /= 100
+		}
+		if err != nil || !(v > 0 && v <= 1) {
+			return fmt.Errorf("--fresh-load %q: want fractions of the fold engine's events/s above 0 and at most 1 (0.25 or 25%%), comma-separated", f.freshLoad)
+		}
+		cfg.FreshLoads = append(cfg.FreshLoads, v)
 	}
 	for _, m := range strings.Split(f.modes, ",") {
 		if m = strings.TrimSpace(m); m != "" {

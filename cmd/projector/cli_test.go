@@ -104,6 +104,8 @@ func TestBadInputStopsWithAClearMessage(t *testing.T) {
 		{[]string{"migrate", "--config", filepath.Join(dir, "missing.yaml")}, "missing.yaml"},
 		{[]string{"migrate", "--config", bad}, `events.Opened.set: no column "nope"`},
 		{[]string{"migrate", "--config", bad}, `projection "x"`},
+		{[]string{"bench", "--fresh-load", "0.25,1.5"}, "--fresh-load"},
+		{[]string{"bench", "--fresh-load", "a quarter"}, "--fresh-load"},
 		{[]string{"demo", "--database-url", "postgres://postgres@127.0.0.1:1/test?connect_timeout=2"}, "cannot connect to PostgreSQL"},
 	} {
 		var out bytes.Buffer

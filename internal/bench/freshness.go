@@ -20,6 +20,9 @@ import (
 // record timestamp an event is visible in the fold projection's table,
 // at a steady arrival rate below the engine's maximum.
 type Freshness struct {
+	// Load is the arrival rate as a fraction of the fold engine's
+	// measured events/s: TargetRate is that much of it.
+	Load         float64 `json:"load"`
 	TargetRate   float64 `json:"target_events_per_sec"`
 	ProducedRate float64 `json:"produced_events_per_sec"`
 	Events       int     `json:"events"`
@@ -49,17 +52,21 @@ type Freshness struct {
 // nanosecond precision on this side). The engine child notes when the
 // COMMIT of every batch returned and which offsets it covered; an event's
 // freshness is that commit time minus its timestamp.
-func (b *bench) runFreshness(ctx context.Context, main *dataset, rate float64) (*Freshness, error) {
+func (b *bench) runFreshness(ctx context.Context, main *dataset, i int, load, rate float64) (*Freshness, error) {
 	cfg := b.cfg
 	n := max(1, int(math.Round(rate*cfg.FreshFor.Seconds())))
 	aggs := max(1, int(math.Round(float64(n)*float64(cfg.Aggregates[0])/float64(cfg.Events))))
-	ds := &dataset{opts: GenOptions{Events: n, Aggregates: aggs, Skew: cfg.Skew, CloseEvery: DefaultCloseEvery, Seed: cfg.Seed + 1000}}
+	ds := &dataset{opts: GenOptions{Events: n, Aggregates: aggs, Skew: cfg.Skew, CloseEvery: DefaultCloseEvery, Seed: cfg.Seed + 1000 + uint64(i)}}
 	var err error
 	if ds.records, err = Generate(ds.opts); err != nil {
 		return nil, err
 	}
 	ds.exp, ds.events = demo.Fold(ds.records), len(ds.records)
-	if ds.topic, err = b.topic(ctx, "fresh"); err != nil {
+	name := "fresh"
+	if i > 0 {
+		name = fmt.Sprintf("fresh-%d", i)
+	}
+	if ds.topic, err = b.topic(ctx, name); err != nil {
 		return nil, err
 	}
 	values := make([][]byte, n)
@@ -74,7 +81,7 @@ func (b *bench) runFreshness(ctx context.Context, main *dataset, rate float64) (
 	stamp := make([]int64, n)
 	ds.partOf = make([]int32, n)
 	ds.offOf = make([]int64, n)
-	fr := &Freshness{TargetRate: rate, Events: n}
+	fr := &Freshness{Load: load, TargetRate: rate, Events: n}
 
 	during := func(ctx context.Context, started <-chan struct{}, send func(command) error) error {
 		// Wait until the engine runs a worker for every partition, so
@@ -145,6 +152,9 @@ func (b *bench) runFreshness(ctx context.Context, main *dataset, rate float64) (
 	}
 	if cfg.ProfileDir != "" {
 		spec.CPUProfile = filepath.Join(cfg.ProfileDir, ModeFreshness+".pprof")
+		if i > 0 {
+			spec.CPUProfile = filepath.Join(cfg.ProfileDir, fmt.Sprintf("%s-%d.pprof", ModeFreshness, i))
+		}
 	}
 	s, err := b.runChild(ctx, spec, during, func(ctx context.Context, pool *pgxpool.Pool, _ *WorkerResult) error {
 		if err := demo.Verify(ctx, pool, demo.Table, ds.exp); err != nil {

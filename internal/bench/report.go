@@ -15,13 +15,16 @@ import (
 
 // Report is what `projector bench` prints, as a table or as JSON.
 type Report struct {
-	Settings  Settings     `json:"settings"`
-	Rows      []*Row       `json:"rows"`
-	NotRun    []NotRun     `json:"not_run,omitempty"`
-	Freshness *Freshness   `json:"freshness,omitempty"`
-	Scaling   []ScalePoint `json:"scaling,omitempty"`
-	Targets   []Target     `json:"targets"`
-	Failed    []string     `json:"failed,omitempty"`
+	Settings  Settings   `json:"settings"`
+	Rows      []*Row     `json:"rows"`
+	NotRun    []NotRun   `json:"not_run,omitempty"`
+	Freshness *Freshness `json:"freshness,omitempty"`
+	// FreshnessLoads holds every freshness run when there were several
+	// (--fresh-load with a list), the first of them also in Freshness.
+	FreshnessLoads []*Freshness `json:"freshness_loads,omitempty"`
+	Scaling        []ScalePoint `json:"scaling,omitempty"`
+	Targets        []Target     `json:"targets"`
+	Failed         []string     `json:"failed,omitempty"`
 }
 
 // Settings describe the run.
@@ -255,6 +258,9 @@ func (r *Report) scaleKeyed(i int, runs []*Sample) {
 
 // finish computes the ratios and the targets.
 func (r *Report) finish() {
+	if f, row := r.Freshness, r.row(ModeEngineFold); f != nil && row != nil {
+		row.FreshP50MS, row.FreshP99MS = &f.P50MS, &f.P99MS
+	}
 	ratio := func(a, b *Row) *float64 {
 		if a == nil || b == nil || b.EventsPerSec == 0 {
 			return nil
@@ -465,12 +471,15 @@ func (r *Report) Table(w io.Writer) error {
 				100*p.Begin/total, 100*p.Load/total, 100*p.Plan/total, 100*p.Write/total, 100*p.Commit/total)
 		}
 	}
-	if f := r.Freshness; f != nil {
+	if f := r.Freshness; f != nil && len(r.FreshnessLoads) == 0 {
 		fmt.Fprintf(w, "freshness (engine fold): %s events produced at %s events/s (target %s = %.0f%% of the fold engine's events/s) for %.1fs:\n"+
 			"  record timestamp → COMMIT of its batch returned: p50 %.1fms, p90 %.1fms, p99 %.1fms, max %.1fms over %d batches; check %s\n",
 			group(int64(f.Events)), group(int64(math.Round(f.ProducedRate))), group(int64(math.Round(f.TargetRate))),
-			100*f.TargetRate/math.Max(1, ratioBase(r)), f.Seconds, f.P50MS, f.P90MS, f.P99MS, f.MaxMS, f.Batches, shortCheck(f.Check))
+			100*f.Load, f.Seconds, f.P50MS, f.P90MS, f.P99MS, f.MaxMS, f.Batches, shortCheck(f.Check))
 		fmt.Fprintln(w, "  "+freshnessCPU(f, s))
+	}
+	if len(r.FreshnessLoads) > 0 {
+		freshnessTable(w, r.FreshnessLoads, s)
 	}
 	if len(r.Scaling) > 0 {
 		fmt.Fprintln(w)
@@ -531,7 +540,10 @@ func (r *Report) Table(w io.Writer) error {
 				checked = append(checked, row.Name)
 			}
 		}
-		if r.Freshness != nil {
+		switch {
+		case len(r.FreshnessLoads) > 1:
+			checked = append(checked, fmt.Sprintf("freshness (%d runs)", len(r.FreshnessLoads)))
+		case r.Freshness != nil:
 			checked = append(checked, "freshness")
 		}
 		if len(checked) > 0 {
@@ -539,13 +551,6 @@ func (r *Report) Table(w io.Writer) error {
 		}
 	}
 	return nil
-}
-
-func ratioBase(r *Report) float64 {
-	if row := r.row(ModeEngineFold); row != nil {
-		return row.EventsPerSec
-	}
-	return r.Freshness.TargetRate * 4
 }
 
 func ratioText(v *float64) string {
@@ -605,4 +610,26 @@ func freshnessCPU(f *Freshness, s Settings) string {
 	}
 	return fmt.Sprintf("cpu over the run's %.1fs (%d CPUs, %.1f CPU seconds): the engine %.1fs, %s, %s %.1fs",
 		f.WindowSeconds, s.CPUs, f.WindowSeconds*float64(s.CPUs), f.GoCPUSeconds, pg, producer, f.ProducerCPUSeconds)
+}
+
+// freshnessTable prints the freshness runs at several arrival rates, one
+// line each, with where the machine's CPU went in each.
+func freshnessTable(w io.Writer, runs []*Freshness, s Settings) {
+	producer := "producer cpu s"
+	if strings.HasPrefix(s.Kafka, "embedded") {
+		producer = "producer+broker cpu s"
+	}
+	fmt.Fprintf(w, "freshness (engine fold) by arrival rate, record timestamp → COMMIT of its batch returned (%d CPUs):\n", s.CPUs)
+	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
+	fmt.Fprintf(tw, "load\tevents/s\tevents\tp50 ms\tp90 ms\tp99 ms\tmax ms\tbatches\tengine cpu s\tpg cpu s\t%s\tcpu s available\tcheck\t\n", producer)
+	for _, f := range runs {
+		pg := "n/a"
+		if f.PGCPUSeconds != nil {
+			pg = fmt.Sprintf("%.1f", *f.PGCPUSeconds)
+		}
+		fmt.Fprintf(tw, "%.0f%%\t%s\t%s\t%.1f\t%.1f\t%.1f\t%.1f\t%d\t%.1f\t%s\t%.1f\t%.1f\t%s\t\n",
+			100*f.Load, group(int64(math.Round(f.ProducedRate))), group(int64(f.Events)), f.P50MS, f.P90MS, f.P99MS, f.MaxMS,
+			f.Batches, f.GoCPUSeconds, pg, f.ProducerCPUSeconds, f.WindowSeconds*float64(s.CPUs), shortCheck(f.Check))
+	}
+	tw.Flush()
 }

@@ -2,6 +2,7 @@ package bench
 
 import (
 	"bytes"
+	"encoding/json"
 	"errors"
 	"strings"
 	"testing"
@@ -166,7 +167,7 @@ func TestFreshnessCPU(t *testing.T) {
 	pg := 3.5
 	r := &Report{Settings: Settings{Runs: 1, Events: 1000, CPUs: 2, Kafka: "embedded kfake (in the parent process)"}}
 	r.add(ModeEngineFold, []*Sample{{Mode: ModeEngineFold, Result: WorkerResult{Events: 1000, Seconds: 1}}}, 1000)
-	r.Freshness = &Freshness{TargetRate: 250, ProducedRate: 250, Events: 2500, Seconds: 10, Batches: 40, Check: "ok",
+	r.Freshness = &Freshness{Load: 0.25, TargetRate: 250, ProducedRate: 250, Events: 2500, Seconds: 10, Batches: 40, Check: "ok",
 		GoCPUSeconds: 6.25, PGCPUSeconds: &pg, ProducerCPUSeconds: 4.75, WindowSeconds: 10.5}
 	r.finish()
 	var out bytes.Buffer
@@ -185,5 +186,51 @@ func TestFreshnessCPU(t *testing.T) {
 		if !strings.Contains(out.String(), want) {
 			t.Errorf("JSON lacks %s:\n%s", want, out.String())
 		}
+	}
+}
+
+// Freshness runs at several arrival rates are a table, a line per rate,
+// and a list in the JSON; the first is also the table's freshness column.
+func TestFreshnessLoads(t *testing.T) {
+	pg := 1.5
+	r := &Report{Settings: Settings{Runs: 1, Events: 1000, CPUs: 2, Kafka: "embedded kfake (in the parent process)"}}
+	r.add(ModeEngineFold, []*Sample{{Mode: ModeEngineFold, Result: WorkerResult{Events: 1000, Seconds: 1}}}, 1000)
+	low := &Freshness{Load: 0.1, TargetRate: 100, ProducedRate: 100, Events: 1000, Seconds: 10, P50MS: 40, P90MS: 60, P99MS: 90, MaxMS: 120,
+		Batches: 30, GoCPUSeconds: 2, PGCPUSeconds: &pg, ProducerCPUSeconds: 1, WindowSeconds: 10.5, Check: "ok"}
+	high := &Freshness{Load: 0.5, TargetRate: 500, ProducedRate: 499, Events: 5000, Seconds: 10, P50MS: 400, P90MS: 600, P99MS: 900, MaxMS: 1200,
+		Batches: 20, GoCPUSeconds: 8, ProducerCPUSeconds: 3, WindowSeconds: 11, Check: "FAILED: rows differ"}
+	r.Freshness, r.FreshnessLoads = low, []*Freshness{low, high}
+	r.finish()
+	var out bytes.Buffer
+	if err := r.Table(&out); err != nil {
+		t.Fatal(err)
+	}
+	text := out.String()
+	for _, want := range []string{
+		"freshness (engine fold) by arrival rate",
+		"10%  100  1,000  40.0  60.0  90.0  120.0  30  2.0  1.5  1.0  21.0  ok",
+		"50%  499  5,000  400.0  600.0  900.0  1200.0  20  8.0  n/a  3.0  22.0  FAILED",
+		"40/90 ms",
+	} {
+		if !strings.Contains(strings.Join(strings.Fields(text), " "), strings.Join(strings.Fields(want), " ")) {
+			t.Errorf("report lacks %q:\n%s", want, text)
+		}
+	}
+	if strings.Contains(text, "freshness (engine fold): ") {
+		t.Errorf("several freshness runs also printed as one:\n%s", text)
+	}
+	out.Reset()
+	if err := r.JSON(&out); err != nil {
+		t.Fatal(err)
+	}
+	var got struct {
+		Freshness      *Freshness   `json:"freshness"`
+		FreshnessLoads []*Freshness `json:"freshness_loads"`
+	}
+	if err := json.Unmarshal(out.Bytes(), &got); err != nil {
+		t.Fatal(err)
+	}
+	if got.Freshness == nil || got.Freshness.Load != 0.1 || len(got.FreshnessLoads) != 2 || got.FreshnessLoads[1].Load != 0.5 {
+		t.Errorf("JSON freshness %+v, loads %+v; want the 10%% run and both runs", got.Freshness, got.FreshnessLoads)
 	}
 }

@@ -52,10 +52,10 @@ type Config struct {
 	// TimeLimit bounds the naive and Watermill runs: they are measured on
 	// the prefix they commit within it.
 	TimeLimit time.Duration
-	// FreshFor and FreshLoad: the freshness run produces at FreshLoad
-	// times the fold engine's measured events/s for FreshFor.
-	FreshFor  time.Duration
-	FreshLoad float64
+	// FreshFor and FreshLoads: a freshness run produces at each of
+	// FreshLoads times the fold engine's measured events/s for FreshFor.
+	FreshFor   time.Duration
+	FreshLoads []float64
 	// BatchMaxRecords and BatchMaxWait configure the engine (0: the
 	// engine's defaults, as `projector run` has them).
 	BatchMaxRecords int
@@ -89,6 +89,10 @@ type Config struct {
 // ModeFreshness is the freshness run (an engine fold run at a steady
 // arrival rate).
 const ModeFreshness = "freshness"
+
+// DefaultFreshLoad is the freshness run's arrival rate, as a fraction of
+// the fold engine's measured events/s.
+const DefaultFreshLoad = 0.25
 
 // throughputModes are the rows that measure events/s, in order.
 var throughputModes = []string{ModeLimit, ModeLimitKeyed, ModeEngineSnapshot, ModeEngineFold, ModeNaive, ModeWatermill}
@@ -310,17 +314,22 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 			}
 			maxEPS = s.EPS()
 		}
-		b.logf("freshness: producing at %.0f events/s for %s", maxEPS*cfg.FreshLoad, cfg.FreshFor)
-		fr, err := b.runFreshness(ctx, main, maxEPS*cfg.FreshLoad)
-		if err != nil {
-			return nil, fmt.Errorf("freshness: %w", err)
-		}
-		rep.Freshness = fr
-		if r := rep.row(ModeEngineFold); r != nil {
-			r.FreshP50MS, r.FreshP99MS = &fr.P50MS, &fr.P99MS
-		}
-		if fr.Check != "ok" {
-			rep.Failed = append(rep.Failed, "freshness run: "+fr.Check)
+		for i, load := range cfg.FreshLoads {
+			b.logf("freshness: producing at %.0f events/s (%.0f%%) for %s", maxEPS*load, 100*load, cfg.FreshFor)
+			fr, err := b.runFreshness(ctx, main, i, load, maxEPS*load)
+			if err != nil {
+				return nil, fmt.Errorf("freshness at %.0f%%: %w", 100*load, err)
+			}
+			if fr.Check != "ok" {
+				rep.Failed = append(rep.Failed, fmt.Sprintf("freshness run at %.0f%%: %s", 100*load, fr.Check))
+			}
+			if len(cfg.FreshLoads) > 1 {
+				rep.FreshnessLoads = append(rep.FreshnessLoads, fr)
+			}
+			if i > 0 {
+				continue
+			}
+			rep.Freshness = fr
 		}
 	}
 
@@ -413,8 +422,13 @@ func (c *Config) defaults() error {
 	if c.FreshFor <= 0 {
 		c.FreshFor = 10 * time.Second
 	}
-	if c.FreshLoad <= 0 {
-		c.FreshLoad = 0.25
+	if len(c.FreshLoads) == 0 {
+		c.FreshLoads = []float64{DefaultFreshLoad}
+	}
+	for _, l := range c.FreshLoads {
+		if !(l > 0 && l <= 1) {
+			return fmt.Errorf("--fresh-load: %v: want fractions of the fold engine's events/s above 0 and at most 1", l)
+		}
 	}
 	if c.BatchMaxRecords <= 0 {
 		c.BatchMaxRecords = partition.DefaultBatchMaxRecords
