@@ -51,7 +51,9 @@ type Freshness struct {
 // the time it is handed to the producer (the record timestamp, kept at
 // nanosecond precision on this side). The engine child notes when the
 // COMMIT of every batch returned and which offsets it covered; an event's
-// freshness is that commit time minus its timestamp.
+// freshness is that commit time minus its timestamp. i numbers the run
+// among those of one bench (a stream, topic and profile of its own); load
+// is rate as a fraction of the fold engine's events/s.
 func (b *bench) runFreshness(ctx context.Context, main *dataset, i int, load, rate float64) (*Freshness, error) {
 	cfg := b.cfg
 	n := max(1, int(math.Round(rate*cfg.FreshFor.Seconds())))

@@ -619,7 +619,7 @@ func freshnessTable(w io.Writer, runs []*Freshness, s Settings) {
 	if strings.HasPrefix(s.Kafka, "embedded") {
 		producer = "producer+broker cpu s"
 	}
-	fmt.Fprintf(w, "freshness (engine fold) by arrival rate, record timestamp → COMMIT of its batch returned (%d CPUs):\n", s.CPUs)
+	fmt.Fprintf(w, "freshness (engine fold) by arrival rate, record timestamp → COMMIT of its batch returned (%d CPUs; the fresh column above is the first rate's):\n", s.CPUs)
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
 	fmt.Fprintf(tw, "load\tevents/s\tevents\tp50 ms\tp90 ms\tp99 ms\tmax ms\tbatches\tengine cpu s\tpg cpu s\t%s\tcpu s available\tcheck\t\n", producer)
 	for _, f := range runs {
