@@ -2,10 +2,10 @@ package postgres
 
 // arena holds a partition cache's keys and rows in chunks of chunkSize
 // bytes. Appending never moves what it holds: a cache grown as one slice
-// copied everything it held each time it grew (a million aggregates cached
-// from nothing copied their bytes some twenty times over, 3% of the
-// consumer's CPU, and held the old and the new slice at once while
-// copying). Each value lies within one allocation; an offset names a chunk
+// copied everything it held each time it grew (a partition's slice grew
+// some twenty times while a million aggregates were cached from nothing,
+// 3% of the consumer's CPU, and held the old and the new slice at once
+// while copying). Each value lies within one allocation; an offset names a chunk
 // (offset / chunkSize) and a position in it.
 type arena struct {
 	// chunks[i] holds the offsets from i*chunkSize on. A value longer
