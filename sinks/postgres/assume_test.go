@@ -1,6 +1,7 @@
 package postgres_test
 
 import (
+	"github.com/jackc/pgx/v5"
 	"reflect"
 	"testing"
 
@@ -164,17 +165,10 @@ func TestAssumedKeysWithBigintKey(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	var ids []int64
-	rows, err := e.db.Pool.Query(e.ctx, `SELECT id FROM numbered ORDER BY id`)
+	rows, _ := e.db.Pool.Query(e.ctx, `SELECT id FROM numbered ORDER BY id`)
+	ids, err := pgx.CollectRows(rows, pgx.RowTo[int64])
 	if err != nil {
 		t.Fatal(err)
-	}
-	for rows.Next() {
-		var id int64
-		if err := rows.Scan(&id); err != nil {
-			t.Fatal(err)
-		}
-		ids = append(ids, id)
 	}
 	if calls != 2 || !reflect.DeepEqual(ids, []int64{8}) {
 		t.Errorf("planned %d times, rows %v; want 2 plans and only 8 (7 is deleted at v1)", calls, ids)

@@ -2,6 +2,7 @@ package postgres_test
 
 import (
 	"fmt"
+	"github.com/jackc/pgx/v5"
 	"testing"
 	"time"
 
@@ -152,17 +153,10 @@ func TestParkedPlansProbeTheKeyAfterTheTableGrew(t *testing.T) {
 	if n := tableReads(t, e, pool, "projector_parked", "n_tup_del", 9) - before; n >= 50000 {
 		t.Errorf("the batch read %d parked events: its statements went through the partition's parked events instead of finding its aggregate's", n)
 	}
-	var left []int64
-	rows, err := e.db.Pool.Query(e.ctx, `SELECT version FROM projector_parked WHERE key = 'p' ORDER BY version`)
+	rows, _ := e.db.Pool.Query(e.ctx, `SELECT version FROM projector_parked WHERE key = 'p' ORDER BY version`)
+	left, err := pgx.CollectRows(rows, pgx.RowTo[int64])
 	if err != nil {
 		t.Fatal(err)
-	}
-	for rows.Next() {
-		var v int64
-		if err := rows.Scan(&v); err != nil {
-			t.Fatal(err)
-		}
-		left = append(left, v)
 	}
 	if len(left) != 1 || left[0] != 10 {
 		t.Errorf("p's parked events: %v, want v10 alone", left)
