@@ -459,7 +459,7 @@ func (r *Report) Table(w io.Writer) error {
 			fmt.Fprintf(w, "; rss %.0f → %.0f → %.0f → %.0f MB at 25/50/75/100%%", q[0], q[1], q[2], q[3])
 		}
 		parent := "the harness"
-		if strings.HasPrefix(s.Kafka, "embedded") {
+		if s.embeddedKafka() {
 			parent = "embedded broker and registry"
 		}
 		fmt.Fprintf(w, "; cpu of the benchmark process (%s) %.1fs (%.1f µs/ev)\n",
@@ -601,7 +601,7 @@ func group(n int64) string {
 // run: the engine, Postgres and this process, which produced the stream.
 func freshnessCPU(f *Freshness, s Settings) string {
 	producer := "the producer"
-	if strings.HasPrefix(s.Kafka, "embedded") {
+	if s.embeddedKafka() {
 		producer = "the producer, embedded broker and registry"
 	}
 	pg := "Postgres n/a"
@@ -616,7 +616,7 @@ func freshnessCPU(f *Freshness, s Settings) string {
 // line each, with where the machine's CPU went in each.
 func freshnessTable(w io.Writer, runs []*Freshness, s Settings) {
 	producer := "producer cpu s"
-	if strings.HasPrefix(s.Kafka, "embedded") {
+	if s.embeddedKafka() {
 		producer = "producer+broker cpu s"
 	}
 	fmt.Fprintf(w, "freshness (engine fold) by arrival rate, record timestamp → COMMIT of its batch returned (%d CPUs; the fresh column above is the first rate's):\n", s.CPUs)
@@ -633,3 +633,7 @@ func freshnessTable(w io.Writer, runs []*Freshness, s Settings) {
 	}
 	tw.Flush()
 }
+
+// embeddedKafka reports whether the broker and registry ran in the
+// benchmark process (kfake), whose CPU then counts them too.
+func (s Settings) embeddedKafka() bool { return strings.HasPrefix(s.Kafka, "embedded") }
