@@ -237,7 +237,7 @@ func (d *Decoder) DecodeValues(ctx context.Context, value []byte, vals []any) (n
 		}
 		return nil, rec, id, nil
 	}
-	if err := d.read(value[wireHeaderLen:], func(r *avro.Reader) { e.flat.decodeValues(r, vals) }); err != nil {
+	if err := e.flat.decodeValues(value[wireHeaderLen:], vals); err != nil {
 		return nil, nil, id, fmt.Errorf("schema id %d: %w", id, err)
 	}
 	return d.names, nil, id, nil
@@ -350,13 +350,12 @@ func (d *Decoder) build(id int, s sr.Schema) (e *entry) {
 
 // decode decodes an Avro body under e's schema.
 func (d *Decoder) decode(e *entry, body []byte) (rec map[string]any, err error) {
+	if e.flat != nil {
+		return e.flat.decode(body)
+	}
 	err = d.read(body, func(r *avro.Reader) {
 		// Not avro.Unmarshal: it treats running out of input as success
 		// and returns zero values for the missing fields.
-		if e.flat != nil {
-			rec = e.flat.decode(r)
-			return
-		}
 		if e.fields > 0 {
 			rec = make(map[string]any, e.fields)
 		}

@@ -2,6 +2,7 @@ package schemas
 
 import (
 	"fmt"
+	"io"
 	"time"
 
 	"github.com/hamba/avro/v2"
@@ -9,9 +10,10 @@ import (
 
 // flatRecord decodes records whose fields are all scalars — the shape of
 // most domain events — straight from the Avro binary into the record's
-// map, without hamba/avro's generic decoding (which allocates every value
-// through reflection before copying it into the map: about half of the
-// time it takes to decode such an event). It produces exactly what the
+// map or values, without hamba/avro's generic decoding (which allocates
+// every value through reflection before copying it into the map: about
+// half of the time it takes to decode such an event) and without its
+// buffered Reader (see flatReader). It produces exactly what the
 // generic path produces (a test compares both on random schemas and
 // values) and is only built when that is certain: every reader field is
 // in the writer with the same type, and every writer field the reader
@@ -36,6 +38,8 @@ type flatField struct {
 	null int64
 	size int // fixed: its size
 	slot int // kept: its index among the reader's fields (the writer's without one)
+	// intern boxes the strings of a kept string field (see interner).
+	intern *interner
 }
 
 type scalar uint8
@@ -119,6 +123,9 @@ func newFlatRecord(writer, reader avro.Schema) *flatRecord {
 				return nil
 			}
 			f.keep = true
+			if kind == scalarString {
+				f.intern = newInterner()
+			}
 			f.slot = fr.read
 			if r != nil {
 				f.slot = slots[wf.Name()]
@@ -175,95 +182,122 @@ func sameFlatType(w, r avro.Schema) bool {
 	return wok && rok && wk == rk && wn == rn
 }
 
-// decode reads one record from r into a new map. Errors are left in
-// r.Error, as hamba/avro's decoding leaves them.
-func (fr *flatRecord) decode(r *avro.Reader) map[string]any {
+// decode reads one record from body into a new map.
+func (fr *flatRecord) decode(body []byte) (map[string]any, error) {
 	rec := make(map[string]any, fr.read)
-	if !fr.each(r, func(f *flatField, v any) { rec[f.name] = v }) {
-		return nil
+	if err := fr.each(body, nil, rec); err != nil {
+		return nil, err
 	}
-	return rec
+	return rec, nil
 }
 
-// decodeValues reads one record from r into vals, each kept field's value
-// at its slot. It reports whether the record decoded; errors are left in
-// r.Error.
-func (fr *flatRecord) decodeValues(r *avro.Reader, vals []any) bool {
-	return fr.each(r, func(f *flatField, v any) { vals[f.slot] = v })
+// decodeValues reads one record from body into vals, each kept field's
+// value at its slot.
+func (fr *flatRecord) decodeValues(body []byte, vals []any) error {
+	return fr.each(body, vals, nil)
 }
 
-// each reads one record from r, handing each kept field's value to keep.
-func (fr *flatRecord) each(r *avro.Reader, keep func(f *flatField, v any)) bool {
+// each reads one record from body, each kept field's value into vals at
+// its slot or, with vals nil, into rec under its name. It fails, as
+// Decoder.read does, unless the record is the whole body.
+func (fr *flatRecord) each(body []byte, vals []any, rec map[string]any) error {
+	r := flatReader{buf: body}
 	for i := range fr.fields {
 		f := &fr.fields[i]
+		var v any
 		if f.null >= 0 {
-			switch idx := r.ReadLong(); {
+			switch idx := r.long(); {
+			case r.err != nil:
 			case idx == f.null:
 				if f.keep {
-					keep(f, nil)
+					if vals != nil {
+						vals[f.slot] = nil
+					} else {
+						rec[f.name] = nil
+					}
 				}
 				continue
 			case idx != 1-f.null:
-				r.ReportError("flat decode", fmt.Sprintf("field %s: union index %d out of range", f.name, idx))
+				r.fail("flat decode", fmt.Sprintf("field %s: union index %d out of range", f.name, idx))
 			}
 		}
-		if r.Error != nil {
-			return false
+		if r.err != nil {
+			break
 		}
 		if !f.keep {
-			fr.skip(r, f)
+			r.skip(f)
 			continue
 		}
-		var v any
 		switch f.kind {
 		case scalarBoolean:
-			v = r.ReadBool()
+			v = r.bool()
 		case scalarInt:
-			v = int(r.ReadInt())
+			v = int(r.int())
 		case scalarLong:
-			v = r.ReadLong()
+			v = r.long()
 		case scalarTimestampMillis:
 			// As hamba/avro converts them.
-			i := r.ReadLong()
+			i := r.long()
 			sec := i / 1e3
 			v = time.Unix(sec, (i-sec*1e3)*1e6).UTC()
 		case scalarTimestampMicros:
-			i := r.ReadLong()
+			i := r.long()
 			sec := i / 1e6
 			v = time.Unix(sec, (i-sec*1e6)*1e3).UTC()
 		case scalarFloat:
-			v = r.ReadFloat()
+			v = r.float()
 		case scalarDouble:
-			v = r.ReadDouble()
+			v = r.double()
 		case scalarString:
-			v = r.ReadString()
+			b := r.bytes("string")
+			switch {
+			case len(b) == 0:
+				v = ""
+			case f.intern != nil:
+				v = f.intern.value(b)
+			default:
+				v = string(b)
+			}
 		case scalarBytes:
-			b := r.ReadBytes()
-			v = b[:len(b):len(b)] // see clipBytes
+			// A copy of its own: the value outlives the record's bytes,
+			// and appending to it must not reach anything else.
+			if b := r.bytes("bytes"); r.err == nil {
+				v = append(make([]byte, 0, len(b)), b...)
+			}
 		}
-		keep(f, v)
+		if vals != nil {
+			vals[f.slot] = v
+		} else {
+			rec[f.name] = v
+		}
 	}
-	return r.Error == nil
+	switch {
+	case r.err == io.ErrUnexpectedEOF:
+		return fmt.Errorf("%w: truncated body (%v)", ErrUndecodable, r.err)
+	case r.err != nil:
+		return fmt.Errorf("%w: %v", ErrUndecodable, r.err)
+	case r.pos < len(body):
+		return fmt.Errorf("%w: trailing bytes after the record", ErrUndecodable)
+	}
+	return nil
 }
 
 // skip reads past a field the reader does not keep.
-func (fr *flatRecord) skip(r *avro.Reader, f *flatField) {
+func (r *flatReader) skip(f *flatField) {
 	switch f.kind {
 	case scalarBoolean:
-		r.SkipBool()
+		r.next(1)
 	case scalarInt, scalarEnum:
-		r.SkipInt()
+		r.skipVarint(maxIntBytes)
 	case scalarLong, scalarTimestampMillis, scalarTimestampMicros:
-		r.SkipLong()
+		r.skipVarint(maxLongBytes)
 	case scalarFloat:
-		r.SkipFloat()
+		r.next(4)
 	case scalarDouble:
-		r.SkipDouble()
-	case scalarString:
-		r.SkipString()
-	case scalarBytes:
-		r.SkipBytes()
+		r.next(8)
+	case scalarString, scalarBytes:
+		r.skipBytes()
 	case scalarFixed:
-		r.SkipNBytes(f.size)
+		r.next(f.size)
 	}
 }

@@ -6,6 +6,7 @@ import (
 	"math"
 	"reflect"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -206,7 +207,7 @@ func TestFlatDecodeMatchesHamba(t *testing.T) {
 			for i := range vals {
 				vals[i] = "left from an earlier record"
 			}
-			if err := d.read(body, func(r *avro.Reader) { e.flat.decodeValues(r, vals) }); err != nil {
+			if err := e.flat.decodeValues(body, vals); err != nil {
 				t.Fatalf("%s: writer %s reader %s: values: %v, map decoded", label, writerText, readerText, err)
 			}
 			byName := map[string]any{}
@@ -314,5 +315,63 @@ func TestFlatDecodeErrorNamesField(t *testing.T) {
 				t.Fatalf("error = %v, want ErrUndecodable naming field note", err)
 			}
 		})
+	}
+}
+
+// TestInternedStrings: a string field with few distinct values decodes
+// without allocating, one with many still decodes each value right once it
+// is no longer interned, and decoders sharing the schema may run at once.
+func TestInternedStrings(t *testing.T) {
+	writer := avro.MustParse(`{"type": "record", "name": "R", "fields": [
+		{"name": "type", "type": "string"},
+		{"name": "id", "type": "string"},
+		{"name": "ok", "type": "boolean"}]}`)
+	fr := newFlatRecord(writer, nil)
+	if fr == nil {
+		t.Fatal("no flat decoder for a record of strings and a boolean")
+	}
+	encode := func(typ, id string) []byte {
+		body, err := avro.Marshal(writer, map[string]any{"type": typ, "id": id, "ok": true})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return body
+	}
+	types := []string{"Opened", "Deposited", "Withdrawn", "Closed"}
+	var wg sync.WaitGroup
+	for g := range 4 {
+		wg.Go(func() {
+			vals := make([]any, 3)
+			for i := range 500 {
+				typ, id := types[(i+g)%len(types)], fmt.Sprintf("account-%d-%d", g, i)
+				if err := fr.decodeValues(encode(typ, id), vals); err != nil {
+					t.Errorf("record %d: %v", i, err)
+					return
+				}
+				if vals[0] != typ || vals[1] != id || vals[2] != true {
+					t.Errorf("record %d: decoded %v, want [%s %s true]", i, vals, typ, id)
+					return
+				}
+			}
+		})
+	}
+	wg.Wait()
+	if fr.fields[1].intern.vals.Load() != nil {
+		t.Error("a field with 2,000 distinct values is still interned")
+	}
+
+	// The id field no longer looks its values up; the type field hands out
+	// its boxed values and a boolean boxes without allocating.
+	body := encode("Deposited", "")
+	vals := make([]any, 3)
+	if allocs := testing.AllocsPerRun(100, func() {
+		if err := fr.decodeValues(body, vals); err != nil {
+			t.Fatal(err)
+		}
+	}); allocs != 0 {
+		t.Errorf("decoding an interned type and an empty id: %.0f allocations, want 0", allocs)
+	}
+	if vals[0] != "Deposited" {
+		t.Errorf("type decoded as %v", vals[0])
 	}
 }
