@@ -36,11 +36,13 @@ const (
 )
 
 // DefaultMemberMaxRecords is the most records a member holds unless told
-// otherwise (see Config.MemberMaxRecords): full batches of 5000 and as
-// many buffered for up to 12 partitions, about 100 MB of live heap with
-// 200-byte events (a decoded event in a batch takes about 1 KB, a
-// buffered record about 0.5 KB). A member with 48 partitions batches 1250
-// records each instead of growing to four times that.
+// otherwise (see Config.MemberMaxRecords): a share of 5000 records for
+// the batch and as many for the buffer of each of up to 12 partitions, in
+// which default batches of 2000 and a buffer of 4000 fit (about 50 MB of
+// live heap with 200-byte events: a decoded event in a batch takes about
+// 1 KB, a buffered record about 0.5 KB). A member with 48 partitions
+// batches and buffers 1250 records each instead of growing to four times
+// that.
 const DefaultMemberMaxRecords = 120_000
 
 // Start positions for partitions without a stored offset.

@@ -313,7 +313,7 @@ func TestTinyBuffersNeverStall(t *testing.T) {
 
 // TestMemberBudgetSharedAmongPartitions bounds the records a member holds
 // to 240 over 12 partitions: every worker batches and buffers at most 10
-// records instead of its default 5000, and the stream still ends equal to
+// records instead of its default 2000, and the stream still ends equal to
 // the reference fold.
 func TestMemberBudgetSharedAmongPartitions(t *testing.T) {
 	opts := demo.DefaultOptions()
