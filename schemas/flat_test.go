@@ -375,3 +375,75 @@ func TestInternedStrings(t *testing.T) {
 		t.Errorf("type decoded as %v", vals[0])
 	}
 }
+
+// FuzzFlatMatchesHamba decodes arbitrary bytes under a record of every
+// scalar the flat decoder reads or skips, with the flat decoder and
+// through hamba/avro: both must succeed or fail alike, with equal records
+// (varints too long, negative or huge lengths, invalid booleans and union
+// indexes, truncated and trailing bytes).
+func FuzzFlatMatchesHamba(f *testing.F) {
+	writerText := `{"type": "record", "name": "R", "fields": [
+		{"name": "b", "type": "boolean"},
+		{"name": "i", "type": "int"},
+		{"name": "l", "type": "long"},
+		{"name": "f", "type": "float"},
+		{"name": "d", "type": "double"},
+		{"name": "s", "type": "string"},
+		{"name": "y", "type": "bytes"},
+		{"name": "tm", "type": {"type": "long", "logicalType": "timestamp-millis"}},
+		{"name": "tu", "type": {"type": "long", "logicalType": "timestamp-micros"}},
+		{"name": "e", "type": {"type": "enum", "name": "E", "symbols": ["A", "B"]}},
+		{"name": "x", "type": {"type": "fixed", "name": "X", "size": 3}},
+		{"name": "ns", "type": ["null", "string"]},
+		{"name": "nl", "type": ["long", "null"]},
+		{"name": "skipped", "type": "string"},
+		{"name": "skippedInt", "type": "int"}]}`
+	reader := avro.MustParse(`{"type": "record", "name": "R", "fields": [
+		{"name": "nl", "type": ["long", "null"]},
+		{"name": "b", "type": "boolean"}, {"name": "i", "type": "int"}, {"name": "l", "type": "long"},
+		{"name": "f", "type": "float"}, {"name": "d", "type": "double"}, {"name": "s", "type": "string"},
+		{"name": "y", "type": "bytes"},
+		{"name": "tm", "type": {"type": "long", "logicalType": "timestamp-millis"}},
+		{"name": "tu", "type": {"type": "long", "logicalType": "timestamp-micros"}},
+		{"name": "ns", "type": ["null", "string"]}]}`)
+	d := NewDecoder(nil, reader)
+	e := d.build(1, sr.Schema{Schema: writerText, Type: sr.TypeAvro})
+	if e.err != nil || e.flat == nil {
+		f.Fatalf("flat decoder not built: %v", e.err)
+	}
+	generic := *e
+	generic.flat, generic.norm = nil, newNormalizer(d.api, e.schema)
+
+	writer := avro.MustParse(writerText)
+	for _, rec := range []map[string]any{
+		{"b": true, "i": -5, "l": int64(1) << 40, "f": float32(1.5), "d": -2.25, "s": "Deposited", "y": []byte{1, 2},
+			"tm": time.UnixMilli(1700000000000).UTC(), "tu": time.UnixMicro(-5).UTC(), "e": "B", "x": [3]byte{1, 2, 3},
+			"ns": nil, "nl": int64(7), "skipped": "gone", "skippedInt": 300},
+		{"b": false, "i": 0, "l": int64(0), "f": float32(0), "d": 0.0, "s": "", "y": []byte{},
+			"tm": time.UnixMilli(0).UTC(), "tu": time.UnixMicro(0).UTC(), "e": "A", "x": [3]byte{},
+			"ns": "owner", "nl": nil, "skipped": "", "skippedInt": -1},
+	} {
+		body, err := avro.Marshal(writer, rec)
+		if err != nil {
+			f.Fatal(err)
+		}
+		f.Add(body)
+	}
+	f.Add([]byte{0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0x01})
+	f.Add([]byte{2})
+
+	f.Fuzz(func(t *testing.T, body []byte) {
+		got, gotErr := d.decode(e, body)
+		want, wantErr := d.decode(&generic, body)
+		if (gotErr == nil) != (wantErr == nil) {
+			t.Fatalf("body %x: flat error %v, hamba error %v", body, gotErr, wantErr)
+		}
+		if gotErr == nil && !sameRecord(got, want) {
+			t.Fatalf("body %x: flat %#v, hamba %#v", body, got, want)
+		}
+		vals := make([]any, d.Width())
+		if err := e.flat.decodeValues(body, vals); (err == nil) != (gotErr == nil) {
+			t.Fatalf("body %x: into values error %v, into a map error %v", body, err, gotErr)
+		}
+	})
+}
