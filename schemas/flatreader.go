@@ -43,11 +43,24 @@ func (r *flatReader) eof() {
 
 // long reads a zig-zag varint of at most maxLongBytes bytes.
 func (r *flatReader) long() int64 {
+	v := r.varint(maxLongBytes, "ReadLong")
+	return int64(v>>1) ^ -int64(v&1)
+}
+
+// int reads a zig-zag varint of at most maxIntBytes bytes; bits past the
+// 32nd are dropped, as hamba/avro drops them.
+func (r *flatReader) int() int32 {
+	v := uint32(r.varint(maxIntBytes, "ReadInt"))
+	return int32(v>>1) ^ -int32(v&1)
+}
+
+// varint reads a varint of at most max bytes; op names the read in errors.
+func (r *flatReader) varint(max int, op string) uint64 {
 	if r.err != nil {
 		return 0
 	}
 	var v uint64
-	for i, s := 0, uint(0); i < maxLongBytes; i, s = i+1, s+7 {
+	for i, s := 0, uint(0); i < max; i, s = i+1, s+7 {
 		if r.pos == len(r.buf) {
 			r.eof()
 			return 0
@@ -56,33 +69,10 @@ func (r *flatReader) long() int64 {
 		r.pos++
 		v |= uint64(b&0x7f) << s
 		if b < 0x80 {
-			return int64(v>>1) ^ -int64(v&1)
+			return v
 		}
 	}
-	r.fail("ReadLong", "int overflow")
-	return 0
-}
-
-// int reads a zig-zag varint of at most maxIntBytes bytes; bits past the
-// 32nd are dropped, as hamba/avro drops them.
-func (r *flatReader) int() int32 {
-	if r.err != nil {
-		return 0
-	}
-	var v uint32
-	for i, s := 0, uint(0); i < maxIntBytes; i, s = i+1, s+7 {
-		if r.pos == len(r.buf) {
-			r.eof()
-			return 0
-		}
-		b := r.buf[r.pos]
-		r.pos++
-		v |= uint32(b&0x7f) << s
-		if b < 0x80 {
-			return int32(v>>1) ^ -int32(v&1)
-		}
-	}
-	r.fail("ReadInt", "int overflow")
+	r.fail(op, "int overflow")
 	return 0
 }
 
