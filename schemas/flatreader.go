@@ -167,12 +167,7 @@ func (r *flatReader) skipVarint(max int) {
 // it passes nothing for a length below one.
 func (r *flatReader) skipBytes() {
 	if n := r.long(); n > 0 {
-		if n > int64(len(r.buf)-r.pos) {
-			r.pos = len(r.buf)
-			r.eof()
-			return
-		}
-		r.pos += int(n)
+		r.next(int(min(n, int64(len(r.buf)-r.pos+1)))) // past the end: fails as truncated
 	}
 }
 
