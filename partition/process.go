@@ -382,6 +382,11 @@ func traceID(headers []Header) string {
 // the item; records whose schema may yet appear are retried up to
 // MaxAttempts; an unreachable registry is retried without limit.
 func (w *Worker) decodeAll(ctx context.Context, items []*item) error {
+	for _, it := range items {
+		if it.tombstone && it.err == nil {
+			keyTombstone(it) // nothing to decode or retry: its key is the record's
+		}
+	}
 	retries := 0
 	for attempt := 0; ; attempt++ {
 		var again []*item
@@ -430,10 +435,7 @@ func (w *Worker) decodeAll(ctx context.Context, items []*item) error {
 // usable key or version fails the item.
 func (w *Worker) decode(ctx context.Context, it *item) error {
 	if it.tombstone {
-		if len(it.recordKey) == 0 {
-			it.fail(ClassInvalid, errors.New("tombstone without a record key"))
-		}
-		it.key = string(it.recordKey)
+		keyTombstone(it)
 		return nil
 	}
 	var (
@@ -493,6 +495,17 @@ func (w *Worker) decode(ctx context.Context, it *item) error {
 		it.typ = t
 	}
 	return nil
+}
+
+// keyTombstone gives a tombstone its aggregate, the one its record key
+// names: it has no value to read a key field from. One without a record
+// key names none, and fails.
+func keyTombstone(it *item) {
+	if len(it.recordKey) == 0 {
+		it.fail(ClassInvalid, errors.New("tombstone without a record key"))
+		return
+	}
+	it.key = string(it.recordKey)
 }
 
 // aggState is one aggregate during planning.
