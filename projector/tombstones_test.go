@@ -3,8 +3,6 @@ package projector_test
 import (
 	"context"
 	"fmt"
-	"slices"
-	"strings"
 	"testing"
 	"time"
 
@@ -17,24 +15,6 @@ import (
 	"github.com/projector-dev/projector/sinks/postgres"
 )
 
-// snapshotProjection is a snapshot projection of the demo topic: each
-// event replaces its account's row, AccountClosed deletes it.
-const snapshotProjection = `
-projections:
-  - name: last_event
-    topic: accounts.events
-    table: last_event
-    key: account_id
-    mode: snapshot
-    type_field: type
-    delete_on: [AccountClosed]
-    columns:
-      account_id: {type: text, primary_key: true}
-      kind:       {type: text, field: type}
-      owner:      {type: text}
-      amount:     {type: bigint}
-`
-
 // projectionModes are the two modes every tombstone test runs in: the
 // demo's fold projection, and a snapshot projection of the same stream.
 var projectionModes = []string{"fold", "snapshot"}
@@ -45,7 +25,7 @@ func (b *bundle) useMode(t *testing.T, mode string) {
 	if mode == "fold" {
 		return // faultSetup migrated the demo's fold projection
 	}
-	projs, err := projection.Parse([]byte(snapshotProjection), ".")
+	projs, err := projection.Parse(demo.SnapshotProjections, ".")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -70,55 +50,12 @@ func (b *bundle) verifyMode(t *testing.T, identity, mode string) {
 	if mode == "fold" {
 		err = demo.Verify(ctx, b.db.Pool, demo.Table, exp)
 	} else {
-		err = verifySnapshots(ctx, b.db.Pool, exp)
+		err = demo.VerifySnapshots(ctx, b.db.Pool, exp)
 	}
 	if err != nil {
 		t.Fatal(err)
 	}
 	checkCounts(t, b.db.Pool, identity, exp)
-}
-
-// verifySnapshots compares the snapshot projection's table with the
-// events the reference fold says its rows were last built from.
-func verifySnapshots(ctx context.Context, pool *pgxpool.Pool, exp demo.Expected) error {
-	rows, err := pool.Query(ctx, `SELECT account_id, kind, coalesce(owner, ''), amount, version FROM last_event`)
-	if err != nil {
-		return fmt.Errorf("read last_event: %w", err)
-	}
-	defer rows.Close()
-	var diffs []string
-	for rows.Next() {
-		var (
-			id  string
-			got demo.Event
-		)
-		if err := rows.Scan(&id, &got.Type, &got.Owner, &got.Amount, &got.Version); err != nil {
-			return fmt.Errorf("read last_event: %w", err)
-		}
-		want, ok := exp.Snapshots[id]
-		switch {
-		case !ok:
-			diffs = append(diffs, fmt.Sprintf("%q: unexpected row %s v%d", id, got.Type, got.Version))
-		case got.Type != want.Type || got.Owner != want.Owner || got.Amount != want.Amount || got.Version != want.Version:
-			diffs = append(diffs, fmt.Sprintf("%q: got %s %q %d v%d, want %s %q %d v%d", id,
-				got.Type, got.Owner, got.Amount, got.Version, want.Type, want.Owner, want.Amount, want.Version))
-		}
-	}
-	if err := rows.Err(); err != nil {
-		return fmt.Errorf("read last_event: %w", err)
-	}
-	var n int
-	if err := pool.QueryRow(ctx, `SELECT count(*) FROM last_event`).Scan(&n); err != nil {
-		return fmt.Errorf("count last_event: %w", err)
-	}
-	if n != len(exp.Snapshots) {
-		diffs = append(diffs, fmt.Sprintf("%d rows, want %d", n, len(exp.Snapshots)))
-	}
-	if len(diffs) == 0 {
-		return nil
-	}
-	slices.Sort(diffs)
-	return fmt.Errorf("last_event differs from the reference fold:\n  %s", strings.Join(diffs[:min(len(diffs), 10)], "\n  "))
 }
 
 // deadLetterClasses returns the error class of each dead letter, by the
