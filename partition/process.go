@@ -471,6 +471,11 @@ func (w *Worker) decode(ctx context.Context, it *item) error {
 	default:
 		it.key = fmt.Sprint(k)
 	}
+	if string(it.recordKey) != it.key {
+		it.fail(ClassKeyMismatch, fmt.Errorf("record key %q is not %q, the aggregate key field %q names: the record's partition does not own that aggregate",
+			clip(string(it.recordKey)), clip(it.key), p.KeyField))
+		return nil
+	}
 	switch v := field(p.VersionField).(type) {
 	case int64:
 		it.version = v
@@ -506,6 +511,15 @@ func keyTombstone(it *item) {
 		return
 	}
 	it.key = string(it.recordKey)
+}
+
+// clip shortens s for an error message.
+func clip(s string) string {
+	const most = 100
+	if len(s) <= most {
+		return s
+	}
+	return s[:most] + "…"
 }
 
 // aggState is one aggregate during planning.
