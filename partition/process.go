@@ -180,6 +180,12 @@ func (w *Worker) committed(end int64, changes Changes, out outcomes) {
 		w.metrics.deadLetters.WithLabelValues(name, class).Add(float64(n))
 	}
 	m.WithLabelValues(name, topic, "dead_lettered").Add(float64(dead))
+	if n := out.deadLettered[ClassKeyMismatch]; n > 0 {
+		w.keyWarn.Do(func() {
+			w.log.Warn("dead-lettered records whose record key is not the aggregate their key field names; the producer must key each record by its aggregate id",
+				"class", ClassKeyMismatch, "records", n, "key_field", w.proj.KeyField)
+		})
+	}
 }
 
 // items returns the decoded items of the records from offset start on

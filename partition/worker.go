@@ -12,6 +12,7 @@ import (
 
 	"github.com/twmb/franz-go/pkg/kgo"
 	"go.opentelemetry.io/otel/trace"
+	"golang.org/x/time/rate"
 
 	"github.com/projector-dev/projector/projection"
 )
@@ -218,6 +219,9 @@ type Worker struct {
 	repairer Repairer // nil: no repair
 	skips    chan skipRequest
 	halted   atomic.Pointer[string]
+	// keyWarn says, at most once a minute, that records were keyed as
+	// another aggregate: a producer that does it does it for many.
+	keyWarn rate.Sometimes
 }
 
 // NewWorker returns a worker for a claimed partition.
@@ -227,10 +231,11 @@ func NewWorker(cfg Config, group string, claim Claim, p *projection.Projection, 
 	cfg.defaults()
 	w := &Worker{
 		cfg: cfg, group: group, claim: claim, proj: p, sink: sink, dec: dec, fetcher: f, metrics: m, repairer: repairer,
-		log:   log.With("topic", claim.Topic, "partition", claim.Partition, "epoch", claim.Epoch),
-		wake:  make(chan struct{}, 1),
-		skips: make(chan skipRequest),
-		stop:  make(chan struct{}),
+		log:     log.With("topic", claim.Topic, "partition", claim.Partition, "epoch", claim.Epoch),
+		wake:    make(chan struct{}, 1),
+		skips:   make(chan skipRequest),
+		stop:    make(chan struct{}),
+		keyWarn: rate.Sometimes{Interval: time.Minute},
 	}
 	if vd, ok := dec.(ValuesDecoder); ok && vd.Width() > 0 && !p.ReadsFieldsMap() {
 		w.values = vd
