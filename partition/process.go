@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"strconv"
 	"time"
+	"unicode/utf8"
 
 	"github.com/twmb/franz-go/pkg/kgo"
 	"github.com/twmb/franz-go/plugin/kotel"
@@ -519,13 +520,17 @@ func keyTombstone(it *item) {
 	it.key = string(it.recordKey)
 }
 
-// clip shortens s for an error message.
+// clip shortens s for an error message, at a character's start.
 func clip(s string) string {
 	const most = 100
 	if len(s) <= most {
 		return s
 	}
-	return s[:most] + "…"
+	end := most
+	for end > 0 && !utf8.RuneStart(s[end]) {
+		end--
+	}
+	return s[:end] + "…"
 }
 
 // aggState is one aggregate during planning.

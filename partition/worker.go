@@ -231,12 +231,12 @@ func NewWorker(cfg Config, group string, claim Claim, p *projection.Projection, 
 	cfg.defaults()
 	w := &Worker{
 		cfg: cfg, group: group, claim: claim, proj: p, sink: sink, dec: dec, fetcher: f, metrics: m, repairer: repairer,
-		log:     log.With("topic", claim.Topic, "partition", claim.Partition, "epoch", claim.Epoch),
-		wake:    make(chan struct{}, 1),
-		skips:   make(chan skipRequest),
-		stop:    make(chan struct{}),
-		keyWarn: rate.Sometimes{Interval: time.Minute},
+		log:   log.With("topic", claim.Topic, "partition", claim.Partition, "epoch", claim.Epoch),
+		wake:  make(chan struct{}, 1),
+		skips: make(chan skipRequest),
+		stop:  make(chan struct{}),
 	}
+	w.keyWarn.Interval = time.Minute
 	if vd, ok := dec.(ValuesDecoder); ok && vd.Width() > 0 && !p.ReadsFieldsMap() {
 		w.values = vd
 	}
