@@ -58,7 +58,7 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 	}, []string{"group", "topic", "partition"})
 	m.deadLetters = prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name: "projector_dead_letters_total",
-		Help: "Records dead-lettered, by reason: decode, invalid, fold, oversized, rejected, gap.",
+		Help: "Records dead-lettered, by reason: decode, invalid, key_mismatch, fold, oversized, rejected, gap.",
 	}, []string{"projection", "reason"})
 	m.gaps = prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name: "projector_gaps_total",

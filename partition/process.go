@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"strconv"
 	"time"
+	"unicode/utf8"
 
 	"github.com/twmb/franz-go/pkg/kgo"
 	"github.com/twmb/franz-go/plugin/kotel"
@@ -180,6 +181,12 @@ func (w *Worker) committed(end int64, changes Changes, out outcomes) {
 		w.metrics.deadLetters.WithLabelValues(name, class).Add(float64(n))
 	}
 	m.WithLabelValues(name, topic, "dead_lettered").Add(float64(dead))
+	if n := out.deadLettered[ClassKeyMismatch]; n > 0 {
+		w.keyWarn.Do(func() {
+			w.log.Warn("dead-lettered records whose record key is not the aggregate their key field names; the producer must key each record by its aggregate id",
+				"class", ClassKeyMismatch, "records", n, "key_field", w.proj.KeyField)
+		})
+	}
 }
 
 // items returns the decoded items of the records from offset start on
@@ -382,6 +389,11 @@ func traceID(headers []Header) string {
 // the item; records whose schema may yet appear are retried up to
 // MaxAttempts; an unreachable registry is retried without limit.
 func (w *Worker) decodeAll(ctx context.Context, items []*item) error {
+	for _, it := range items {
+		if it.tombstone && it.err == nil {
+			keyTombstone(it) // nothing to decode or retry: its key is the record's
+		}
+	}
 	retries := 0
 	for attempt := 0; ; attempt++ {
 		var again []*item
@@ -430,10 +442,7 @@ func (w *Worker) decodeAll(ctx context.Context, items []*item) error {
 // usable key or version fails the item.
 func (w *Worker) decode(ctx context.Context, it *item) error {
 	if it.tombstone {
-		if len(it.recordKey) == 0 {
-			it.fail(ClassInvalid, errors.New("tombstone without a record key"))
-		}
-		it.key = string(it.recordKey)
+		keyTombstone(it)
 		return nil
 	}
 	var (
@@ -469,6 +478,11 @@ func (w *Worker) decode(ctx context.Context, it *item) error {
 	default:
 		it.key = fmt.Sprint(k)
 	}
+	if string(it.recordKey) != it.key {
+		it.fail(ClassKeyMismatch, fmt.Errorf("record key %q is not %q, the aggregate key field %q names: the record's partition does not own that aggregate",
+			clip(string(it.recordKey)), clip(it.key), p.KeyField))
+		return nil
+	}
 	switch v := field(p.VersionField).(type) {
 	case int64:
 		it.version = v
@@ -493,6 +507,30 @@ func (w *Worker) decode(ctx context.Context, it *item) error {
 		it.typ = t
 	}
 	return nil
+}
+
+// keyTombstone gives a tombstone its aggregate, the one its record key
+// names: it has no value to read a key field from. One without a record
+// key names none, and fails.
+func keyTombstone(it *item) {
+	if len(it.recordKey) == 0 {
+		it.fail(ClassInvalid, errors.New("tombstone without a record key"))
+		return
+	}
+	it.key = string(it.recordKey)
+}
+
+// clip shortens s for an error message, at a character's start.
+func clip(s string) string {
+	const most = 100
+	if len(s) <= most {
+		return s
+	}
+	end := most
+	for end > 0 && !utf8.RuneStart(s[end]) {
+		end--
+	}
+	return s[:end] + "…"
 }
 
 // aggState is one aggregate during planning.

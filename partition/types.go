@@ -92,7 +92,16 @@ const (
 	ClassOversized = "oversized" // over the record size limit
 	ClassRejected  = "rejected"  // Postgres refused the row the event produced
 	ClassGap       = "gap"       // parked behind a version that never came and could not be repaired
+	// ClassKeyMismatch: the record key is not the aggregate the event's
+	// key field names. A partition owns the aggregates of its record keys
+	// (their rows, cached state, tombstones and parked events): applied to
+	// another aggregate, such an event could race that aggregate's own
+	// partition for its row.
+	ClassKeyMismatch = "key_mismatch"
 )
+
+// Classes lists every error class of dead letters.
+var Classes = []string{ClassDecode, ClassInvalid, ClassKeyMismatch, ClassFold, ClassOversized, ClassRejected, ClassGap}
 
 // ReplayHeader names the dead letter a replayed record came from.
 const ReplayHeader = "projector-dlq-id"

@@ -12,6 +12,7 @@ import (
 
 	"github.com/twmb/franz-go/pkg/kgo"
 	"go.opentelemetry.io/otel/trace"
+	"golang.org/x/time/rate"
 
 	"github.com/projector-dev/projector/projection"
 )
@@ -218,6 +219,9 @@ type Worker struct {
 	repairer Repairer // nil: no repair
 	skips    chan skipRequest
 	halted   atomic.Pointer[string]
+	// keyWarn says, at most once a minute, that records were keyed as
+	// another aggregate: a producer that does it does it for many.
+	keyWarn rate.Sometimes
 }
 
 // NewWorker returns a worker for a claimed partition.
@@ -232,6 +236,7 @@ func NewWorker(cfg Config, group string, claim Claim, p *projection.Projection, 
 		skips: make(chan skipRequest),
 		stop:  make(chan struct{}),
 	}
+	w.keyWarn.Interval = time.Minute
 	if vd, ok := dec.(ValuesDecoder); ok && vd.Width() > 0 && !p.ReadsFieldsMap() {
 		w.values = vd
 	}

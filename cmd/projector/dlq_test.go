@@ -192,6 +192,7 @@ func TestDLQListFilters(t *testing.T) {
 
 	for _, tc := range []struct{ args []string }{
 		{[]string{"--status", "closed"}},
+		{[]string{"--error-class", "keymismatch"}},
 		{[]string{"--since", "yesterday"}},
 		{[]string{"--until", "-5h"}},
 		{[]string{"--limit", "-1"}},

@@ -21,67 +21,104 @@ type Account struct {
 // Expected is the reference fold of a stream: what the tables must hold.
 type Expected struct {
 	Accounts map[string]Account
-	// Applied counts the events that apply (each version once); Stale the
-	// copies that must be ignored; Parked the events stuck behind a
-	// version that never arrives; Poison the poison pills.
+	// Snapshots holds, per account with a row, the event its row was last
+	// built from: what a snapshot projection's row holds.
+	Snapshots map[string]Event
+	// Applied counts the events that apply (each version once) and the
+	// tombstones; Stale the copies that must be ignored; Parked the events
+	// stuck behind a version that never arrives; Poison the records that
+	// are dead-lettered: poison pills, tombstones without a key, and
+	// events whose record key is not their account.
 	Applied, Stale, Parked, Poison int
-	// Deleted counts closed accounts.
+	// Deleted counts accounts that were closed or deleted by a tombstone
+	// and have no row.
 	Deleted int
 }
 
+// Dead reports whether the engine must dead-letter r rather than apply it.
+func (r Record) Dead() bool {
+	switch {
+	case r.Poison != "":
+		return true
+	case r.Tombstone:
+		return r.Key == ""
+	default:
+		return r.Key != r.Event.AccountID
+	}
+}
+
 // Fold computes the expected state of a stream by hand, independently of
-// the engine: per account, versions 1..k apply in order where every one of
-// 1..k is present; other copies are stale; versions beyond a missing one
-// stay parked.
+// the engine: per account, in the order of the stream, version v applies
+// once every one of 1..v-1 has; other copies are stale; versions beyond a
+// missing one stay parked. A tombstone deletes the row the versions
+// applied so far have built, and keeps the version: a later copy of an
+// applied version is stale, the next version builds a new row.
 func Fold(records []Record) Expected {
-	byAgg := map[string]map[int64]Event{}
-	exp := Expected{Accounts: map[string]Account{}}
+	type agg struct {
+		seen    map[int64]Event // every version that arrived, first copy
+		applied int64
+		acc     Account
+		last    Event
+		exists  bool
+	}
+	byAgg := map[string]*agg{}
+	exp := Expected{Accounts: map[string]Account{}, Snapshots: map[string]Event{}}
 	copies := 0
+	get := func(key string) *agg {
+		a := byAgg[key]
+		if a == nil {
+			a = &agg{seen: map[int64]Event{}}
+			byAgg[key] = a
+		}
+		return a
+	}
 	for _, r := range records {
-		if r.Poison != "" {
+		if r.Dead() {
 			exp.Poison++
 			continue
 		}
+		a := get(r.Key)
+		if r.Tombstone {
+			exp.Applied++
+			a.exists, a.acc = false, Account{Version: a.applied}
+			continue
+		}
 		copies++
-		m := byAgg[r.Key]
-		if m == nil {
-			m = map[int64]Event{}
-			byAgg[r.Key] = m
+		if _, dup := a.seen[r.Event.Version]; dup {
+			continue
 		}
-		if _, dup := m[r.Event.Version]; !dup {
-			m[r.Event.Version] = r.Event
-		}
-	}
-	distinct := 0
-	for id, versions := range byAgg {
-		distinct += len(versions)
-		var (
-			acc    Account
-			exists bool
-		)
-		v := int64(1)
-		for ; ; v++ {
-			ev, ok := versions[v]
+		a.seen[r.Event.Version] = r.Event
+		for {
+			ev, ok := a.seen[a.applied+1]
 			if !ok {
 				break
 			}
 			switch ev.Type {
 			case "AccountOpened":
-				acc.Owner, acc.OpenedAt, exists = ev.Owner, ev.OccurredAt, true
+				a.acc.Owner, a.acc.OpenedAt, a.exists = ev.Owner, ev.OccurredAt, true
 			case "Deposited":
-				acc.Balance += ev.Amount
+				a.acc.Balance += ev.Amount
+				a.exists = true
 			case "Withdrawn":
-				acc.Balance -= ev.Amount
+				a.acc.Balance -= ev.Amount
+				a.exists = true
 			case "AccountClosed":
-				exists = false
+				a.exists, a.acc = false, Account{}
 			}
-			acc.Version = v
+			a.applied++
+			a.acc.Version, a.last = a.applied, ev
+			exp.Applied++
 		}
-		exp.Applied += int(v - 1)
-		exp.Parked += len(versions) - int(v-1)
-		if exists {
-			exp.Accounts[id] = acc
-		} else if v > 1 {
+	}
+	distinct := 0
+	for id, a := range byAgg {
+		distinct += len(a.seen)
+		exp.Parked += len(a.seen) - int(a.applied)
+		switch {
+		case a.exists:
+			exp.Accounts[id] = a.acc
+			exp.Snapshots[id] = a.last
+		case a.applied > 0:
 			exp.Deleted++
 		}
 	}

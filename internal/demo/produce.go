@@ -44,8 +44,11 @@ func RegisterSchemas(ctx context.Context, cl *sr.Client) (*Encoder, error) {
 // ReaderSchema is the schema the demo projection reads with (v1).
 func (e *Encoder) ReaderSchema() avro.Schema { return e.schemas[0] }
 
-// Encode returns the record value of r.
+// Encode returns the record value of r: nil for a tombstone.
 func (e *Encoder) Encode(r Record) ([]byte, error) {
+	if r.Tombstone {
+		return nil, nil
+	}
 	if r.Poison != "" {
 		return r.Raw, nil
 	}
@@ -82,7 +85,11 @@ func Produce(ctx context.Context, cl *kgo.Client, enc *Encoder, records []Record
 			if err != nil {
 				return fmt.Errorf("encode %s v%d: %w", r.Key, r.Event.Version, err)
 			}
-			batch = append(batch, &kgo.Record{Topic: Topic, Key: []byte(r.Key), Value: value})
+			var key []byte // a record without a key has a null one
+			if r.Key != "" {
+				key = []byte(r.Key)
+			}
+			batch = append(batch, &kgo.Record{Topic: Topic, Key: key, Value: value})
 		}
 		if err := cl.ProduceSync(ctx, batch...).FirstErr(); err != nil {
 			return fmt.Errorf("produce: %w", err)

@@ -8,6 +8,7 @@ import (
 	_ "embed"
 	"fmt"
 	"math/rand/v2"
+	"slices"
 	"time"
 )
 
@@ -34,13 +35,16 @@ type Event struct {
 	V2 bool
 }
 
-// Record is one record of the generated stream: an event, or a poison
-// pill (Poison non-empty, raw value in Raw).
+// Record is one record of the generated stream: an event, a poison pill
+// (Poison non-empty, raw value in Raw), or a tombstone.
 type Record struct {
-	Key    string
+	Key    string // the record key; "" sends none
 	Event  Event
 	Poison string // why the value is bad; "" for a good event
 	Raw    []byte // the bad value of a poison pill
+	// Tombstone sends a null value, which deletes the row of the account
+	// Key names; Event is not sent.
+	Tombstone bool
 }
 
 // Options shape the generated stream.
@@ -58,7 +62,13 @@ type Options struct {
 	Poison int
 	// CloseEvery closes (deletes) every n-th account at its end (0: never).
 	CloseEvery int
-	Seed       uint64
+	// TombstoneEvery sends a tombstone for every n-th account (0: never),
+	// after one of its records: the versions after it build a new row. A
+	// copy of one of the versions sent before it follows it, later, and
+	// must be stale. As many tombstones again are sent for accounts that
+	// never existed, and a few without a key.
+	TombstoneEvery int
+	Seed           uint64
 }
 
 // DefaultOptions is the demo's stream: 220,000 events over 20,000 accounts.
@@ -153,5 +163,53 @@ func GenerateWithDropped(o Options) ([]Record, []Event) {
 		copy(out[pos+1:], out[pos:])
 		out[pos] = r
 	}
+	if o.TombstoneEvery > 0 {
+		out = addTombstones(out, o)
+	}
 	return out, dropped
+}
+
+// addTombstones mixes tombstones into the stream (see
+// Options.TombstoneEvery), with a random source of their own so that the
+// rest of the stream is the one Generate makes without them.
+func addTombstones(out []Record, o Options) []Record {
+	rng := rand.New(rand.NewPCG(o.Seed^0x5851f42d4c957f2d, o.Seed))
+	at := map[string][]int{} // each account's records, by position
+	for i, r := range out {
+		if r.Poison == "" {
+			at[r.Key] = append(at[r.Key], i)
+		}
+	}
+	type insert struct {
+		after int // the position the record follows
+		r     Record
+	}
+	var adds []insert
+	for i := 0; i < o.Aggregates; i += o.TombstoneEvery {
+		id := fmt.Sprintf("acc-%06d", i)
+		pos := at[id]
+		if len(pos) == 0 {
+			continue
+		}
+		k := rng.IntN(len(pos))
+		adds = append(adds, insert{pos[k], Record{Key: id, Tombstone: true}})
+		late := out[pos[rng.IntN(k+1)]]
+		adds = append(adds, insert{pos[k] + rng.IntN(len(out)-pos[k]), late})
+		never := fmt.Sprintf("never-%06d", i)
+		adds = append(adds, insert{rng.IntN(len(out)), Record{Key: never, Tombstone: true}})
+		if i%(10*o.TombstoneEvery) == 0 {
+			adds = append(adds, insert{rng.IntN(len(out)), Record{Tombstone: true}})
+		}
+	}
+	// Stable: a late copy at the tombstone's position stays after it.
+	slices.SortStableFunc(adds, func(a, b insert) int { return a.after - b.after })
+	with := make([]Record, 0, len(out)+len(adds))
+	for i, r := range out {
+		with = append(with, r)
+		for len(adds) > 0 && adds[0].after == i {
+			with = append(with, adds[0].r)
+			adds = adds[1:]
+		}
+	}
+	return with
 }
