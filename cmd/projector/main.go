@@ -124,9 +124,19 @@ func (c *common) logger(w io.Writer) (*slog.Logger, error) {
 // connect opens a pool and checks that Postgres answers, with a message
 // that says what to do when it does not.
 func connect(ctx context.Context, url string) (*pgxpool.Pool, error) {
+	return connectWith(ctx, url, nil)
+}
+
+// connectWith is connect with edit (if not nil) applied to the parsed
+// configuration, for settings a keyword/value connection string cannot be
+// given by appending to it.
+func connectWith(ctx context.Context, url string, edit func(*pgxpool.Config)) (*pgxpool.Pool, error) {
 	cfg, err := pgxpool.ParseConfig(url)
 	if err != nil {
 		return nil, fmt.Errorf("--database-url: %w", err)
+	}
+	if edit != nil {
+		edit(cfg)
 	}
 	pool, err := pgxpool.NewWithConfig(ctx, cfg)
 	if err != nil {
