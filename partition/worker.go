@@ -216,8 +216,12 @@ type Worker struct {
 
 	gaps     gaps
 	repairer Repairer // nil: no repair
-	skips    chan skipRequest
-	halted   atomic.Pointer[string]
+	// repairDown is when the repair source was first found unavailable in
+	// the current outage (zero: it answers), repairLogged when that was
+	// last logged; only Run's goroutine touches them.
+	repairDown, repairLogged time.Time
+	skips                    chan skipRequest
+	halted                   atomic.Pointer[string]
 }
 
 // NewWorker returns a worker for a claimed partition.
@@ -316,6 +320,9 @@ type Status struct {
 	// when the oldest of them was parked.
 	Parked       int
 	OldestParked time.Time
+	// RepairUnavailable counts the aggregates whose last repair attempt
+	// found the repair source unavailable; they are retried with backoff.
+	RepairUnavailable int
 	// Halted says why the partition stopped, "" while it runs.
 	Halted string
 }
@@ -326,7 +333,7 @@ func (w *Worker) Status() Status {
 	oldest := w.oldest
 	w.mu.Unlock()
 	st := Status{TP: w.claim.TP, NextOffset: w.next.Load(), HighWatermark: w.hwm.Load(), Oldest: oldest}
-	st.Parked, st.OldestParked = w.gaps.totals()
+	st.Parked, st.OldestParked, st.RepairUnavailable = w.gaps.totals()
 	if h := w.halted.Load(); h != nil {
 		st.Halted = *h
 	}
