@@ -25,8 +25,10 @@ const maxBody = 32 << 20
 // HTTPConfig configures an HTTP repair source.
 type HTTPConfig struct {
 	// URL is the template of the URL to GET. {key} is replaced by the
-	// aggregate id, path-escaped ('/' becomes %2F), or query-escaped where
-	// it appears after the '?'; {version} by the missing version. {key} is
+	// aggregate id, path-escaped ('/' becomes %2F, and the keys "." and
+	// ".." become %2E and %2E%2E, so that they stay one segment), or
+	// query-escaped where it appears after the '?'; {version} by the
+	// missing version. {key} is
 	// required, {version} optional.
 	URL string
 	// Timeout bounds each request, reading the body included. Default 5s.
@@ -98,11 +100,23 @@ func NewHTTP(cfg HTTPConfig, client *http.Client) (*HTTP, error) {
 func (h *HTTP) url(key string, missing int64) string {
 	path, query, hasQuery := strings.Cut(h.tmpl, "?")
 	v := strconv.FormatInt(missing, 10)
-	u := strings.NewReplacer("{key}", url.PathEscape(key), "{version}", v).Replace(path)
+	u := strings.NewReplacer("{key}", pathSegment(key), "{version}", v).Replace(path)
 	if hasQuery {
 		u += "?" + strings.NewReplacer("{key}", url.QueryEscape(key), "{version}", v).Replace(query)
 	}
 	return u
+}
+
+// pathSegment escapes key as one path segment. url.PathEscape leaves the
+// keys "." and ".." as they are, and a server or proxy resolves them as
+// dot segments (/accounts/../events is /events, sent with the source's
+// credentials); their dots are percent-encoded, which RFC 3986 says is
+// not a dot segment.
+func pathSegment(key string) string {
+	if key == "." || key == ".." {
+		return strings.Repeat("%2E", len(key))
+	}
+	return url.PathEscape(key)
 }
 
 // Repair GETs the aggregate's state at or beyond missing.
