@@ -13,6 +13,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/projector-dev/projector/internal/redact"
 	"github.com/projector-dev/projector/projection"
 )
 
@@ -66,11 +67,11 @@ func NewHTTP(cfg HTTPConfig, client *http.Client) (*HTTP, error) {
 		return nil, errors.New("http repair source: url is required")
 	}
 	if !strings.Contains(cfg.URL, "{key}") {
-		return nil, fmt.Errorf("http repair source: url %q has no {key} placeholder", cfg.URL)
+		return nil, fmt.Errorf("http repair source: url %q has no {key} placeholder", redact.URL(cfg.URL))
 	}
 	for _, p := range placeholderRe.FindAllString(cfg.URL, -1) {
 		if p != "{key}" && p != "{version}" {
-			return nil, fmt.Errorf("http repair source: url %q: unknown placeholder %s, want {key} or {version}", cfg.URL, p)
+			return nil, fmt.Errorf("http repair source: url %q: unknown placeholder %s, want {key} or {version}", redact.URL(cfg.URL), p)
 		}
 	}
 	switch {
@@ -82,13 +83,13 @@ func NewHTTP(cfg HTTPConfig, client *http.Client) (*HTTP, error) {
 	h := &HTTP{tmpl: cfg.URL, timeout: cfg.Timeout, header: cfg.Header.Clone(), client: client}
 	u, err := url.Parse(h.url("key", 1))
 	if err != nil {
-		return nil, fmt.Errorf("http repair source: url %q: %v", cfg.URL, err)
+		return nil, fmt.Errorf("http repair source: url %q: %v", redact.URL(cfg.URL), redact.Error(errors.Unwrap(err)))
 	}
 	if u.Scheme != "http" && u.Scheme != "https" {
-		return nil, fmt.Errorf("http repair source: url %q: scheme must be http or https", cfg.URL)
+		return nil, fmt.Errorf("http repair source: url %q: scheme must be http or https", redact.URL(cfg.URL))
 	}
 	if u.Host == "" {
-		return nil, fmt.Errorf("http repair source: url %q has no host", cfg.URL)
+		return nil, fmt.Errorf("http repair source: url %q has no host", redact.URL(cfg.URL))
 	}
 	if h.client == nil {
 		h.client = &http.Client{Timeout: cfg.Timeout}
@@ -142,10 +143,11 @@ func (h *HTTP) Repair(ctx context.Context, key string, missing int64) (Result, e
 	}
 	resp, err := h.client.Do(req)
 	if err != nil {
-		return fail(err)
+		// The error quotes the URL, which may carry credentials.
+		return fail(redact.Error(err))
 	}
 	defer resp.Body.Close()
-	where := "GET " + req.URL.Redacted()
+	where := "GET " + redact.URL(req.URL.String())
 	switch resp.StatusCode {
 	case http.StatusOK:
 	case http.StatusNotFound:

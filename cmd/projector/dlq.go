@@ -20,9 +20,9 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/peterbourgon/ff/v3/ffcli"
 	"github.com/twmb/franz-go/pkg/kgo"
-	"github.com/twmb/franz-go/pkg/sr"
 
 	"github.com/projector-dev/projector/dlqpublish"
+	"github.com/projector-dev/projector/internal/redact"
 	"github.com/projector-dev/projector/schemas"
 	"github.com/projector-dev/projector/sinks/postgres"
 )
@@ -174,6 +174,9 @@ func dlqListCommand(stdout, stderr io.Writer) *ffcli.Command {
 			if err != nil {
 				return err
 			}
+			for i := range dls {
+				dls[i].Error = redact.String(dls[i].Error)
+			}
 			if asJSON {
 				if dls == nil {
 					dls = []postgres.DeadLetter{}
@@ -228,7 +231,7 @@ func dlqShowCommand(stdout, stderr io.Writer) *ffcli.Command {
 				return err
 			}
 			v := showDeadLetter(d)
-			v.decode(ctx, c.registryURL)
+			v.decode(ctx, &c)
 			if asJSON {
 				return writeJSON(stdout, v)
 			}
@@ -256,6 +259,9 @@ type shownDeadLetter struct {
 }
 
 func showDeadLetter(d postgres.DeadLetter) *shownDeadLetter {
+	// The error was written by the engine, possibly quoting a URL with
+	// credentials (a registry or repair source): it is shown masked.
+	d.Error = redact.String(d.Error)
 	v := &shownDeadLetter{DeadLetter: d, Headers: make([]shownHeader, len(d.Headers))}
 	for i, h := range d.Headers {
 		v.Headers[i] = shownHeader{Key: h.Key, Encoding: "text"}
@@ -268,26 +274,26 @@ func showDeadLetter(d postgres.DeadLetter) *shownDeadLetter {
 	return v
 }
 
-// decode decodes the value through the registry at url, or says why not.
-func (v *shownDeadLetter) decode(ctx context.Context, url string) {
+// decode decodes the value through the registry of c, or says why not.
+func (v *shownDeadLetter) decode(ctx context.Context, c *common) {
 	switch {
-	case url == "":
+	case c.registryURL == "":
 		v.DecodeError = "no --registry-url given"
 		return
 	case v.Value == nil:
 		v.DecodeError = "the record has no value"
 		return
 	}
-	cl, err := sr.NewClient(sr.URLs(url))
+	cl, err := c.registryClient()
 	if err != nil {
-		v.DecodeError = fmt.Sprintf("--registry-url: %v", err)
+		v.DecodeError = redact.String(err.Error())
 		return
 	}
 	dctx, cancel := context.WithTimeout(ctx, 15*time.Second)
 	defer cancel()
 	rec, id, err := schemas.NewDecoder(cl, nil).Decode(dctx, v.Value)
 	if err != nil {
-		v.DecodeError = err.Error()
+		v.DecodeError = redact.String(err.Error())
 		return
 	}
 	js, err := json.MarshalIndent(rec, "", "  ")
