@@ -439,7 +439,7 @@ func dlqReplayCommand(stdout, stderr io.Writer) *ffcli.Command {
 				tw := tabwriter.NewWriter(stdout, 0, 4, 2, ' ', 0)
 				fmt.Fprintln(tw, "ID\tTOPIC\tPARTITION\tOFFSET\tKEY\tERROR")
 				for _, d := range entries {
-					fmt.Fprintf(tw, "%d\t%s\t%d\t%d\t%s\t%s\n", d.ID, d.Topic, d.Partition, d.Offset, keyText(d), oneLine(d.Error))
+					fmt.Fprintf(tw, "%d\t%s\t%d\t%d\t%s\t%s\n", d.ID, d.Topic, d.Partition, d.Offset, keyText(d), oneLine(redact.String(d.Error)))
 				}
 				return tw.Flush()
 			}

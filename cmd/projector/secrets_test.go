@@ -173,6 +173,7 @@ func TestSecretsNeverPrinted(t *testing.T) {
 			{"dlq", "show", fmt.Sprint(id), "--json", "--registry-url", "http://reader:" + secret + "@127.0.0.1:1"},
 			{"dlq", "list"},
 			{"dlq", "list", "--json"},
+			{"dlq", "replay", "--id", fmt.Sprint(id)},
 		} {
 			out, err := runCaptured(t.Context(), append(args, "--database-url", db.URL)...)
 			if err != nil {
