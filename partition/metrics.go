@@ -14,6 +14,7 @@ type Metrics struct {
 	backoff        *prometheus.GaugeVec
 	deadLetters    *prometheus.CounterVec
 	gaps           *prometheus.CounterVec
+	repairFailures *prometheus.CounterVec
 	skipped        *prometheus.CounterVec
 }
 
@@ -64,10 +65,14 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 		Name: "projector_gaps_total",
 		Help: "Aggregates that stopped waiting for a missing version, by resolution: filled (it arrived), repaired, dead_lettered.",
 	}, []string{"projection", "resolution"})
+	m.repairFailures = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "projector_gap_repair_failures_total",
+		Help: "Gap repair attempts that got no usable answer, by reason: unavailable (the source or Postgres is down; retried without limit), not_found (the source has nothing for the gap; its parked events are dead-lettered), failed (any other error; dead-lettered after --max-attempts).",
+	}, []string{"projection", "reason"})
 	m.skipped = prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name: "projector_records_skipped_total",
 		Help: "Offsets skipped because retention deleted them before they were applied (--on-offset-lost=skip).",
 	}, []string{"group", "topic", "partition"})
-	reg.MustRegister(m.processed, m.commitDuration, m.batchRecords, m.commitBatches, m.replays, m.fenced, m.retries, m.backoff, m.deadLetters, m.gaps, m.skipped)
+	reg.MustRegister(m.processed, m.commitDuration, m.batchRecords, m.commitBatches, m.replays, m.fenced, m.retries, m.backoff, m.deadLetters, m.gaps, m.repairFailures, m.skipped)
 	return m
 }

@@ -29,7 +29,10 @@ type gaps struct {
 type gap struct {
 	count    int
 	since    time.Time
-	attempts int
+	attempts int // failed attempts that count towards MaxAttempts
+	// outage counts the attempts in a row that found the repair source
+	// (or Postgres) unavailable: they set the backoff, never a limit.
+	outage   int
 	nextTry  time.Time
 	inFlight bool
 }
@@ -65,18 +68,21 @@ func (g *gaps) update(parked []StoredEvent, unparked []ParkedRef, now time.Time)
 	return closed
 }
 
-// totals returns the parked event count and the oldest parked time.
-func (g *gaps) totals() (int, time.Time) {
+// totals returns the parked event count, the oldest parked time, and how
+// many aggregates wait for a repair source that is unavailable.
+func (g *gaps) totals() (n int, oldest time.Time, unavailable int) {
 	g.mu.Lock()
 	defer g.mu.Unlock()
-	n, oldest := 0, time.Time{}
 	for _, a := range g.aggs {
 		n += a.count
 		if oldest.IsZero() || a.since.Before(oldest) {
 			oldest = a.since
 		}
+		if a.outage > 0 {
+			unavailable++
+		}
 	}
-	return n, oldest
+	return n, oldest, unavailable
 }
 
 // due returns the aggregates parked longer than timeout whose next
@@ -103,14 +109,35 @@ func (g *gaps) failed(key string, base, ceiling time.Duration) int {
 	if a == nil {
 		return 0
 	}
-	a.inFlight = false
+	a.inFlight, a.outage = false, 0
 	a.attempts++
-	limit := ceiling
-	if a.attempts < 30 {
-		limit = min(ceiling, base<<a.attempts)
-	}
-	a.nextTry = time.Now().Add(time.Duration(rand.Int64N(int64(limit) + 1)))
+	a.nextTry = time.Now().Add(jitter(a.attempts, base, ceiling))
 	return a.attempts
+}
+
+// unavailable records an attempt that found the repair source down and
+// when to try again, without counting it towards MaxAttempts; it returns
+// the attempts in a row that did.
+func (g *gaps) unavailable(key string, base, ceiling time.Duration) int {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	a := g.aggs[key]
+	if a == nil {
+		return 0
+	}
+	a.inFlight = false
+	a.outage++
+	a.nextTry = time.Now().Add(jitter(a.outage, base, ceiling))
+	return a.outage
+}
+
+// jitter is the full-jitter backoff after attempt failures in a row.
+func jitter(attempt int, base, ceiling time.Duration) time.Duration {
+	limit := ceiling
+	if attempt < 30 {
+		limit = min(ceiling, base<<attempt)
+	}
+	return time.Duration(rand.Int64N(int64(limit) + 1))
 }
 
 func (g *gaps) release(key string) {
@@ -127,6 +154,9 @@ type repaired struct {
 	missing int64
 	result  repair.Result
 	err     error
+	// loadFailed: Postgres did not answer the aggregate's version, so the
+	// repair source was not asked.
+	loadFailed bool
 }
 
 // repairLoop asks the repairer about aggregates parked longer than the
@@ -147,12 +177,15 @@ func (w *Worker) repairLoop(ctx context.Context, out chan<- repaired) {
 			r := repaired{key: key}
 			st, err := w.sink.Load(ctx, w.claim.TP, []string{key})
 			if err != nil {
-				r.err = fmt.Errorf("load %q: %w", key, err)
+				r.err, r.loadFailed = fmt.Errorf("load %q: %w", key, err), true
 			} else {
 				r.missing = st.Versions[key] + 1
 				rctx, cancel := context.WithTimeout(ctx, 30*time.Second)
 				r.result, r.err = w.repairer.Repair(rctx, key, r.missing)
 				cancel()
+			}
+			if ctx.Err() != nil {
+				return // stopping: an answer cut short is no answer
 			}
 			select {
 			case out <- r:
@@ -166,23 +199,75 @@ func (w *Worker) repairLoop(ctx context.Context, out chan<- repaired) {
 }
 
 // applyRepair commits a repair answer: the repaired state and the parked
-// events that follow it, or after the last attempt the parked events as
-// dead letters with the gap in their error.
+// events that follow it, or the parked events as dead letters with the gap
+// in their error when the source has nothing for the gap (ErrNotFound) or
+// failed MaxAttempts times otherwise. A source that is unavailable
+// (repair.IsTransient), or Postgres not answering, is retried with backoff
+// without limit and the events stay parked: an outage never dead-letters.
 func (w *Worker) applyRepair(ctx context.Context, r repaired) error {
-	if r.err != nil {
+	if r.err == nil {
+		w.repairAnswered()
+		return w.commitRepair(ctx, r.key, func(st State) (Changes, outcomes, error) {
+			return w.planRepair(ctx, r, st)
+		}, "repaired")
+	}
+	var cause error
+	switch {
+	case r.loadFailed || repair.IsTransient(r.err):
+		n := w.gaps.unavailable(r.key, w.cfg.RetryBase, w.cfg.RetryCap)
+		w.metrics.repairFailures.WithLabelValues(w.proj.Name, "unavailable").Inc()
+		w.repairUnavailable(r, n)
+		return nil
+	case errors.Is(r.err, repair.ErrNotFound):
+		w.repairAnswered()
+		w.metrics.repairFailures.WithLabelValues(w.proj.Name, "not_found").Inc()
+		w.log.Warn("gap repair: the source has nothing for the gap; dead-lettering its parked events", "key", r.key, "missing", r.missing, "err", r.err)
+		cause = fmt.Errorf("gap: version %d of %q never arrived and the repair source has nothing for it: %w", r.missing, r.key, r.err)
+	default:
+		w.repairAnswered()
+		w.metrics.repairFailures.WithLabelValues(w.proj.Name, "failed").Inc()
 		attempts := w.gaps.failed(r.key, w.cfg.RetryBase, w.cfg.RetryCap)
 		w.log.Warn("gap repair failed", "key", r.key, "missing", r.missing, "attempt", attempts, "err", r.err)
 		if attempts < w.cfg.MaxAttempts {
 			return nil
 		}
-		cause := fmt.Errorf("gap: version %d of %q never arrived; repair failed after %d attempts: %w", r.missing, r.key, attempts, r.err)
-		return w.commitRepair(ctx, r.key, func(st State) (Changes, outcomes, error) {
-			return w.planGapDeadLetters(ctx, r.key, st, cause)
-		}, "dead_lettered")
+		cause = fmt.Errorf("gap: version %d of %q never arrived; repair failed after %d attempts: %w", r.missing, r.key, attempts, r.err)
 	}
 	return w.commitRepair(ctx, r.key, func(st State) (Changes, outcomes, error) {
-		return w.planRepair(ctx, r, st)
-	}, "repaired")
+		return w.planGapDeadLetters(ctx, r.key, st, cause)
+	}, "dead_lettered")
+}
+
+// repairLogEvery is how often a repair source that stays unavailable is
+// logged again: each parked aggregate retries on its own, and an outage
+// must be heard once, not once per aggregate and attempt.
+const repairLogEvery = time.Minute
+
+// repairUnavailable logs the first failure of an outage of the repair
+// source, then at most once per repairLogEvery. Only Run's goroutine
+// calls it.
+func (w *Worker) repairUnavailable(r repaired, attempt int) {
+	now := time.Now()
+	if !w.repairDown.IsZero() && now.Sub(w.repairLogged) < repairLogEvery {
+		return
+	}
+	if w.repairDown.IsZero() {
+		w.repairDown = now
+	}
+	_, _, waiting := w.gaps.totals()
+	w.repairLogged = now
+	w.log.Warn("gap repair source unavailable; parked events stay parked and are retried with backoff",
+		"key", r.key, "missing", r.missing, "attempt", attempt, "aggregates_waiting", waiting,
+		"down_for", now.Sub(w.repairDown).Round(time.Second), "err", r.err)
+}
+
+// repairAnswered ends an outage of the repair source, saying so once.
+func (w *Worker) repairAnswered() {
+	if w.repairDown.IsZero() {
+		return
+	}
+	w.log.Info("gap repair source answers again", "down_for", time.Since(w.repairDown).Round(time.Second))
+	w.repairDown, w.repairLogged = time.Time{}, time.Time{}
 }
 
 func (w *Worker) commitRepair(ctx context.Context, key string, plan func(State) (Changes, outcomes, error), resolution string) error {

@@ -217,8 +217,12 @@ type Worker struct {
 
 	gaps     gaps
 	repairer Repairer // nil: no repair
-	skips    chan skipRequest
-	halted   atomic.Pointer[string]
+	// repairDown is when the repair source was first found unavailable in
+	// the current outage (zero: it answers), repairLogged when that was
+	// last logged; only Run's goroutine touches them.
+	repairDown, repairLogged time.Time
+	skips                    chan skipRequest
+	halted                   atomic.Pointer[string]
 	// keyWarn says, at most once a minute, that records were keyed as
 	// another aggregate: a producer that does it does it for many.
 	keyWarn rate.Sometimes
@@ -321,6 +325,9 @@ type Status struct {
 	// when the oldest of them was parked.
 	Parked       int
 	OldestParked time.Time
+	// RepairUnavailable counts the aggregates whose last repair attempt
+	// found the repair source unavailable; they are retried with backoff.
+	RepairUnavailable int
 	// Halted says why the partition stopped, "" while it runs.
 	Halted string
 }
@@ -331,7 +338,7 @@ func (w *Worker) Status() Status {
 	oldest := w.oldest
 	w.mu.Unlock()
 	st := Status{TP: w.claim.TP, NextOffset: w.next.Load(), HighWatermark: w.hwm.Load(), Oldest: oldest}
-	st.Parked, st.OldestParked = w.gaps.totals()
+	st.Parked, st.OldestParked, st.RepairUnavailable = w.gaps.totals()
 	if h := w.halted.Load(); h != nil {
 		st.Halted = *h
 	}

@@ -72,6 +72,9 @@ var (
 		"Events waiting for a missing version, in this member's partitions.", []string{"projection"}, nil)
 	oldestParkedDesc = prometheus.NewDesc("projector_oldest_parked_seconds",
 		"Age of the oldest parked event in this member's partitions; 0 when none.", []string{"projection"}, nil)
+	repairUnavailableDesc = prometheus.NewDesc("projector_gap_repair_unavailable",
+		"Aggregates in this member's partitions whose gap repair found the repair source (or Postgres) unavailable and waits to retry; their events stay parked. Above 0 for long: the source is down.",
+		[]string{"projection"}, nil)
 	deadLetterDepthDesc = prometheus.NewDesc("projector_dead_letters",
 		"Open dead letters of this identity, by projection.", []string{"projection"}, nil)
 	cacheEntriesDesc = prometheus.NewDesc("projector_state_cache_entries",
@@ -95,6 +98,7 @@ func (c *lagCollector) Describe(ch chan<- *prometheus.Desc) {
 	ch <- lagSecondsDesc
 	ch <- parkedDesc
 	ch <- oldestParkedDesc
+	ch <- repairUnavailableDesc
 	ch <- deadLetterDepthDesc
 	ch <- cacheEntriesDesc
 	ch <- cacheBytesDesc
@@ -105,6 +109,7 @@ func (c *lagCollector) Describe(ch chan<- *prometheus.Desc) {
 func (c *lagCollector) Collect(ch chan<- prometheus.Metric) {
 	now := time.Now()
 	parked := map[string]int{}
+	unavailable := map[string]int{}
 	oldest := map[string]time.Time{}
 	for _, p := range c.e.cfg.Projections {
 		parked[p.Name] = 0
@@ -112,6 +117,7 @@ func (c *lagCollector) Collect(ch chan<- prometheus.Metric) {
 	for _, s := range c.e.Workers() {
 		name := c.e.byTopic[s.Topic].Name
 		parked[name] += s.Parked
+		unavailable[name] += s.RepairUnavailable
 		if !s.OldestParked.IsZero() && (oldest[name].IsZero() || s.OldestParked.Before(oldest[name])) {
 			oldest[name] = s.OldestParked
 		}
@@ -123,6 +129,7 @@ func (c *lagCollector) Collect(ch chan<- prometheus.Metric) {
 			age = max(0, now.Sub(t).Seconds())
 		}
 		ch <- prometheus.MustNewConstMetric(oldestParkedDesc, prometheus.GaugeValue, age, name)
+		ch <- prometheus.MustNewConstMetric(repairUnavailableDesc, prometheus.GaugeValue, float64(unavailable[name]), name)
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), time.Second)
 	depth, err := postgres.DepthByProjection(ctx, c.e.pool, c.e.cfg.Identity)

@@ -13,6 +13,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/projector-dev/projector/internal/redact"
 	"github.com/projector-dev/projector/projection"
 )
 
@@ -25,8 +26,10 @@ const maxBody = 32 << 20
 // HTTPConfig configures an HTTP repair source.
 type HTTPConfig struct {
 	// URL is the template of the URL to GET. {key} is replaced by the
-	// aggregate id, path-escaped ('/' becomes %2F), or query-escaped where
-	// it appears after the '?'; {version} by the missing version. {key} is
+	// aggregate id, path-escaped ('/' becomes %2F, and the keys "." and
+	// ".." become %2E and %2E%2E, so that they stay one segment), or
+	// query-escaped where it appears after the '?'; {version} by the
+	// missing version. {key} is
 	// required, {version} optional.
 	URL string
 	// Timeout bounds each request, reading the body included. Default 5s.
@@ -64,11 +67,11 @@ func NewHTTP(cfg HTTPConfig, client *http.Client) (*HTTP, error) {
 		return nil, errors.New("http repair source: url is required")
 	}
 	if !strings.Contains(cfg.URL, "{key}") {
-		return nil, fmt.Errorf("http repair source: url %q has no {key} placeholder", cfg.URL)
+		return nil, fmt.Errorf("http repair source: url %q has no {key} placeholder", redact.URL(cfg.URL))
 	}
 	for _, p := range placeholderRe.FindAllString(cfg.URL, -1) {
 		if p != "{key}" && p != "{version}" {
-			return nil, fmt.Errorf("http repair source: url %q: unknown placeholder %s, want {key} or {version}", cfg.URL, p)
+			return nil, fmt.Errorf("http repair source: url %q: unknown placeholder %s, want {key} or {version}", redact.URL(cfg.URL), p)
 		}
 	}
 	switch {
@@ -80,13 +83,13 @@ func NewHTTP(cfg HTTPConfig, client *http.Client) (*HTTP, error) {
 	h := &HTTP{tmpl: cfg.URL, timeout: cfg.Timeout, header: cfg.Header.Clone(), client: client}
 	u, err := url.Parse(h.url("key", 1))
 	if err != nil {
-		return nil, fmt.Errorf("http repair source: url %q: %v", cfg.URL, err)
+		return nil, fmt.Errorf("http repair source: url %q: %v", redact.URL(cfg.URL), redact.Error(errors.Unwrap(err)))
 	}
 	if u.Scheme != "http" && u.Scheme != "https" {
-		return nil, fmt.Errorf("http repair source: url %q: scheme must be http or https", cfg.URL)
+		return nil, fmt.Errorf("http repair source: url %q: scheme must be http or https", redact.URL(cfg.URL))
 	}
 	if u.Host == "" {
-		return nil, fmt.Errorf("http repair source: url %q has no host", cfg.URL)
+		return nil, fmt.Errorf("http repair source: url %q has no host", redact.URL(cfg.URL))
 	}
 	if h.client == nil {
 		h.client = &http.Client{Timeout: cfg.Timeout}
@@ -98,11 +101,23 @@ func NewHTTP(cfg HTTPConfig, client *http.Client) (*HTTP, error) {
 func (h *HTTP) url(key string, missing int64) string {
 	path, query, hasQuery := strings.Cut(h.tmpl, "?")
 	v := strconv.FormatInt(missing, 10)
-	u := strings.NewReplacer("{key}", url.PathEscape(key), "{version}", v).Replace(path)
+	u := strings.NewReplacer("{key}", pathSegment(key), "{version}", v).Replace(path)
 	if hasQuery {
 		u += "?" + strings.NewReplacer("{key}", url.QueryEscape(key), "{version}", v).Replace(query)
 	}
 	return u
+}
+
+// pathSegment escapes key as one path segment. url.PathEscape leaves the
+// keys "." and ".." as they are, and a server or proxy resolves them as
+// dot segments (/accounts/../events is /events, sent with the source's
+// credentials); their dots are percent-encoded, which RFC 3986 says is
+// not a dot segment.
+func pathSegment(key string) string {
+	if key == "." || key == ".." {
+		return strings.Repeat("%2E", len(key))
+	}
+	return url.PathEscape(key)
 }
 
 // Repair GETs the aggregate's state at or beyond missing.
@@ -128,10 +143,11 @@ func (h *HTTP) Repair(ctx context.Context, key string, missing int64) (Result, e
 	}
 	resp, err := h.client.Do(req)
 	if err != nil {
-		return fail(err)
+		// The error quotes the URL, which may carry credentials.
+		return fail(redact.Error(err))
 	}
 	defer resp.Body.Close()
-	where := "GET " + req.URL.Redacted()
+	where := "GET " + redact.URL(req.URL.String())
 	switch resp.StatusCode {
 	case http.StatusOK:
 	case http.StatusNotFound:

@@ -162,6 +162,42 @@ func TestHTTPURL(t *testing.T) {
 	}
 }
 
+// TestHTTPDotKeys asks about the keys "." and "..": each must reach the
+// source as one path segment of the template, never as a dot segment a
+// server or proxy resolves (/internal/accounts/../events is
+// /internal/events, requested with the source's credentials).
+func TestHTTPDotKeys(t *testing.T) {
+	var got []string
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		got = append(got, r.RequestURI)
+		http.NotFound(w, r)
+	}))
+	defer srv.Close()
+	h := newTestHTTP(t, HTTPConfig{URL: srv.URL + "/internal/accounts/{key}/events?id={key}"}, nil)
+	for _, key := range []string{".", "..", "../..", "a/../b", "..."} {
+		if _, err := h.Repair(t.Context(), key, 2); !errors.Is(err, ErrNotFound) {
+			t.Errorf("Repair(%q) = %v, want ErrNotFound", key, err)
+		}
+	}
+	want := []string{
+		"/internal/accounts/%2E/events?id=.",
+		"/internal/accounts/%2E%2E/events?id=..",
+		"/internal/accounts/..%2F../events?id=..%2F..",
+		"/internal/accounts/a%2F..%2Fb/events?id=a%2F..%2Fb",
+		"/internal/accounts/.../events?id=...",
+	}
+	if !reflect.DeepEqual(got, want) {
+		t.Errorf("the source was asked for\n%s\nwant\n%s", strings.Join(got, "\n"), strings.Join(want, "\n"))
+	}
+	for _, uri := range got {
+		for _, seg := range strings.Split(strings.SplitN(uri, "?", 2)[0], "/") {
+			if seg == "." || seg == ".." {
+				t.Errorf("request %s has a dot segment", uri)
+			}
+		}
+	}
+}
+
 func TestHTTPTimeout(t *testing.T) {
 	block := func(w http.ResponseWriter, r *http.Request) { <-r.Context().Done() }
 	check := func(t *testing.T, err error) {

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"slices"
 	"strings"
+	"time"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgtype"
@@ -27,7 +28,8 @@ type SQLConfig struct {
 	//     holes. fields is json, jsonb or text holding a JSON object, or
 	//     NULL for a tombstone; a NULL type is "".
 	//
-	// No rows is ErrNotFound.
+	// No rows is ErrNotFound. The query runs in a read-only transaction:
+	// one that writes fails.
 	Query string
 }
 
@@ -72,10 +74,24 @@ func (s *SQL) repair(ctx context.Context, key string, missing int64) (Result, er
 		return Result{}, &acquireError{err}
 	}
 	defer conn.Release()
+	// A repair source only reads: the query runs in a read-only
+	// transaction, so a query that writes (a data-modifying WITH, a
+	// function with side effects) fails instead of changing the source.
+	tx, err := conn.BeginTx(ctx, pgx.TxOptions{AccessMode: pgx.ReadOnly})
+	if err != nil {
+		return Result{}, fmt.Errorf("begin read-only transaction: %w", err)
+	}
+	defer func() {
+		// Read-only: nothing to keep. The rollback gets a context of its
+		// own, so that one cut short by ctx still ends the transaction.
+		rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
+		defer cancel()
+		_ = tx.Rollback(rctx)
+	}()
 
 	// Describe the query first: its columns decide the shape, its
 	// parameters how many arguments it takes.
-	sd, err := conn.Conn().Prepare(ctx, "", s.query)
+	sd, err := tx.Prepare(ctx, "", s.query)
 	if err != nil {
 		return Result{}, fmt.Errorf("describe query: %w", err)
 	}
@@ -118,7 +134,7 @@ func (s *SQL) repair(ctx context.Context, key string, missing int64) (Result, er
 		}
 	}
 
-	rows, err := conn.Query(ctx, s.query, args...)
+	rows, err := tx.Query(ctx, s.query, args...)
 	if err != nil {
 		return Result{}, err
 	}

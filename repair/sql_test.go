@@ -384,3 +384,39 @@ func TestIsTransient(t *testing.T) {
 		}
 	}
 }
+
+// TestSQLReadsOnly runs queries that write to the source: each must fail
+// as a read-only violation (SQLSTATE 25006), neither transient nor "not
+// found", and the source's rows must all still be there.
+func TestSQLReadsOnly(t *testing.T) {
+	db := testenv.NewDB(t)
+	ctx := t.Context()
+	if _, err := db.Pool.Exec(ctx, snapsSetup+`
+CREATE SEQUENCE seq;
+CREATE FUNCTION forget(k text) RETURNS bigint LANGUAGE sql AS $$ DELETE FROM snaps WHERE key = k RETURNING version $$;`); err != nil {
+		t.Fatalf("setup: %v", err)
+	}
+	for _, query := range []string{
+		`WITH d AS (DELETE FROM snaps WHERE key = $1 RETURNING version, state) SELECT version, state FROM d`,
+		`WITH u AS (UPDATE snaps SET version = version + 100 WHERE key = $1 RETURNING version, state) SELECT version, state FROM u`,
+		`SELECT forget($1) AS version, '{}'::jsonb AS state`,
+		`SELECT nextval('seq') AS version, '{}'::jsonb AS state WHERE $1 <> ''`,
+	} {
+		s := newTestSQL(t, db.Pool, query)
+		res, err := s.Repair(ctx, "a", 3)
+		var pgErr *pgconn.PgError
+		if !errors.As(err, &pgErr) || pgErr.Code != "25006" {
+			t.Errorf("%s:\nRepair = %#v, %v; want a read-only violation (SQLSTATE 25006)", query, res, err)
+		}
+		if IsTransient(err) || errors.Is(err, ErrNotFound) {
+			t.Errorf("%s: error %v: transient %v, not found %v; want neither", query, err, IsTransient(err), errors.Is(err, ErrNotFound))
+		}
+	}
+	var n, top, next int64
+	if err := db.Pool.QueryRow(ctx, `SELECT count(*), coalesce(max(version) FILTER (WHERE key = 'a'), 0), (SELECT last_value FROM seq) FROM snaps`).Scan(&n, &top, &next); err != nil {
+		t.Fatal(err)
+	}
+	if n != 11 || top != 6 || next != 1 {
+		t.Errorf("the source changed: %d rows (want 11), key a at version %d (want 6), sequence at %d (want 1)", n, top, next)
+	}
+}

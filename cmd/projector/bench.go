@@ -98,6 +98,11 @@ func benchCommand(stdout, stderr io.Writer) *ffcli.Command {
 				if err := json.Unmarshal([]byte(f.worker), &spec); err != nil {
 					return fmt.Errorf("--worker: %w", err)
 				}
+				// The parent passes the database URL in the environment,
+				// where other users of the machine cannot read it.
+				if spec.DatabaseURL = os.Getenv(bench.DatabaseURLEnv); spec.DatabaseURL == "" {
+					return fmt.Errorf("--worker: %s is not set: the benchmark's children are started by projector bench", bench.DatabaseURLEnv)
+				}
 				return bench.RunWorker(ctx, spec, os.Stdin, stdout, stderr)
 			}
 			return runBench(ctx, f, stdout, stderr)

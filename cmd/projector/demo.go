@@ -7,10 +7,11 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
-	"net/url"
+	"strings"
 	"sync"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/peterbourgon/ff/v3/ffcli"
 	"github.com/prometheus/client_golang/prometheus"
@@ -22,6 +23,7 @@ import (
 	"github.com/twmb/franz-go/pkg/sr/srfake"
 
 	"github.com/projector-dev/projector/internal/demo"
+	"github.com/projector-dev/projector/internal/redact"
 	"github.com/projector-dev/projector/outbox"
 	"github.com/projector-dev/projector/partition"
 	"github.com/projector-dev/projector/projection"
@@ -73,7 +75,7 @@ func runDemo(ctx context.Context, f *demoFlags, stdout, stderr io.Writer) error 
 	if err := level.UnmarshalText([]byte(f.logLevel)); err != nil {
 		return fmt.Errorf("--log-level %q: want debug, info, warn or error", f.logLevel)
 	}
-	log := slog.New(slog.NewTextHandler(stderr, &slog.HandlerOptions{Level: level}))
+	log := slog.New(slog.NewTextHandler(stderr, &slog.HandlerOptions{Level: level, ReplaceAttr: redact.ReplaceAttr}))
 	var sayMu sync.Mutex // the progress goroutine prints too
 	say := func(format string, args ...any) {
 		sayMu.Lock()
@@ -86,7 +88,7 @@ func runDemo(ctx context.Context, f *demoFlags, stdout, stderr io.Writer) error 
 		return err
 	}
 	defer pool.Close()
-	say("postgres   %s (schema %s, recreated)", redact(f.databaseURL), f.schema)
+	say("postgres   %s (schema %s, recreated)", redact.String(f.databaseURL), f.schema)
 
 	cluster, err := kfake.NewCluster(kfake.NumBrokers(1), kfake.SeedTopics(int32(f.partitions), demo.Topic))
 	if err != nil {
@@ -335,33 +337,65 @@ func runDemo(ctx context.Context, f *demoFlags, stdout, stderr io.Writer) error 
 	}
 	say("verify     OK: table %s.%s equals the reference fold (%d accounts, %d closed), %d parked, %d dead letters",
 		f.schema, demo.Table, len(exp.Accounts), exp.Deleted, nParked, nDead)
-	say("           inspect: psql %q -c 'SET search_path=%s' -c 'TABLE accounts LIMIT 5'", redact(f.databaseURL), f.schema)
+	say("           inspect: psql %q -c 'SET search_path=%s' -c 'TABLE accounts LIMIT 5'", redact.String(f.databaseURL), f.schema)
 	return nil
 }
 
+// demoMark is the comment the demo puts on the schema it creates. It only
+// ever drops a schema carrying it, so that --schema naming a schema of
+// another application is refused instead of emptied.
+const demoMark = "projector demo: created by `projector demo`, which drops and recreates it on every run"
+
 // demoDatabase recreates the demo's schema and returns a pool that writes
-// into it.
+// into it. It drops only a schema the demo created (one carrying
+// demoMark), never public or a system schema, and refuses any other
+// existing schema.
 func demoDatabase(ctx context.Context, f *demoFlags) (*pgxpool.Pool, error) {
 	if !identLike(f.schema) {
 		return nil, fmt.Errorf("--schema %q: want a plain lower-case identifier", f.schema)
+	}
+	if f.schema == "public" || f.schema == "information_schema" || strings.HasPrefix(f.schema, "pg_") {
+		return nil, fmt.Errorf("--schema %s: the demo drops and recreates its schema, so it never uses %s; pick a schema of its own, e.g. projector_demo", f.schema, f.schema)
 	}
 	admin, err := connect(ctx, f.databaseURL)
 	if err != nil {
 		return nil, err
 	}
 	defer admin.Close()
-	if _, err := admin.Exec(ctx, fmt.Sprintf("DROP SCHEMA IF EXISTS %s CASCADE; CREATE SCHEMA %s", f.schema, f.schema)); err != nil {
-		return nil, fmt.Errorf("recreate schema %s: %w", f.schema, err)
-	}
-	u, err := url.Parse(f.databaseURL)
+	err = pgx.BeginFunc(ctx, admin, func(tx pgx.Tx) error {
+		var mark *string
+		err := tx.QueryRow(ctx, `SELECT obj_description(oid, 'pg_namespace') FROM pg_namespace WHERE nspname = $1`, f.schema).Scan(&mark)
+		switch {
+		case errors.Is(err, pgx.ErrNoRows):
+		case err != nil:
+			return fmt.Errorf("look up schema %s: %w", f.schema, err)
+		case mark == nil || *mark != demoMark:
+			return fmt.Errorf("--schema %s: the schema exists and was not created by projector demo, so the demo will not drop it; "+
+				"pick another --schema (the default is projector_demo), or drop it yourself if it is the demo's", f.schema)
+		default:
+			if _, err := tx.Exec(ctx, "DROP SCHEMA "+f.schema+" CASCADE"); err != nil {
+				return fmt.Errorf("drop the previous demo's schema %s: %w", f.schema, err)
+			}
+		}
+		if _, err := tx.Exec(ctx, "CREATE SCHEMA "+f.schema); err != nil {
+			return fmt.Errorf("create schema %s: %w", f.schema, err)
+		}
+		if _, err := tx.Exec(ctx, "COMMENT ON SCHEMA "+f.schema+" IS "+quoteLiteral(demoMark)); err != nil {
+			return fmt.Errorf("mark schema %s as the demo's: %w", f.schema, err)
+		}
+		return nil
+	})
 	if err != nil {
-		return nil, fmt.Errorf("--database-url: %w", err)
+		return nil, err
 	}
-	q := u.Query()
-	q.Set("search_path", f.schema)
-	u.RawQuery = q.Encode()
-	return connect(ctx, u.String())
+	return connectWith(ctx, f.databaseURL, func(cfg *pgxpool.Config) {
+		cfg.ConnConfig.RuntimeParams["search_path"] = f.schema
+	})
 }
+
+// quoteLiteral quotes s as a SQL string literal (COMMENT takes no
+// parameters).
+func quoteLiteral(s string) string { return "'" + strings.ReplaceAll(s, "'", "''") + "'" }
 
 func identLike(s string) bool {
 	if s == "" || len(s) > 63 {
@@ -373,17 +407,6 @@ func identLike(s string) bool {
 		}
 	}
 	return true
-}
-
-func redact(dsn string) string {
-	u, err := url.Parse(dsn)
-	if err != nil || u.User == nil {
-		return dsn
-	}
-	if _, has := u.User.Password(); has {
-		u.User = url.UserPassword(u.User.Username(), "xxxxx")
-	}
-	return u.String()
 }
 
 // sumMetric adds up every sample of a counter or gauge family whose labels

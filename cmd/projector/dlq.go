@@ -20,9 +20,9 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/peterbourgon/ff/v3/ffcli"
 	"github.com/twmb/franz-go/pkg/kgo"
-	"github.com/twmb/franz-go/pkg/sr"
 
 	"github.com/projector-dev/projector/dlqpublish"
+	"github.com/projector-dev/projector/internal/redact"
 	"github.com/projector-dev/projector/partition"
 	"github.com/projector-dev/projector/schemas"
 	"github.com/projector-dev/projector/sinks/postgres"
@@ -178,6 +178,9 @@ func dlqListCommand(stdout, stderr io.Writer) *ffcli.Command {
 			if err != nil {
 				return err
 			}
+			for i := range dls {
+				dls[i].Error = redact.String(dls[i].Error)
+			}
 			if asJSON {
 				if dls == nil {
 					dls = []postgres.DeadLetter{}
@@ -232,7 +235,7 @@ func dlqShowCommand(stdout, stderr io.Writer) *ffcli.Command {
 				return err
 			}
 			v := showDeadLetter(d)
-			v.decode(ctx, c.registryURL)
+			v.decode(ctx, &c)
 			if asJSON {
 				return writeJSON(stdout, v)
 			}
@@ -260,6 +263,9 @@ type shownDeadLetter struct {
 }
 
 func showDeadLetter(d postgres.DeadLetter) *shownDeadLetter {
+	// The error was written by the engine, possibly quoting a URL with
+	// credentials (a registry or repair source): it is shown masked.
+	d.Error = redact.String(d.Error)
 	v := &shownDeadLetter{DeadLetter: d, Headers: make([]shownHeader, len(d.Headers))}
 	for i, h := range d.Headers {
 		v.Headers[i] = shownHeader{Key: h.Key, Encoding: "text"}
@@ -272,26 +278,26 @@ func showDeadLetter(d postgres.DeadLetter) *shownDeadLetter {
 	return v
 }
 
-// decode decodes the value through the registry at url, or says why not.
-func (v *shownDeadLetter) decode(ctx context.Context, url string) {
+// decode decodes the value through the registry of c, or says why not.
+func (v *shownDeadLetter) decode(ctx context.Context, c *common) {
 	switch {
-	case url == "":
+	case c.registryURL == "":
 		v.DecodeError = "no --registry-url given"
 		return
 	case v.Value == nil:
 		v.DecodeError = "the record has no value"
 		return
 	}
-	cl, err := sr.NewClient(sr.URLs(url))
+	cl, err := c.registryClient()
 	if err != nil {
-		v.DecodeError = fmt.Sprintf("--registry-url: %v", err)
+		v.DecodeError = redact.String(err.Error())
 		return
 	}
 	dctx, cancel := context.WithTimeout(ctx, 15*time.Second)
 	defer cancel()
 	rec, id, err := schemas.NewDecoder(cl, nil).Decode(dctx, v.Value)
 	if err != nil {
-		v.DecodeError = err.Error()
+		v.DecodeError = redact.String(err.Error())
 		return
 	}
 	js, err := json.MarshalIndent(rec, "", "  ")
@@ -437,7 +443,7 @@ func dlqReplayCommand(stdout, stderr io.Writer) *ffcli.Command {
 				tw := tabwriter.NewWriter(stdout, 0, 4, 2, ' ', 0)
 				fmt.Fprintln(tw, "ID\tTOPIC\tPARTITION\tOFFSET\tKEY\tERROR")
 				for _, d := range entries {
-					fmt.Fprintf(tw, "%d\t%s\t%d\t%d\t%s\t%s\n", d.ID, d.Topic, d.Partition, d.Offset, keyText(d), oneLine(d.Error))
+					fmt.Fprintf(tw, "%d\t%s\t%d\t%d\t%s\t%s\n", d.ID, d.Topic, d.Partition, d.Offset, keyText(d), oneLine(redact.String(d.Error)))
 				}
 				return tw.Flush()
 			}

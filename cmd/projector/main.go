@@ -22,6 +22,8 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/peterbourgon/ff/v3"
 	"github.com/peterbourgon/ff/v3/ffcli"
+
+	"github.com/projector-dev/projector/internal/redact"
 )
 
 // DefaultDatabaseURL is used when neither --database-url nor
@@ -59,13 +61,16 @@ func Main(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	}
 	root.FlagSet = flag.NewFlagSet("projector", flag.ContinueOnError)
 	root.FlagSet.SetOutput(stderr)
-	return root.ParseAndRun(ctx, args)
+	// Whatever failed, its message is masked: errors quote URLs and
+	// connection strings.
+	return redact.Error(root.ParseAndRun(ctx, args))
 }
 
 // common are the flags most subcommands share.
 type common struct {
 	brokers     string
 	registryURL string
+	registryAuth
 	databaseURL string
 	identity    string
 	config      string
@@ -80,6 +85,8 @@ func (c *common) register(fs *flag.FlagSet, which ...string) {
 			fs.StringVar(&c.brokers, "brokers", "", "Kafka seed brokers, comma-separated (PROJECTOR_BROKERS)")
 		case "registry-url":
 			fs.StringVar(&c.registryURL, "registry-url", "", "Schema Registry URL (PROJECTOR_REGISTRY_URL)")
+			fs.StringVar(&c.registryUser, "registry-user", "", "Schema Registry basic-auth user, instead of user:password@ in --registry-url (PROJECTOR_REGISTRY_USER)")
+			fs.StringVar(&c.registryPassword, "registry-password", "", "Schema Registry basic-auth password; prefer the environment variable, a flag shows in ps (PROJECTOR_REGISTRY_PASSWORD)")
 		case "database-url":
 			fs.StringVar(&c.databaseURL, "database-url", DefaultDatabaseURL, "PostgreSQL connection URL (PROJECTOR_DATABASE_URL)")
 		case "identity":
@@ -111,7 +118,9 @@ func (c *common) logger(w io.Writer) (*slog.Logger, error) {
 	if err := level.UnmarshalText([]byte(c.logLevel)); err != nil {
 		return nil, fmt.Errorf("--log-level %q: want debug, info, warn or error", c.logLevel)
 	}
-	opts := &slog.HandlerOptions{Level: level}
+	// Every string and error logged is masked, whoever logs it: a
+	// client's error may quote a URL with credentials.
+	opts := &slog.HandlerOptions{Level: level, ReplaceAttr: redact.ReplaceAttr}
 	switch c.logFormat {
 	case "json":
 		return slog.New(slog.NewJSONHandler(w, opts)), nil
@@ -124,9 +133,19 @@ func (c *common) logger(w io.Writer) (*slog.Logger, error) {
 // connect opens a pool and checks that Postgres answers, with a message
 // that says what to do when it does not.
 func connect(ctx context.Context, url string) (*pgxpool.Pool, error) {
+	return connectWith(ctx, url, nil)
+}
+
+// connectWith is connect with edit (if not nil) applied to the parsed
+// configuration, for settings a keyword/value connection string cannot be
+// given by appending to it.
+func connectWith(ctx context.Context, url string, edit func(*pgxpool.Config)) (*pgxpool.Pool, error) {
 	cfg, err := pgxpool.ParseConfig(url)
 	if err != nil {
 		return nil, fmt.Errorf("--database-url: %w", err)
+	}
+	if edit != nil {
+		edit(cfg)
 	}
 	pool, err := pgxpool.NewWithConfig(ctx, cfg)
 	if err != nil {

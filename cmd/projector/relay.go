@@ -10,7 +10,6 @@ import (
 
 	"github.com/peterbourgon/ff/v3/ffcli"
 	"github.com/twmb/franz-go/pkg/kgo"
-	"github.com/twmb/franz-go/pkg/sr"
 	"github.com/twmb/franz-go/plugin/kprom"
 
 	"github.com/projector-dev/projector/outbox"
@@ -75,9 +74,9 @@ func relayCommand(_, stderr io.Writer) *ffcli.Command {
 				Registerer:      metrics,
 			}
 			if f.registryURL != "" {
-				reg, err := sr.NewClient(sr.URLs(f.registryURL))
+				reg, err := f.registryClient()
 				if err != nil {
-					return fmt.Errorf("--registry-url: %w", err)
+					return err
 				}
 				cfg.Registry = reg
 			} else {

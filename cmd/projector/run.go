@@ -215,9 +215,9 @@ func startEngine(ctx context.Context, f *runFlags, log *slog.Logger, pool *pgxpo
 	if err := postgres.Migrate(ctx, pool, projs...); err != nil {
 		return nil, err
 	}
-	reg, err := sr.NewClient(sr.URLs(f.registryURL))
+	reg, err := f.registryClient()
 	if err != nil {
-		return nil, fmt.Errorf("--registry-url: %w", err)
+		return nil, err
 	}
 	readers, err := readerSchemas(ctx, reg, projs)
 	if err != nil {

@@ -592,6 +592,10 @@ func (b *bench) runChild(ctx context.Context, spec WorkerSpec, during func(ctx c
 		return nil, err
 	}
 	cmd := b.cfg.Spawn([]string{"bench", "--worker", string(raw)})
+	if cmd.Env == nil {
+		cmd.Env = os.Environ()
+	}
+	cmd.Env = append(cmd.Env, DatabaseURLEnv+"="+spec.DatabaseURL)
 	stdin, err := cmd.StdinPipe()
 	if err != nil {
 		return nil, err

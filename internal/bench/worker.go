@@ -14,6 +14,8 @@ import (
 	"sync"
 	"syscall"
 	"time"
+
+	"github.com/projector-dev/projector/internal/redact"
 )
 
 // Worker modes: what a child process runs.
@@ -27,14 +29,17 @@ const (
 )
 
 // WorkerSpec tells a child process what to run. It travels as JSON in the
-// child's --worker flag.
+// child's --worker flag, except for DatabaseURL.
 type WorkerSpec struct {
 	Mode        string   `json:"mode"`
 	Brokers     []string `json:"brokers"`
 	RegistryURL string   `json:"registry_url"`
 	// DatabaseURL connects to the run's own schema (search_path) with an
-	// application_name that identifies the run's backends.
-	DatabaseURL string `json:"database_url"`
+	// application_name that identifies the run's backends. It may hold a
+	// password, and a command line is visible to every user of the
+	// machine (ps), so it travels in the child's environment
+	// (DatabaseURLEnv) instead.
+	DatabaseURL string `json:"-"`
 	Topic       string `json:"topic"`
 	Partitions  int    `json:"partitions"`
 	Identity    string `json:"identity"`
@@ -148,6 +153,10 @@ func (s *session) send(m wireMsg) {
 	_ = s.out.Encode(m)
 }
 
+// DatabaseURLEnv is the environment variable a child reads
+// WorkerSpec.DatabaseURL from.
+const DatabaseURLEnv = "PROJECTOR_BENCH_CHILD_DATABASE_URL"
+
 // RunWorker runs one child: it prepares its mode, reports ready, waits for
 // "go", runs until its work is done, reports the result, and waits for
 // "exit" (so that the parent can read the CPU time of its Postgres
@@ -180,7 +189,7 @@ func RunWorker(ctx context.Context, spec WorkerSpec, stdin io.Reader, stdout, st
 	} else {
 		level = slog.LevelWarn
 	}
-	log := slog.New(slog.NewTextHandler(stderr, &slog.HandlerOptions{Level: level})).With("bench", spec.Mode)
+	log := slog.New(slog.NewTextHandler(stderr, &slog.HandlerOptions{Level: level, ReplaceAttr: redact.ReplaceAttr})).With("bench", spec.Mode)
 	if err := runMode(ctx, spec, s, log, stderr); err != nil {
 		s.send(wireMsg{Event: "error", Error: err.Error()})
 		return err

@@ -1,0 +1,14 @@
+// Package redact masks secrets in text meant for people: connection URLs
+// and strings, error messages that quote them, and log attributes.
+//
+// It owns one rule for what a secret is, so that every command prints the
+// same masked form: the password of a URL's userinfo, the values of query
+// parameters that carry credentials (password, sslpassword, token,
+// api_key and the like), and password and sslpassword in a Postgres
+// keyword/value connection string.
+//
+// It does not keep secrets out of places that are not text: a secret
+// handed to a child process goes through its environment or stdin, and a
+// secret handed to a client goes through that client's own option (such
+// as the registry's basic auth), never inside a URL it may quote.
+package redact

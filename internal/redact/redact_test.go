@@ -1,0 +1,71 @@
+package redact_test
+
+import (
+	"bytes"
+	"errors"
+	"fmt"
+	"io/fs"
+	"log/slog"
+	"strings"
+	"testing"
+
+	"github.com/projector-dev/projector/internal/redact"
+)
+
+func TestString(t *testing.T) {
+	for _, tc := range []struct{ in, want string }{
+		{"postgres://app:s3cret@db:5432/app?sslmode=disable", "postgres://app:xxxxx@db:5432/app?sslmode=disable"},
+		{"postgres://app@db/app?password=s3cret&sslmode=disable", "postgres://app@db/app?password=xxxxx&sslmode=disable"},
+		{"postgres://db/app?sslpassword=s3cret", "postgres://db/app?sslpassword=xxxxx"},
+		{"https://sr.example/?api_key=s3cret&x=1", "https://sr.example/?api_key=xxxxx&x=1"},
+		{"https://sr.example/path?Token=s3cret", "https://sr.example/path?Token=xxxxx"},
+		{"host=db user=app password=s3cret dbname=app", "host=db user=app password=xxxxx dbname=app"},
+		{"host=db password='s3 cret' dbname=app", "host=db password=xxxxx dbname=app"},
+		{`host=db password='it\'s s3cret' dbname=app`, "host=db password=xxxxx dbname=app"},
+		{"host=db sslpassword = s3cret", "host=db sslpassword = xxxxx"},
+		{`unable to GET "http://u:s3cret@sr:8081/schemas/ids/1": dial tcp: refused`, `unable to GET "http://u:xxxxx@sr:8081/schemas/ids/1": dial tcp: refused`},
+		// Does not parse as a URL (a bad escape): masked by pattern.
+		{"http://u:s3cret@sr:8081/%zz?token=s3cret", "http://u:xxxxx@sr:8081/%zz?token=xxxxx"},
+		{"cannot parse `postgres://u:s3cret@h/%zz`: bad", "cannot parse `postgres://u:xxxxx@h/%zz`: bad"},
+		// Nothing secret: unchanged, byte for byte.
+		{"postgres://postgres@127.0.0.1:5432/test?sslmode=disable&search_path=a%2Cb", "postgres://postgres@127.0.0.1:5432/test?sslmode=disable&search_path=a%2Cb"},
+		{"password authentication failed for user app", "password authentication failed for user app"},
+		{"http://accounts/{key}?from={version}", "http://accounts/{key}?from={version}"},
+		{"", ""},
+	} {
+		if got := redact.String(tc.in); got != tc.want {
+			t.Errorf("String(%q)\n got %q\nwant %q", tc.in, got, tc.want)
+		}
+		if strings.Contains(redact.String(tc.in), "s3") {
+			t.Errorf("String(%q) leaks the secret", tc.in)
+		}
+	}
+}
+
+func TestErrorKeepsTheChain(t *testing.T) {
+	cause := fmt.Errorf("open %q: %w", "postgres://u:s3cret@h/db", fs.ErrNotExist)
+	err := redact.Error(cause)
+	if strings.Contains(err.Error(), "s3cret") {
+		t.Errorf("Error() = %q leaks the password", err)
+	}
+	if !errors.Is(err, fs.ErrNotExist) {
+		t.Error("errors.Is no longer sees the cause")
+	}
+	if redact.Error(nil) != nil {
+		t.Error("Error(nil) is not nil")
+	}
+}
+
+func TestReplaceAttr(t *testing.T) {
+	var buf bytes.Buffer
+	log := slog.New(slog.NewJSONHandler(&buf, &slog.HandlerOptions{ReplaceAttr: redact.ReplaceAttr}))
+	log.Warn("retrying http://u:s3cret@sr/x", "err", errors.New(`GET "http://u:s3cret@sr/x": refused`),
+		"url", "postgres://u:s3cret@h/db", "urls", []string{"http://u:s3cret@sr"},
+		slog.Group("g", "dsn", "host=h password=s3cret"))
+	if strings.Contains(buf.String(), "s3cret") {
+		t.Errorf("log line leaks the password:\n%s", &buf)
+	}
+	if !strings.Contains(buf.String(), "u:xxxxx@sr") {
+		t.Errorf("log line lost what is not secret:\n%s", &buf)
+	}
+}
