@@ -2,6 +2,7 @@ package projection
 
 import (
 	"bytes"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -10,6 +11,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/hamba/avro/v2"
 	"go.yaml.in/yaml/v3"
 )
 
@@ -28,8 +30,8 @@ type Spec struct {
 	Mode      string `yaml:"mode"`
 	TypeField string `yaml:"type_field"`
 	OnGap     string `yaml:"on_gap"`
-	// Schema is a path to an .avsc file (relative to the projection file)
-	// used as the reader schema.
+	// Schema is a path to an .avsc file used as the reader schema,
+	// relative to the projection file and inside its directory.
 	Schema  string              `yaml:"schema"`
 	Columns yaml.Node           `yaml:"columns"`
 	Events  map[string]EventDef `yaml:"events"`
@@ -158,15 +160,11 @@ func (s Spec) compile(dir string) (*Projection, error) {
 	}
 	p.Columns = cols
 	if s.Schema != "" {
-		path := s.Schema
-		if !filepath.IsAbs(path) {
-			path = filepath.Join(dir, path)
-		}
-		b, err := os.ReadFile(path)
+		schema, err := readSchema(dir, s.Schema)
 		if err != nil {
-			return nil, bad("schema: %v", err)
+			return nil, bad("schema %q: %v", s.Schema, err)
 		}
-		p.Schema = string(b)
+		p.Schema = schema
 	}
 	for _, t := range s.DeleteOn {
 		p.DeleteTypes[t] = true
@@ -296,4 +294,50 @@ func (s Spec) compileRepair(p *Projection) error {
 	}
 	p.Repair.SQLDatabaseURL, p.Repair.SQLQuery = os.ExpandEnv(r.SQL.DatabaseURL), r.SQL.Query
 	return nil
+}
+
+// readSchema reads the reader schema file path, which must lie inside dir
+// (the projection file's directory): the file is read through an os.Root,
+// so neither "..", an absolute path nor a symbolic link leads out of it.
+// Its errors never quote the file: a path pointed at the wrong file must
+// not print what that file holds.
+func readSchema(dir, path string) (string, error) {
+	if !filepath.IsLocal(path) {
+		return "", errors.New("want a path relative to the projection file's directory, inside it")
+	}
+	root, err := os.OpenRoot(dir)
+	if err != nil {
+		return "", fmt.Errorf("open the projection file's directory: %w", err)
+	}
+	defer root.Close()
+	b, err := root.ReadFile(path)
+	if err != nil {
+		return "", err
+	}
+	var top any
+	if err := json.Unmarshal(b, &top); err != nil {
+		var syn *json.SyntaxError
+		if errors.As(err, &syn) {
+			line, col := position(b, syn.Offset)
+			return "", fmt.Errorf("not JSON: syntax error at line %d, column %d", line, col)
+		}
+		return "", errors.New("not JSON")
+	}
+	if _, ok := top.(map[string]any); !ok {
+		return "", errors.New("want a JSON object: an Avro record schema")
+	}
+	// hamba/avro's errors quote the names they refuse, which here would
+	// be the file's content: say only that the schema does not parse.
+	if _, err := avro.ParseBytesWithCache(b, "", &avro.SchemaCache{}); err != nil {
+		return "", errors.New("not a valid Avro schema: check its type names and attributes")
+	}
+	return string(b), nil
+}
+
+// position returns the 1-based line and column of byte offset off in b.
+func position(b []byte, off int64) (line, col int) {
+	off = min(max(off, 1), int64(len(b)))
+	before := b[:off-1]
+	line = bytes.Count(before, []byte{'\n'}) + 1
+	return line, len(before) - bytes.LastIndexByte(before, '\n')
 }

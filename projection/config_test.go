@@ -334,6 +334,62 @@ func TestParseSchemaRelativeToDir(t *testing.T) {
 	}
 }
 
+// TestParseSchemaStaysInsideAndUnquoted: a schema path leading out of the
+// projection file's directory is refused, and no error quotes the file it
+// names, whatever that file holds.
+func TestParseSchemaStaysInsideAndUnquoted(t *testing.T) {
+	const secret = "s3cr3t-do-not-print"
+	outside := t.TempDir()
+	outsideFile := filepath.Join(outside, "passwd")
+	if err := os.WriteFile(outsideFile, []byte("root:x:0:0:"+secret+":/root:/bin/sh\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	dir := t.TempDir()
+	write := func(name, content string) {
+		t.Helper()
+		if err := os.WriteFile(filepath.Join(dir, name), []byte(content), 0o600); err != nil {
+			t.Fatal(err)
+		}
+	}
+	write("passwd.avsc", "root:x:0:0:"+secret+":/root:/bin/sh\n")
+	write("string.avsc", `"`+secret+`"`)
+	write("unknown.avsc", `{"type":"record","name":"X","fields":[{"name":"id","type":"`+secret+`"}]}`)
+	write("broken.avsc", "{\n  \"type\": \"record\",\n  "+secret+"\n}")
+	if err := os.Symlink(outsideFile, filepath.Join(dir, "link.avsc")); err != nil {
+		t.Fatal(err)
+	}
+	rel, err := filepath.Rel(dir, outsideFile)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cases := []struct{ name, path, want string }{
+		{"absolute path", outsideFile, "inside"},
+		{"path up and out", rel, "inside"},
+		{"symbolic link out", "link.avsc", "link.avsc"},
+		{"not JSON", "passwd.avsc", "line 1, column 1"},
+		{"not JSON further in", "broken.avsc", "line 3, column 3"},
+		{"a JSON string", "string.avsc", "JSON object"},
+		{"an unknown Avro type", "unknown.avsc", "not a valid Avro schema"},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			src := edit(t, baseYAML, "    mode: fold\n", "    mode: fold\n    schema: '"+tc.path+"'\n")
+			ps, err := projection.Parse([]byte(src), dir)
+			if err == nil {
+				t.Fatalf("Parse accepted schema %s (schema %q)", tc.path, ps[0].Schema)
+			}
+			for _, w := range []string{`projection "p1"`, "schema", tc.path, tc.want} {
+				if !strings.Contains(err.Error(), w) {
+					t.Errorf("error %q does not mention %q", err, w)
+				}
+			}
+			if strings.Contains(err.Error(), secret) || strings.Contains(err.Error(), "root:x") {
+				t.Errorf("error %q quotes the file's content", err)
+			}
+		})
+	}
+}
+
 func TestLoad(t *testing.T) {
 	dir := t.TempDir()
 	good := filepath.Join(dir, "good.yaml")
