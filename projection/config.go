@@ -108,6 +108,10 @@ func Parse(content []byte, dir string) ([]*Projection, error) {
 	}
 	out := make([]*Projection, 0, len(f.Projections))
 	names, topics := map[string]bool{}, map[string]bool{}
+	// tables: which projection writes each table, as written. Names that
+	// differ in the file may still name one table (t and public.t):
+	// only the database can tell.
+	tables := map[string]string{}
 	for i, s := range f.Projections {
 		p, err := s.compile(dir)
 		if err != nil {
@@ -122,7 +126,10 @@ func Parse(content []byte, dir string) ([]*Projection, error) {
 		if topics[p.Topic] {
 			return nil, fmt.Errorf("projection %q: topic %q already feeds another projection", p.Name, p.Topic)
 		}
-		names[p.Name], topics[p.Topic] = true, true
+		if other, ok := tables[p.Table]; ok {
+			return nil, fmt.Errorf("projection %q: table %q is already written by projection %q: two projections would overwrite each other's rows", p.Name, p.Table, other)
+		}
+		names[p.Name], topics[p.Topic], tables[p.Table] = true, true, p.Name
 		out = append(out, p)
 	}
 	return out, nil

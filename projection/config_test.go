@@ -287,6 +287,8 @@ func TestParseRejects(t *testing.T) {
 			[]string{`projection "p1" is defined twice`}},
 		{"two projections on one topic", func(t *testing.T) string { return baseYAML + edit(t, secondYAML, "topic: t2", "topic: t1") },
 			[]string{`projection "p2"`, `topic "t1"`}},
+		{"two projections on one table", func(t *testing.T) string { return baseYAML + edit(t, secondYAML, "table: tbl2", "table: tbl") },
+			[]string{`projection "p2"`, `table "tbl"`, `projection "p1"`}},
 		{"missing schema file", func(t *testing.T) string {
 			return edit(t, baseYAML, "    mode: fold\n", "    mode: fold\n    schema: does-not-exist.avsc\n")
 		}, []string{`projection "p1"`, "schema", "does-not-exist.avsc"}},
