@@ -161,11 +161,11 @@ func (s Spec) compile(dir string) (*Projection, error) {
 	if err := s.compileRepair(p); err != nil {
 		return nil, bad("%v", err)
 	}
-	cols, err := parseColumns(&s.Columns)
+	cols, defaults, err := parseColumns(&s.Columns)
 	if err != nil {
 		return nil, bad("columns: %v", err)
 	}
-	p.Columns = cols
+	p.Columns, p.defaults = cols, defaults
 	if s.Schema != "" {
 		schema, err := readSchema(dir, s.Schema)
 		if err != nil {
@@ -207,45 +207,48 @@ func (s Spec) compile(dir string) (*Projection, error) {
 	return p, nil
 }
 
-// parseColumns keeps the order the columns are written in.
-func parseColumns(n *yaml.Node) ([]Column, error) {
+// parseColumns keeps the order the columns are written in. It also
+// returns each default as the file gives it, to be converted again once
+// Postgres has resolved the column's type (see Projection.SetTypes).
+func parseColumns(n *yaml.Node) ([]Column, map[string]any, error) {
 	if n.Kind == 0 {
-		return nil, errors.New("required")
+		return nil, nil, errors.New("required")
 	}
 	if n.Kind != yaml.MappingNode {
-		return nil, fmt.Errorf("line %d: want a mapping of column name to {type: …}", n.Line)
+		return nil, nil, fmt.Errorf("line %d: want a mapping of column name to {type: …}", n.Line)
 	}
 	var cols []Column
+	defaults := map[string]any{}
 	for i := 0; i+1 < len(n.Content); i += 2 {
 		name := n.Content[i].Value
 		spec := n.Content[i+1]
 		if spec.Kind != yaml.MappingNode {
-			return nil, fmt.Errorf("column %q: line %d: want {type: …}", name, spec.Line)
+			return nil, nil, fmt.Errorf("column %q: line %d: want {type: …}", name, spec.Line)
 		}
 		for k := 0; k+1 < len(spec.Content); k += 2 {
 			switch key := spec.Content[k].Value; key {
 			case "type", "primary_key", "default", "field":
 			default:
-				return nil, fmt.Errorf("column %q: line %d: unknown field %q (want type, primary_key, default, field)", name, spec.Content[k].Line, key)
+				return nil, nil, fmt.Errorf("column %q: line %d: unknown field %q (want type, primary_key, default, field)", name, spec.Content[k].Line, key)
 			}
 		}
 		var cs ColumnSpec
 		if err := spec.Decode(&cs); err != nil {
-			return nil, fmt.Errorf("column %q: %w", name, err)
+			return nil, nil, fmt.Errorf("column %q: %w", name, err)
 		}
 		if cs.Type == "" {
-			return nil, fmt.Errorf("column %q: type is required", name)
+			return nil, nil, fmt.Errorf("column %q: type is required", name)
 		}
-		c := Column{Name: name, Type: strings.ToLower(strings.TrimSpace(cs.Type)), PrimaryKey: cs.PrimaryKey, Field: cs.Field}
+		c := Column{Name: name, Type: foldTypeName(cs.Type), PrimaryKey: cs.PrimaryKey, Field: cs.Field}
 		if c.Field == "" {
 			c.Field = name
 		}
 		if cs.Default != nil {
 			v, err := c.Convert(cs.Default)
 			if err != nil {
-				return nil, fmt.Errorf("column %q: default: %w", name, err)
+				return nil, nil, fmt.Errorf("column %q: default: %w", name, err)
 			}
-			c.Default = v
+			c.Default, defaults[name] = v, cs.Default
 		}
 		cols = append(cols, c)
 	}
@@ -259,7 +262,23 @@ func parseColumns(n *yaml.Node) ([]Column, error) {
 			break
 		}
 	}
-	return cols, nil
+	return cols, defaults, nil
+}
+
+// foldTypeName trims a type name and folds it to lower case outside
+// double quotes, as Postgres folds unquoted identifiers.
+func foldTypeName(s string) string {
+	b := []byte(strings.TrimSpace(s))
+	quoted := false
+	for i, c := range b {
+		switch {
+		case c == '"':
+			quoted = !quoted
+		case !quoted && 'A' <= c && c <= 'Z':
+			b[i] = c + 'a' - 'A'
+		}
+	}
+	return string(b)
 }
 
 func (s Spec) compileRepair(p *Projection) error {

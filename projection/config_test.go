@@ -289,6 +289,9 @@ func TestParseRejects(t *testing.T) {
 			[]string{`projection "p2"`, `topic "t1"`}},
 		{"two projections on one table", func(t *testing.T) string { return baseYAML + edit(t, secondYAML, "table: tbl2", "table: tbl") },
 			[]string{`projection "p2"`, `table "tbl"`, `projection "p1"`}},
+		{"a comment in a column type", func(t *testing.T) string {
+			return edit(t, baseYAML, "n: {type: bigint}", "n: {type: \"bigint -- x\"}")
+		}, []string{`projection "p1"`, `column "n"`, "not a Postgres type"}},
 		{"missing schema file", func(t *testing.T) string {
 			return edit(t, baseYAML, "    mode: fold\n", "    mode: fold\n    schema: does-not-exist.avsc\n")
 		}, []string{`projection "p1"`, "schema", "does-not-exist.avsc"}},
@@ -430,6 +433,15 @@ func TestValidateCodeProjection(t *testing.T) {
 	}
 	if err := valid().Validate(); err != nil {
 		t.Fatalf("valid code projection: %v", err)
+	}
+	// Type names as Postgres prints them; whether they name a type only
+	// Postgres can tell (postgres.Migrate asks it).
+	for _, typ := range []string{"timestamp(3) with time zone", "public.citext", `"Mixed Case".t`, "character varying(12)[]", "interval day to second(3)"} {
+		p := valid()
+		p.Columns[1].Type = typ
+		if err := p.Validate(); err != nil {
+			t.Errorf("Validate refused type %q: %v", typ, err)
+		}
 	}
 	cases := []struct {
 		name   string

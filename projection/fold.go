@@ -155,12 +155,13 @@ func compileFold(p *Projection, defs map[string]EventDef) (*declFold, error) {
 	for _, c := range p.Columns {
 		blank[c.Name] = c.Default // the key's is overwritten
 	}
-	return &declFold{cols: p.Columns, ops: ops, blank: blank}, nil
+	return &declFold{cols: p.Columns, ops: ops, blank: blank, defs: defs}, nil
 }
 
 // declFold is the fold a fold-mode projection declares.
 type declFold struct {
 	cols []Column
+	defs map[string]EventDef // what it was compiled from (see SetTypes)
 	ops  map[string]eventOps
 	// blank is a new aggregate's row before its first event: every
 	// column at its default. Cloning it copies the map's storage in one

@@ -1,0 +1,178 @@
+package postgres
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strings"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+
+	"github.com/projector-dev/projector/projection"
+)
+
+// ErrBadType reports a column whose type Postgres does not resolve to a
+// type: a name it does not know, or more than a type name (a constraint,
+// a default).
+var ErrBadType = errors.New("not a Postgres type")
+
+// ErrBadDefault reports a column default (or a literal a fold sets) that
+// its column's type refuses.
+var ErrBadDefault = errors.New("value does not fit the column type")
+
+// resolve proves the projections against Postgres before Migrate creates
+// anything: every column type resolves to a type, which the column then
+// takes the canonical name of (so every statement the sink builds uses
+// the name Postgres would print), and every default casts to its
+// column's type.
+func resolve(ctx context.Context, tx pgx.Tx, projections []*projection.Projection) error {
+	if len(projections) == 0 {
+		return nil
+	}
+	if err := resolveTypes(ctx, tx, projections); err != nil {
+		return err
+	}
+	return checkDefaults(ctx, tx, projections)
+}
+
+// typeRef is one column's type as the projection gives it.
+type typeRef struct {
+	p   *projection.Projection
+	col string
+	typ string
+}
+
+// resolveTypes resolves every column's type with to_regtype, which parses
+// the name alone (a constraint or a default after it is a syntax error)
+// and returns NULL for a type that does not exist, and gives each column
+// the name format_type prints for it, type modifiers included. to_regtype
+// drops modifiers (the 3 of timestamp(3)), so they come from describing
+// one statement selecting NULL cast to each type, which only a name
+// to_regtype accepted is placed in.
+func resolveTypes(ctx context.Context, tx pgx.Tx, projections []*projection.Projection) error {
+	var refs []typeRef
+	var names []string
+	for _, p := range projections {
+		for _, c := range p.Columns {
+			refs = append(refs, typeRef{p, c.Name, c.Type})
+			names = append(names, c.Type)
+		}
+	}
+	oids, err := regtypes(ctx, tx, names)
+	if err != nil {
+		// Some name is not even a type name: find which, each on its own.
+		for _, r := range refs {
+			if _, err := regtypes(ctx, tx, []string{r.typ}); err != nil {
+				return r.refuse(err)
+			}
+		}
+		return fmt.Errorf("migrate: resolve column types: %w", err)
+	}
+	for i, oid := range oids {
+		if oid == 0 {
+			return refs[i].refuse(nil)
+		}
+	}
+	mods, err := typmods(ctx, tx, names, oids)
+	if err != nil {
+		return fmt.Errorf("migrate: resolve column type modifiers: %w", err)
+	}
+	var canonical []string
+	if err := tx.QueryRow(ctx, `SELECT array_agg(format_type(o, m) ORDER BY i)
+		FROM unnest($1::oid[], $2::integer[]) WITH ORDINALITY AS u(o, m, i)`, oids, mods).Scan(&canonical); err != nil {
+		return fmt.Errorf("migrate: name column types: %w", err)
+	}
+	at := 0
+	for _, p := range projections {
+		if err := p.SetTypes(canonical[at : at+len(p.Columns)]); err != nil {
+			return fmt.Errorf("%w: %w", ErrBadDefault, err)
+		}
+		at += len(p.Columns)
+	}
+	return nil
+}
+
+// regtypes returns the oid of each type name (0 when there is no such
+// type), in a savepoint: a name that is not a type name fails the query.
+func regtypes(ctx context.Context, tx pgx.Tx, names []string) ([]uint32, error) {
+	var oids []uint32
+	err := pgx.BeginFunc(ctx, tx, func(sp pgx.Tx) error {
+		return sp.QueryRow(ctx, `SELECT array_agg(coalesce(to_regtype(n)::oid, 0) ORDER BY i)
+			FROM unnest($1::text[]) WITH ORDINALITY AS u(n, i)`, names).Scan(&oids)
+	})
+	return oids, err
+}
+
+// typmods returns the type modifier of each type name (-1 for none), for
+// names that to_regtype resolved to oids. Postgres describes a domain
+// column as its base type; a domain has no modifier of its own.
+func typmods(ctx context.Context, tx pgx.Tx, names []string, oids []uint32) ([]int32, error) {
+	var sql strings.Builder
+	sql.WriteString("SELECT ")
+	for i, n := range names {
+		if i > 0 {
+			sql.WriteString(", ")
+		}
+		// The line break ends the name even if it ends in a comment.
+		fmt.Fprintf(&sql, "NULL::%s\n", n)
+	}
+	desc, err := tx.Conn().PgConn().Prepare(ctx, "", sql.String(), nil)
+	if err != nil {
+		return nil, err
+	}
+	if len(desc.Fields) != len(names) {
+		return nil, fmt.Errorf("described %d columns for %d type names", len(desc.Fields), len(names))
+	}
+	mods := make([]int32, len(names))
+	for i, f := range desc.Fields {
+		mods[i] = -1
+		if f.DataTypeOID == oids[i] {
+			mods[i] = f.TypeModifier
+		}
+	}
+	return mods, nil
+}
+
+// refuse reports r's type as not a type; cause is Postgres's error, if
+// any.
+func (r typeRef) refuse(cause error) error {
+	var pg *pgconn.PgError
+	if cause != nil && !errors.As(cause, &pg) {
+		return fmt.Errorf("migrate: resolve the type of projection %q column %q: %w", r.p.Name, r.col, cause)
+	}
+	err := fmt.Errorf("projection %q: column %q: type %q: %w", r.p.Name, r.col, r.typ, ErrBadType)
+	if cause != nil {
+		return fmt.Errorf("%w (want a type name alone: constraints and defaults are not part of it): %w", err, cause)
+	}
+	return fmt.Errorf("%w: no such type in this database (is the extension that defines it installed? does it need its schema, as in public.citext?)", err)
+}
+
+// checkDefaults casts every column default, in the text form the sink
+// writes it in, to the column's type: a default the type refuses would
+// fail every new aggregate's first event.
+func checkDefaults(ctx context.Context, tx pgx.Tx, projections []*projection.Projection) error {
+	for _, p := range projections {
+		for _, c := range p.Columns {
+			if c.Default == nil {
+				continue
+			}
+			text, err := c.EncodeText(c.Default)
+			if err != nil {
+				return fmt.Errorf("projection %q: column %q: default: %w: %w", p.Name, c.Name, ErrBadDefault, err)
+			}
+			err = pgx.BeginFunc(ctx, tx, func(sp pgx.Tx) error {
+				_, err := sp.Exec(ctx, fmt.Sprintf(`SELECT $1::text::%s`, c.Type), *text)
+				return err
+			})
+			var pg *pgconn.PgError
+			switch {
+			case errors.As(err, &pg):
+				return fmt.Errorf("projection %q: column %q: default %q: %w %s: %w", p.Name, c.Name, *text, ErrBadDefault, c.Type, err)
+			case err != nil:
+				return fmt.Errorf("migrate: check the default of projection %q column %q: %w", p.Name, c.Name, err)
+			}
+		}
+	}
+	return nil
+}
