@@ -110,7 +110,7 @@ func Parse(content []byte, dir string) ([]*Projection, error) {
 	names, topics := map[string]bool{}, map[string]bool{}
 	// tables: which projection writes each table, as written. Names that
 	// differ in the file may still name one table (t and public.t):
-	// only the database can tell.
+	// postgres.Migrate resolves them as Postgres does and refuses those.
 	tables := map[string]string{}
 	for i, s := range f.Projections {
 		p, err := s.compile(dir)

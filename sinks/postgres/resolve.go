@@ -21,11 +21,14 @@ var ErrBadType = errors.New("not a Postgres type")
 // its column's type refuses.
 var ErrBadDefault = errors.New("value does not fit the column type")
 
+// ErrTableShared reports two projections that write one table.
+var ErrTableShared = errors.New("two projections write one table")
+
 // resolve proves the projections against Postgres before Migrate creates
 // anything: every column type resolves to a type, which the column then
 // takes the canonical name of (so every statement the sink builds uses
-// the name Postgres would print), and every default casts to its
-// column's type.
+// the name Postgres would print), every default casts to its column's
+// type, and no two projections write one table.
 func resolve(ctx context.Context, tx pgx.Tx, projections []*projection.Projection) error {
 	if len(projections) == 0 {
 		return nil
@@ -33,7 +36,10 @@ func resolve(ctx context.Context, tx pgx.Tx, projections []*projection.Projectio
 	if err := resolveTypes(ctx, tx, projections); err != nil {
 		return err
 	}
-	return checkDefaults(ctx, tx, projections)
+	if err := checkDefaults(ctx, tx, projections); err != nil {
+		return err
+	}
+	return distinctTables(ctx, tx, projections)
 }
 
 // typeRef is one column's type as the projection gives it.
@@ -173,6 +179,41 @@ func checkDefaults(ctx context.Context, tx pgx.Tx, projections []*projection.Pro
 				return fmt.Errorf("migrate: check the default of projection %q column %q: %w", p.Name, c.Name, err)
 			}
 		}
+	}
+	return nil
+}
+
+// distinctTables refuses two projections whose tables are one, with names
+// resolved as Postgres resolves them: an unqualified name is the table
+// search_path finds or, when there is none, the one CREATE TABLE would
+// make in current_schema().
+func distinctTables(ctx context.Context, tx pgx.Tx, projections []*projection.Projection) error {
+	tables := make([]string, len(projections))
+	for i, p := range projections {
+		tables[i] = p.Table
+	}
+	var resolved []*string
+	// Table names are lower-case identifiers (see Projection.Validate):
+	// none needs quoting.
+	if err := tx.QueryRow(ctx, `SELECT array_agg(
+			coalesce(n.nspname || '.' || c.relname,
+			         CASE WHEN position('.' in u.t) > 0 THEN u.t ELSE current_schema() || '.' || u.t END)
+			ORDER BY u.i)
+		FROM unnest($1::text[]) WITH ORDINALITY AS u(t, i)
+		LEFT JOIN pg_class c ON c.oid = to_regclass(u.t)
+		LEFT JOIN pg_namespace n ON n.oid = c.relnamespace`, tables).Scan(&resolved); err != nil {
+		return fmt.Errorf("migrate: resolve table names: %w", err)
+	}
+	owner := map[string]*projection.Projection{}
+	for i, p := range projections {
+		name := p.Table
+		if resolved[i] != nil {
+			name = *resolved[i]
+		}
+		if other, ok := owner[name]; ok {
+			return fmt.Errorf("projections %q (table %s) and %q (table %s): %w: %s", other.Name, other.Table, p.Name, p.Table, ErrTableShared, name)
+		}
+		owner[name] = p
 	}
 	return nil
 }

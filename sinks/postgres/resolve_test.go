@@ -220,3 +220,44 @@ func TestMigrateChecksDefaults(t *testing.T) {
 		}
 	})
 }
+
+// TestMigrateRefusesTwoProjectionsOnOneTable checks that projections whose
+// table names resolve to one table, as Postgres resolves them through
+// search_path, are refused before anything is created, with an error
+// naming both; names that only look alike are two tables.
+func TestMigrateRefusesTwoProjectionsOnOneTable(t *testing.T) {
+	ctx := t.Context()
+	t.Run("unqualified and qualified", func(t *testing.T) {
+		db := testenv.NewDB(t)
+		a, b := oneColumn(t, "first", "t", "text", ""), oneColumn(t, "second", db.Schema+".t", "text", "")
+		err := postgres.Migrate(ctx, db.Pool, a, b)
+		if err == nil {
+			t.Fatal("Migrate accepted two projections writing one table")
+		}
+		if !errors.Is(err, postgres.ErrTableShared) {
+			t.Errorf("Migrate = %v, want ErrTableShared", err)
+		}
+		for _, w := range []string{`"first"`, `"second"`, db.Schema + ".t"} {
+			if !strings.Contains(err.Error(), w) {
+				t.Errorf("error %q does not mention %q", err, w)
+			}
+		}
+		nothingCreated(t, db, "t")
+	})
+	t.Run("an existing table found through search_path", func(t *testing.T) {
+		db := testenv.NewDB(t)
+		if _, err := db.Pool.Exec(ctx, `CREATE TABLE t (id text PRIMARY KEY, c text, version bigint NOT NULL)`); err != nil {
+			t.Fatal(err)
+		}
+		err := postgres.Migrate(ctx, db.Pool, oneColumn(t, "first", db.Schema+".t", "text", ""), oneColumn(t, "second", "t", "text", ""))
+		if !errors.Is(err, postgres.ErrTableShared) || !strings.Contains(err.Error(), `"first"`) || !strings.Contains(err.Error(), `"second"`) {
+			t.Errorf("Migrate = %v, want ErrTableShared naming both projections", err)
+		}
+	})
+	t.Run("one name in two schemas", func(t *testing.T) {
+		db, other := testenv.NewDB(t), testenv.NewDB(t)
+		if err := postgres.Migrate(ctx, db.Pool, oneColumn(t, "first", "t", "text", ""), oneColumn(t, "second", other.Schema+".t", "text", "")); err != nil {
+			t.Fatalf("Migrate refused two tables of one name in two schemas: %v", err)
+		}
+	})
+}

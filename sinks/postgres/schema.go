@@ -105,7 +105,8 @@ var ErrTableMismatch = errors.New("existing table does not match the projection"
 // missing, and refuses a projection that contradicts an existing table.
 // Before it creates anything it proves the projections against Postgres:
 // each column type must resolve to a type (ErrBadType), each default must
-// cast to its column's type (ErrBadDefault). Each column then holds the name
+// cast to its column's type (ErrBadDefault), and no two projections may
+// write one table (ErrTableShared). Each column then holds the name
 // Postgres gives its type (see projection.Projection.SetTypes), so call it
 // before building sinks.
 func Migrate(ctx context.Context, pool *pgxpool.Pool, projections ...*projection.Projection) error {
