@@ -301,3 +301,37 @@ func addValues(cur, delta any, negate bool) any {
 	}
 	return cur
 }
+
+// Constant is a value a projection writes into a column whatever the
+// event: a default, or a literal its declarative fold sets.
+type Constant struct {
+	Column Column
+	// Value is in the Go type of the column's kind (see Row); never nil.
+	Value any
+	// Where names it in the projection file: "default", or
+	// "events.<type>.set".
+	Where string
+}
+
+// Constants lists p's column defaults and the literals its declarative
+// fold sets, so that they can be proved against the column types before
+// any event needs them (see postgres.Migrate).
+func (p *Projection) Constants() []Constant {
+	var out []Constant
+	for _, c := range p.Columns {
+		if c.Default != nil {
+			out = append(out, Constant{Column: c, Value: c.Default, Where: "default"})
+		}
+	}
+	if p.decl == nil || reflect.ValueOf(p.Fold).Pointer() != declFoldCode {
+		return out
+	}
+	for _, typ := range slices.Sorted(maps.Keys(p.decl.ops)) {
+		for _, op := range p.decl.ops[typ].set {
+			if op.field == "" && op.literal != nil {
+				out = append(out, Constant{Column: op.col, Value: op.literal, Where: "events." + typ + ".set"})
+			}
+		}
+	}
+	return out
+}

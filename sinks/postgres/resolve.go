@@ -27,8 +27,8 @@ var ErrTableShared = errors.New("two projections write one table")
 // resolve proves the projections against Postgres before Migrate creates
 // anything: every column type resolves to a type, which the column then
 // takes the canonical name of (so every statement the sink builds uses
-// the name Postgres would print), every default casts to its column's
-// type, and no two projections write one table.
+// the name Postgres would print), every default and fold literal casts to
+// its column's type, and no two projections write one table.
 func resolve(ctx context.Context, tx pgx.Tx, projections []*projection.Projection) error {
 	if len(projections) == 0 {
 		return nil
@@ -36,7 +36,7 @@ func resolve(ctx context.Context, tx pgx.Tx, projections []*projection.Projectio
 	if err := resolveTypes(ctx, tx, projections); err != nil {
 		return err
 	}
-	if err := checkDefaults(ctx, tx, projections); err != nil {
+	if err := checkConstants(ctx, tx, projections); err != nil {
 		return err
 	}
 	return distinctTables(ctx, tx, projections)
@@ -65,19 +65,22 @@ func resolveTypes(ctx context.Context, tx pgx.Tx, projections []*projection.Proj
 			names = append(names, c.Type)
 		}
 	}
-	oids, err := regtypes(ctx, tx, names)
+	oids, pseudo, err := regtypes(ctx, tx, names)
 	if err != nil {
 		// Some name is not even a type name: find which, each on its own.
 		for _, r := range refs {
-			if _, err := regtypes(ctx, tx, []string{r.typ}); err != nil {
-				return r.refuse(err)
+			if _, _, err := regtypes(ctx, tx, []string{r.typ}); err != nil {
+				return r.refuse(err, "want a type name alone: constraints and defaults are not part of it")
 			}
 		}
 		return fmt.Errorf("migrate: resolve column types: %w", err)
 	}
 	for i, oid := range oids {
-		if oid == 0 {
-			return refs[i].refuse(nil)
+		switch {
+		case oid == 0:
+			return refs[i].refuse(nil, "no such type in this database (is the extension that defines it installed? does it need its schema, as in public.citext?)")
+		case pseudo[i]:
+			return refs[i].refuse(nil, "a pseudo-type, which no column can have")
 		}
 	}
 	mods, err := typmods(ctx, tx, names, oids)
@@ -100,14 +103,15 @@ func resolveTypes(ctx context.Context, tx pgx.Tx, projections []*projection.Proj
 }
 
 // regtypes returns the oid of each type name (0 when there is no such
-// type), in a savepoint: a name that is not a type name fails the query.
-func regtypes(ctx context.Context, tx pgx.Tx, names []string) ([]uint32, error) {
-	var oids []uint32
-	err := pgx.BeginFunc(ctx, tx, func(sp pgx.Tx) error {
-		return sp.QueryRow(ctx, `SELECT array_agg(coalesce(to_regtype(n)::oid, 0) ORDER BY i)
-			FROM unnest($1::text[]) WITH ORDINALITY AS u(n, i)`, names).Scan(&oids)
+// type) and whether it is a pseudo-type (void, record, anyelement...), in
+// a savepoint: a name that is not a type name fails the query.
+func regtypes(ctx context.Context, tx pgx.Tx, names []string) (oids []uint32, pseudo []bool, err error) {
+	err = pgx.BeginFunc(ctx, tx, func(sp pgx.Tx) error {
+		return sp.QueryRow(ctx, `SELECT array_agg(coalesce(t.oid, 0) ORDER BY u.i), array_agg(coalesce(t.typtype = 'p', false) ORDER BY u.i)
+			FROM unnest($1::text[]) WITH ORDINALITY AS u(n, i)
+			LEFT JOIN pg_type t ON t.oid = to_regtype(u.n)`, names).Scan(&oids, &pseudo)
 	})
-	return oids, err
+	return oids, pseudo, err
 }
 
 // typmods returns the type modifier of each type name (-1 for none), for
@@ -140,32 +144,31 @@ func typmods(ctx context.Context, tx pgx.Tx, names []string, oids []uint32) ([]i
 	return mods, nil
 }
 
-// refuse reports r's type as not a type; cause is Postgres's error, if
-// any.
-func (r typeRef) refuse(cause error) error {
+// refuse reports r's type as not a column type, for reason; cause is
+// Postgres's error, if any.
+func (r typeRef) refuse(cause error, reason string) error {
 	var pg *pgconn.PgError
 	if cause != nil && !errors.As(cause, &pg) {
 		return fmt.Errorf("migrate: resolve the type of projection %q column %q: %w", r.p.Name, r.col, cause)
 	}
-	err := fmt.Errorf("projection %q: column %q: type %q: %w", r.p.Name, r.col, r.typ, ErrBadType)
+	err := fmt.Errorf("projection %q: column %q: type %q: %w: %s", r.p.Name, r.col, r.typ, ErrBadType, reason)
 	if cause != nil {
-		return fmt.Errorf("%w (want a type name alone: constraints and defaults are not part of it): %w", err, cause)
+		return fmt.Errorf("%w: %w", err, cause)
 	}
-	return fmt.Errorf("%w: no such type in this database (is the extension that defines it installed? does it need its schema, as in public.citext?)", err)
+	return err
 }
 
-// checkDefaults casts every column default, in the text form the sink
-// writes it in, to the column's type: a default the type refuses would
-// fail every new aggregate's first event.
-func checkDefaults(ctx context.Context, tx pgx.Tx, projections []*projection.Projection) error {
+// checkConstants casts every column default and every literal a fold
+// sets, in the text form the sink writes them in, to the column's type:
+// one the type refuses would fail every event that needs it (a default,
+// the first event of every new aggregate).
+func checkConstants(ctx context.Context, tx pgx.Tx, projections []*projection.Projection) error {
 	for _, p := range projections {
-		for _, c := range p.Columns {
-			if c.Default == nil {
-				continue
-			}
-			text, err := c.EncodeText(c.Default)
+		for _, k := range p.Constants() {
+			c := k.Column
+			text, err := c.EncodeText(k.Value)
 			if err != nil {
-				return fmt.Errorf("projection %q: column %q: default: %w: %w", p.Name, c.Name, ErrBadDefault, err)
+				return fmt.Errorf("projection %q: column %q: %s: %w: %w", p.Name, c.Name, k.Where, ErrBadDefault, err)
 			}
 			err = pgx.BeginFunc(ctx, tx, func(sp pgx.Tx) error {
 				_, err := sp.Exec(ctx, fmt.Sprintf(`SELECT $1::text::%s`, c.Type), *text)
@@ -174,9 +177,9 @@ func checkDefaults(ctx context.Context, tx pgx.Tx, projections []*projection.Pro
 			var pg *pgconn.PgError
 			switch {
 			case errors.As(err, &pg):
-				return fmt.Errorf("projection %q: column %q: default %q: %w %s: %w", p.Name, c.Name, *text, ErrBadDefault, c.Type, err)
+				return fmt.Errorf("projection %q: column %q: %s %q: %w %s: %w", p.Name, c.Name, k.Where, *text, ErrBadDefault, c.Type, err)
 			case err != nil:
-				return fmt.Errorf("migrate: check the default of projection %q column %q: %w", p.Name, c.Name, err)
+				return fmt.Errorf("migrate: check the %s of projection %q column %q: %w", k.Where, p.Name, c.Name, err)
 			}
 		}
 	}

@@ -57,6 +57,8 @@ func TestMigrateRefusesWhatIsNotAType(t *testing.T) {
 		"bigint primary key",
 		"no_such_type",
 		"no_such_schema.citext",
+		"void",
+		"record",
 	} {
 		t.Run(typ, func(t *testing.T) {
 			db := testenv.NewDB(t)
@@ -182,6 +184,32 @@ func TestMigrateChecksDefaults(t *testing.T) {
 			nothingCreated(t, db, "things")
 		})
 	}
+
+	t.Run("a literal a fold sets", func(t *testing.T) {
+		db := testenv.NewDB(t)
+		err := postgres.Migrate(t.Context(), db.Pool, parseOne(t, `projections:
+  - name: acc
+    topic: acc.events
+    table: acc
+    key: id
+    mode: fold
+    type_field: type
+    columns:
+      id:     {type: text, primary_key: true}
+      closed: {type: timestamptz}
+    events:
+      Closed: {set: {closed: {literal: "whenever"}}}
+`))
+		if !errors.Is(err, postgres.ErrBadDefault) {
+			t.Fatalf("Migrate = %v, want ErrBadDefault", err)
+		}
+		for _, w := range []string{`projection "acc"`, `column "closed"`, "events.Closed.set", "whenever"} {
+			if !strings.Contains(err.Error(), w) {
+				t.Errorf("error %q does not mention %q", err, w)
+			}
+		}
+		nothingCreated(t, db, "acc")
+	})
 
 	t.Run("defaults that fit", func(t *testing.T) {
 		ctx := t.Context()
