@@ -66,6 +66,10 @@ func resolveTypes(ctx context.Context, tx pgx.Tx, projections []*projection.Proj
 		}
 	}
 	oids, pseudo, err := regtypes(ctx, tx, names)
+	var pg *pgconn.PgError
+	if err != nil && !errors.As(err, &pg) {
+		return fmt.Errorf("migrate: resolve column types: %w", err)
+	}
 	if err != nil {
 		// Some name is not even a type name: find which, each on its own.
 		for _, r := range refs {
