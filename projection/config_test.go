@@ -337,6 +337,22 @@ func TestParseSchemaRelativeToDir(t *testing.T) {
 	if ps[0].Schema != schema {
 		t.Errorf("schema = %q, want the file's content", ps[0].Schema)
 	}
+
+	// A link that stays inside the directory is followed, as in a
+	// Kubernetes ConfigMap volume (x.avsc -> ..data/x.avsc).
+	if err := os.Mkdir(filepath.Join(dir, "..data"), 0o700); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(dir, "..data", "y.avsc"), []byte(schema), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Symlink(filepath.Join("..data", "y.avsc"), filepath.Join(dir, "y.avsc")); err != nil {
+		t.Fatal(err)
+	}
+	src = edit(t, baseYAML, "    mode: fold\n", "    mode: fold\n    schema: y.avsc\n")
+	if ps, err = projection.Parse([]byte(src), dir); err != nil || ps[0].Schema != schema {
+		t.Errorf("schema through a link inside the directory: %v", err)
+	}
 }
 
 // TestParseSchemaStaysInsideAndUnquoted: a schema path leading out of the
