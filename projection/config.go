@@ -2,6 +2,7 @@ package projection
 
 import (
 	"bytes"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -10,6 +11,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/hamba/avro/v2"
 	"go.yaml.in/yaml/v3"
 )
 
@@ -28,8 +30,8 @@ type Spec struct {
 	Mode      string `yaml:"mode"`
 	TypeField string `yaml:"type_field"`
 	OnGap     string `yaml:"on_gap"`
-	// Schema is a path to an .avsc file (relative to the projection file)
-	// used as the reader schema.
+	// Schema is a path to an .avsc file used as the reader schema,
+	// relative to the projection file and inside its directory.
 	Schema  string              `yaml:"schema"`
 	Columns yaml.Node           `yaml:"columns"`
 	Events  map[string]EventDef `yaml:"events"`
@@ -106,6 +108,10 @@ func Parse(content []byte, dir string) ([]*Projection, error) {
 	}
 	out := make([]*Projection, 0, len(f.Projections))
 	names, topics := map[string]bool{}, map[string]bool{}
+	// tables: which projection writes each table, as written. Names that
+	// differ in the file may still name one table (t and public.t):
+	// postgres.Migrate resolves them as Postgres does and refuses those.
+	tables := map[string]string{}
 	for i, s := range f.Projections {
 		p, err := s.compile(dir)
 		if err != nil {
@@ -120,7 +126,10 @@ func Parse(content []byte, dir string) ([]*Projection, error) {
 		if topics[p.Topic] {
 			return nil, fmt.Errorf("projection %q: topic %q already feeds another projection", p.Name, p.Topic)
 		}
-		names[p.Name], topics[p.Topic] = true, true
+		if other, ok := tables[p.Table]; ok {
+			return nil, fmt.Errorf("projection %q: table %q is already written by projection %q: two projections would overwrite each other's rows", p.Name, p.Table, other)
+		}
+		names[p.Name], topics[p.Topic], tables[p.Table] = true, true, p.Name
 		out = append(out, p)
 	}
 	return out, nil
@@ -152,21 +161,17 @@ func (s Spec) compile(dir string) (*Projection, error) {
 	if err := s.compileRepair(p); err != nil {
 		return nil, bad("%v", err)
 	}
-	cols, err := parseColumns(&s.Columns)
+	cols, defaults, err := parseColumns(&s.Columns)
 	if err != nil {
 		return nil, bad("columns: %v", err)
 	}
-	p.Columns = cols
+	p.Columns, p.defaults = cols, defaults
 	if s.Schema != "" {
-		path := s.Schema
-		if !filepath.IsAbs(path) {
-			path = filepath.Join(dir, path)
-		}
-		b, err := os.ReadFile(path)
+		schema, err := readSchema(dir, s.Schema)
 		if err != nil {
-			return nil, bad("schema: %v", err)
+			return nil, bad("schema %q: %v", s.Schema, err)
 		}
-		p.Schema = string(b)
+		p.Schema = schema
 	}
 	for _, t := range s.DeleteOn {
 		p.DeleteTypes[t] = true
@@ -202,45 +207,48 @@ func (s Spec) compile(dir string) (*Projection, error) {
 	return p, nil
 }
 
-// parseColumns keeps the order the columns are written in.
-func parseColumns(n *yaml.Node) ([]Column, error) {
+// parseColumns keeps the order the columns are written in. It also
+// returns each default as the file gives it, to be converted again once
+// Postgres has resolved the column's type (see Projection.SetTypes).
+func parseColumns(n *yaml.Node) ([]Column, map[string]any, error) {
 	if n.Kind == 0 {
-		return nil, errors.New("required")
+		return nil, nil, errors.New("required")
 	}
 	if n.Kind != yaml.MappingNode {
-		return nil, fmt.Errorf("line %d: want a mapping of column name to {type: …}", n.Line)
+		return nil, nil, fmt.Errorf("line %d: want a mapping of column name to {type: …}", n.Line)
 	}
 	var cols []Column
+	defaults := map[string]any{}
 	for i := 0; i+1 < len(n.Content); i += 2 {
 		name := n.Content[i].Value
 		spec := n.Content[i+1]
 		if spec.Kind != yaml.MappingNode {
-			return nil, fmt.Errorf("column %q: line %d: want {type: …}", name, spec.Line)
+			return nil, nil, fmt.Errorf("column %q: line %d: want {type: …}", name, spec.Line)
 		}
 		for k := 0; k+1 < len(spec.Content); k += 2 {
 			switch key := spec.Content[k].Value; key {
 			case "type", "primary_key", "default", "field":
 			default:
-				return nil, fmt.Errorf("column %q: line %d: unknown field %q (want type, primary_key, default, field)", name, spec.Content[k].Line, key)
+				return nil, nil, fmt.Errorf("column %q: line %d: unknown field %q (want type, primary_key, default, field)", name, spec.Content[k].Line, key)
 			}
 		}
 		var cs ColumnSpec
 		if err := spec.Decode(&cs); err != nil {
-			return nil, fmt.Errorf("column %q: %w", name, err)
+			return nil, nil, fmt.Errorf("column %q: %w", name, err)
 		}
 		if cs.Type == "" {
-			return nil, fmt.Errorf("column %q: type is required", name)
+			return nil, nil, fmt.Errorf("column %q: type is required", name)
 		}
-		c := Column{Name: name, Type: strings.ToLower(strings.TrimSpace(cs.Type)), PrimaryKey: cs.PrimaryKey, Field: cs.Field}
+		c := Column{Name: name, Type: foldTypeName(cs.Type), PrimaryKey: cs.PrimaryKey, Field: cs.Field}
 		if c.Field == "" {
 			c.Field = name
 		}
 		if cs.Default != nil {
 			v, err := c.Convert(cs.Default)
 			if err != nil {
-				return nil, fmt.Errorf("column %q: default: %w", name, err)
+				return nil, nil, fmt.Errorf("column %q: default: %w", name, err)
 			}
-			c.Default = v
+			c.Default, defaults[name] = v, cs.Default
 		}
 		cols = append(cols, c)
 	}
@@ -254,7 +262,23 @@ func parseColumns(n *yaml.Node) ([]Column, error) {
 			break
 		}
 	}
-	return cols, nil
+	return cols, defaults, nil
+}
+
+// foldTypeName trims a type name and folds it to lower case outside
+// double quotes, as Postgres folds unquoted identifiers.
+func foldTypeName(s string) string {
+	b := []byte(strings.TrimSpace(s))
+	quoted := false
+	for i, c := range b {
+		switch {
+		case c == '"':
+			quoted = !quoted
+		case !quoted && 'A' <= c && c <= 'Z':
+			b[i] = c + 'a' - 'A'
+		}
+	}
+	return string(b)
 }
 
 func (s Spec) compileRepair(p *Projection) error {
@@ -296,4 +320,50 @@ func (s Spec) compileRepair(p *Projection) error {
 	}
 	p.Repair.SQLDatabaseURL, p.Repair.SQLQuery = os.ExpandEnv(r.SQL.DatabaseURL), r.SQL.Query
 	return nil
+}
+
+// readSchema reads the reader schema file path, which must lie inside dir
+// (the projection file's directory): the file is read through an os.Root,
+// so neither "..", an absolute path nor a symbolic link leads out of it.
+// Its errors never quote the file: a path pointed at the wrong file must
+// not print what that file holds.
+func readSchema(dir, path string) (string, error) {
+	if !filepath.IsLocal(path) {
+		return "", errors.New("want a path relative to the projection file's directory, inside it")
+	}
+	root, err := os.OpenRoot(dir)
+	if err != nil {
+		return "", fmt.Errorf("open the projection file's directory: %w", err)
+	}
+	defer root.Close()
+	b, err := root.ReadFile(path)
+	if err != nil {
+		return "", err
+	}
+	var top any
+	if err := json.Unmarshal(b, &top); err != nil {
+		var syn *json.SyntaxError
+		if errors.As(err, &syn) {
+			line, col := position(b, syn.Offset)
+			return "", fmt.Errorf("not JSON: syntax error at line %d, column %d", line, col)
+		}
+		return "", errors.New("not JSON")
+	}
+	if _, ok := top.(map[string]any); !ok {
+		return "", errors.New("want a JSON object: an Avro record schema")
+	}
+	// hamba/avro's errors quote the names they refuse, which here would
+	// be the file's content: say only that the schema does not parse.
+	if _, err := avro.ParseBytesWithCache(b, "", &avro.SchemaCache{}); err != nil {
+		return "", errors.New("not a valid Avro schema: check its type names and attributes")
+	}
+	return string(b), nil
+}
+
+// position returns the 1-based line and column of byte offset off in b.
+func position(b []byte, off int64) (line, col int) {
+	off = min(max(off, 1), int64(len(b)))
+	before := b[:off-1]
+	line = bytes.Count(before, []byte{'\n'}) + 1
+	return line, len(before) - bytes.LastIndexByte(before, '\n')
 }

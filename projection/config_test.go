@@ -287,6 +287,11 @@ func TestParseRejects(t *testing.T) {
 			[]string{`projection "p1" is defined twice`}},
 		{"two projections on one topic", func(t *testing.T) string { return baseYAML + edit(t, secondYAML, "topic: t2", "topic: t1") },
 			[]string{`projection "p2"`, `topic "t1"`}},
+		{"two projections on one table", func(t *testing.T) string { return baseYAML + edit(t, secondYAML, "table: tbl2", "table: tbl") },
+			[]string{`projection "p2"`, `table "tbl"`, `projection "p1"`}},
+		{"a comment in a column type", func(t *testing.T) string {
+			return edit(t, baseYAML, "n: {type: bigint}", "n: {type: \"bigint -- x\"}")
+		}, []string{`projection "p1"`, `column "n"`, "not a Postgres type"}},
 		{"missing schema file", func(t *testing.T) string {
 			return edit(t, baseYAML, "    mode: fold\n", "    mode: fold\n    schema: does-not-exist.avsc\n")
 		}, []string{`projection "p1"`, "schema", "does-not-exist.avsc"}},
@@ -332,6 +337,78 @@ func TestParseSchemaRelativeToDir(t *testing.T) {
 	if ps[0].Schema != schema {
 		t.Errorf("schema = %q, want the file's content", ps[0].Schema)
 	}
+
+	// A link that stays inside the directory is followed, as in a
+	// Kubernetes ConfigMap volume (x.avsc -> ..data/x.avsc).
+	if err := os.Mkdir(filepath.Join(dir, "..data"), 0o700); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(dir, "..data", "y.avsc"), []byte(schema), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Symlink(filepath.Join("..data", "y.avsc"), filepath.Join(dir, "y.avsc")); err != nil {
+		t.Fatal(err)
+	}
+	src = edit(t, baseYAML, "    mode: fold\n", "    mode: fold\n    schema: y.avsc\n")
+	if ps, err = projection.Parse([]byte(src), dir); err != nil || ps[0].Schema != schema {
+		t.Errorf("schema through a link inside the directory: %v", err)
+	}
+}
+
+// TestParseSchemaStaysInsideAndUnquoted: a schema path leading out of the
+// projection file's directory is refused, and no error quotes the file it
+// names, whatever that file holds.
+func TestParseSchemaStaysInsideAndUnquoted(t *testing.T) {
+	const secret = "s3cr3t-do-not-print"
+	outside := t.TempDir()
+	outsideFile := filepath.Join(outside, "passwd")
+	if err := os.WriteFile(outsideFile, []byte("root:x:0:0:"+secret+":/root:/bin/sh\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	dir := t.TempDir()
+	write := func(name, content string) {
+		t.Helper()
+		if err := os.WriteFile(filepath.Join(dir, name), []byte(content), 0o600); err != nil {
+			t.Fatal(err)
+		}
+	}
+	write("passwd.avsc", "root:x:0:0:"+secret+":/root:/bin/sh\n")
+	write("string.avsc", `"`+secret+`"`)
+	write("unknown.avsc", `{"type":"record","name":"X","fields":[{"name":"id","type":"`+secret+`"}]}`)
+	write("broken.avsc", "{\n  \"type\": \"record\",\n  "+secret+"\n}")
+	if err := os.Symlink(outsideFile, filepath.Join(dir, "link.avsc")); err != nil {
+		t.Fatal(err)
+	}
+	rel, err := filepath.Rel(dir, outsideFile)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cases := []struct{ name, path, want string }{
+		{"absolute path", outsideFile, "inside"},
+		{"path up and out", rel, "inside"},
+		{"symbolic link out", "link.avsc", "link.avsc"},
+		{"not JSON", "passwd.avsc", "line 1, column 1"},
+		{"not JSON further in", "broken.avsc", "line 3, column 3"},
+		{"a JSON string", "string.avsc", "JSON object"},
+		{"an unknown Avro type", "unknown.avsc", "not a valid Avro schema"},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			src := edit(t, baseYAML, "    mode: fold\n", "    mode: fold\n    schema: '"+tc.path+"'\n")
+			ps, err := projection.Parse([]byte(src), dir)
+			if err == nil {
+				t.Fatalf("Parse accepted schema %s (schema %q)", tc.path, ps[0].Schema)
+			}
+			for _, w := range []string{`projection "p1"`, "schema", tc.path, tc.want} {
+				if !strings.Contains(err.Error(), w) {
+					t.Errorf("error %q does not mention %q", err, w)
+				}
+			}
+			if strings.Contains(err.Error(), secret) || strings.Contains(err.Error(), "root:x") {
+				t.Errorf("error %q quotes the file's content", err)
+			}
+		})
+	}
 }
 
 func TestLoad(t *testing.T) {
@@ -372,6 +449,15 @@ func TestValidateCodeProjection(t *testing.T) {
 	}
 	if err := valid().Validate(); err != nil {
 		t.Fatalf("valid code projection: %v", err)
+	}
+	// Type names as Postgres prints them; whether they name a type only
+	// Postgres can tell (postgres.Migrate asks it).
+	for _, typ := range []string{"timestamp(3) with time zone", "public.citext", `"Mixed Case".t`, "character varying(12)[]", "interval day to second(3)"} {
+		p := valid()
+		p.Columns[1].Type = typ
+		if err := p.Validate(); err != nil {
+			t.Errorf("Validate refused type %q: %v", typ, err)
+		}
 	}
 	cases := []struct {
 		name   string

@@ -155,12 +155,13 @@ func compileFold(p *Projection, defs map[string]EventDef) (*declFold, error) {
 	for _, c := range p.Columns {
 		blank[c.Name] = c.Default // the key's is overwritten
 	}
-	return &declFold{cols: p.Columns, ops: ops, blank: blank}, nil
+	return &declFold{cols: p.Columns, ops: ops, blank: blank, defs: defs}, nil
 }
 
 // declFold is the fold a fold-mode projection declares.
 type declFold struct {
 	cols []Column
+	defs map[string]EventDef // what it was compiled from (see SetTypes)
 	ops  map[string]eventOps
 	// blank is a new aggregate's row before its first event: every
 	// column at its default. Cloning it copies the map's storage in one
@@ -299,4 +300,38 @@ func addValues(cur, delta any, negate bool) any {
 		return c + d
 	}
 	return cur
+}
+
+// Constant is a value a projection writes into a column whatever the
+// event: a default, or a literal its declarative fold sets.
+type Constant struct {
+	Column Column
+	// Value is in the Go type of the column's kind (see Row); never nil.
+	Value any
+	// Where names it in the projection file: "default", or
+	// "events.<type>.set".
+	Where string
+}
+
+// Constants lists p's column defaults and the literals its declarative
+// fold sets, so that they can be proved against the column types before
+// any event needs them (see postgres.Migrate).
+func (p *Projection) Constants() []Constant {
+	var out []Constant
+	for _, c := range p.Columns {
+		if c.Default != nil {
+			out = append(out, Constant{Column: c, Value: c.Default, Where: "default"})
+		}
+	}
+	if p.decl == nil || reflect.ValueOf(p.Fold).Pointer() != declFoldCode {
+		return out
+	}
+	for _, typ := range slices.Sorted(maps.Keys(p.decl.ops)) {
+		for _, op := range p.decl.ops[typ].set {
+			if op.field == "" && op.literal != nil {
+				out = append(out, Constant{Column: op.col, Value: op.literal, Where: "events." + typ + ".set"})
+			}
+		}
+	}
+	return out
 }

@@ -3,6 +3,8 @@ package projection
 import (
 	"errors"
 	"fmt"
+	"reflect"
+	"slices"
 	"strings"
 	"time"
 )
@@ -125,6 +127,9 @@ type Projection struct {
 	// from their events/columns; library users may set their own.
 	Fold FoldFunc
 	decl *declFold // the compiled fold of a fold-mode file (see FoldOwned)
+	// defaults: column name → its default as the file gives it (see
+	// SetTypes).
+	defaults map[string]any
 	// DeleteTypes are event types that delete the row (besides tombstones).
 	DeleteTypes map[string]bool
 	// GapTimeout is how long events wait for a missing version before a
@@ -165,8 +170,12 @@ func (p *Projection) TableFillfactor() int {
 
 // Column is one column of a projection's table.
 type Column struct {
-	Name       string
-	Type       string // Postgres type as written in the config, e.g. "bigint"
+	Name string
+	// Type is the Postgres type, e.g. "bigint": as written in the config
+	// until postgres.Migrate gives it the name Postgres resolves it to
+	// (see SetTypes), e.g. "timestamp(3) with time zone" for
+	// "TIMESTAMPTZ(3)".
+	Type       string
 	PrimaryKey bool
 	// Default is the value a new row starts with, nil for NULL.
 	Default any
@@ -271,7 +280,7 @@ func (p *Projection) Validate() error {
 			return bad("column %q appears twice", c.Name)
 		}
 		seen[c.Name] = true
-		if !typeRe.MatchString(c.Type) {
+		if !typeNameOK(c.Type) {
 			return bad("column %q: type %q is not a Postgres type name", c.Name, c.Type)
 		}
 		if c.PrimaryKey && i != 0 {
@@ -295,4 +304,66 @@ func (p *Projection) Column(name string) (Column, bool) {
 		}
 	}
 	return Column{}, false
+}
+
+// typeNameOK reports whether s may be a type name: not empty, and without
+// what would end one in a statement (a semicolon, a quote or a comment).
+// Whether it names a type, and no more than a type, only Postgres can
+// say: postgres.Migrate asks it before it creates anything.
+func typeNameOK(s string) bool {
+	if s == "" || len(s) > 256 || strings.Contains(s, "--") || strings.Contains(s, "/*") {
+		return false
+	}
+	for _, r := range s {
+		if r < ' ' || r == 0x7f || r == ';' || r == '\'' || r == '\\' {
+			return false
+		}
+	}
+	return true
+}
+
+// SetTypes gives the columns the type names types, in column order: the
+// names Postgres resolved them to, which the statements writing the table
+// then use (postgres.Migrate calls it). The defaults and the literals of a
+// declarative fold are converted again for the new types. It changes
+// nothing when the names are those the columns have, so that migrating a
+// projection again, even while it runs, is safe.
+func (p *Projection) SetTypes(types []string) error {
+	if len(types) != len(p.Columns) {
+		return fmt.Errorf("projection %q: %d type names for %d columns", p.Name, len(types), len(p.Columns))
+	}
+	cols := slices.Clone(p.Columns)
+	changed := false
+	for i := range cols {
+		c := &cols[i]
+		if c.Type == types[i] {
+			continue
+		}
+		changed, c.Type = true, types[i]
+		raw, ok := p.defaults[c.Name]
+		if !ok {
+			raw = c.Default
+		}
+		v, err := c.Convert(raw)
+		if err != nil {
+			return fmt.Errorf("projection %q: column %q: default: %w", p.Name, c.Name, err)
+		}
+		c.Default = v
+	}
+	if !changed {
+		return nil
+	}
+	if p.decl == nil || reflect.ValueOf(p.Fold).Pointer() != declFoldCode {
+		p.Columns = cols
+		return nil
+	}
+	old := p.Columns
+	p.Columns = cols
+	decl, err := compileFold(p, p.decl.defs)
+	if err != nil {
+		p.Columns = old
+		return fmt.Errorf("projection %q: %w", p.Name, err)
+	}
+	p.decl, p.Fold = decl, decl.fold
+	return nil
 }

@@ -15,7 +15,6 @@ import (
 var (
 	identRe     = regexp.MustCompile(`^[a-z_][a-z0-9_]{0,62}$`)
 	qualifiedRe = regexp.MustCompile(`^([a-z_][a-z0-9_]{0,62}\.)?[a-z_][a-z0-9_]{0,62}$`)
-	typeRe      = regexp.MustCompile(`^[a-z][a-z0-9_ ]*(\([0-9, ]+\))?(\[\])?$`)
 )
 
 func kindOf(pgType string) Kind {
@@ -23,7 +22,9 @@ func kindOf(pgType string) Kind {
 	case "text", "timestamptz", "bigint", "integer", "double precision", "boolean":
 		// the common spellings, without trimming
 	default:
-		pgType = strings.TrimSpace(pgType)
+		// pg_catalog is where the built-in types live: naming it changes
+		// nothing.
+		pgType = strings.TrimPrefix(strings.TrimSpace(pgType), "pg_catalog.")
 	}
 	switch pgType {
 	case "smallint", "integer", "int", "int2", "int4", "int8", "bigint":
@@ -100,7 +101,7 @@ func toInt(v any) (int64, bool) {
 
 // intLimit is the largest value of an integer column type.
 func intLimit(pgType string) int64 {
-	switch pgType {
+	switch strings.TrimPrefix(pgType, "pg_catalog.") {
 	case "smallint", "int2":
 		return math.MaxInt16
 	case "integer", "int", "int4":

@@ -103,10 +103,19 @@ var ErrTableMismatch = errors.New("existing table does not match the projection"
 
 // Migrate creates the engine's tables and every projection's table when
 // missing, and refuses a projection that contradicts an existing table.
+// Before it creates anything it proves the projections against Postgres:
+// each column type must resolve to a type (ErrBadType), each default must
+// cast to its column's type (ErrBadDefault), and no two projections may
+// write one table (ErrTableShared). Each column then holds the name
+// Postgres gives its type (see projection.Projection.SetTypes), so call it
+// before building sinks.
 func Migrate(ctx context.Context, pool *pgxpool.Pool, projections ...*projection.Projection) error {
 	return pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
 		if _, err := tx.Exec(ctx, `SELECT pg_advisory_xact_lock($1)`, migrationLock); err != nil {
 			return fmt.Errorf("migrate: lock: %w", err)
+		}
+		if err := resolve(ctx, tx, projections); err != nil {
+			return err
 		}
 		for _, stmt := range engineDDL {
 			if _, err := tx.Exec(ctx, stmt); err != nil {
