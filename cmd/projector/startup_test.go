@@ -44,7 +44,7 @@ func (s *syncBuffer) String() string {
 // runEnv is what `projector run` needs: a broker with the demo topic, a
 // registry with its schemas, a projection file and a fresh schema.
 type runEnv struct {
-	db      *testenv.DB
+	db      *testenv.DB // where run writes: a fresh schema, or a private server
 	cluster *kfake.Cluster
 	reg     *srfake.Registry
 	config  string
@@ -82,6 +82,12 @@ func newRunEnv(t *testing.T, partitions, aggregates int) *runEnv {
 		e.produce(t, demo.Generate(opts))
 	}
 	return e
+}
+
+// onServer makes run write to the public schema of a private server.
+func (e *runEnv) onServer(t *testing.T, s *testenv.PGServer) {
+	t.Helper()
+	e.db = s.DB(t)
 }
 
 // produce sends records and notes the topic's new end offsets.
