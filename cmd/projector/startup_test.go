@@ -187,6 +187,17 @@ func start(t *testing.T, args ...string) *started {
 	return s
 }
 
+// running fails the test if the command has returned.
+func (s *started) running(t *testing.T) {
+	t.Helper()
+	select {
+	case err := <-s.done:
+		s.done <- err
+		t.Fatalf("exited early: %v\n%s", err, s.out)
+	default:
+	}
+}
+
 // exited returns the command's error once it returned; it fails the test
 // if the command is still running after timeout.
 func (s *started) exited(t *testing.T, timeout time.Duration) error {
