@@ -25,8 +25,8 @@ import (
 const (
 	// DefaultDatabaseMaxConns is the size of a member's pool: a partition
 	// worker uses one connection to commit and one to read ahead, so ten
-	// serve five busy partitions at once, and ten members fit within
-	// PostgreSQL's default max_connections of 100 with room to spare.
+	// serve five busy partitions at once, and eight members leave room for
+	// other clients within PostgreSQL's default max_connections of 100.
 	DefaultDatabaseMaxConns = 10
 	// DefaultDatabaseLockTimeout bounds a statement's wait for a lock, such
 	// as a new owner's claim of a partition whose old owner still holds the
