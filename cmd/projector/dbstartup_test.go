@@ -3,9 +3,13 @@ package main
 import (
 	"bytes"
 	"context"
+	"errors"
 	"fmt"
+	"io"
+	"net/http"
 	"os"
 	"path/filepath"
+	"regexp"
 	"strings"
 	"sync"
 	"testing"
@@ -143,4 +147,48 @@ func TestStartupTimeout(t *testing.T) {
 	if n := strings.Count(out.String(), startupRetry); n < 2 {
 		t.Errorf("%d retries logged, want several:\n%s", n, &out)
 	}
+}
+
+// TestHealthWhileStarting: while startup waits for PostgreSQL, /livez
+// answers (an orchestrator must not kill the process for waiting) and
+// /readyz fails, saying what startup waits for.
+func TestHealthWhileStarting(t *testing.T) {
+	e := newRunEnv(t, 1, 0)
+	args := e.args("waiting", "--http-addr", "127.0.0.1:0",
+		"--database-url", "postgres://postgres@127.0.0.1:1/test?sslmode=disable")
+	r := start(t, args...)
+	addr := regexp.MustCompile(`"msg":"serving metrics and health","addr":"([^"]+)"`)
+	var base string
+	testenv.WaitFor(t, 30*time.Second, func() error {
+		r.running(t)
+		m := addr.FindStringSubmatch(r.out.String())
+		if m == nil {
+			return errors.New("no HTTP address logged yet")
+		}
+		base = "http://" + m[1]
+		return nil
+	})
+	get := func(path string) (int, string) {
+		t.Helper()
+		resp, err := http.Get(base + path)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer resp.Body.Close()
+		body, err := io.ReadAll(resp.Body)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return resp.StatusCode, string(body)
+	}
+	if code, body := get("/livez"); code != http.StatusOK {
+		t.Errorf("/livez while starting: %d %s, want 200", code, body)
+	}
+	testenv.WaitFor(t, 30*time.Second, func() error {
+		code, body := get("/readyz")
+		if code != http.StatusServiceUnavailable || !strings.Contains(body, "startup") || !strings.Contains(body, "connect failed, retrying") {
+			return fmt.Errorf("/readyz while starting: %d %q, want 503 saying that connecting is retried", code, body)
+		}
+		return nil
+	})
 }

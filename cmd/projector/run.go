@@ -117,10 +117,13 @@ func (f *runFlags) run(ctx context.Context, stderr io.Writer) error {
 	}()
 	var (
 		engine   atomic.Pointer[projector.Engine]
-		starting atomic.Pointer[error]
+		starting atomic.Pointer[error] // what startup is doing or last failed at
 	)
-	notYet := errors.New("starting: connecting to PostgreSQL")
-	starting.Store(&notYet)
+	step := func(what string) {
+		err := errors.New("starting: " + what)
+		starting.Store(&err)
+	}
+	step("connecting to PostgreSQL")
 	ready := func(ctx context.Context) map[string]error {
 		if e := engine.Load(); e != nil {
 			return e.Ready(ctx)
@@ -128,8 +131,8 @@ func (f *runFlags) run(ctx context.Context, stderr io.Writer) error {
 		return map[string]error{"startup": *starting.Load()}
 	}
 	su := startup{log: log, timeout: f.startupTimeout, base: f.retryBase, cap: f.retryCap,
-		failed: func(step string, err error) {
-			err = fmt.Errorf("starting: %s failed, retrying: %w", step, err)
+		failed: func(what string, err error) {
+			err = fmt.Errorf("starting: %s failed, retrying: %w", what, err)
 			starting.Store(&err)
 		}}
 	return serveOn(ctx, log, ln, metrics, ready, func(ctx context.Context) error {
@@ -146,12 +149,14 @@ func (f *runFlags) run(ctx context.Context, stderr io.Writer) error {
 		log.Info("writing to PostgreSQL", append(target.attrs(), "max_conns", poolCfg.MaxConns,
 			"lock_timeout", poolCfg.ConnConfig.RuntimeParams["lock_timeout"],
 			"idle_in_transaction_session_timeout", poolCfg.ConnConfig.RuntimeParams["idle_in_transaction_session_timeout"])...)
+		step("creating what is missing of the tables")
 		if err := migrate(sctx, su, pool, target, projs); err != nil {
 			if ctx.Err() != nil {
 				return nil
 			}
 			return err
 		}
+		step("joining the consumer group")
 		e, err := newEngine(f, brokers, projs, reg, readers, log, pool, metrics, tp)
 		if err != nil {
 			return err
