@@ -143,7 +143,8 @@ func parseDatabaseURL(raw string) (*pgxpool.Config, error) {
 	if err != nil {
 		return nil, fmt.Errorf("--database-url: %w", err)
 	}
-	if db := written(raw)["dbname"]; db == "" && os.Getenv("PGDATABASE") == "" {
+	w := written(raw)
+	if cmp.Or(w["dbname"], w["database"], os.Getenv("PGDATABASE")) == "" {
 		return nil, fmt.Errorf("--database-url (PROJECTOR_DATABASE_URL) names no database: write one after the host, e.g. %s", DefaultDatabaseURL)
 	}
 	if cfg.ConnConfig.RuntimeParams["application_name"] == "" {

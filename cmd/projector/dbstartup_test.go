@@ -191,4 +191,7 @@ func TestHealthWhileStarting(t *testing.T) {
 		}
 		return nil
 	})
+	if _, body := get("/metrics"); !regexp.MustCompile(`projector_startup_retries_total\{step="connect"\} [1-9]`).MatchString(body) {
+		t.Errorf("/metrics does not count the retries of connecting:\n%s", body)
+	}
 }

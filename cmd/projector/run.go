@@ -130,8 +130,14 @@ func (f *runFlags) run(ctx context.Context, stderr io.Writer) error {
 		}
 		return map[string]error{"startup": *starting.Load()}
 	}
+	retries := prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "projector_startup_retries_total",
+		Help: "Attempts of startup's database work (step: connect, migrate) that failed and were retried.",
+	}, []string{"step"})
+	metrics.MustRegister(retries)
 	su := startup{log: log, timeout: f.startupTimeout, base: f.retryBase, cap: f.retryCap,
 		failed: func(what string, err error) {
+			retries.WithLabelValues(what).Inc()
 			err = fmt.Errorf("starting: %s failed, retrying: %w", what, err)
 			starting.Store(&err)
 		}}
