@@ -69,7 +69,7 @@ func runCommand(_, stderr io.Writer) *ffcli.Command {
 // run checks everything that needs neither DDL nor the group (flags, the
 // projection file, the registry's schemas, the HTTP address) before it
 // touches either, so that a replica that cannot start leaves no tables
-// behind and makes the group rebalance for nothing.
+// behind and does not make the group rebalance for nothing.
 func (f *runFlags) run(ctx context.Context, stderr io.Writer) error {
 	if err := f.validate(); err != nil {
 		return err
