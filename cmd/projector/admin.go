@@ -18,20 +18,41 @@ import (
 )
 
 func migrateCommand(stdout, stderr io.Writer) *ffcli.Command {
-	var c common
+	var (
+		c  common
+		db dbFlags
+	)
 	return newCommand("migrate", "projector migrate [flags]", "Create the engine's tables and the projections' tables if missing.", stderr,
-		func(fs *flag.FlagSet) { c.register(fs, "database-url", "config") },
+		func(fs *flag.FlagSet) {
+			c.register(fs, "database-url", "config", "log")
+			db.register(fs, "sessions", "startup")
+		},
 		func(ctx context.Context, _ []string) error {
+			if err := db.validate(); err != nil {
+				return err
+			}
+			log, err := c.logger(stderr)
+			if err != nil {
+				return err
+			}
 			projs, err := projection.Load(c.config)
 			if err != nil {
 				return fmt.Errorf("--config: %w", err)
 			}
-			pool, err := connect(ctx, c.databaseURL)
+			cfg, err := db.poolConfig(c.databaseURL)
+			if err != nil {
+				return err
+			}
+			su := startup{log: log, timeout: db.startupTimeout, base: defaultRetryBase, cap: defaultRetryCap}
+			sctx, cancel := su.bound(ctx)
+			defer cancel()
+			pool, target, err := openDatabase(sctx, cfg, su, false)
 			if err != nil {
 				return err
 			}
 			defer pool.Close()
-			if err := postgres.Migrate(ctx, pool, projs...); err != nil {
+			fmt.Fprintf(stdout, "migrating PostgreSQL at %s\n", target)
+			if err := migrate(sctx, su, pool, target, projs); err != nil {
 				return err
 			}
 			fmt.Fprintf(stdout, "migrated: engine tables and %d projection tables\n", len(projs))

@@ -17,9 +17,7 @@ import (
 	"os/signal"
 	"strings"
 	"syscall"
-	"time"
 
-	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/peterbourgon/ff/v3"
 	"github.com/peterbourgon/ff/v3/ffcli"
 
@@ -128,38 +126,6 @@ func (c *common) logger(w io.Writer) (*slog.Logger, error) {
 		return slog.New(slog.NewTextHandler(w, opts)), nil
 	}
 	return nil, fmt.Errorf("--log-format %q: want json or text", c.logFormat)
-}
-
-// connect opens a pool and checks that Postgres answers, with a message
-// that says what to do when it does not.
-func connect(ctx context.Context, url string) (*pgxpool.Pool, error) {
-	return connectWith(ctx, url, nil)
-}
-
-// connectWith is connect with edit (if not nil) applied to the parsed
-// configuration, for settings a keyword/value connection string cannot be
-// given by appending to it.
-func connectWith(ctx context.Context, url string, edit func(*pgxpool.Config)) (*pgxpool.Pool, error) {
-	cfg, err := pgxpool.ParseConfig(url)
-	if err != nil {
-		return nil, fmt.Errorf("--database-url: %w", err)
-	}
-	if edit != nil {
-		edit(cfg)
-	}
-	pool, err := pgxpool.NewWithConfig(ctx, cfg)
-	if err != nil {
-		return nil, fmt.Errorf("--database-url: %w", err)
-	}
-	pctx, cancel := context.WithTimeout(ctx, 5*time.Second)
-	defer cancel()
-	if err := pool.Ping(pctx); err != nil {
-		pool.Close()
-		return nil, fmt.Errorf("cannot connect to PostgreSQL at %s:%d/%s: %w\n"+
-			"Start PostgreSQL, or point --database-url (PROJECTOR_DATABASE_URL) at one, e.g. %s",
-			cfg.ConnConfig.Host, cfg.ConnConfig.Port, cfg.ConnConfig.Database, err, DefaultDatabaseURL)
-	}
-	return pool, nil
 }
 
 // newCommand builds a subcommand whose flags also read PROJECTOR_*

@@ -9,6 +9,7 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	"sync/atomic"
 	"time"
 
 	"github.com/hamba/avro/v2"
@@ -27,8 +28,15 @@ import (
 	"github.com/projector-dev/projector/sinks/postgres"
 )
 
+// The backoff after a transient failure, at run time and at startup.
+const (
+	defaultRetryBase = 100 * time.Millisecond
+	defaultRetryCap  = 30 * time.Second
+)
+
 type runFlags struct {
 	common
+	dbFlags
 	httpAddr        string
 	startFrom       string
 	batchMaxRecords int
@@ -54,42 +62,135 @@ func runCommand(_, stderr io.Writer) *ffcli.Command {
 	return newCommand("run", "projector run [flags]", "Consume the configured topics into their projections as one member of the group.", stderr,
 		f.register,
 		func(ctx context.Context, _ []string) error {
-			if err := f.validate(); err != nil {
-				return err
-			}
-			log, err := f.logger(stderr)
-			if err != nil {
-				return err
-			}
-			pool, err := connect(ctx, f.databaseURL)
-			if err != nil {
-				return err
-			}
-			defer pool.Close()
-			metrics := newRegistry()
-			tp, shutdown, err := tracing(ctx)
-			if err != nil {
-				return err
-			}
-			defer func() {
-				sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
-				defer cancel()
-				_ = shutdown(sctx) // best effort: spans of the last seconds
-			}()
-			e, err := startEngine(ctx, f, log, pool, metrics, tp)
-			if err != nil {
-				return err
-			}
-			log.Info("projector running", "identity", f.identity, "config", f.config,
-				"batch_max_records", f.batchMaxRecords, "batch_max_wait", f.batchMaxWait, "commit_max_batches", f.commitMax,
-				"member_max_records", f.memberMax,
-				"state_cache_rows", f.stateCacheRows, "state_cache_bytes", f.stateCacheBytes.String())
-			return serve(ctx, log, f.httpAddr, metrics, e.Ready, e.Run)
+			return f.run(ctx, stderr)
 		})
+}
+
+// run checks everything that needs neither DDL nor the group (flags, the
+// projection file, the registry's schemas, the HTTP address) before it
+// touches either, so that a replica that cannot start leaves no tables
+// behind and does not make the group rebalance for nothing.
+func (f *runFlags) run(ctx context.Context, stderr io.Writer) error {
+	if err := f.validate(); err != nil {
+		return err
+	}
+	log, err := f.logger(stderr)
+	if err != nil {
+		return err
+	}
+	brokers, err := f.brokerList()
+	if err != nil {
+		return err
+	}
+	projs, err := projection.Load(f.config)
+	if err != nil {
+		return fmt.Errorf("--config: %w", err)
+	}
+	poolCfg, err := f.dbFlags.poolConfig(f.databaseURL)
+	if err != nil {
+		return err
+	}
+	reg, err := f.registryClient()
+	if err != nil {
+		return err
+	}
+	readers, err := readerSchemas(ctx, reg, projs)
+	if err != nil {
+		return err
+	}
+	ln, err := listen(f.httpAddr)
+	if err != nil {
+		return err
+	}
+	metrics := newRegistry()
+	tp, shutdown, err := tracing(ctx)
+	if err != nil {
+		if ln != nil {
+			ln.Close()
+		}
+		return err
+	}
+	defer func() {
+		sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
+		defer cancel()
+		_ = shutdown(sctx) // best effort: spans of the last seconds
+	}()
+	var (
+		engine   atomic.Pointer[projector.Engine]
+		starting atomic.Pointer[error] // what startup is doing or last failed at
+	)
+	step := func(what string) {
+		err := errors.New("starting: " + what)
+		starting.Store(&err)
+	}
+	step("connecting to PostgreSQL")
+	ready := func(ctx context.Context) map[string]error {
+		if e := engine.Load(); e != nil {
+			return e.Ready(ctx)
+		}
+		return map[string]error{"startup": *starting.Load()}
+	}
+	retries := prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "projector_startup_retries_total",
+		Help: "Attempts of startup's database work (step: connect, migrate) that failed and were retried.",
+	}, []string{"step"})
+	metrics.MustRegister(retries)
+	su := startup{log: log, timeout: f.startupTimeout, base: f.retryBase, cap: f.retryCap,
+		failed: func(what string, err error) {
+			retries.WithLabelValues(what).Inc()
+			err = fmt.Errorf("starting: %s failed, retrying: %w", what, err)
+			starting.Store(&err)
+		}}
+	return serveOn(ctx, log, ln, metrics, ready, func(ctx context.Context) error {
+		sctx, cancel := su.bound(ctx)
+		defer cancel()
+		pool, target, err := openDatabase(sctx, poolCfg, su, true)
+		if err != nil {
+			if ctx.Err() != nil {
+				return nil // stopped while starting
+			}
+			return err
+		}
+		defer pool.Close()
+		log.Info("writing to PostgreSQL", append(target.attrs(), "max_conns", poolCfg.MaxConns,
+			"lock_timeout", poolCfg.ConnConfig.RuntimeParams["lock_timeout"],
+			"idle_in_transaction_session_timeout", poolCfg.ConnConfig.RuntimeParams["idle_in_transaction_session_timeout"])...)
+		step("creating what is missing of the tables")
+		if err := migrate(sctx, su, pool, target, projs); err != nil {
+			if ctx.Err() != nil {
+				return nil
+			}
+			return err
+		}
+		step("joining the consumer group")
+		e, err := newEngine(f, brokers, projs, reg, readers, log, pool, metrics, tp)
+		if err != nil {
+			return err
+		}
+		engine.Store(e)
+		log.Info("projector running", "identity", f.identity, "config", f.config,
+			"batch_max_records", f.batchMaxRecords, "batch_max_wait", f.batchMaxWait, "commit_max_batches", f.commitMax,
+			"member_max_records", f.memberMax,
+			"state_cache_rows", f.stateCacheRows, "state_cache_bytes", f.stateCacheBytes.String())
+		return e.Run(ctx)
+	})
+}
+
+// migrate creates what is missing of the engine's and the projections'
+// tables, retried as su says.
+func migrate(ctx context.Context, su startup, pool *pgxpool.Pool, target dbTarget, projs []*projection.Projection) error {
+	err := su.do(ctx, "migrate", func(ctx context.Context) error {
+		return postgres.Migrate(ctx, pool, projs...)
+	})
+	if err != nil {
+		return fmt.Errorf("PostgreSQL at %s: %w", target, err)
+	}
+	return nil
 }
 
 func (f *runFlags) register(fs *flag.FlagSet) {
 	f.common.register(fs, "brokers", "registry-url", "database-url", "identity", "config", "log")
+	f.dbFlags.register(fs, "pool", "sessions", "startup")
 	fs.StringVar(&f.httpAddr, "http-addr", ":8080", "address of /metrics, /livez, /readyz (PROJECTOR_HTTP_ADDR); empty disables")
 	fs.StringVar(&f.startFrom, "start-from", projector.StartEarliest, "where a partition without a stored offset starts: earliest or latest (PROJECTOR_START_FROM)")
 	fs.IntVar(&f.batchMaxRecords, "batch-max-records", partition.DefaultBatchMaxRecords, "most records planned together in one batch (PROJECTOR_BATCH_MAX_RECORDS)")
@@ -103,8 +204,8 @@ func (f *runFlags) register(fs *flag.FlagSet) {
 	fs.StringVar(&f.instanceID, "instance-id", "", "static group membership id, e.g. the pod name of a StatefulSet; Kafka's group.instance.id (PROJECTOR_INSTANCE_ID)")
 	fs.IntVar(&f.maxAttempts, "max-attempts", 5, "attempts for an error that may succeed on retry (unknown schema id, fold error) before the record is dead-lettered (PROJECTOR_MAX_ATTEMPTS)")
 	fs.IntVar(&f.maxRecordBytes, "max-record-bytes", 1<<20, "records with a larger value are dead-lettered (PROJECTOR_MAX_RECORD_BYTES)")
-	fs.DurationVar(&f.retryBase, "retry-base", 100*time.Millisecond, "base of the exponential backoff after a transient failure (PROJECTOR_RETRY_BASE)")
-	fs.DurationVar(&f.retryCap, "retry-cap", 30*time.Second, "cap of the exponential backoff; each delay is random in [0, min(cap, base·2^attempt)] (PROJECTOR_RETRY_CAP)")
+	fs.DurationVar(&f.retryBase, "retry-base", defaultRetryBase, "base of the exponential backoff after a transient failure (PROJECTOR_RETRY_BASE)")
+	fs.DurationVar(&f.retryCap, "retry-cap", defaultRetryCap, "cap of the exponential backoff; each delay is random in [0, min(cap, base·2^attempt)] (PROJECTOR_RETRY_CAP)")
 	fs.DurationVar(&f.unreadyAfter, "unready-after", 30*time.Second, "a partition backing off longer than this makes /readyz fail (PROJECTOR_UNREADY_AFTER)")
 	fs.StringVar(&f.dlqTopic, "dlq-topic", "", "also publish dead letters to this Kafka topic, with Kafka Connect's __connect.errors.* headers (PROJECTOR_DLQ_TOPIC)")
 	fs.StringVar(&f.onOffsetLost, "on-offset-lost", projector.OffsetLostHalt, "when retention deleted records before they were applied: halt the partition, or skip to the log start (PROJECTOR_ON_OFFSET_LOST)")
@@ -145,7 +246,7 @@ func (f *runFlags) validate() error {
 	if f.registryURL == "" {
 		return errors.New("--registry-url (PROJECTOR_REGISTRY_URL) is required: the Schema Registry the producers use")
 	}
-	return nil
+	return f.dbFlags.validate()
 }
 
 // readerSchemas returns each projection's reader schema: the one in its
@@ -162,15 +263,33 @@ func readerSchemas(ctx context.Context, reg *sr.Client, projs []*projection.Proj
 	return out, nil
 }
 
+// listen binds the HTTP address (nil for an empty one), so that an address
+// in use stops a command before it does anything else.
+func listen(httpAddr string) (net.Listener, error) {
+	if httpAddr == "" {
+		return nil, nil
+	}
+	ln, err := net.Listen("tcp", httpAddr)
+	if err != nil {
+		return nil, fmt.Errorf("--http-addr %s: %w", httpAddr, err)
+	}
+	return ln, nil
+}
+
 // serve runs work (an engine or a relay) with its HTTP surface — metrics
 // from reg, readiness from ready — until ctx ends.
 func serve(ctx context.Context, log *slog.Logger, httpAddr string, reg prometheus.Gatherer, ready projector.ReadyFunc, work func(context.Context) error) error {
+	ln, err := listen(httpAddr)
+	if err != nil {
+		return err
+	}
+	return serveOn(ctx, log, ln, reg, ready, work)
+}
+
+// serveOn is serve on a bound listener; nil serves no HTTP.
+func serveOn(ctx context.Context, log *slog.Logger, ln net.Listener, reg prometheus.Gatherer, ready projector.ReadyFunc, work func(context.Context) error) error {
 	g, ctx := errgroup.WithContext(ctx)
-	if httpAddr != "" {
-		ln, err := net.Listen("tcp", httpAddr)
-		if err != nil {
-			return fmt.Errorf("--http-addr %s: %w", httpAddr, err)
-		}
+	if ln != nil {
 		srv := &http.Server{Handler: projector.Handler(reg, ready), ReadHeaderTimeout: 5 * time.Second}
 		log.Info("serving metrics and health", "addr", ln.Addr().String())
 		g.Go(func() error {
@@ -202,27 +321,8 @@ func newRegistry() *prometheus.Registry {
 	return reg
 }
 
-// startEngine loads projections, migrates, and builds an engine.
-func startEngine(ctx context.Context, f *runFlags, log *slog.Logger, pool *pgxpool.Pool, metrics prometheus.Registerer, tp trace.TracerProvider) (*projector.Engine, error) {
-	brokers, err := f.brokerList()
-	if err != nil {
-		return nil, err
-	}
-	projs, err := projection.Load(f.config)
-	if err != nil {
-		return nil, fmt.Errorf("--config: %w", err)
-	}
-	if err := postgres.Migrate(ctx, pool, projs...); err != nil {
-		return nil, err
-	}
-	reg, err := f.registryClient()
-	if err != nil {
-		return nil, err
-	}
-	readers, err := readerSchemas(ctx, reg, projs)
-	if err != nil {
-		return nil, err
-	}
+// newEngine builds the engine of the projections, decoding with readers.
+func newEngine(f *runFlags, brokers []string, projs []*projection.Projection, reg *sr.Client, readers map[string]avro.Schema, log *slog.Logger, pool *pgxpool.Pool, metrics prometheus.Registerer, tp trace.TracerProvider) (*projector.Engine, error) {
 	return projector.New(projector.Config{
 		Brokers:     brokers,
 		Identity:    f.identity,

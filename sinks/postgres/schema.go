@@ -68,16 +68,30 @@ var engineDDL = []string{
 	)`,
 	// Dead-letter lifecycle: what kind of failure, where the record came
 	// from, and whether an operator replayed or resolved it.
-	`ALTER TABLE projector_dead_letters
-		ADD COLUMN IF NOT EXISTS error_class text NOT NULL DEFAULT 'decode',
-		ADD COLUMN IF NOT EXISTS schema_id   integer,
-		ADD COLUMN IF NOT EXISTS trace_id    text,
-		ADD COLUMN IF NOT EXISTS status      text NOT NULL DEFAULT 'open',
-		ADD COLUMN IF NOT EXISTS replays     integer NOT NULL DEFAULT 0,
-		ADD COLUMN IF NOT EXISTS replayed_at timestamptz,
-		ADD COLUMN IF NOT EXISTS resolved_at timestamptz`,
-	`CREATE INDEX IF NOT EXISTS projector_dead_letters_open
-		ON projector_dead_letters (projection, first_seen) WHERE status = 'open'`,
+	//
+	// This and the index below run only when missing: ALTER TABLE and
+	// CREATE INDEX lock the table even when there is nothing to do, and a
+	// replica starting while a transaction holds the table open (a frozen
+	// member's) would wait, with every member's writes queued behind it.
+	`DO $$ BEGIN
+		IF (SELECT count(*) FROM pg_attribute WHERE attrelid = 'projector_dead_letters'::regclass AND NOT attisdropped
+		    AND attname IN ('error_class', 'schema_id', 'trace_id', 'status', 'replays', 'replayed_at', 'resolved_at')) < 7 THEN
+			ALTER TABLE projector_dead_letters
+				ADD COLUMN IF NOT EXISTS error_class text NOT NULL DEFAULT 'decode',
+				ADD COLUMN IF NOT EXISTS schema_id   integer,
+				ADD COLUMN IF NOT EXISTS trace_id    text,
+				ADD COLUMN IF NOT EXISTS status      text NOT NULL DEFAULT 'open',
+				ADD COLUMN IF NOT EXISTS replays     integer NOT NULL DEFAULT 0,
+				ADD COLUMN IF NOT EXISTS replayed_at timestamptz,
+				ADD COLUMN IF NOT EXISTS resolved_at timestamptz;
+		END IF;
+	END $$`,
+	`DO $$ BEGIN
+		IF to_regclass('projector_dead_letters_open') IS NULL THEN
+			CREATE INDEX IF NOT EXISTS projector_dead_letters_open
+				ON projector_dead_letters (projection, first_seen) WHERE status = 'open';
+		END IF;
+	END $$`,
 	// Every replay and purge, who did it and what it touched.
 	`CREATE TABLE IF NOT EXISTS projector_dlq_audit (
 		id        bigserial   PRIMARY KEY,
