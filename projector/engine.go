@@ -88,7 +88,7 @@ type Config struct {
 	// StateCacheBytes bounds the same cache by memory, whichever bound it
 	// reaches first (0: postgres.DefaultStateCacheBytes; negative: no
 	// cache). It counts each aggregate's key and encoded row and a fixed
-	// amount of bookkeeping.
+	// amount of bookkeeping, and a fixed amount per partition.
 	StateCacheBytes int64
 	// RevokeTimeout bounds how long a revoked partition's worker may take
 	// to finish its open batch before it is abandoned (default 10s).
