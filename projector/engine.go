@@ -227,6 +227,10 @@ type Engine struct {
 	mu      sync.Mutex
 	workers map[partition.TP]*running
 	owned   atomic.Int64 // len(workers), for the workers' shares
+	// closing is set once Run stops its workers: a partition assigned
+	// after that (the group rebalancing while the member leaves) gets no
+	// worker that Run would then have to wait for.
+	closing bool
 
 	// rewinds holds the workers' requests to fetch their partition again
 	// from an earlier offset, served in the poll loop (under mu);
@@ -570,6 +574,9 @@ func (e *Engine) firstOffset(ctx context.Context, c postgres.Claimed) (int64, er
 func (e *Engine) start(c partition.Claim) {
 	e.mu.Lock()
 	defer e.mu.Unlock()
+	if e.closing {
+		return
+	}
 	if old := e.workers[c.TP]; old != nil {
 		// Reassigned before the old worker was removed: it is fenced by the
 		// new epoch anyway; stop it without waiting under the lock.
@@ -642,6 +649,7 @@ func (e *Engine) stop(tps map[string][]int32) {
 // each committing what it has planned within timeout or being abandoned.
 func (e *Engine) stopAll(timeout time.Duration) {
 	e.mu.Lock()
+	e.closing = true
 	stopping := make([]*running, 0, len(e.workers))
 	for tp, r := range e.workers {
 		delete(e.workers, tp)
