@@ -43,6 +43,99 @@ func (p *planWatcher) Decode(ctx context.Context, value []byte) (map[string]any,
 	return fields, id, err
 }
 
+// behindAndLocked is a member whose single partition is far behind and
+// whose transactions wait on a lock on its table the test holds.
+type behindAndLocked struct {
+	*bundle
+	watch  *planWatcher
+	lock   pgx.Tx
+	ran    chan error
+	signal context.CancelFunc // what SIGTERM does to Run
+}
+
+// startBehindAndLocked locks the table (reads go on, so batches are
+// planned; writes wait), starts a member with shutdownTimeout, and waits
+// until its first transaction waits on the lock.
+func startBehindAndLocked(t *testing.T, identity string, shutdownTimeout time.Duration) *behindAndLocked {
+	t.Helper()
+	ctx := t.Context()
+	opts := demo.DefaultOptions()
+	opts.Aggregates, opts.Duplicate, opts.Reorder, opts.GapEvery, opts.Poison = 2000, 0, 0, 0, 0
+	s := &behindAndLocked{bundle: setup(t, opts, 1)} // one partition: record i is at offset i
+	s.watch = &planWatcher{offsetOf: map[string]int64{}}
+	s.watch.max.Store(-1)
+	for i, r := range s.records {
+		s.watch.offsetOf[r.Key+"/"+strconv.FormatInt(r.Event.Version, 10)] = int64(i)
+	}
+
+	locker, err := pgx.Connect(ctx, s.db.URL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { locker.Close(context.Background()) })
+	if s.lock, err = locker.Begin(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := s.lock.Exec(ctx, `LOCK TABLE accounts IN SHARE MODE`); err != nil {
+		t.Fatal(err)
+	}
+
+	reader := s.enc.ReaderSchema()
+	e, err := projector.New(projector.Config{
+		Brokers: s.kafka.ListenAddrs(), Identity: identity, Projections: s.projs,
+		Partition:       partition.Config{BatchMaxRecords: 100, CommitMaxBatches: 5},
+		ShutdownTimeout: shutdownTimeout,
+		Logger:          slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn})),
+	}, s.db.Pool, func(*projection.Projection) partition.Decoder {
+		s.watch.dec = schemas.NewDecoder(s.reg, reader)
+		return s.watch
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	runCtx, signal := context.WithCancel(ctx)
+	t.Cleanup(signal)
+	s.signal, s.ran = signal, make(chan error, 1)
+	go func() { s.ran <- e.Run(runCtx) }()
+
+	testenv.WaitFor(t, 30*time.Second, func() error {
+		var waiting int
+		if err := s.db.Pool.QueryRow(ctx, `SELECT count(*) FROM pg_locks WHERE NOT granted AND relation = 'accounts'::regclass`).Scan(&waiting); err != nil {
+			return err
+		}
+		if waiting == 0 {
+			return errors.New("no transaction waits on the locked table yet")
+		}
+		return nil
+	})
+	return s
+}
+
+// wait waits for Run to return, at most within, and returns how long it
+// took since began.
+func (s *behindAndLocked) wait(t *testing.T, began time.Time, within time.Duration) time.Duration {
+	t.Helper()
+	select {
+	case err := <-s.ran:
+		if err != nil {
+			t.Fatalf("Run: %v", err)
+		}
+	case <-time.After(within):
+		t.Fatalf("Run did not return within %v of the signal", within)
+	}
+	return time.Since(began)
+}
+
+// stored is the partition's stored offset.
+func (s *behindAndLocked) stored(t *testing.T, identity string) int64 {
+	t.Helper()
+	var n int64
+	if err := s.db.Pool.QueryRow(t.Context(), `SELECT coalesce(next_offset, 0) FROM projector_offsets WHERE identity = $1 AND topic = $2 AND partition = 0`, identity, demo.Topic).Scan(&n); err != nil {
+		t.Fatal(err)
+	}
+	return n
+}
+
 // TestShutdownCommitsPlannedBatches stops a member (as on SIGTERM) while
 // its partition is far behind and its transactions cannot commit yet (the
 // table is locked): the planned batches must still commit once the lock
@@ -52,83 +145,22 @@ func (p *planWatcher) Decode(ctx context.Context, value []byte) (map[string]any,
 // member finishes the stream without applying anything twice.
 func TestShutdownCommitsPlannedBatches(t *testing.T) {
 	ctx := t.Context()
-	opts := demo.DefaultOptions()
-	opts.Aggregates, opts.Duplicate, opts.Reorder, opts.GapEvery, opts.Poison = 2000, 0, 0, 0, 0
-	b := setup(t, opts, 1) // one partition: record i is at offset i
-	watch := &planWatcher{offsetOf: map[string]int64{}}
-	watch.max.Store(-1)
-	for i, r := range b.records {
-		watch.offsetOf[r.Key+"/"+strconv.FormatInt(r.Event.Version, 10)] = int64(i)
-	}
-
-	locker, err := pgx.Connect(ctx, b.db.URL)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer locker.Close(context.Background())
-	lock, err := locker.Begin(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	// Reads go on (batches are planned), writes wait.
-	if _, err := lock.Exec(ctx, `LOCK TABLE accounts IN SHARE MODE`); err != nil {
-		t.Fatal(err)
-	}
-
 	const shutdownTimeout = 20 * time.Second
-	reader := b.enc.ReaderSchema()
-	e, err := projector.New(projector.Config{
-		Brokers: b.kafka.ListenAddrs(), Identity: "shutdown", Projections: b.projs,
-		Partition:       partition.Config{BatchMaxRecords: 100, CommitMaxBatches: 5},
-		ShutdownTimeout: shutdownTimeout,
-		Logger:          slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn})),
-	}, b.db.Pool, func(*projection.Projection) partition.Decoder {
-		watch.dec = schemas.NewDecoder(b.reg, reader)
-		return watch
-	})
-	if err != nil {
-		t.Fatal(err)
-	}
-	runCtx, signal := context.WithCancel(ctx)
-	defer signal()
-	ran := make(chan error, 1)
-	go func() { ran <- e.Run(runCtx) }()
-
-	testenv.WaitFor(t, 30*time.Second, func() error {
-		var waiting int
-		if err := b.db.Pool.QueryRow(ctx, `SELECT count(*) FROM pg_locks WHERE NOT granted AND relation = 'accounts'::regclass`).Scan(&waiting); err != nil {
-			return err
-		}
-		if waiting == 0 {
-			return errors.New("no transaction waits on the locked table yet")
-		}
-		return nil
-	})
+	s := startBehindAndLocked(t, "shutdown", shutdownTimeout)
+	b, watch := s.bundle, s.watch
 	planned := watch.max.Load() + 1 // the records of batches planned or being planned
 	if planned <= 0 || planned >= b.end[0] {
 		t.Fatalf("%d of %d records planned when the member is told to stop: the partition is not behind", planned, b.end[0])
 	}
-	signal()
+	s.signal()
 	began := time.Now()
-	if err := lock.Rollback(ctx); err != nil {
+	if err := s.lock.Rollback(ctx); err != nil {
 		t.Fatal(err)
 	}
-	select {
-	case err := <-ran:
-		if err != nil {
-			t.Fatalf("Run: %v", err)
-		}
-	case <-time.After(2 * shutdownTimeout):
-		t.Fatalf("Run did not return within twice its shutdown timeout")
-	}
-	if took := time.Since(began); took >= shutdownTimeout {
+	if took := s.wait(t, began, 2*shutdownTimeout); took >= shutdownTimeout {
 		t.Errorf("shutdown took %v, the whole timeout: the planned batches were abandoned", took)
 	}
-
-	var stored int64
-	if err := b.db.Pool.QueryRow(ctx, `SELECT coalesce(next_offset, 0) FROM projector_offsets WHERE identity = 'shutdown' AND topic = $1 AND partition = 0`, demo.Topic).Scan(&stored); err != nil {
-		t.Fatal(err)
-	}
+	stored := s.stored(t, "shutdown")
 	if stored < planned {
 		t.Fatalf("stored offset %d after shutdown; the batches planned before it cover records up to %d: they were abandoned and will be read again", stored, planned)
 	}
@@ -152,4 +184,26 @@ func TestShutdownCommitsPlannedBatches(t *testing.T) {
 
 	run(t, b.engine(t, "shutdown", projector.Config{}))
 	b.verify(t, "shutdown")
+}
+
+// TestShutdownIsBounded stops a member whose planned batches cannot
+// commit (the table stays locked): Run abandons them after the shutdown
+// timeout rather than hang past the process's grace period, nothing of
+// them is written, and a new member applies them once.
+func TestShutdownIsBounded(t *testing.T) {
+	const shutdownTimeout = time.Second
+	s := startBehindAndLocked(t, "bounded", shutdownTimeout)
+	s.signal()
+	began := time.Now()
+	if took := s.wait(t, began, 20*time.Second); took < shutdownTimeout {
+		t.Errorf("Run returned after %v, before the shutdown timeout of %v, with its transaction still waiting", took, shutdownTimeout)
+	}
+	if n := s.stored(t, "bounded"); n != 0 {
+		t.Errorf("stored offset %d after an abandoned shutdown, want 0", n)
+	}
+	if err := s.lock.Rollback(t.Context()); err != nil {
+		t.Fatal(err)
+	}
+	run(t, s.engine(t, "bounded", projector.Config{}))
+	s.verify(t, "bounded")
 }
