@@ -654,7 +654,7 @@ func (e *Engine) stopAll(timeout time.Duration) {
 	for tp, r := range e.workers {
 		delete(e.workers, tp)
 		e.owned.Store(int64(len(e.workers)))
-		r.w.Stop()
+		r.w.Drain()
 		stopping = append(stopping, r)
 	}
 	e.mu.Unlock()

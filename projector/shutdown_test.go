@@ -207,3 +207,53 @@ func TestShutdownIsBounded(t *testing.T) {
 	run(t, s.engine(t, "bounded", projector.Config{}))
 	s.verify(t, "bounded")
 }
+
+// TestShutdownRetriesPlannedBatches stops a member whose planned
+// transaction then fails for a transient reason (its connection is
+// terminated while it waits on the lock): the member tries it again within
+// the shutdown timeout instead of abandoning it, and it commits once the
+// lock goes.
+func TestShutdownRetriesPlannedBatches(t *testing.T) {
+	ctx := t.Context()
+	const shutdownTimeout = 20 * time.Second
+	s := startBehindAndLocked(t, "drain", shutdownTimeout)
+	planned := s.watch.max.Load() + 1
+	s.signal()
+	began := time.Now()
+	var pid int32
+	if err := s.db.Pool.QueryRow(ctx, `SELECT pid FROM pg_locks WHERE NOT granted AND relation = 'accounts'::regclass LIMIT 1`).Scan(&pid); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := s.db.Pool.Exec(ctx, `SELECT pg_terminate_backend($1)`, pid); err != nil {
+		t.Fatal(err)
+	}
+	testenv.WaitFor(t, 10*time.Second, func() error {
+		select {
+		case err := <-s.ran:
+			s.ran <- err
+			t.Fatalf("Run returned (%v) after the transaction failed: the planned batches were abandoned", err)
+		default:
+		}
+		var again int
+		if err := s.db.Pool.QueryRow(ctx, `SELECT count(*) FROM pg_locks WHERE NOT granted AND relation = 'accounts'::regclass AND pid <> $1`, pid).Scan(&again); err != nil {
+			return err
+		}
+		if again == 0 {
+			return errors.New("the failed transaction has not been tried again")
+		}
+		return nil
+	})
+	if err := s.lock.Rollback(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if took := s.wait(t, began, 2*shutdownTimeout); took >= shutdownTimeout {
+		t.Errorf("shutdown took %v, the whole timeout", took)
+	}
+	stored := s.stored(t, "drain")
+	if stored < planned {
+		t.Fatalf("stored offset %d after shutdown; the batches planned before it cover records up to %d", stored, planned)
+	}
+	if err := demo.Verify(ctx, s.db.Pool, demo.Table, demo.Fold(s.records[:stored])); err != nil {
+		t.Fatalf("table after shutdown at offset %d: %v", stored, err)
+	}
+}
