@@ -146,7 +146,7 @@ func (w *Worker) process(ctx context.Context, recs []*kgo.Record) (err error) {
 			folds++
 			giveUp = folds+1 >= w.cfg.MaxAttempts
 		}
-		if err := w.backoff(ctx, attempt, "commit batch", err); err != nil {
+		if err := w.backoffPlanned(ctx, attempt, "commit batch", err); err != nil {
 			return err
 		}
 	}

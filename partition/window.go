@@ -417,7 +417,7 @@ func (w *Worker) commitLoop(ctx context.Context, win *window, wc windowCommit, e
 			w.done()
 			return true, w.replay(ctx, win, err)
 		}
-		if err := w.backoff(ctx, attempt, "commit batches", err); err != nil {
+		if err := w.backoffPlanned(ctx, attempt, "commit batches", err); err != nil {
 			return false, err
 		}
 		err = nil

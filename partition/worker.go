@@ -210,6 +210,8 @@ type Worker struct {
 	wake    chan struct{}
 	stop    chan struct{}
 	stopOne sync.Once
+	// draining is set by Drain, before stop closes.
+	draining atomic.Bool
 
 	next         atomic.Int64 // stored next offset, after the last commit
 	hwm          atomic.Int64 // high watermark last seen in a fetch
@@ -307,6 +309,17 @@ func (w *Worker) Stop() {
 		w.mu.Unlock()
 		close(w.stop)
 	})
+}
+
+// Drain is Stop for a member shutting down: the worker takes no new
+// batch, and a transaction of batches it has planned that fails for a
+// transient reason is tried again until its context ends, where a revoked
+// worker abandons it at once (the partition's next owner is waiting for
+// it). A batch not planned yet (its records still decoding) is abandoned
+// either way.
+func (w *Worker) Drain() {
+	w.draining.Store(true)
+	w.Stop()
 }
 
 // Status is the worker's position for lag metrics and readiness.
@@ -619,7 +632,20 @@ func (w *Worker) retry(ctx context.Context, what string, fn func() error) error 
 
 // backoff waits before the next attempt, with fetching of the partition
 // paused so that nothing piles up meanwhile. done ends the run of attempts.
+// Stop ends the wait with errStopped.
 func (w *Worker) backoff(ctx context.Context, attempt int, what string, cause error) error {
+	return w.backoffUnless(ctx, attempt, what, cause, false)
+}
+
+// backoffPlanned is backoff before a transaction of planned batches is
+// tried again: a worker told to Drain keeps waiting, to try it again.
+func (w *Worker) backoffPlanned(ctx context.Context, attempt int, what string, cause error) error {
+	return w.backoffUnless(ctx, attempt, what, cause, true)
+}
+
+// backoffUnless is backoff, which Stop ends unless planned is set and the
+// worker drains.
+func (w *Worker) backoffUnless(ctx context.Context, attempt int, what string, cause error, planned bool) error {
 	if w.backoffSince.CompareAndSwap(0, time.Now().UnixNano()) {
 		w.mu.Lock()
 		w.syncFetch()
@@ -635,13 +661,19 @@ func (w *Worker) backoff(ctx context.Context, attempt int, what string, cause er
 	w.log.Warn("transient failure; retrying", "what", what, "attempt", attempt+1, "delay", delay, "err", cause)
 	t := time.NewTimer(delay)
 	defer t.Stop()
-	select {
-	case <-ctx.Done():
-		return ctx.Err()
-	case <-w.stop:
-		return errStopped // a revocation must not wait out the delay
-	case <-t.C:
-		return nil
+	stop := w.stop
+	for {
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-stop:
+			if !planned || !w.draining.Load() {
+				return errStopped // a revocation must not wait out the delay
+			}
+			stop = nil // draining: tried again until ctx ends
+		case <-t.C:
+			return nil
+		}
 	}
 }
 

@@ -88,11 +88,17 @@ type Config struct {
 	// StateCacheBytes bounds the same cache by memory, whichever bound it
 	// reaches first (0: postgres.DefaultStateCacheBytes; negative: no
 	// cache). It counts each aggregate's key and encoded row and a fixed
-	// amount of bookkeeping.
+	// amount of bookkeeping, and a fixed amount per partition.
 	StateCacheBytes int64
 	// RevokeTimeout bounds how long a revoked partition's worker may take
 	// to finish its open batch before it is abandoned (default 10s).
 	RevokeTimeout time.Duration
+	// ShutdownTimeout bounds how long Run, once its context ends, waits
+	// for the workers to commit the batches they have planned before it
+	// abandons them and leaves the group (default
+	// DefaultShutdownTimeout). Keep it below the time the process is given
+	// to exit (Kubernetes' terminationGracePeriodSeconds, 30s by default).
+	ShutdownTimeout time.Duration
 	// SessionTimeout is how long the group waits for a silent member
 	// before it reassigns its partitions (Kafka's session.timeout.ms,
 	// default 45s). A crashed member's partitions resume after it.
@@ -125,6 +131,12 @@ type Config struct {
 	// ClientOpts are extra franz-go options (TLS, SASL, timeouts).
 	ClientOpts []kgo.Opt
 }
+
+// DefaultShutdownTimeout is how long a member that is told to stop waits
+// for its planned batches to commit unless told otherwise: well inside
+// Kubernetes' default grace period of 30 seconds, leaving time to leave
+// the group and exit before the pod is killed.
+const DefaultShutdownTimeout = 20 * time.Second
 
 // fetchMaxWait bounds how long the broker holds a fetch with no new data.
 const fetchMaxWait = 100 * time.Millisecond
@@ -170,6 +182,9 @@ func (c *Config) validate() error {
 	if c.RevokeTimeout <= 0 {
 		c.RevokeTimeout = 10 * time.Second
 	}
+	if c.ShutdownTimeout <= 0 {
+		c.ShutdownTimeout = DefaultShutdownTimeout
+	}
 	if c.Logger == nil {
 		c.Logger = slog.Default()
 	}
@@ -212,6 +227,10 @@ type Engine struct {
 	mu      sync.Mutex
 	workers map[partition.TP]*running
 	owned   atomic.Int64 // len(workers), for the workers' shares
+	// closing is set once Run stops its workers: a partition assigned
+	// after that (the group rebalancing while the member leaves) gets no
+	// worker that Run would then have to wait for.
+	closing bool
 
 	// rewinds holds the workers' requests to fetch their partition again
 	// from an earlier offset, served in the poll loop (under mu);
@@ -393,8 +412,11 @@ func New(cfg Config, pool *pgxpool.Pool, decoderOf Decoders) (*Engine, error) {
 	return e, nil
 }
 
-// Run consumes until ctx ends, then stops every worker (each finishes its
-// open batch), leaves the group and returns.
+// Run consumes until ctx ends, then stops fetching, lets every worker
+// commit the batches it has planned (within ShutdownTimeout; those still
+// open then are abandoned and read again by the next owner), leaves the
+// group and returns. The workers do not run under ctx: its end must not
+// cancel the transactions that carry their last batches.
 func (e *Engine) Run(ctx context.Context) error {
 	runCtx, cancel := context.WithCancel(ctx)
 	defer cancel()
@@ -402,7 +424,7 @@ func (e *Engine) Run(ctx context.Context) error {
 	e.runCtx = runCtx
 	e.mu.Unlock()
 	defer func() {
-		e.stopAll()
+		e.stopAll(e.cfg.ShutdownTimeout)
 		// A poll may have returned records without letting the group
 		// rebalance; leaving the group needs that.
 		e.cl.AllowRebalance()
@@ -552,6 +574,9 @@ func (e *Engine) firstOffset(ctx context.Context, c postgres.Claimed) (int64, er
 func (e *Engine) start(c partition.Claim) {
 	e.mu.Lock()
 	defer e.mu.Unlock()
+	if e.closing {
+		return
+	}
 	if old := e.workers[c.TP]; old != nil {
 		// Reassigned before the old worker was removed: it is fenced by the
 		// new epoch anyway; stop it without waiting under the lock.
@@ -566,7 +591,10 @@ func (e *Engine) start(c partition.Claim) {
 	if parent == nil {
 		parent = context.Background()
 	}
-	ctx, cancel := context.WithCancel(parent)
+	// A worker outlives Run's context by up to ShutdownTimeout, committing
+	// what it has planned; only its own cancel (when it is abandoned)
+	// interrupts its transactions.
+	ctx, cancel := context.WithCancel(context.WithoutCancel(parent))
 	r := &running{w: w, cancel: cancel, done: make(chan struct{})}
 	e.workers[c.TP] = r
 	e.owned.Store(int64(len(e.workers)))
@@ -607,7 +635,7 @@ func (e *Engine) stop(tps map[string][]int32) {
 	}
 	e.mu.Unlock()
 	e.cl.ResumeFetchPartitions(tps)
-	e.wait(stopping)
+	e.wait(stopping, e.cfg.RevokeTimeout, "revoked")
 	for t, ps := range tps {
 		if f, ok := e.sinks[t].(interface{ Forget(partition.TP) }); ok {
 			for _, p := range ps {
@@ -617,23 +645,44 @@ func (e *Engine) stop(tps map[string][]int32) {
 	}
 }
 
-func (e *Engine) stopAll() {
+// stopAll stops every worker as the member shuts down and waits for them,
+// each committing what it has planned within timeout or being abandoned.
+func (e *Engine) stopAll(timeout time.Duration) {
 	e.mu.Lock()
+	e.closing = true
 	stopping := make([]*running, 0, len(e.workers))
 	for tp, r := range e.workers {
 		delete(e.workers, tp)
 		e.owned.Store(int64(len(e.workers)))
-		r.w.Stop()
+		r.w.Drain()
 		stopping = append(stopping, r)
 	}
 	e.mu.Unlock()
-	e.wait(stopping)
+	if len(stopping) > 0 {
+		e.log.Info("shutting down: committing the batches planned", "partitions", len(stopping), "timeout", timeout)
+	}
+	e.wait(stopping, timeout, "shutting down")
 }
 
-func (e *Engine) wait(stopping []*running) {
-	abandon := time.AfterFunc(e.cfg.RevokeTimeout, func() {
+// wait waits for the stopping workers, cancelling those still running
+// after timeout: their open batches are abandoned (why says what stopped
+// them, for the one log line that names them).
+func (e *Engine) wait(stopping []*running, timeout time.Duration, why string) {
+	abandon := time.AfterFunc(timeout, func() {
+		var open []string
 		for _, r := range stopping {
-			r.cancel()
+			select {
+			case <-r.done:
+			default:
+				tp := r.w.TP()
+				open = append(open, tp.Topic+"/"+strconv.Itoa(int(tp.Partition)))
+				r.cancel()
+			}
+		}
+		if len(open) > 0 {
+			slices.Sort(open)
+			e.log.Warn(why+": open batches abandoned after the timeout; they will be read again",
+				"timeout", timeout, "partitions", open)
 		}
 	})
 	defer abandon.Stop()

@@ -80,7 +80,7 @@ var (
 	cacheEntriesDesc = prometheus.NewDesc("projector_state_cache_entries",
 		"Aggregates whose state the projection's state cache holds.", []string{"projection"}, nil)
 	cacheBytesDesc = prometheus.NewDesc("projector_state_cache_bytes",
-		"What those entries count against --state-cache-bytes.", []string{"projection"}, nil)
+		"What the state cache counts against --state-cache-bytes: its entries and its partitions.", []string{"projection"}, nil)
 	cacheLookupsDesc = prometheus.NewDesc("projector_state_cache_lookups_total",
 		"Aggregates a batch needed, found in the state cache (hit) or read from Postgres (miss); those first seen in their batch are neither.",
 		[]string{"projection", "result"}, nil)

@@ -46,6 +46,7 @@ type runFlags struct {
 	stateCacheBytes byteSize
 	batchMaxWait    time.Duration
 	revokeTimeout   time.Duration
+	shutdownTimeout time.Duration
 	sessionTimeout  time.Duration
 	instanceID      string
 	maxAttempts     int
@@ -210,6 +211,7 @@ func (f *runFlags) register(fs *flag.FlagSet) {
 	fs.StringVar(&f.dlqTopic, "dlq-topic", "", "also publish dead letters to this Kafka topic, with Kafka Connect's __connect.errors.* headers (PROJECTOR_DLQ_TOPIC)")
 	fs.StringVar(&f.onOffsetLost, "on-offset-lost", projector.OffsetLostHalt, "when retention deleted records before they were applied: halt the partition, or skip to the log start (PROJECTOR_ON_OFFSET_LOST)")
 	fs.DurationVar(&f.revokeTimeout, "revoke-timeout", 10*time.Second, "longest a revoked partition may take to finish its open batch (PROJECTOR_REVOKE_TIMEOUT)")
+	fs.DurationVar(&f.shutdownTimeout, "shutdown-timeout", projector.DefaultShutdownTimeout, "on SIGTERM, longest the member waits for its planned batches to commit before it abandons them and leaves the group; keep it below the grace period the process is given, 30s on Kubernetes (PROJECTOR_SHUTDOWN_TIMEOUT)")
 }
 
 func (f *runFlags) validate() error {
@@ -227,6 +229,9 @@ func (f *runFlags) validate() error {
 	}
 	if f.batchMaxWait <= 0 {
 		return fmt.Errorf("--batch-max-wait %s: must be positive", f.batchMaxWait)
+	}
+	if f.shutdownTimeout <= 0 {
+		return fmt.Errorf("--shutdown-timeout %s: must be positive", f.shutdownTimeout)
 	}
 	if f.maxAttempts < 1 {
 		return fmt.Errorf("--max-attempts %d: must be at least 1", f.maxAttempts)
@@ -345,6 +350,7 @@ func newEngine(f *runFlags, brokers []string, projs []*projection.Projection, re
 		DLQTopic:         f.dlqTopic,
 		OnOffsetLost:     f.onOffsetLost,
 		RevokeTimeout:    f.revokeTimeout,
+		ShutdownTimeout:  f.shutdownTimeout,
 		SessionTimeout:   f.sessionTimeout,
 		InstanceID:       f.instanceID,
 		Logger:           log,

@@ -6,11 +6,15 @@ package postgres
 // some twenty times while a million aggregates were cached from nothing,
 // 3% of the consumer's CPU, and held the old and the new slice at once
 // while copying). Each value lies within one allocation; an offset names a chunk
-// (offset / chunkSize) and a position in it.
+// (offset / chunkSize) and a position in it. The first chunk starts at
+// firstChunk bytes and doubles (copied) as it fills, up to chunkSize: a
+// member owning thousands of partitions that each cache a few aggregates
+// took a whole chunk for each, far more than the cache counted.
 type arena struct {
 	// chunks[i] holds the offsets from i*chunkSize on. A value longer
 	// than a chunk takes an allocation of its own, given as consecutive
-	// chunks that each extend to its end.
+	// chunks that each extend to its end. Only chunks[0] may be shorter
+	// than chunkSize, while it is the only chunk.
 	chunks [][]byte
 	n      int // the offset of the next value: every byte below it is taken
 }
@@ -19,6 +23,9 @@ const (
 	chunkBits = 16
 	chunkSize = 1 << chunkBits
 	chunkMask = chunkSize - 1
+	// firstChunk is the least the first chunk takes: a power of two, so
+	// that doubling it reaches chunkSize.
+	firstChunk = 256
 )
 
 // len is the bytes the arena has handed out, the unused ends of chunks
@@ -26,7 +33,12 @@ const (
 func (a *arena) len() int { return a.n }
 
 // capacity is the bytes its chunks take.
-func (a *arena) capacity() int { return len(a.chunks) * chunkSize }
+func (a *arena) capacity() int {
+	if len(a.chunks) == 0 {
+		return 0
+	}
+	return (len(a.chunks)-1)*chunkSize + min(len(a.chunks[0]), chunkSize)
+}
 
 // at is the n bytes at offset off, as add placed them.
 func (a *arena) at(off uint32, n int) []byte {
@@ -39,13 +51,13 @@ func (a *arena) at(off uint32, n int) []byte {
 }
 
 // add appends b to a in one piece and returns its offset: in the current
-// chunk when b fits in what it has left, at the start of a new chunk
-// otherwise.
+// chunk when b fits in what it has left (the first chunk growing towards
+// chunkSize), at the start of a new chunk otherwise.
 func add[T string | []byte](a *arena, b T) uint32 {
 	if len(b) == 0 {
 		return uint32(a.n)
 	}
-	if rest := len(a.chunks)*chunkSize - a.n; len(b) > rest {
+	if len(b) > a.capacity()-a.n && !a.growFirst(len(b)) {
 		a.n = len(a.chunks) * chunkSize // the rest of the current chunk stays unused
 		if len(b) <= chunkSize {
 			a.chunks = append(a.chunks, make([]byte, chunkSize))
@@ -61,4 +73,28 @@ func add[T string | []byte](a *arena, b T) uint32 {
 	copy(a.at(off, len(b)), b)
 	a.n += len(b)
 	return off
+}
+
+// growFirst makes room for n more bytes in the first chunk, while it is
+// the only one and they fit in chunkSize, doubling it from firstChunk as
+// often as needed. It reports whether it did.
+func (a *arena) growFirst(n int) bool {
+	if len(a.chunks) > 1 || a.n+n > chunkSize {
+		return false
+	}
+	size := firstChunk
+	if len(a.chunks) == 1 {
+		size = len(a.chunks[0])
+	}
+	for size < a.n+n {
+		size *= 2
+	}
+	c := make([]byte, size)
+	if len(a.chunks) == 1 {
+		copy(c, a.chunks[0][:a.n])
+		a.chunks[0] = c
+	} else {
+		a.chunks = append(a.chunks, c)
+	}
+	return true
 }

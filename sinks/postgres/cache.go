@@ -32,6 +32,17 @@ const (
 // each, 184 counted.
 const entryBytes = 110
 
+// What the cache counts for a partition besides its entries: partBytes
+// for each partition it knows (its bookkeeping), holdBytes more while the
+// partition holds entries (its map's first group and its data's first
+// chunk, see arena, which a partition holding a few entries takes whole).
+// A member owning thousands of partitions spends that on each of them,
+// and the bound must say so.
+const (
+	partBytes = 192
+	holdBytes = 320
+)
+
 // stateCache keeps the state of the aggregates a sink has read or written,
 // per partition, so that a batch reads from Postgres only the aggregates it
 // has not seen. It is right because the sink is the only writer of its
@@ -49,10 +60,11 @@ type stateCache struct {
 	noRows bool
 	hash   func(key string) uint64
 
-	mu    sync.Mutex
-	size  int   // entries
-	bytes int64 // their cost
-	parts map[partition.TP]*partCache
+	mu      sync.Mutex
+	size    int   // entries
+	bytes   int64 // their cost
+	holding int   // partitions with entries
+	parts   map[partition.TP]*partCache
 }
 
 // partCache holds one partition's entries. Nothing in it is a pointer
@@ -64,7 +76,7 @@ type stateCache struct {
 // hashes) misses, and storing it replaces the other aggregate's entry.
 type partCache struct {
 	epoch int64
-	ents  map[uint64]cachedAgg
+	ents  map[uint64]cachedAgg // nil until the first entry, and once none is left
 	// data holds the keys and rows of ents. A row is rewritten in place
 	// when the new one fits, appended otherwise; data is compacted once
 	// the bytes no entry uses take a quarter of it. Lookups copy rows out.
@@ -177,6 +189,12 @@ func (c *stateCache) put(pc *partCache, h uint64, key string, old cachedAgg, had
 		a.roff = add(&pc.data, row)
 		a.rcap = uint16(min(len(row), math.MaxUint16))
 	}
+	if len(pc.ents) == 0 {
+		if pc.ents == nil {
+			pc.ents = map[uint64]cachedAgg{}
+		}
+		c.holding++
+	}
 	pc.ents[h] = a
 	c.size++
 	pc.live += int(a.klen) + a.slot()
@@ -187,6 +205,9 @@ func (c *stateCache) put(pc *partCache, h uint64, key string, old cachedAgg, had
 // remove drops a, the entry at hash h. Call with mu held.
 func (c *stateCache) remove(pc *partCache, h uint64, a cachedAgg) {
 	delete(pc.ents, h)
+	if len(pc.ents) == 0 {
+		c.holding--
+	}
 	c.size--
 	pc.live -= int(a.klen) + a.slot()
 	pc.bytes -= cost(a)
@@ -194,30 +215,40 @@ func (c *stateCache) remove(pc *partCache, h uint64, a cachedAgg) {
 }
 
 // compactMin is the fewest unused bytes worth compacting a partition's
-// data for.
-var compactMin = 64 << 10
+// data for: little, so that a partition holding a few entries does not
+// keep many times their bytes after evictions.
+var compactMin = 256
 
 // compact rewrites data with only the bytes entries hold once the others
-// take a quarter of it.
+// take a quarter of it, into a map of its own size (a Go map never
+// shrinks), and lets a partition left without entries go of both.
 // Call with mu held.
 func (pc *partCache) compact() {
+	if len(pc.ents) == 0 {
+		pc.ents, pc.data, pc.live = nil, arena{}, 0
+		return
+	}
 	if dead := pc.data.len() - pc.live; dead < compactMin || dead < pc.data.len()/4 {
 		return
 	}
 	var data arena
+	ents := make(map[uint64]cachedAgg, len(pc.ents))
 	for h, a := range pc.ents {
 		a.koff = add(&data, pc.data.at(a.koff, int(a.klen)))
 		a.roff = add(&data, pc.data.at(a.roff, a.slot()))
-		pc.ents[h] = a
+		ents[h] = a
 	}
-	pc.data = data
+	pc.ents, pc.data = ents, data
 }
 
 // clear removes all of a partition's entries. Call with mu held.
 func (c *stateCache) clear(pc *partCache) {
+	if len(pc.ents) > 0 {
+		c.holding--
+	}
 	c.size -= len(pc.ents)
 	c.bytes -= pc.bytes
-	pc.ents, pc.data, pc.live, pc.bytes = map[uint64]cachedAgg{}, arena{}, 0, 0
+	pc.ents, pc.data, pc.live, pc.bytes = nil, arena{}, 0, 0
 }
 
 // encode appends row in cached form to b; ok is false when it cannot be
@@ -313,7 +344,7 @@ func (c *stateCache) part(claim partition.Claim) *partCache {
 		if pc != nil {
 			c.clear(pc)
 		}
-		pc = &partCache{epoch: claim.Epoch, ents: map[uint64]cachedAgg{}}
+		pc = &partCache{epoch: claim.Epoch}
 		c.parts[claim.TP] = pc
 	}
 	return pc
@@ -408,20 +439,30 @@ func (c *stateCache) store(claim partition.Claim, misses []string, loaded partit
 			}
 		}
 	}
-	if c.size > c.max || c.bytes > c.maxBytes {
+	if c.size > c.max || c.used() > c.maxBytes {
 		c.evict()
 	}
 	pc.compact()
 }
+
+// used is what the cache counts against its byte bound: its entries and
+// its partitions. Call with mu held.
+func (c *stateCache) used() int64 { return c.held() + int64(len(c.parts))*partBytes }
+
+// held is what the entries count and the partitions because they hold
+// them: what evicting can free. Call with mu held.
+func (c *stateCache) held() int64 { return c.bytes + int64(c.holding)*holdBytes }
 
 // evict drops arbitrary entries (Go's map order) of every partition, in
 // proportion to its share, until the cache holds at most seven eighths of
 // its maximum rows and bytes, so that eviction runs once per many batches
 // rather than on every one.
 func (c *stateCache) evict() {
-	rows, bytes := c.max-c.max/8, c.maxBytes-c.maxBytes/8
-	over := func() bool { return c.size > rows || c.bytes > bytes }
-	share := max(float64(c.size-rows)/float64(max(c.size, 1)), float64(c.bytes-bytes)/float64(max(c.bytes, 1)))
+	// What the partitions known take is not evicted: with more partitions
+	// than the bound has room for, nothing is kept.
+	rows, bytes := c.max-c.max/8, c.maxBytes-c.maxBytes/8-int64(len(c.parts))*partBytes
+	over := func() bool { return c.size > rows || c.held() > bytes }
+	share := max(float64(c.size-rows)/float64(max(c.size, 1)), float64(c.held()-bytes)/float64(max(c.held(), 1)))
 	for _, pc := range c.parts {
 		quota := int(share*float64(len(pc.ents))) + 1
 		for h, a := range pc.ents {
@@ -443,12 +484,12 @@ func (c *stateCache) evict() {
 	}
 }
 
-// usage reports how many entries the cache holds and what they count
-// against its byte bound.
+// usage reports how many entries the cache holds and what it counts
+// against its byte bound (see used).
 func (c *stateCache) usage() (entries int, bytes int64) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	return c.size, c.bytes
+	return c.size, c.used()
 }
 
 // drop forgets a partition, after a failed transaction or when it is
