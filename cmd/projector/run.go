@@ -355,6 +355,7 @@ func newEngine(f *runFlags, brokers []string, projs []*projection.Projection, re
 		InstanceID:       f.instanceID,
 		Logger:           log,
 		Registerer:       metrics,
+		TracerProvider:   tp,
 	}, pool, func(p *projection.Projection) partition.Decoder {
 		// Only the fields the projection reads are decoded.
 		return schemas.NewDecoder(reg, schemas.Prune(readers[p.Name], p.ReadFields()))
