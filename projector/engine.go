@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"maps"
 	"math/rand/v2"
 	"slices"
 	"strconv"
@@ -501,15 +502,16 @@ func (e *Engine) claim(ctx context.Context, offsets map[string]map[int32]kgo.Off
 	if err != nil {
 		return nil, err
 	}
+	starts, err := e.startOffsets(ctx, claims)
+	if err != nil {
+		return nil, err
+	}
 	out := make(map[string]map[int32]kgo.Offset, len(offsets))
 	for _, c := range claims {
-		next, err := e.firstOffset(ctx, c)
-		if errors.Is(err, partition.ErrFenced) {
+		next, ok := starts[c.TP]
+		if !ok {
 			e.log.Warn("partition claimed by a newer owner before it started", "topic", c.Topic, "partition", c.Partition)
 			continue
-		}
-		if err != nil {
-			return nil, err
 		}
 		if out[c.Topic] == nil {
 			out[c.Topic] = map[int32]kgo.Offset{}
@@ -520,33 +522,70 @@ func (e *Engine) claim(ctx context.Context, offsets map[string]map[int32]kgo.Off
 	return out, nil
 }
 
-// firstOffset returns the stored next offset, resolving and storing the
-// start position for a partition that has none.
-func (e *Engine) firstOffset(ctx context.Context, c postgres.Claimed) (int64, error) {
-	if c.NextOffset != nil {
-		return *c.NextOffset, nil
+// startOffsets returns where each claimed partition resumes: its stored
+// next offset, or for a partition with none the start position resolved
+// and stored now. The partitions without one are listed together, in one
+// ListOffsets request per broker, and stored in one statement: a member
+// claiming thousands of fresh partitions in the group callback must not
+// list them one at a time while the group waits. A partition a newer
+// owner claimed meanwhile is left out.
+func (e *Engine) startOffsets(ctx context.Context, claims []postgres.Claimed) (map[partition.TP]int64, error) {
+	out := make(map[partition.TP]int64, len(claims))
+	var fresh []postgres.Claimed
+	topics := map[string]bool{}
+	for _, c := range claims {
+		if c.NextOffset != nil {
+			out[c.TP] = *c.NextOffset
+			continue
+		}
+		fresh = append(fresh, c)
+		topics[c.Topic] = true
 	}
-	var next int64
-	err := retry(ctx, e.log, "resolve start offset", func() error {
-		list := e.adm.ListStartOffsets
-		if e.cfg.StartFrom == StartLatest {
-			list = e.adm.ListEndOffsets
-		}
-		res, err := list(ctx, c.Topic)
+	if len(fresh) == 0 {
+		return out, nil
+	}
+	names := slices.Sorted(maps.Keys(topics))
+	list := e.adm.ListStartOffsets
+	if e.cfg.StartFrom == StartLatest {
+		list = e.adm.ListEndOffsets
+	}
+	firsts := make([]int64, len(fresh))
+	err := retry(ctx, e.log, "resolve start offsets", func() error {
+		res, err := list(ctx, names...)
 		if err != nil {
-			return err
+			return fmt.Errorf("list %s offsets of %d partitions: %w", e.cfg.StartFrom, len(fresh), err)
 		}
-		o, ok := res.Lookup(c.Topic, c.Partition)
-		if !ok {
-			return fmt.Errorf("no offset listed for %s/%d", c.Topic, c.Partition)
+		for i, c := range fresh {
+			o, ok := res.Lookup(c.Topic, c.Partition)
+			if !ok {
+				return fmt.Errorf("no offset listed for %s/%d", c.Topic, c.Partition)
+			}
+			if o.Err != nil {
+				return fmt.Errorf("list offset of %s/%d: %w", c.Topic, c.Partition, o.Err)
+			}
+			firsts[i] = o.Offset
 		}
-		if o.Err != nil {
-			return o.Err
-		}
-		next = o.Offset
-		return e.offsets.Init(ctx, c, next)
+		return nil
 	})
-	return next, err
+	if err != nil {
+		return nil, err
+	}
+	var stored []partition.TP
+	err = retry(ctx, e.log, "store start offsets", func() (err error) {
+		stored, err = e.offsets.InitAll(ctx, fresh, firsts)
+		return err
+	})
+	if err != nil {
+		return nil, err
+	}
+	at := make(map[partition.TP]int64, len(fresh))
+	for i, c := range fresh {
+		at[c.TP] = firsts[i]
+	}
+	for _, tp := range stored {
+		out[tp] = at[tp]
+	}
+	return out, nil
 }
 
 func (e *Engine) start(c partition.Claim) {
