@@ -107,9 +107,10 @@ type Config struct {
 	DLQTopic string
 	// OnOffsetLost is what happens when retention deleted records beyond a
 	// partition's stored offset before they were applied: "halt" (default:
-	// the partition stops, says so in the log, in
+	// the partition stops fetching and says so once in the log, in
 	// projector_partition_halted and in /readyz) or "skip" (continue from
-	// the log start; the skipped offsets are counted).
+	// the log start; the skipped offsets are counted). A stored offset
+	// past the log end (the topic was created again) always halts.
 	OnOffsetLost string
 	// Repairers gives projections with on_gap repair their repair source,
 	// by projection name. A projection missing here gets one built from
@@ -220,6 +221,11 @@ type Engine struct {
 	// records.
 	rewinds  []rewind
 	stopPoll atomic.Pointer[context.CancelFunc]
+
+	// outOfLog holds the partitions whose stored offset is not in the log
+	// (under mu; see offsetLost).
+	outOfLog map[partition.TP]*lostPartition
+	now      func() time.Time
 }
 
 type rewind struct {
@@ -297,6 +303,8 @@ func New(cfg Config, pool *pgxpool.Pool, decoderOf Decoders) (*Engine, error) {
 		repairers:   map[string]partition.Repairer{},
 		log:         cfg.Logger.With("group", cfg.Identity),
 		workers:     map[partition.TP]*running{},
+		outOfLog:    map[partition.TP]*lostPartition{},
+		now:         time.Now,
 		clientReady: make(chan struct{}),
 	}
 	if budget := cfg.MemberMaxRecords; budget >= 0 {
@@ -448,6 +456,7 @@ func (e *Engine) Run(ctx context.Context) error {
 			}
 		})
 		e.mu.Unlock()
+		e.recheckLost(runCtx)
 		e.rewound()
 		e.cl.AllowRebalance()
 	}
@@ -645,6 +654,7 @@ func (e *Engine) stop(tps map[string][]int32) {
 		}
 	}
 	e.mu.Unlock()
+	e.forgetLost(tps)
 	e.cl.ResumeFetchPartitions(tps)
 	e.wait(stopping)
 	for t, ps := range tps {
@@ -666,6 +676,7 @@ func (e *Engine) stopAll() {
 		stopping = append(stopping, r)
 	}
 	e.mu.Unlock()
+	e.forgetLost(nil)
 	e.wait(stopping)
 }
 
@@ -681,39 +692,240 @@ func (e *Engine) wait(stopping []*running) {
 	}
 }
 
-// offsetLost handles a partition whose stored offset is no longer in the
-// log: retention deleted records before they were applied. It runs in the
-// poll loop, where moving the fetch position is safe.
+// Why a partition's stored offset is not in its log, as the reason label
+// of projector_partition_halted says.
+const (
+	// haltRecordsDeleted: retention deleted records from the stored offset
+	// on before they were applied (the offset is below the log start).
+	haltRecordsDeleted = "records_deleted"
+	// haltBeyondLogEnd: the offset is past the log end, so the log is not
+	// the one the offset was stored from (the topic was deleted and
+	// created again) or it lost acknowledged records.
+	haltBeyondLogEnd = "beyond_log_end"
+	// haltUnknown: the log's bounds could not be listed; they are listed
+	// again after lostRecheck.
+	haltUnknown = "unknown"
+)
+
+// haltLogEvery is how often a halted partition's error is logged again
+// when the condition is seen again: once is enough to act on, and a
+// broker answering every fetch at once must not flood the log.
+const haltLogEvery = time.Minute
+
+// lostRecheck is how long a partition whose log bounds could not be
+// listed waits before they are listed again.
+const lostRecheck = 10 * time.Second
+
+// lostPartition is a partition whose stored offset the broker reported
+// out of range, for its current worker.
+type lostPartition struct {
+	w       *partition.Worker
+	kind    string // a halt... reason
+	logged  time.Time
+	recheck *time.Timer // set while kind is haltUnknown
+	due     bool        // the recheck timer has fired
+}
+
+// offsetLost handles a partition whose stored offset the broker reported
+// out of range. It compares the offset with the log's bounds: below the
+// log start, retention deleted records before they were applied (halt, or
+// skip to the log start with OnOffsetLost skip); past the log end, the
+// log is not the one the offset came from (always halt: skipping cannot
+// help). A halted partition's fetching is paused, so that the client does
+// not ask again and again, and its error is logged once, then at most
+// once per haltLogEvery. It runs in the poll loop, where moving the fetch
+// position is safe.
 func (e *Engine) offsetLost(ctx context.Context, tp partition.TP) {
 	e.mu.Lock()
 	r := e.workers[tp]
+	lp := e.outOfLog[tp]
+	if r != nil && (lp == nil || lp.w != r.w) {
+		lp = &lostPartition{w: r.w}
+		e.outOfLog[tp] = lp
+	}
+	waiting := lp != nil && lp.recheck != nil && !lp.due // to list the bounds again
 	e.mu.Unlock()
-	if r == nil {
+	if r == nil || waiting {
+		return
+	}
+	if lp.kind == haltRecordsDeleted || lp.kind == haltBeyondLogEnd {
+		// Seen again (a fetch answered before the pause took effect):
+		// nothing changed, so no new listing.
+		e.logLost(lp, lp.kind, r.w.Status())
 		return
 	}
 	st := r.w.Status()
-	var logStart int64 = -1
-	if res, err := e.adm.ListStartOffsets(ctx, tp.Topic); err == nil {
-		if o, ok := res.Lookup(tp.Topic, tp.Partition); ok && o.Err == nil {
-			logStart = o.Offset
-		}
+	logStart, logEnd, err := e.logBounds(ctx, tp)
+	e.mu.Lock()
+	lp.due = false
+	if lp.recheck != nil {
+		lp.recheck.Stop()
+		lp.recheck = nil
 	}
-	if e.cfg.OnOffsetLost == OffsetLostSkip && logStart > st.NextOffset {
-		if err := r.w.SkipTo(ctx, logStart); err != nil {
-			e.log.Error("skipping deleted records failed", "topic", tp.Topic, "partition", tp.Partition, "err", err)
+	e.mu.Unlock()
+	var kind, reason string
+	switch {
+	case err != nil:
+		kind = haltUnknown
+		reason = fmt.Sprintf("the stored offset %d is not in the log, and the log's bounds could not be listed (%v); checking again in %s",
+			st.NextOffset, err, lostRecheck)
+	case st.NextOffset < logStart:
+		if e.cfg.OnOffsetLost == OffsetLostSkip {
+			e.skipLost(ctx, r, lp, st.NextOffset, logStart)
 			return
 		}
-		e.cl.SetOffsets(map[string]map[int32]kgo.EpochOffset{tp.Topic: {tp.Partition: {Epoch: -1, Offset: logStart}}})
-		e.group.halted.WithLabelValues(tp.Topic, strconv.Itoa(int(tp.Partition))).Set(0)
+		kind = haltRecordsDeleted
+		reason = fmt.Sprintf("records from offset %d to %d were deleted by retention (the log now starts at %d) before they were applied; "+
+			"the partition is halted: restore them, or run with --on-offset-lost=skip to continue from the log start and lose them "+
+			"(or move the stored offset with: projector offsets reset --topic %s --partitions %d --to-earliest --execute)",
+			st.NextOffset, logStart-1, logStart, tp.Topic, tp.Partition)
+	case st.NextOffset > logEnd:
+		kind = haltBeyondLogEnd
+		reason = fmt.Sprintf("the stored offset %d is beyond the log end %d (the log starts at %d): the topic was deleted and created again, "+
+			"or the partition lost records it had acknowledged; the partition is halted and --on-offset-lost=skip does not apply: "+
+			"check that this log is the one the projection was built from, then move the stored offset with: "+
+			"projector offsets reset --topic %s --partitions %d --to-earliest --execute (or --to-latest)",
+			st.NextOffset, logEnd, logStart, tp.Topic, tp.Partition)
+	default:
+		// Back in the log (records were produced since): fetching goes on.
+		e.mu.Lock()
+		if e.outOfLog[tp] == lp {
+			delete(e.outOfLog, tp)
+		}
+		e.mu.Unlock()
+		if lp.kind != "" {
+			r.w.Unhalt()
+		}
+		e.setHalted(tp, "")
 		return
 	}
-	reason := fmt.Sprintf("records from offset %d were deleted (log starts at %d) before they were applied; "+
-		"the partition is halted: restore them, or run with --on-offset-lost=skip to continue from the log start and lose them",
-		st.NextOffset, logStart)
 	r.w.Halt(reason)
-	e.group.halted.WithLabelValues(tp.Topic, strconv.Itoa(int(tp.Partition))).Set(1)
-	e.log.Error("partition halted: stored offset is no longer in the log", "topic", tp.Topic, "partition", tp.Partition,
-		"stored_offset", st.NextOffset, "log_start", logStart, "reason", reason)
+	e.setHalted(tp, kind)
+	e.mu.Lock()
+	if lp.kind != kind {
+		lp.logged = time.Time{} // news: said at once
+	}
+	lp.kind = kind
+	if kind == haltUnknown {
+		lp.recheck = time.AfterFunc(lostRecheck, func() {
+			e.mu.Lock()
+			lp.due = true
+			e.mu.Unlock()
+			if stop := e.stopPoll.Load(); stop != nil {
+				(*stop)()
+			}
+		})
+	}
+	e.mu.Unlock()
+	e.logLost(lp, kind, r.w.Status())
+}
+
+// logBounds lists the log start and end offsets of a partition.
+func (e *Engine) logBounds(ctx context.Context, tp partition.TP) (start, end int64, err error) {
+	lookup := func(list func(context.Context, ...string) (kadm.ListedOffsets, error)) (int64, error) {
+		res, err := list(ctx, tp.Topic)
+		if err != nil {
+			return 0, err
+		}
+		o, ok := res.Lookup(tp.Topic, tp.Partition)
+		if !ok {
+			return 0, fmt.Errorf("no offset listed for %s/%d", tp.Topic, tp.Partition)
+		}
+		return o.Offset, o.Err
+	}
+	if start, err = lookup(e.adm.ListStartOffsets); err != nil {
+		return 0, 0, fmt.Errorf("list log start of %s/%d: %w", tp.Topic, tp.Partition, err)
+	}
+	if end, err = lookup(e.adm.ListEndOffsets); err != nil {
+		return 0, 0, fmt.Errorf("list log end of %s/%d: %w", tp.Topic, tp.Partition, err)
+	}
+	return start, end, nil
+}
+
+// skipLost moves a partition whose records retention deleted to the log
+// start (OnOffsetLost skip).
+func (e *Engine) skipLost(ctx context.Context, r *running, lp *lostPartition, from, logStart int64) {
+	tp := r.w.TP()
+	if err := r.w.SkipTo(ctx, logStart); err != nil {
+		e.log.Error("skipping deleted records failed", "topic", tp.Topic, "partition", tp.Partition, "from", from, "to", logStart, "err", err)
+		return
+	}
+	e.cl.SetOffsets(map[string]map[int32]kgo.EpochOffset{tp.Topic: {tp.Partition: {Epoch: -1, Offset: logStart}}})
+	e.mu.Lock()
+	if e.outOfLog[tp] == lp {
+		delete(e.outOfLog, tp)
+	}
+	e.mu.Unlock()
+	e.setHalted(tp, "")
+}
+
+// logLost logs a halted partition's error unless it was logged less than
+// haltLogEvery ago.
+func (e *Engine) logLost(lp *lostPartition, kind string, st partition.Status) {
+	now := e.now()
+	e.mu.Lock()
+	quiet := !lp.logged.IsZero() && now.Sub(lp.logged) < haltLogEvery
+	if !quiet {
+		lp.logged = now
+	}
+	e.mu.Unlock()
+	if quiet || st.Halted == "" {
+		return
+	}
+	msg := "partition halted: records were deleted before they were applied"
+	switch kind {
+	case haltBeyondLogEnd:
+		msg = "partition halted: stored offset is beyond the log end"
+	case haltUnknown:
+		msg = "partition halted: stored offset is not in the log"
+	}
+	e.log.Error(msg, "topic", st.Topic, "partition", st.Partition, "stored_offset", st.NextOffset, "reason", st.Halted)
+}
+
+// setHalted sets projector_partition_halted of a partition to 1 for the
+// reason kind and removes it for the others ("": halted for none).
+func (e *Engine) setHalted(tp partition.TP, kind string) {
+	p := strconv.Itoa(int(tp.Partition))
+	for _, k := range []string{haltRecordsDeleted, haltBeyondLogEnd, haltUnknown} {
+		if k == kind {
+			e.group.halted.WithLabelValues(tp.Topic, p, k).Set(1)
+		} else {
+			e.group.halted.DeleteLabelValues(tp.Topic, p, k)
+		}
+	}
+}
+
+// recheckLost lists again the log bounds of the partitions whose recheck
+// is due (see offsetLost).
+func (e *Engine) recheckLost(ctx context.Context) {
+	e.mu.Lock()
+	var due []partition.TP
+	for tp, lp := range e.outOfLog {
+		if lp.due {
+			due = append(due, tp)
+		}
+	}
+	e.mu.Unlock()
+	for _, tp := range due {
+		e.offsetLost(ctx, tp)
+	}
+}
+
+// forgetLost drops what offsetLost knew of partitions this member no
+// longer runs (nil: all); their new owner finds out for itself.
+func (e *Engine) forgetLost(tps map[string][]int32) {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	for tp, lp := range e.outOfLog {
+		if tps != nil && !slices.Contains(tps[tp.Topic], tp.Partition) {
+			continue
+		}
+		if lp.recheck != nil {
+			lp.recheck.Stop()
+		}
+		delete(e.outOfLog, tp)
+		e.setHalted(tp, "")
+	}
 }
 
 // Workers returns the status of every running partition worker.
