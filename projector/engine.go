@@ -226,6 +226,9 @@ type Engine struct {
 	// (under mu; see offsetLost).
 	outOfLog map[partition.TP]*lostPartition
 	now      func() time.Time
+	// adopt holds the partitions whose worker was fenced, with the epoch
+	// it had (under mu; see adoptReset).
+	adopt map[partition.TP]int64
 }
 
 type rewind struct {
@@ -284,6 +287,7 @@ func (e *Engine) rewound() {
 
 type running struct {
 	w      *partition.Worker
+	epoch  int64 // the owner epoch it claimed
 	cancel context.CancelFunc
 	done   chan struct{}
 }
@@ -304,6 +308,7 @@ func New(cfg Config, pool *pgxpool.Pool, decoderOf Decoders) (*Engine, error) {
 		log:         cfg.Logger.With("group", cfg.Identity),
 		workers:     map[partition.TP]*running{},
 		outOfLog:    map[partition.TP]*lostPartition{},
+		adopt:       map[partition.TP]int64{},
 		now:         time.Now,
 		clientReady: make(chan struct{}),
 	}
@@ -615,7 +620,7 @@ func (e *Engine) start(c partition.Claim) {
 		parent = context.Background()
 	}
 	ctx, cancel := context.WithCancel(parent)
-	r := &running{w: w, cancel: cancel, done: make(chan struct{})}
+	r := &running{w: w, epoch: c.Epoch, cancel: cancel, done: make(chan struct{})}
 	e.workers[c.TP] = r
 	e.owned.Store(int64(len(e.workers)))
 	e.wg.Add(1)
@@ -627,12 +632,21 @@ func (e *Engine) start(c partition.Claim) {
 		if err != nil && ctx.Err() == nil {
 			e.log.Error("partition worker stopped", "topic", c.Topic, "partition", c.Partition, "err", err)
 			e.mu.Lock()
-			if e.workers[c.TP] == r {
+			current := e.workers[c.TP] == r
+			if current {
 				delete(e.workers, c.TP)
 				e.owned.Store(int64(len(e.workers)))
+				if errors.Is(err, partition.ErrFenced) {
+					// Perhaps by an operator's offset reset rather than
+					// a newer member: the poll loop finds out.
+					e.adopt[c.TP] = c.Epoch
+				}
 			}
 			e.mu.Unlock()
 			e.cl.PauseFetchPartitions(map[string][]int32{c.Topic: {c.Partition}})
+			if stop := e.stopPoll.Load(); current && stop != nil {
+				(*stop)()
+			}
 		}
 	}()
 }
@@ -651,6 +665,11 @@ func (e *Engine) stop(tps map[string][]int32) {
 				r.w.Stop()
 				stopping = append(stopping, r)
 			}
+		}
+	}
+	for t, ps := range tps {
+		for _, p := range ps {
+			delete(e.adopt, partition.TP{Topic: t, Partition: p})
 		}
 	}
 	e.mu.Unlock()
@@ -712,9 +731,13 @@ const (
 // broker answering every fetch at once must not flood the log.
 const haltLogEvery = time.Minute
 
-// lostRecheck is how long a partition whose log bounds could not be
-// listed waits before they are listed again.
-const lostRecheck = 10 * time.Second
+// ResetCheckInterval is how often a halted partition is looked at again:
+// its log's bounds listed again when they could not be listed, or its
+// stored offset checked for an operator's reset (projector offsets reset),
+// from which it then resumes.
+const ResetCheckInterval = 10 * time.Second
+
+const lostRecheck = ResetCheckInterval
 
 // lostPartition is a partition whose stored offset the broker reported
 // out of range, for its current worker.
@@ -743,12 +766,12 @@ func (e *Engine) offsetLost(ctx context.Context, tp partition.TP) {
 		lp = &lostPartition{w: r.w}
 		e.outOfLog[tp] = lp
 	}
-	waiting := lp != nil && lp.recheck != nil && !lp.due // to list the bounds again
+	waiting := lp != nil && lp.recheck != nil && !lp.due
 	e.mu.Unlock()
-	if r == nil || waiting {
+	if r == nil {
 		return
 	}
-	if lp.kind == haltRecordsDeleted || lp.kind == haltBeyondLogEnd {
+	if lp.kind == haltRecordsDeleted || lp.kind == haltBeyondLogEnd || waiting {
 		// Seen again (a fetch answered before the pause took effect):
 		// nothing changed, so no new listing.
 		e.logLost(lp, lp.kind, r.w.Status())
@@ -806,18 +829,25 @@ func (e *Engine) offsetLost(ctx context.Context, tp partition.TP) {
 		lp.logged = time.Time{} // news: said at once
 	}
 	lp.kind = kind
-	if kind == haltUnknown {
-		lp.recheck = time.AfterFunc(lostRecheck, func() {
-			e.mu.Lock()
-			lp.due = true
-			e.mu.Unlock()
-			if stop := e.stopPoll.Load(); stop != nil {
-				(*stop)()
-			}
-		})
-	}
+	e.armRecheck(lp)
 	e.mu.Unlock()
 	e.logLost(lp, kind, r.w.Status())
+}
+
+// armRecheck has the poll loop look at a halted partition again after
+// lostRecheck: list the log's bounds again when they could not be listed,
+// and otherwise look for an operator's reset of the stored offset. Call
+// with mu held.
+func (e *Engine) armRecheck(lp *lostPartition) {
+	lp.due = false
+	lp.recheck = time.AfterFunc(lostRecheck, func() {
+		e.mu.Lock()
+		lp.due = true
+		e.mu.Unlock()
+		if stop := e.stopPoll.Load(); stop != nil {
+			(*stop)()
+		}
+	})
 }
 
 // logBounds lists the log start and end offsets of a partition.
@@ -895,20 +925,61 @@ func (e *Engine) setHalted(tp partition.TP, kind string) {
 	}
 }
 
-// recheckLost lists again the log bounds of the partitions whose recheck
-// is due (see offsetLost).
+// recheckLost looks again at the halted partitions whose recheck is due
+// (see armRecheck), and at the partitions whose worker was fenced.
 func (e *Engine) recheckLost(ctx context.Context) {
+	type check struct {
+		tp      partition.TP
+		epoch   int64
+		unknown bool
+	}
+	var checks []check
 	e.mu.Lock()
-	var due []partition.TP
 	for tp, lp := range e.outOfLog {
-		if lp.due {
-			due = append(due, tp)
+		r := e.workers[tp]
+		if !lp.due || r == nil || r.w != lp.w {
+			continue
+		}
+		checks = append(checks, check{tp: tp, epoch: r.epoch, unknown: lp.kind == haltUnknown})
+		if lp.kind != haltUnknown {
+			e.armRecheck(lp)
 		}
 	}
-	e.mu.Unlock()
-	for _, tp := range due {
-		e.offsetLost(ctx, tp)
+	for tp, epoch := range e.adopt {
+		checks = append(checks, check{tp: tp, epoch: epoch})
 	}
+	clear(e.adopt)
+	e.mu.Unlock()
+	for _, c := range checks {
+		if c.unknown {
+			e.offsetLost(ctx, c.tp)
+		} else {
+			e.adoptReset(ctx, c.tp, c.epoch)
+		}
+	}
+}
+
+// adoptReset takes a partition up again from its new stored offset when
+// an operator reset it (projector offsets reset) while this member owned
+// it at epoch mine: the reset fenced the member's worker, or the worker
+// is halted and would never commit. A partition a newer member claimed
+// is left alone. It runs in the poll loop, between rebalances, so the
+// partition is still assigned here.
+func (e *Engine) adoptReset(ctx context.Context, tp partition.TP, mine int64) {
+	ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	defer cancel()
+	c, ok, err := e.offsets.Adopt(ctx, tp, mine)
+	if err != nil {
+		e.log.Warn("looking for an offset reset failed; looking again later", "topic", tp.Topic, "partition", tp.Partition, "err", err)
+		return
+	}
+	if !ok {
+		return
+	}
+	e.forgetLost(map[string][]int32{tp.Topic: {tp.Partition}})
+	e.start(partition.Claim{TP: tp, Epoch: c.Epoch, NextOffset: *c.NextOffset, Since: c.At})
+	e.cl.SetOffsets(map[string]map[int32]kgo.EpochOffset{tp.Topic: {tp.Partition: {Epoch: -1, Offset: *c.NextOffset}}})
+	e.log.Warn("partition resumes from an operator's offset reset", "topic", tp.Topic, "partition", tp.Partition, "next_offset", *c.NextOffset)
 }
 
 // forgetLost drops what offsetLost knew of partitions this member no

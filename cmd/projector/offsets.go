@@ -17,6 +17,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kadm"
 
 	"github.com/projector-dev/projector/partition"
+	"github.com/projector-dev/projector/projector"
 	"github.com/projector-dev/projector/sinks/postgres"
 )
 
@@ -215,9 +216,9 @@ func offsetsResetCommand(stdout, stderr io.Writer) *ffcli.Command {
 				fmt.Fprintln(stdout, "dry run: nothing changed; add --execute to move these stored offsets")
 				return nil
 			}
-			fmt.Fprintf(stdout, "moved %d stored offsets of identity %q (audited as %s). A member running one of these partitions is fenced at its next commit "+
-				"and stops it; the partition resumes from its new offset once it is claimed again (the next rebalance, or a restart of the member).\n",
-				len(plan), c.identity, actor)
+			fmt.Fprintf(stdout, "moved %d stored offsets of identity %q (audited as %s). A member running one of these partitions is fenced at its next commit, "+
+				"then resumes it from the new offset (a halted partition within %s).\n",
+				len(plan), c.identity, actor, projector.ResetCheckInterval)
 			return nil
 		})
 }

@@ -3,6 +3,7 @@ package postgres
 import (
 	"cmp"
 	"context"
+	"errors"
 	"fmt"
 	"slices"
 	"time"
@@ -108,6 +109,27 @@ func (o *Offsets) InitAll(ctx context.Context, claims []Claimed, firsts []int64)
 		return nil, fmt.Errorf("store first offsets of %d partitions: %w", len(claims), err)
 	}
 	return out, nil
+}
+
+// Adopt claims a partition again after an operator reset its stored
+// offset (Reset) while this member, at epoch mine, owned it: the claim
+// succeeds only if the newest epoch is the reset's, so that a member that
+// claimed the partition after the reset is never fenced by it. ok is
+// false when there is nothing to adopt.
+func (o *Offsets) Adopt(ctx context.Context, tp partition.TP, mine int64) (c Claimed, ok bool, err error) {
+	err = o.pool.QueryRow(ctx, `UPDATE projector_offsets AS o SET owner_epoch = o.owner_epoch + 1, updated_at = now()
+		WHERE o.identity = $1 AND o.topic = $2 AND o.partition = $3 AND o.owner_epoch > $4 AND o.next_offset IS NOT NULL
+		  AND EXISTS (SELECT 1 FROM projector_offsets_audit a
+			WHERE a.identity = o.identity AND a.topic = o.topic AND a.partition = o.partition AND a.owner_epoch = o.owner_epoch)
+		RETURNING o.owner_epoch, o.next_offset`, o.identity, tp.Topic, tp.Partition, mine).Scan(&c.Epoch, &c.NextOffset)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return Claimed{}, false, nil
+	}
+	if err != nil {
+		return Claimed{}, false, fmt.Errorf("adopt the reset offset of %s/%d: %w", tp.Topic, tp.Partition, err)
+	}
+	c.TP, c.At = tp, time.Now()
+	return c, true, nil
 }
 
 // Stored is one partition's stored position.
