@@ -13,6 +13,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/twmb/franz-go/pkg/kadm"
+	"github.com/twmb/franz-go/pkg/kerr"
 	"github.com/twmb/franz-go/pkg/kgo"
 	"github.com/twmb/franz-go/pkg/kmsg"
 
@@ -300,6 +301,73 @@ func TestOffsetBeyondLogEnd(t *testing.T) {
 		t.Errorf("stored offsets sum to %d, want the 10 stored before: nothing skipped", n)
 	}
 	if err := demo.Verify(ctx, f.db.Pool, demo.Table, demo.Fold(opened("old-", 0, 10))); err != nil {
+		t.Error(err)
+	}
+}
+
+// TestHaltedPartitionListsBoundsAgain has the broker refuse to list the
+// log's bounds when a partition's stored offset is found out of range:
+// the partition halts quietly for an unknown reason, lists them again
+// after a while, and then halts for the real one.
+func TestHaltedPartitionListsBoundsAgain(t *testing.T) {
+	f := faultSetup(t, demo.Options{Aggregates: 1, MeanEvents: 1}, 2)
+	f.produceTo(t, 0, opened("p0-", 0, 10))
+	stop := run(t, f.engine(t, "relist", projector.Config{}))
+	f.verifyPart(t, "relist", opened("p0-", 0, 10))
+	stop()
+	f.produceTo(t, 0, opened("p0-", 10, 30))
+	if err := f.kafka.DeleteRecords(demo.Topic, 0, 20); err != nil {
+		t.Fatal(err)
+	}
+
+	var refuse atomic.Bool
+	refuse.Store(true)
+	f.kafka.ControlKey(int16(kmsg.ListOffsets), func(r kmsg.Request) (kmsg.Response, error, bool) {
+		f.kafka.KeepControl()
+		if !refuse.Load() {
+			return nil, nil, false
+		}
+		req := r.(*kmsg.ListOffsetsRequest)
+		resp := req.ResponseKind().(*kmsg.ListOffsetsResponse)
+		resp.Version = req.Version
+		for _, rt := range req.Topics {
+			st := kmsg.NewListOffsetsResponseTopic()
+			st.Topic = rt.Topic
+			for _, rp := range rt.Partitions {
+				sp := kmsg.NewListOffsetsResponseTopicPartition()
+				sp.Partition = rp.Partition
+				sp.ErrorCode = kerr.TopicAuthorizationFailed.Code
+				st.Partitions = append(st.Partitions, sp)
+			}
+			resp.Topics = append(resp.Topics, st)
+		}
+		return resp, nil, true
+	})
+	w := watchFetches(f.bundle, 0)
+	lines := newLogLines()
+	reg := prometheus.NewRegistry()
+	e := f.engine(t, "relist", projector.Config{Registerer: reg, Logger: slog.New(lines), ClientOpts: noFetchSessions})
+	run(t, e)
+	halted := haltedQuietly(t, e, w, lines)
+	if !strings.Contains(halted.Halted, "could not be listed") || haltedGauge(t, reg, "unknown") != 1 {
+		t.Errorf("halted with the bounds unknown: reason %q, gauge %v; want it to say they could not be listed", halted.Halted, haltedGauge(t, reg, "unknown"))
+	}
+	refuse.Store(false)
+	testenv.WaitFor(t, 3*projector.ResetCheckInterval, func() error {
+		if haltedGauge(t, reg, "records_deleted") != 1 || haltedGauge(t, reg, "unknown") != 0 {
+			return fmt.Errorf("still halted for an unknown reason: %+v", e.Workers())
+		}
+		return nil
+	})
+	for _, s := range e.Workers() {
+		if s.Partition == 0 && !strings.Contains(s.Halted, "deleted by retention") {
+			t.Errorf("halt reason after listing again: %q", s.Halted)
+		}
+	}
+	if n, all := lines.count("ERROR partition halted"); n != 2 {
+		t.Errorf("%d 'partition halted' error lines (of %d), want two: the unknown reason, then the real one", n, all)
+	}
+	if err := demo.Verify(t.Context(), f.db.Pool, demo.Table, demo.Fold(opened("p0-", 0, 10))); err != nil {
 		t.Error(err)
 	}
 }
