@@ -636,6 +636,9 @@ func (e *Engine) start(c partition.Claim) {
 			if current {
 				delete(e.workers, c.TP)
 				e.owned.Store(int64(len(e.workers)))
+				// Under mu, so that it cannot overtake the resume of a
+				// worker started for the partition after this one.
+				e.cl.PauseFetchPartitions(map[string][]int32{c.Topic: {c.Partition}})
 				if errors.Is(err, partition.ErrFenced) {
 					// Perhaps by an operator's offset reset rather than
 					// a newer member: the poll loop finds out.
@@ -643,7 +646,6 @@ func (e *Engine) start(c partition.Claim) {
 				}
 			}
 			e.mu.Unlock()
-			e.cl.PauseFetchPartitions(map[string][]int32{c.Topic: {c.Partition}})
 			if stop := e.stopPoll.Load(); current && stop != nil {
 				(*stop)()
 			}
@@ -743,9 +745,9 @@ const lostRecheck = ResetCheckInterval
 // out of range, for its current worker.
 type lostPartition struct {
 	w       *partition.Worker
-	kind    string // a halt... reason
-	logged  time.Time
-	recheck *time.Timer // set while kind is haltUnknown
+	kind    string      // why it halted: haltRecordsDeleted, haltBeyondLogEnd or haltUnknown; "" not yet known
+	logged  time.Time   // when its error was last logged
+	recheck *time.Timer // set while it is halted (see armRecheck)
 	due     bool        // the recheck timer has fired
 }
 
@@ -763,6 +765,9 @@ func (e *Engine) offsetLost(ctx context.Context, tp partition.TP) {
 	r := e.workers[tp]
 	lp := e.outOfLog[tp]
 	if r != nil && (lp == nil || lp.w != r.w) {
+		if lp != nil && lp.recheck != nil {
+			lp.recheck.Stop() // of the partition's previous worker
+		}
 		lp = &lostPartition{w: r.w}
 		e.outOfLog[tp] = lp
 	}
@@ -929,9 +934,9 @@ func (e *Engine) setHalted(tp partition.TP, kind string) {
 // (see armRecheck), and at the partitions whose worker was fenced.
 func (e *Engine) recheckLost(ctx context.Context) {
 	type check struct {
-		tp      partition.TP
-		epoch   int64
-		unknown bool
+		tp              partition.TP
+		epoch           int64
+		unknown, halted bool
 	}
 	var checks []check
 	e.mu.Lock()
@@ -940,7 +945,7 @@ func (e *Engine) recheckLost(ctx context.Context) {
 		if !lp.due || r == nil || r.w != lp.w {
 			continue
 		}
-		checks = append(checks, check{tp: tp, epoch: r.epoch, unknown: lp.kind == haltUnknown})
+		checks = append(checks, check{tp: tp, epoch: r.epoch, unknown: lp.kind == haltUnknown, halted: true})
 		if lp.kind != haltUnknown {
 			e.armRecheck(lp)
 		}
@@ -954,7 +959,7 @@ func (e *Engine) recheckLost(ctx context.Context) {
 		if c.unknown {
 			e.offsetLost(ctx, c.tp)
 		} else {
-			e.adoptReset(ctx, c.tp, c.epoch)
+			e.adoptReset(ctx, c.tp, c.epoch, !c.halted)
 		}
 	}
 }
@@ -964,13 +969,18 @@ func (e *Engine) recheckLost(ctx context.Context) {
 // it at epoch mine: the reset fenced the member's worker, or the worker
 // is halted and would never commit. A partition a newer member claimed
 // is left alone. It runs in the poll loop, between rebalances, so the
-// partition is still assigned here.
-func (e *Engine) adoptReset(ctx context.Context, tp partition.TP, mine int64) {
+// partition is still assigned here. A failed look is logged when it was
+// the only one (fenced); a halted partition looks again anyway.
+func (e *Engine) adoptReset(ctx context.Context, tp partition.TP, mine int64, fenced bool) {
 	ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
 	defer cancel()
 	c, ok, err := e.offsets.Adopt(ctx, tp, mine)
 	if err != nil {
-		e.log.Warn("looking for an offset reset failed; looking again later", "topic", tp.Topic, "partition", tp.Partition, "err", err)
+		level := slog.LevelDebug
+		if fenced {
+			level = slog.LevelWarn
+		}
+		e.log.Log(ctx, level, "looking for an offset reset of a fenced or halted partition failed", "topic", tp.Topic, "partition", tp.Partition, "err", err)
 		return
 	}
 	if !ok {
