@@ -154,7 +154,9 @@ func (c *lagCollector) Collect(ch chan<- prometheus.Metric) {
 	}
 	for _, s := range c.e.Workers() {
 		labels := []string{c.e.cfg.Identity, s.Topic, strconv.Itoa(int(s.Partition))}
-		if s.HighWatermark >= 0 {
+		// Past the log end (the topic was created again) there is no lag
+		// to tell: projector_partition_halted says why.
+		if s.HighWatermark >= 0 && s.NextOffset <= s.HighWatermark {
 			ch <- prometheus.MustNewConstMetric(lagDesc, prometheus.GaugeValue, float64(max(0, s.HighWatermark-s.NextOffset)), labels...)
 		}
 		age := 0.0

@@ -297,6 +297,13 @@ func TestOffsetBeyondLogEnd(t *testing.T) {
 	if got := haltedGauge(t, reg, "beyond_log_end"); got != 1 {
 		t.Errorf(`projector_partition_halted{reason="beyond_log_end"} = %v, want 1`, got)
 	}
+	for _, m := range metrics(t, reg, "projector_consumer_lag") {
+		for _, l := range m.GetLabel() {
+			if l.GetName() == "partition" && l.GetValue() == "0" {
+				t.Errorf("projector_consumer_lag of partition 0 = %v: a stored offset past the log end has no lag to tell", m.GetGauge().GetValue())
+			}
+		}
+	}
 	if n, _, _ := demo.Committed(ctx, f.db.Pool, "recreated", demo.Topic, nil); n != 10 {
 		t.Errorf("stored offsets sum to %d, want the 10 stored before: nothing skipped", n)
 	}
