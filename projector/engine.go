@@ -814,18 +814,21 @@ func (e *Engine) offsetLost(ctx context.Context, tp partition.TP) {
 			"check that this log is the one the projection was built from, then move the stored offset with: "+
 			"projector offsets reset --topic %s --partitions %d --to-earliest --execute (or --to-latest)",
 			st.NextOffset, logEnd, logStart, tp.Topic, tp.Partition)
-	default:
-		// Back in the log (records were produced since): fetching goes on.
-		e.mu.Lock()
-		if e.outOfLog[tp] == lp {
-			delete(e.outOfLog, tp)
-		}
-		e.mu.Unlock()
-		if lp.kind != "" {
-			r.w.Unhalt()
-		}
+	case st.Halted != "":
+		// Halted for a reason that went away (the bounds could be listed
+		// again, or records were produced since): fetching goes on. lp
+		// stays, so that the error is still logged at most once per
+		// haltLogEvery should the broker say out of range again.
+		r.w.Unhalt()
 		e.setHalted(tp, "")
 		return
+	default:
+		// The stored offset is in the log, the fetch position was not (the
+		// worker had fetched past a log end that then moved back): wait,
+		// paused, and look again, rather than ask at every fetch.
+		kind = haltUnknown
+		reason = fmt.Sprintf("the broker reports the fetch position out of range although the stored offset %d is in the log [%d, %d]; checking again in %s",
+			st.NextOffset, logStart, logEnd, lostRecheck)
 	}
 	r.w.Halt(reason)
 	e.setHalted(tp, kind)
@@ -956,10 +959,8 @@ func (e *Engine) recheckLost(ctx context.Context) {
 	clear(e.adopt)
 	e.mu.Unlock()
 	for _, c := range checks {
-		if c.unknown {
+		if !e.adoptReset(ctx, c.tp, c.epoch, !c.halted) && c.unknown {
 			e.offsetLost(ctx, c.tp)
-		} else {
-			e.adoptReset(ctx, c.tp, c.epoch, !c.halted)
 		}
 	}
 }
@@ -971,7 +972,7 @@ func (e *Engine) recheckLost(ctx context.Context) {
 // is left alone. It runs in the poll loop, between rebalances, so the
 // partition is still assigned here. A failed look is logged when it was
 // the only one (fenced); a halted partition looks again anyway.
-func (e *Engine) adoptReset(ctx context.Context, tp partition.TP, mine int64, fenced bool) {
+func (e *Engine) adoptReset(ctx context.Context, tp partition.TP, mine int64, fenced bool) (adopted bool) {
 	ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
 	defer cancel()
 	c, ok, err := e.offsets.Adopt(ctx, tp, mine)
@@ -981,15 +982,16 @@ func (e *Engine) adoptReset(ctx context.Context, tp partition.TP, mine int64, fe
 			level = slog.LevelWarn
 		}
 		e.log.Log(ctx, level, "looking for an offset reset of a fenced or halted partition failed", "topic", tp.Topic, "partition", tp.Partition, "err", err)
-		return
+		return false
 	}
 	if !ok {
-		return
+		return false
 	}
 	e.forgetLost(map[string][]int32{tp.Topic: {tp.Partition}})
 	e.start(partition.Claim{TP: tp, Epoch: c.Epoch, NextOffset: *c.NextOffset, Since: c.At})
 	e.cl.SetOffsets(map[string]map[int32]kgo.EpochOffset{tp.Topic: {tp.Partition: {Epoch: -1, Offset: *c.NextOffset}}})
 	e.log.Warn("partition resumes from an operator's offset reset", "topic", tp.Topic, "partition", tp.Partition, "next_offset", *c.NextOffset)
+	return true
 }
 
 // forgetLost drops what offsetLost knew of partitions this member no
