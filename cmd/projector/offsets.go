@@ -246,7 +246,7 @@ func planReset(ctx context.Context, adm *kadm.Client, offsets *postgres.Offsets,
 		}
 	}
 	var at kadm.ListedOffsets
-	if !target.at.IsZero() {
+	if target.datetime != "" {
 		if at, err = adm.ListOffsetsAfterMilli(ctx, target.at.UnixMilli(), topic); err != nil {
 			return nil, fmt.Errorf("list offsets at %s: %w", target.datetime, err)
 		}
