@@ -212,6 +212,10 @@ func offsetsResetCommand(stdout, stderr io.Writer) *ffcli.Command {
 					fmt.Fprintf(stdout, "note: %s/%d: %s\n", p.Topic, p.Partition, p.Note)
 				}
 			}
+			if !slices.ContainsFunc(plan, func(p resetPlan) bool { return p.CurrentOffset != nil || p.OwnerEpoch != nil && *p.OwnerEpoch > 1 }) {
+				// A mistyped --identity would otherwise seed offsets no member reads.
+				fmt.Fprintf(stdout, "note: identity %q has no stored offsets on %s; --execute stores them for a member of that identity to start from\n", c.identity, topic)
+			}
 			if !execute {
 				fmt.Fprintln(stdout, "dry run: nothing changed; add --execute to move these stored offsets")
 				return nil

@@ -319,7 +319,8 @@ func TestOffsetsReset(t *testing.T) {
 }
 
 // TestOffsetsResetRefusesBadTargets checks the flags that need the
-// topic's partitions.
+// topic's partitions, and that a plan for an identity with nothing stored
+// says so.
 func TestOffsetsResetRefusesBadTargets(t *testing.T) {
 	e := newOffsetsEnv(t, 2)
 	for _, tc := range []struct {
@@ -336,6 +337,10 @@ func TestOffsetsResetRefusesBadTargets(t *testing.T) {
 	}
 	if e.resets() != 0 {
 		t.Error("a refused reset was audited")
+	}
+	// An identity with no stored offsets (a mistyped --identity) is named.
+	if out := e.mustCLI("offsets", "reset", "--topic", demo.Topic, "--to-earliest"); !strings.Contains(out, `identity "resets" has no stored offsets`) {
+		t.Errorf("dry run for an identity without stored offsets does not say so:\n%s", out)
 	}
 }
 
