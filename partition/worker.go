@@ -534,14 +534,15 @@ func (w *Worker) limits() (batchMax, buffered int) {
 }
 
 // syncFetch pauses or resumes fetching of the partition so that it is
-// paused exactly while the buffer is full or the worker backs off, and
+// paused exactly while the buffer is full, the worker backs off or the
+// partition is halted, and
 // not once the worker has stopped (the engine resumes a stopped worker's
 // partition). Call with mu held: the fetcher's state changes in the order
 // the worker's does. Otherwise a pause could overtake the resume that
 // followed it (the buffer filled by one goroutine and emptied by another in
 // between), and the partition would stay paused for good.
 func (w *Worker) syncFetch() {
-	want := (w.paused || w.backoffSince.Load() != 0) && !w.stopped
+	want := (w.paused || w.backoffSince.Load() != 0 || w.halted.Load() != nil) && !w.stopped
 	if want == w.fetchPaused {
 		return
 	}
@@ -601,6 +602,9 @@ func (w *Worker) skip(ctx context.Context, req skipRequest) error {
 		w.claim.NextOffset = req.to
 		w.next.Store(req.to)
 		w.halted.Store(nil)
+		w.mu.Lock()
+		w.syncFetch()
+		w.mu.Unlock()
 		w.log.Warn("skipped records deleted by retention before they were applied", "from", from, "to", req.to, "lost", req.to-from)
 		w.metrics.skipped.WithLabelValues(w.group, w.claim.Topic, strconv.Itoa(int(w.claim.Partition))).Add(float64(req.to - from))
 	}
@@ -610,7 +614,24 @@ func (w *Worker) skip(ctx context.Context, req skipRequest) error {
 
 // Halt marks the partition as stopped by a condition an operator must
 // resolve (records deleted before they were applied); /readyz reports it.
-func (w *Worker) Halt(reason string) { w.halted.Store(&reason) }
+// Fetching of the partition stays paused until SkipTo moves past it: a
+// fetch from an offset that is not in the log fails at once, over and
+// over.
+func (w *Worker) Halt(reason string) {
+	w.halted.Store(&reason)
+	w.mu.Lock()
+	w.syncFetch()
+	w.mu.Unlock()
+}
+
+// Unhalt resumes a partition halted by Halt whose condition went away on
+// its own.
+func (w *Worker) Unhalt() {
+	w.halted.Store(nil)
+	w.mu.Lock()
+	w.syncFetch()
+	w.mu.Unlock()
+}
 
 // retry runs fn until it succeeds, backing off with full jitter between
 // attempts, or until ctx ends.

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"maps"
 	"math/rand/v2"
 	"slices"
 	"strconv"
@@ -112,9 +113,10 @@ type Config struct {
 	DLQTopic string
 	// OnOffsetLost is what happens when retention deleted records beyond a
 	// partition's stored offset before they were applied: "halt" (default:
-	// the partition stops, says so in the log, in
+	// the partition stops fetching and says so once in the log, in
 	// projector_partition_halted and in /readyz) or "skip" (continue from
-	// the log start; the skipped offsets are counted).
+	// the log start; the skipped offsets are counted). A stored offset
+	// past the log end (the topic was created again) always halts.
 	OnOffsetLost string
 	// Repairers gives projections with on_gap repair their repair source,
 	// by projection name. A projection missing here gets one built from
@@ -238,6 +240,14 @@ type Engine struct {
 	// records.
 	rewinds  []rewind
 	stopPoll atomic.Pointer[context.CancelFunc]
+
+	// outOfLog holds the partitions whose stored offset is not in the log
+	// (under mu; see offsetLost).
+	outOfLog map[partition.TP]*lostPartition
+	now      func() time.Time
+	// adopt holds the partitions whose worker was fenced, with the epoch
+	// it had (under mu; see adoptReset).
+	adopt map[partition.TP]int64
 }
 
 type rewind struct {
@@ -296,6 +306,7 @@ func (e *Engine) rewound() {
 
 type running struct {
 	w      *partition.Worker
+	epoch  int64 // the owner epoch it claimed
 	cancel context.CancelFunc
 	done   chan struct{}
 }
@@ -315,6 +326,9 @@ func New(cfg Config, pool *pgxpool.Pool, decoderOf Decoders) (*Engine, error) {
 		repairers:   map[string]partition.Repairer{},
 		log:         cfg.Logger.With("group", cfg.Identity),
 		workers:     map[partition.TP]*running{},
+		outOfLog:    map[partition.TP]*lostPartition{},
+		adopt:       map[partition.TP]int64{},
+		now:         time.Now,
 		clientReady: make(chan struct{}),
 	}
 	if budget := cfg.MemberMaxRecords; budget >= 0 {
@@ -469,6 +483,7 @@ func (e *Engine) Run(ctx context.Context) error {
 			}
 		})
 		e.mu.Unlock()
+		e.recheckLost(runCtx)
 		e.rewound()
 		e.cl.AllowRebalance()
 	}
@@ -523,15 +538,16 @@ func (e *Engine) claim(ctx context.Context, offsets map[string]map[int32]kgo.Off
 	if err != nil {
 		return nil, err
 	}
+	starts, err := e.startOffsets(ctx, claims)
+	if err != nil {
+		return nil, err
+	}
 	out := make(map[string]map[int32]kgo.Offset, len(offsets))
 	for _, c := range claims {
-		next, err := e.firstOffset(ctx, c)
-		if errors.Is(err, partition.ErrFenced) {
+		next, ok := starts[c.TP]
+		if !ok {
 			e.log.Warn("partition claimed by a newer owner before it started", "topic", c.Topic, "partition", c.Partition)
 			continue
-		}
-		if err != nil {
-			return nil, err
 		}
 		if out[c.Topic] == nil {
 			out[c.Topic] = map[int32]kgo.Offset{}
@@ -542,33 +558,70 @@ func (e *Engine) claim(ctx context.Context, offsets map[string]map[int32]kgo.Off
 	return out, nil
 }
 
-// firstOffset returns the stored next offset, resolving and storing the
-// start position for a partition that has none.
-func (e *Engine) firstOffset(ctx context.Context, c postgres.Claimed) (int64, error) {
-	if c.NextOffset != nil {
-		return *c.NextOffset, nil
+// startOffsets returns where each claimed partition resumes: its stored
+// next offset, or for a partition with none the start position resolved
+// and stored now. The partitions without one are listed together, in one
+// ListOffsets request per broker, and stored in one statement: a member
+// claiming thousands of fresh partitions in the group callback must not
+// list them one at a time while the group waits. A partition a newer
+// owner claimed meanwhile is left out.
+func (e *Engine) startOffsets(ctx context.Context, claims []postgres.Claimed) (map[partition.TP]int64, error) {
+	out := make(map[partition.TP]int64, len(claims))
+	var fresh []postgres.Claimed
+	topics := map[string]bool{}
+	for _, c := range claims {
+		if c.NextOffset != nil {
+			out[c.TP] = *c.NextOffset
+			continue
+		}
+		fresh = append(fresh, c)
+		topics[c.Topic] = true
 	}
-	var next int64
-	err := retry(ctx, e.log, "resolve start offset", func() error {
-		list := e.adm.ListStartOffsets
-		if e.cfg.StartFrom == StartLatest {
-			list = e.adm.ListEndOffsets
-		}
-		res, err := list(ctx, c.Topic)
+	if len(fresh) == 0 {
+		return out, nil
+	}
+	names := slices.Sorted(maps.Keys(topics))
+	list := e.adm.ListStartOffsets
+	if e.cfg.StartFrom == StartLatest {
+		list = e.adm.ListEndOffsets
+	}
+	firsts := make([]int64, len(fresh))
+	err := retry(ctx, e.log, "resolve start offsets", func() error {
+		res, err := list(ctx, names...)
 		if err != nil {
-			return err
+			return fmt.Errorf("list %s offsets of %d partitions: %w", e.cfg.StartFrom, len(fresh), err)
 		}
-		o, ok := res.Lookup(c.Topic, c.Partition)
-		if !ok {
-			return fmt.Errorf("no offset listed for %s/%d", c.Topic, c.Partition)
+		for i, c := range fresh {
+			o, ok := res.Lookup(c.Topic, c.Partition)
+			if !ok {
+				return fmt.Errorf("no offset listed for %s/%d", c.Topic, c.Partition)
+			}
+			if o.Err != nil {
+				return fmt.Errorf("list offset of %s/%d: %w", c.Topic, c.Partition, o.Err)
+			}
+			firsts[i] = o.Offset
 		}
-		if o.Err != nil {
-			return o.Err
-		}
-		next = o.Offset
-		return e.offsets.Init(ctx, c, next)
+		return nil
 	})
-	return next, err
+	if err != nil {
+		return nil, err
+	}
+	var stored []partition.TP
+	err = retry(ctx, e.log, "store start offsets", func() (err error) {
+		stored, err = e.offsets.InitAll(ctx, fresh, firsts)
+		return err
+	})
+	if err != nil {
+		return nil, err
+	}
+	at := make(map[partition.TP]int64, len(fresh))
+	for i, c := range fresh {
+		at[c.TP] = firsts[i]
+	}
+	for _, tp := range stored {
+		out[tp] = at[tp]
+	}
+	return out, nil
 }
 
 func (e *Engine) start(c partition.Claim) {
@@ -595,7 +648,7 @@ func (e *Engine) start(c partition.Claim) {
 	// what it has planned; only its own cancel (when it is abandoned)
 	// interrupts its transactions.
 	ctx, cancel := context.WithCancel(context.WithoutCancel(parent))
-	r := &running{w: w, cancel: cancel, done: make(chan struct{})}
+	r := &running{w: w, epoch: c.Epoch, cancel: cancel, done: make(chan struct{})}
 	e.workers[c.TP] = r
 	e.owned.Store(int64(len(e.workers)))
 	e.wg.Add(1)
@@ -607,12 +660,23 @@ func (e *Engine) start(c partition.Claim) {
 		if err != nil && ctx.Err() == nil {
 			e.log.Error("partition worker stopped", "topic", c.Topic, "partition", c.Partition, "err", err)
 			e.mu.Lock()
-			if e.workers[c.TP] == r {
+			current := e.workers[c.TP] == r
+			if current {
 				delete(e.workers, c.TP)
 				e.owned.Store(int64(len(e.workers)))
+				// Under mu, so that it cannot overtake the resume of a
+				// worker started for the partition after this one.
+				e.cl.PauseFetchPartitions(map[string][]int32{c.Topic: {c.Partition}})
+				if errors.Is(err, partition.ErrFenced) {
+					// Perhaps by an operator's offset reset rather than
+					// a newer member: the poll loop finds out.
+					e.adopt[c.TP] = c.Epoch
+				}
 			}
 			e.mu.Unlock()
-			e.cl.PauseFetchPartitions(map[string][]int32{c.Topic: {c.Partition}})
+			if stop := e.stopPoll.Load(); current && stop != nil {
+				(*stop)()
+			}
 		}
 	}()
 }
@@ -633,7 +697,13 @@ func (e *Engine) stop(tps map[string][]int32) {
 			}
 		}
 	}
+	for t, ps := range tps {
+		for _, p := range ps {
+			delete(e.adopt, partition.TP{Topic: t, Partition: p})
+		}
+	}
 	e.mu.Unlock()
+	e.forgetLost(tps)
 	e.cl.ResumeFetchPartitions(tps)
 	e.wait(stopping, e.cfg.RevokeTimeout, "revoked")
 	for t, ps := range tps {
@@ -661,6 +731,7 @@ func (e *Engine) stopAll(timeout time.Duration) {
 	if len(stopping) > 0 {
 		e.log.Info("shutting down: committing the batches planned", "partitions", len(stopping), "timeout", timeout)
 	}
+	e.forgetLost(nil)
 	e.wait(stopping, timeout, "shutting down")
 }
 
@@ -691,39 +762,302 @@ func (e *Engine) wait(stopping []*running, timeout time.Duration, why string) {
 	}
 }
 
-// offsetLost handles a partition whose stored offset is no longer in the
-// log: retention deleted records before they were applied. It runs in the
-// poll loop, where moving the fetch position is safe.
+// Why a partition's stored offset is not in its log, as the reason label
+// of projector_partition_halted says.
+const (
+	// haltRecordsDeleted: retention deleted records from the stored offset
+	// on before they were applied (the offset is below the log start).
+	haltRecordsDeleted = "records_deleted"
+	// haltBeyondLogEnd: the offset is past the log end, so the log is not
+	// the one the offset was stored from (the topic was deleted and
+	// created again) or it lost acknowledged records.
+	haltBeyondLogEnd = "beyond_log_end"
+	// haltUnknown: the log's bounds could not be listed; they are listed
+	// again after lostRecheck.
+	haltUnknown = "unknown"
+)
+
+// haltLogEvery is how often a halted partition's error is logged again
+// when the condition is seen again: once is enough to act on, and a
+// broker answering every fetch at once must not flood the log.
+const haltLogEvery = time.Minute
+
+// ResetCheckInterval is how often a halted partition is looked at again:
+// its log's bounds listed again when they could not be listed, or its
+// stored offset checked for an operator's reset (projector offsets reset),
+// from which it then resumes.
+const ResetCheckInterval = 10 * time.Second
+
+const lostRecheck = ResetCheckInterval
+
+// lostPartition is a partition whose stored offset the broker reported
+// out of range, for its current worker.
+type lostPartition struct {
+	w       *partition.Worker
+	kind    string      // why it halted: haltRecordsDeleted, haltBeyondLogEnd or haltUnknown; "" not yet known
+	logged  time.Time   // when its error was last logged
+	recheck *time.Timer // set while it is halted (see armRecheck)
+	due     bool        // the recheck timer has fired
+}
+
+// offsetLost handles a partition whose stored offset the broker reported
+// out of range. It compares the offset with the log's bounds: below the
+// log start, retention deleted records before they were applied (halt, or
+// skip to the log start with OnOffsetLost skip); past the log end, the
+// log is not the one the offset came from (always halt: skipping cannot
+// help). A halted partition's fetching is paused, so that the client does
+// not ask again and again, and its error is logged once, then at most
+// once per haltLogEvery. It runs in the poll loop, where moving the fetch
+// position is safe.
 func (e *Engine) offsetLost(ctx context.Context, tp partition.TP) {
 	e.mu.Lock()
 	r := e.workers[tp]
+	lp := e.outOfLog[tp]
+	if r != nil && (lp == nil || lp.w != r.w) {
+		if lp != nil && lp.recheck != nil {
+			lp.recheck.Stop() // of the partition's previous worker
+		}
+		lp = &lostPartition{w: r.w}
+		e.outOfLog[tp] = lp
+	}
+	waiting := lp != nil && lp.recheck != nil && !lp.due
 	e.mu.Unlock()
 	if r == nil {
 		return
 	}
-	st := r.w.Status()
-	var logStart int64 = -1
-	if res, err := e.adm.ListStartOffsets(ctx, tp.Topic); err == nil {
-		if o, ok := res.Lookup(tp.Topic, tp.Partition); ok && o.Err == nil {
-			logStart = o.Offset
-		}
-	}
-	if e.cfg.OnOffsetLost == OffsetLostSkip && logStart > st.NextOffset {
-		if err := r.w.SkipTo(ctx, logStart); err != nil {
-			e.log.Error("skipping deleted records failed", "topic", tp.Topic, "partition", tp.Partition, "err", err)
-			return
-		}
-		e.cl.SetOffsets(map[string]map[int32]kgo.EpochOffset{tp.Topic: {tp.Partition: {Epoch: -1, Offset: logStart}}})
-		e.group.halted.WithLabelValues(tp.Topic, strconv.Itoa(int(tp.Partition))).Set(0)
+	if lp.kind == haltRecordsDeleted || lp.kind == haltBeyondLogEnd || waiting {
+		// Seen again (a fetch answered before the pause took effect):
+		// nothing changed, so no new listing.
+		e.logLost(lp, lp.kind, r.w.Status())
 		return
 	}
-	reason := fmt.Sprintf("records from offset %d were deleted (log starts at %d) before they were applied; "+
-		"the partition is halted: restore them, or run with --on-offset-lost=skip to continue from the log start and lose them",
-		st.NextOffset, logStart)
+	st := r.w.Status()
+	logStart, logEnd, err := e.logBounds(ctx, tp)
+	e.mu.Lock()
+	lp.due = false
+	if lp.recheck != nil {
+		lp.recheck.Stop()
+		lp.recheck = nil
+	}
+	e.mu.Unlock()
+	var kind, reason string
+	switch {
+	case err != nil:
+		kind = haltUnknown
+		reason = fmt.Sprintf("the stored offset %d is not in the log, and the log's bounds could not be listed (%v); checking again in %s",
+			st.NextOffset, err, lostRecheck)
+	case st.NextOffset < logStart:
+		if e.cfg.OnOffsetLost == OffsetLostSkip {
+			e.skipLost(ctx, r, lp, st.NextOffset, logStart)
+			return
+		}
+		kind = haltRecordsDeleted
+		reason = fmt.Sprintf("records from offset %d to %d were deleted by retention (the log now starts at %d) before they were applied; "+
+			"the partition is halted: restore them, or run with --on-offset-lost=skip to continue from the log start and lose them "+
+			"(or move the stored offset with: projector offsets reset --topic %s --partitions %d --to-earliest --execute)",
+			st.NextOffset, logStart-1, logStart, tp.Topic, tp.Partition)
+	case st.NextOffset > logEnd:
+		kind = haltBeyondLogEnd
+		reason = fmt.Sprintf("the stored offset %d is beyond the log end %d (the log starts at %d): the topic was deleted and created again, "+
+			"or the partition lost records it had acknowledged; the partition is halted and --on-offset-lost=skip does not apply: "+
+			"check that this log is the one the projection was built from, then move the stored offset with: "+
+			"projector offsets reset --topic %s --partitions %d --to-earliest --execute (or --to-latest)",
+			st.NextOffset, logEnd, logStart, tp.Topic, tp.Partition)
+	case st.Halted != "":
+		// Halted for a reason that went away (the bounds could be listed
+		// again, or records were produced since): fetching goes on. lp
+		// stays, so that the error is still logged at most once per
+		// haltLogEvery should the broker say out of range again.
+		r.w.Unhalt()
+		e.setHalted(tp, "")
+		return
+	default:
+		// The stored offset is in the log, the fetch position was not (the
+		// worker had fetched past a log end that then moved back): wait,
+		// paused, and look again, rather than ask at every fetch.
+		kind = haltUnknown
+		reason = fmt.Sprintf("the broker reports the fetch position out of range although the stored offset %d is in the log [%d, %d]; checking again in %s",
+			st.NextOffset, logStart, logEnd, lostRecheck)
+	}
 	r.w.Halt(reason)
-	e.group.halted.WithLabelValues(tp.Topic, strconv.Itoa(int(tp.Partition))).Set(1)
-	e.log.Error("partition halted: stored offset is no longer in the log", "topic", tp.Topic, "partition", tp.Partition,
-		"stored_offset", st.NextOffset, "log_start", logStart, "reason", reason)
+	e.setHalted(tp, kind)
+	e.mu.Lock()
+	if lp.kind != kind {
+		lp.logged = time.Time{} // news: said at once
+	}
+	lp.kind = kind
+	e.armRecheck(lp)
+	e.mu.Unlock()
+	e.logLost(lp, kind, r.w.Status())
+}
+
+// armRecheck has the poll loop look at a halted partition again after
+// lostRecheck: list the log's bounds again when they could not be listed,
+// and otherwise look for an operator's reset of the stored offset. Call
+// with mu held.
+func (e *Engine) armRecheck(lp *lostPartition) {
+	lp.due = false
+	lp.recheck = time.AfterFunc(lostRecheck, func() {
+		e.mu.Lock()
+		lp.due = true
+		e.mu.Unlock()
+		if stop := e.stopPoll.Load(); stop != nil {
+			(*stop)()
+		}
+	})
+}
+
+// logBounds lists the log start and end offsets of a partition.
+func (e *Engine) logBounds(ctx context.Context, tp partition.TP) (start, end int64, err error) {
+	lookup := func(list func(context.Context, ...string) (kadm.ListedOffsets, error)) (int64, error) {
+		res, err := list(ctx, tp.Topic)
+		if err != nil {
+			return 0, err
+		}
+		o, ok := res.Lookup(tp.Topic, tp.Partition)
+		if !ok {
+			return 0, fmt.Errorf("no offset listed for %s/%d", tp.Topic, tp.Partition)
+		}
+		return o.Offset, o.Err
+	}
+	if start, err = lookup(e.adm.ListStartOffsets); err != nil {
+		return 0, 0, fmt.Errorf("list log start of %s/%d: %w", tp.Topic, tp.Partition, err)
+	}
+	if end, err = lookup(e.adm.ListEndOffsets); err != nil {
+		return 0, 0, fmt.Errorf("list log end of %s/%d: %w", tp.Topic, tp.Partition, err)
+	}
+	return start, end, nil
+}
+
+// skipLost moves a partition whose records retention deleted to the log
+// start (OnOffsetLost skip).
+func (e *Engine) skipLost(ctx context.Context, r *running, lp *lostPartition, from, logStart int64) {
+	tp := r.w.TP()
+	if err := r.w.SkipTo(ctx, logStart); err != nil {
+		e.log.Error("skipping deleted records failed", "topic", tp.Topic, "partition", tp.Partition, "from", from, "to", logStart, "err", err)
+		return
+	}
+	e.cl.SetOffsets(map[string]map[int32]kgo.EpochOffset{tp.Topic: {tp.Partition: {Epoch: -1, Offset: logStart}}})
+	e.mu.Lock()
+	if e.outOfLog[tp] == lp {
+		delete(e.outOfLog, tp)
+	}
+	e.mu.Unlock()
+	e.setHalted(tp, "")
+}
+
+// logLost logs a halted partition's error unless it was logged less than
+// haltLogEvery ago.
+func (e *Engine) logLost(lp *lostPartition, kind string, st partition.Status) {
+	now := e.now()
+	e.mu.Lock()
+	quiet := !lp.logged.IsZero() && now.Sub(lp.logged) < haltLogEvery
+	if !quiet {
+		lp.logged = now
+	}
+	e.mu.Unlock()
+	if quiet || st.Halted == "" {
+		return
+	}
+	msg := "partition halted: records were deleted before they were applied"
+	switch kind {
+	case haltBeyondLogEnd:
+		msg = "partition halted: stored offset is beyond the log end"
+	case haltUnknown:
+		msg = "partition halted: stored offset is not in the log"
+	}
+	e.log.Error(msg, "topic", st.Topic, "partition", st.Partition, "stored_offset", st.NextOffset, "reason", st.Halted)
+}
+
+// setHalted sets projector_partition_halted of a partition to 1 for the
+// reason kind and removes it for the others ("": halted for none).
+func (e *Engine) setHalted(tp partition.TP, kind string) {
+	p := strconv.Itoa(int(tp.Partition))
+	for _, k := range []string{haltRecordsDeleted, haltBeyondLogEnd, haltUnknown} {
+		if k == kind {
+			e.group.halted.WithLabelValues(tp.Topic, p, k).Set(1)
+		} else {
+			e.group.halted.DeleteLabelValues(tp.Topic, p, k)
+		}
+	}
+}
+
+// recheckLost looks again at the halted partitions whose recheck is due
+// (see armRecheck), and at the partitions whose worker was fenced.
+func (e *Engine) recheckLost(ctx context.Context) {
+	type check struct {
+		tp              partition.TP
+		epoch           int64
+		unknown, halted bool
+	}
+	var checks []check
+	e.mu.Lock()
+	for tp, lp := range e.outOfLog {
+		r := e.workers[tp]
+		if !lp.due || r == nil || r.w != lp.w {
+			continue
+		}
+		checks = append(checks, check{tp: tp, epoch: r.epoch, unknown: lp.kind == haltUnknown, halted: true})
+		if lp.kind != haltUnknown {
+			e.armRecheck(lp)
+		}
+	}
+	for tp, epoch := range e.adopt {
+		checks = append(checks, check{tp: tp, epoch: epoch})
+	}
+	clear(e.adopt)
+	e.mu.Unlock()
+	for _, c := range checks {
+		if !e.adoptReset(ctx, c.tp, c.epoch, !c.halted) && c.unknown {
+			e.offsetLost(ctx, c.tp)
+		}
+	}
+}
+
+// adoptReset takes a partition up again from its new stored offset when
+// an operator reset it (projector offsets reset) while this member owned
+// it at epoch mine: the reset fenced the member's worker, or the worker
+// is halted and would never commit. A partition a newer member claimed
+// is left alone. It runs in the poll loop, between rebalances, so the
+// partition is still assigned here. A failed look is logged when it was
+// the only one (fenced); a halted partition looks again anyway.
+func (e *Engine) adoptReset(ctx context.Context, tp partition.TP, mine int64, fenced bool) (adopted bool) {
+	ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	defer cancel()
+	c, ok, err := e.offsets.Adopt(ctx, tp, mine)
+	if err != nil {
+		level := slog.LevelDebug
+		if fenced {
+			level = slog.LevelWarn
+		}
+		e.log.Log(ctx, level, "looking for an offset reset of a fenced or halted partition failed", "topic", tp.Topic, "partition", tp.Partition, "err", err)
+		return false
+	}
+	if !ok {
+		return false
+	}
+	e.forgetLost(map[string][]int32{tp.Topic: {tp.Partition}})
+	e.start(partition.Claim{TP: tp, Epoch: c.Epoch, NextOffset: *c.NextOffset, Since: c.At})
+	e.cl.SetOffsets(map[string]map[int32]kgo.EpochOffset{tp.Topic: {tp.Partition: {Epoch: -1, Offset: *c.NextOffset}}})
+	e.log.Warn("partition resumes from an operator's offset reset", "topic", tp.Topic, "partition", tp.Partition, "next_offset", *c.NextOffset)
+	return true
+}
+
+// forgetLost drops what offsetLost knew of partitions this member no
+// longer runs (nil: all); their new owner finds out for itself.
+func (e *Engine) forgetLost(tps map[string][]int32) {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	for tp, lp := range e.outOfLog {
+		if tps != nil && !slices.Contains(tps[tp.Topic], tp.Partition) {
+			continue
+		}
+		if lp.recheck != nil {
+			lp.recheck.Stop()
+		}
+		delete(e.outOfLog, tp)
+		e.setHalted(tp, "")
+	}
 }
 
 // Workers returns the status of every running partition worker.

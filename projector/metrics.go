@@ -39,8 +39,8 @@ func newGroupMetrics(reg prometheus.Registerer, group string) *groupMetrics {
 		}),
 	}
 	m.halted = prometheus.NewGaugeVec(prometheus.GaugeOpts{
-		Name: "projector_partition_halted", Help: "1 while a partition is halted because records were deleted before they were applied.", ConstLabels: labels,
-	}, []string{"topic", "partition"})
+		Name: "projector_partition_halted", Help: "1 while a partition is halted because its stored offset is not in the log: reason records_deleted (below the log start), beyond_log_end (past the log end: topic recreated) or unknown (the log's bounds could not be listed).", ConstLabels: labels,
+	}, []string{"topic", "partition", "reason"})
 	reg.MustRegister(m.rebalances, m.assigned, m.revoked, m.lost, m.lastRebalance, m.halted)
 	return m
 }
@@ -161,7 +161,9 @@ func (c *lagCollector) Collect(ch chan<- prometheus.Metric) {
 	}
 	for _, s := range c.e.Workers() {
 		labels := []string{c.e.cfg.Identity, s.Topic, strconv.Itoa(int(s.Partition))}
-		if s.HighWatermark >= 0 {
+		// Past the log end (the topic was created again) there is no lag
+		// to tell: projector_partition_halted says why.
+		if s.HighWatermark >= 0 && s.NextOffset <= s.HighWatermark {
 			ch <- prometheus.MustNewConstMetric(lagDesc, prometheus.GaugeValue, float64(max(0, s.HighWatermark-s.NextOffset)), labels...)
 		}
 		age := 0.0

@@ -6,13 +6,15 @@ import (
 	"flag"
 	"fmt"
 	"io"
-	"sort"
+	"maps"
+	"slices"
 	"text/tabwriter"
 
 	"github.com/peterbourgon/ff/v3/ffcli"
 	"github.com/twmb/franz-go/pkg/kadm"
 	"github.com/twmb/franz-go/pkg/kgo"
 
+	"github.com/projector-dev/projector/partition"
 	"github.com/projector-dev/projector/projection"
 	"github.com/projector-dev/projector/sinks/postgres"
 )
@@ -62,20 +64,37 @@ func migrateCommand(stdout, stderr io.Writer) *ffcli.Command {
 
 // partitionStatus is one row of `projector status`.
 type partitionStatus struct {
-	Topic         string `json:"topic"`
-	Partition     int32  `json:"partition"`
-	NextOffset    *int64 `json:"next_offset"`
-	HighWatermark *int64 `json:"high_watermark"`
-	Lag           *int64 `json:"lag"`
-	OwnerEpoch    int64  `json:"owner_epoch"`
+	Topic          string `json:"topic"`
+	Partition      int32  `json:"partition"`
+	NextOffset     *int64 `json:"next_offset"`
+	LogStartOffset *int64 `json:"log_start_offset"`
+	HighWatermark  *int64 `json:"high_watermark"`
+	// Lag is nil when it cannot be told: nothing stored, or the stored
+	// offset is past the log end.
+	Lag        *int64 `json:"lag"`
+	OwnerEpoch int64  `json:"owner_epoch"`
+	State      string `json:"state"`
 }
 
+// States of a partition in `projector status`.
+const (
+	stateOK             = "ok"
+	stateUnstarted      = "unstarted"       // no offset stored yet
+	stateRecordsDeleted = "records-deleted" // stored offset below the log start
+	stateBeyondLogEnd   = "beyond-log-end"  // stored offset past the log end
+	stateNoLog          = "no-log"          // the partition is not in Kafka
+)
+
 func statusCommand(stdout, stderr io.Writer) *ffcli.Command {
+	return newStatusCommand("status", "projector status [flags]", stdout, stderr)
+}
+
+func newStatusCommand(name, usage string, stdout, stderr io.Writer) *ffcli.Command {
 	var (
 		c      common
 		asJSON bool
 	)
-	return newCommand("status", "projector status [flags]", "Show the stored offset, log-end offset and lag of every partition of an identity.", stderr,
+	return newCommand(name, usage, "Show the stored offset, log bounds and lag of every partition of an identity.", stderr,
 		func(fs *flag.FlagSet) {
 			c.register(fs, "brokers", "database-url", "identity")
 			fs.BoolVar(&asJSON, "json", false, "print JSON objects instead of a table")
@@ -90,50 +109,24 @@ func statusCommand(stdout, stderr io.Writer) *ffcli.Command {
 			if err != nil {
 				return err
 			}
-			ends := map[string]map[int32]int64{}
+			bounds := map[partition.TP]logBounds{}
 			if len(stored) > 0 {
-				brokers, err := c.brokerList()
+				adm, closeAdm, err := c.admin()
 				if err != nil {
 					return err
 				}
-				cl, err := kgo.NewClient(kgo.SeedBrokers(brokers...))
-				if err != nil {
-					return fmt.Errorf("--brokers: %w", err)
-				}
-				defer cl.Close()
+				defer closeAdm()
 				topics := map[string]bool{}
 				for _, s := range stored {
 					topics[s.Topic] = true
 				}
-				names := make([]string, 0, len(topics))
-				for t := range topics {
-					names = append(names, t)
+				if bounds, err = listBounds(ctx, adm, slices.Sorted(maps.Keys(topics))...); err != nil {
+					return err
 				}
-				sort.Strings(names)
-				listed, err := kadm.NewClient(cl).ListEndOffsets(ctx, names...)
-				if err != nil {
-					return fmt.Errorf("list log-end offsets: %w", err)
-				}
-				listed.Each(func(o kadm.ListedOffset) {
-					if o.Err == nil {
-						if ends[o.Topic] == nil {
-							ends[o.Topic] = map[int32]int64{}
-						}
-						ends[o.Topic][o.Partition] = o.Offset
-					}
-				})
 			}
 			rows := make([]partitionStatus, 0, len(stored))
 			for _, s := range stored {
-				r := partitionStatus{Topic: s.Topic, Partition: s.Partition, NextOffset: s.NextOffset, OwnerEpoch: s.Epoch}
-				if end, ok := ends[s.Topic][s.Partition]; ok {
-					r.HighWatermark = &end
-					if s.NextOffset != nil {
-						lag := max(0, end-*s.NextOffset)
-						r.Lag = &lag
-					}
-				}
-				rows = append(rows, r)
+				rows = append(rows, statusOf(s, bounds))
 			}
 			if asJSON {
 				enc := json.NewEncoder(stdout)
@@ -141,12 +134,77 @@ func statusCommand(stdout, stderr io.Writer) *ffcli.Command {
 				return enc.Encode(rows)
 			}
 			tw := tabwriter.NewWriter(stdout, 0, 4, 2, ' ', 0)
-			fmt.Fprintln(tw, "TOPIC\tPARTITION\tCURRENT-OFFSET\tLOG-END-OFFSET\tLAG\tOWNER-EPOCH")
+			fmt.Fprintln(tw, "TOPIC\tPARTITION\tCURRENT-OFFSET\tLOG-START-OFFSET\tLOG-END-OFFSET\tLAG\tOWNER-EPOCH\tSTATE")
 			for _, r := range rows {
-				fmt.Fprintf(tw, "%s\t%d\t%s\t%s\t%s\t%d\n", r.Topic, r.Partition, orDash(r.NextOffset), orDash(r.HighWatermark), orDash(r.Lag), r.OwnerEpoch)
+				fmt.Fprintf(tw, "%s\t%d\t%s\t%s\t%s\t%s\t%d\t%s\n", r.Topic, r.Partition, orDash(r.NextOffset),
+					orDash(r.LogStartOffset), orDash(r.HighWatermark), orDash(r.Lag), r.OwnerEpoch, r.State)
 			}
 			return tw.Flush()
 		})
+}
+
+// statusOf compares a stored offset with its partition's log: an offset
+// outside the log has no lag to show, only a state that says why.
+func statusOf(s postgres.Stored, bounds map[partition.TP]logBounds) partitionStatus {
+	r := partitionStatus{Topic: s.Topic, Partition: s.Partition, NextOffset: s.NextOffset, OwnerEpoch: s.Epoch, State: stateOK}
+	b, ok := bounds[s.TP]
+	if !ok {
+		r.State = stateNoLog
+		return r
+	}
+	r.LogStartOffset, r.HighWatermark = &b.start, &b.end
+	switch {
+	case s.NextOffset == nil:
+		r.State = stateUnstarted
+	case *s.NextOffset > b.end:
+		r.State = stateBeyondLogEnd
+	default:
+		lag := b.end - *s.NextOffset
+		r.Lag = &lag
+		if *s.NextOffset < b.start {
+			r.State = stateRecordsDeleted
+		}
+	}
+	return r
+}
+
+// logBounds are a partition's log start and end offsets.
+type logBounds struct{ start, end int64 }
+
+// listBounds lists the log bounds of every partition of topics; a topic
+// that does not exist has none.
+func listBounds(ctx context.Context, adm *kadm.Client, topics ...string) (map[partition.TP]logBounds, error) {
+	starts, err := adm.ListStartOffsets(ctx, topics...)
+	if err != nil {
+		return nil, fmt.Errorf("list log-start offsets: %w", err)
+	}
+	ends, err := adm.ListEndOffsets(ctx, topics...)
+	if err != nil {
+		return nil, fmt.Errorf("list log-end offsets: %w", err)
+	}
+	out := map[partition.TP]logBounds{}
+	starts.Each(func(o kadm.ListedOffset) {
+		if o.Err != nil {
+			return
+		}
+		if e, ok := ends.Lookup(o.Topic, o.Partition); ok && e.Err == nil {
+			out[partition.TP{Topic: o.Topic, Partition: o.Partition}] = logBounds{start: o.Offset, end: e.Offset}
+		}
+	})
+	return out, nil
+}
+
+// admin returns an admin client on --brokers and how to close it.
+func (c *common) admin() (*kadm.Client, func(), error) {
+	brokers, err := c.brokerList()
+	if err != nil {
+		return nil, nil, err
+	}
+	cl, err := kgo.NewClient(kgo.SeedBrokers(brokers...))
+	if err != nil {
+		return nil, nil, fmt.Errorf("--brokers: %w", err)
+	}
+	return kadm.NewClient(cl), cl.Close, nil
 }
 
 func orDash(p *int64) string {

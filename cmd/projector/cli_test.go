@@ -107,6 +107,13 @@ func TestBadInputStopsWithAClearMessage(t *testing.T) {
 		{[]string{"bench", "--fresh-load", "0.25,1.5"}, "--fresh-load"},
 		{[]string{"bench", "--fresh-load", "a quarter"}, "--fresh-load"},
 		{[]string{"demo", "--database-url", "postgres://postgres@127.0.0.1:1/test?connect_timeout=2"}, "cannot connect to PostgreSQL"},
+		{[]string{"offsets", "reset", "--to-earliest"}, "--topic"},
+		{[]string{"offsets", "reset", "--topic", "t"}, "--to-earliest"},
+		{[]string{"offsets", "reset", "--topic", "t", "--to-earliest", "--to-latest"}, "exactly one"},
+		{[]string{"offsets", "reset", "--topic", "t", "--to-offset", "-1"}, "-to-offset"},
+		{[]string{"offsets", "reset", "--topic", "t", "--to-datetime", "yesterday"}, "--to-datetime"},
+		{[]string{"offsets", "reset", "--topic", "t", "--to-earliest", "--partitions", "a"}, "--partitions"},
+		{[]string{"offsets", "reset", "--topic", "t", "--to-earliest", "--partitions", "1,1"}, "--partitions"},
 	} {
 		var out bytes.Buffer
 		err := Main(context.Background(), tc.args, &out, &out)

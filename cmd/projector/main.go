@@ -1,5 +1,6 @@
 // Command projector turns Kafka event streams into versioned read models in
-// PostgreSQL. Subcommands: run, relay, demo, migrate, status, dlq, bench.
+// PostgreSQL. Subcommands: run, relay, demo, migrate, status, offsets, dlq,
+// bench.
 //
 // Every flag can also be set through an environment variable: PROJECTOR_
 // followed by the flag name in upper case with dashes as underscores
@@ -51,6 +52,7 @@ func Main(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 			demoCommand(stdout, stderr),
 			migrateCommand(stdout, stderr),
 			statusCommand(stdout, stderr),
+			offsetsCommand(stdout, stderr),
 			dlqCommand(stdout, stderr),
 			relayCommand(stdout, stderr),
 			benchCommand(stdout, stderr),

@@ -27,6 +27,20 @@ var engineDDL = []string{
 		updated_at  timestamptz NOT NULL DEFAULT now(),
 		PRIMARY KEY (identity, topic, partition)
 	)`,
+	// Every operator reset of a stored offset: who, when, from where to
+	// where, and the owner epoch that fenced the owner of the time.
+	`CREATE TABLE IF NOT EXISTS projector_offsets_audit (
+		id          bigserial   PRIMARY KEY,
+		at          timestamptz NOT NULL DEFAULT now(),
+		actor       text        NOT NULL,
+		identity    text        NOT NULL,
+		topic       text        NOT NULL,
+		partition   integer     NOT NULL,
+		old_offset  bigint,
+		new_offset  bigint      NOT NULL,
+		owner_epoch bigint      NOT NULL,
+		detail      text        NOT NULL DEFAULT ''
+	)`,
 	`CREATE TABLE IF NOT EXISTS projector_tombstones (
 		table_name text        NOT NULL,
 		key        text        NOT NULL,
