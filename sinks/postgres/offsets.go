@@ -18,7 +18,8 @@ type Offsets struct {
 	identity string
 }
 
-// NewOffsets returns the offset store of identity.
+// NewOffsets returns the offset store of identity. Each call waits at most
+// DefaultAcquireTimeout for a connection of pool.
 func NewOffsets(pool *pgxpool.Pool, identity string) *Offsets {
 	return &Offsets{pool: pool, identity: identity}
 }
@@ -41,7 +42,12 @@ func (o *Offsets) Claim(ctx context.Context, tps []partition.TP) ([]Claimed, err
 	for i, tp := range tps {
 		topics[i], parts[i] = tp.Topic, tp.Partition
 	}
-	rows, err := o.pool.Query(ctx, `
+	conn, err := acquire(ctx, o.pool, DefaultAcquireTimeout)
+	if err != nil {
+		return nil, fmt.Errorf("claim %d partitions: %w", len(tps), err)
+	}
+	defer conn.Release()
+	rows, err := conn.Query(ctx, `
 		INSERT INTO projector_offsets AS o (identity, topic, partition, owner_epoch)
 		SELECT $1, u.topic, u.partition, 1 FROM unnest($2::text[], $3::int[]) AS u(topic, partition)
 		ORDER BY 2, 3
@@ -68,7 +74,12 @@ func (o *Offsets) Claim(ctx context.Context, tps []partition.TP) ([]Claimed, err
 // Init sets the first offset of a claimed partition that had none stored.
 // It returns partition.ErrFenced when a newer owner exists.
 func (o *Offsets) Init(ctx context.Context, c Claimed, next int64) error {
-	tag, err := o.pool.Exec(ctx, `UPDATE projector_offsets SET next_offset = $1, updated_at = now()
+	conn, err := acquire(ctx, o.pool, DefaultAcquireTimeout)
+	if err != nil {
+		return fmt.Errorf("store first offset of %s/%d: %w", c.Topic, c.Partition, err)
+	}
+	defer conn.Release()
+	tag, err := conn.Exec(ctx, `UPDATE projector_offsets SET next_offset = $1, updated_at = now()
 		WHERE identity = $2 AND topic = $3 AND partition = $4 AND owner_epoch = $5 AND next_offset IS NULL`,
 		next, o.identity, c.Topic, c.Partition, c.Epoch)
 	if err != nil {

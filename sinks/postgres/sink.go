@@ -38,6 +38,12 @@ type Sink struct {
 	// Rows of aggregates assumed new the tombstone filter ruled out, and
 	// those checked in Postgres (see TombstoneChecks).
 	ruledOut, probed atomic.Int64
+	// acquireTimeout bounds each wait for a connection of the pool (see
+	// DefaultAcquireTimeout).
+	acquireTimeout time.Duration
+	// pkey is the name of the table's primary key, once looked up (see
+	// keyConflict).
+	pkey atomic.Pointer[string]
 
 	sql statements
 }
@@ -86,7 +92,7 @@ var (
 // Migrate first. With dlqTopic set, every new dead letter is also queued
 // (in the same transaction) for publishing to that Kafka topic.
 func NewSink(pool *pgxpool.Pool, identity string, p *projection.Projection, dlqTopic string) *Sink {
-	s := &Sink{pool: pool, identity: identity, p: p, dlqTopic: dlqTopic, readsRows: p.FoldReadsRow()}
+	s := &Sink{pool: pool, identity: identity, p: p, dlqTopic: dlqTopic, readsRows: p.FoldReadsRow(), acquireTimeout: DefaultAcquireTimeout}
 	s.cache = newStateCache(DefaultStateCacheRows, DefaultStateCacheBytes, p.Columns, s.readsRows)
 	s.tombs = newTombstoneFilter(p.Table, DefaultTombstoneFilterKeys)
 	s.sql = rowSQL(p)
@@ -108,6 +114,15 @@ func (s *Sink) SetTombstoneFilter(keys int) {
 // batch.
 func (s *Sink) SetStateCache(rows int, bytes int64) {
 	s.cache = newStateCache(rows, bytes, s.p.Columns, s.readsRows)
+}
+
+// SetAcquireTimeout sets how long a batch waits for a connection of the
+// pool before it fails and is retried (see DefaultAcquireTimeout; 0 or
+// less keeps the default). Call it before the first batch.
+func (s *Sink) SetAcquireTimeout(d time.Duration) {
+	if d > 0 {
+		s.acquireTimeout = d
+	}
 }
 
 // presentRow stands for a row that exists in the state of a projection
@@ -383,16 +398,30 @@ func (s *Sink) CommitBatch(ctx context.Context, claim partition.Claim, end int64
 }
 
 // keyConflict reports err to be the violation of the table's primary key
-// by an insert of a row the batch's state said did not exist.
+// by an insert of a row the batch's state said did not exist. Call it
+// holding no connection of the pool: it may take one (once, to learn the
+// primary key's name).
 func (s *Sink) keyConflict(ctx context.Context, err error) bool {
 	var pg *pgconn.PgError
-	if !errors.As(err, &pg) || pg.Code != "23505" {
+	if !errors.As(err, &pg) || pg.Code != uniqueViolation {
 		return false
 	}
-	var isKey bool
-	qerr := s.pool.QueryRow(ctx, `SELECT EXISTS (SELECT FROM pg_constraint
-		WHERE conrelid = to_regclass($1) AND contype = 'p' AND conname = $2)`, s.p.Table, pg.ConstraintName).Scan(&isKey)
-	return qerr == nil && isKey
+	if name := s.pkey.Load(); name != nil {
+		return *name == pg.ConstraintName
+	}
+	conn, cerr := acquire(ctx, s.pool, s.acquireTimeout)
+	if cerr != nil {
+		return false // not known now: the batch is retried as it failed
+	}
+	defer conn.Release()
+	var name string
+	qerr := conn.QueryRow(ctx, `SELECT conname FROM pg_constraint
+		WHERE conrelid = to_regclass($1) AND contype = 'p'`, s.p.Table).Scan(&name)
+	if qerr != nil {
+		return false
+	}
+	s.pkey.Store(&name)
+	return name == pg.ConstraintName
 }
 
 // rowLevel reports errors caused by the data of some row rather than by
@@ -414,9 +443,9 @@ func rowLevel(err error) bool {
 // partition.Keys); with isolate, every row is written under its own
 // savepoint.
 func (s *Sink) commit(ctx context.Context, claim partition.Claim, end int64, keys partition.Keys, plan func(partition.State) (partition.Changes, error), assume, isolate bool) error {
-	tx, err := s.pool.Begin(ctx)
+	tx, err := begin(ctx, s.pool, s.acquireTimeout, pgx.TxOptions{})
 	if err != nil {
-		return fmt.Errorf("begin: %w", err)
+		return err
 	}
 	defer tx.Rollback(context.WithoutCancel(ctx)) //nolint:errcheck // a no-op after commit
 
@@ -493,6 +522,11 @@ func (s *Sink) commit(ctx context.Context, claim partition.Claim, end int64, key
 		return nil
 	})
 	if err := tx.SendBatch(ctx, b).Close(); err != nil {
+		// The failed transaction gives its connection back before the
+		// conflict is looked into on another: were it held meanwhile, as
+		// many partitions as the pool has connections meeting a conflict
+		// at once would each wait for a connection another one holds.
+		_ = tx.Rollback(context.WithoutCancel(ctx)) // aborted already; a failed rollback closes the connection
 		if ruledOut > 0 && s.keyConflict(ctx, err) {
 			return errNotNew // most likely one of those: no reason to doubt the cache yet
 		}
@@ -982,7 +1016,12 @@ func (s *Sink) upsertArgs(rows []partition.RowWrite, base int, inexact *[]int) (
 
 // Parked implements partition.Sink.
 func (s *Sink) Parked(ctx context.Context, tp partition.TP) (map[string]partition.ParkedInfo, error) {
-	rows, err := s.pool.Query(ctx, `SELECT key, count(*), min(parked_at) FROM projector_parked
+	conn, err := acquire(ctx, s.pool, s.acquireTimeout)
+	if err != nil {
+		return nil, fmt.Errorf("list parked aggregates of %s/%d: %w", tp.Topic, tp.Partition, err)
+	}
+	defer conn.Release()
+	rows, err := conn.Query(ctx, `SELECT key, count(*), min(parked_at) FROM projector_parked
 		WHERE identity = $1 AND topic = $2 AND partition = $3 GROUP BY key`, s.identity, tp.Topic, tp.Partition)
 	if err != nil {
 		return nil, fmt.Errorf("list parked aggregates of %s/%d: %w", tp.Topic, tp.Partition, err)
@@ -1007,9 +1046,9 @@ func (s *Sink) Parked(ctx context.Context, tp partition.TP) (map[string]partitio
 
 // Load implements partition.Sink.
 func (s *Sink) Load(ctx context.Context, tp partition.TP, keys []string) (partition.State, error) {
-	tx, err := s.pool.BeginTx(ctx, pgx.TxOptions{AccessMode: pgx.ReadOnly})
+	tx, err := begin(ctx, s.pool, s.acquireTimeout, pgx.TxOptions{AccessMode: pgx.ReadOnly})
 	if err != nil {
-		return partition.State{}, fmt.Errorf("begin: %w", err)
+		return partition.State{}, err
 	}
 	defer tx.Rollback(context.WithoutCancel(ctx)) //nolint:errcheck // read-only
 	st := partition.State{Rows: map[string]projection.Row{}, Versions: map[string]int64{}}
@@ -1041,9 +1080,9 @@ func (s *Sink) Peek(ctx context.Context, claim partition.Claim, keys partition.K
 	if len(read) == 0 && len(keys.Parked) == 0 {
 		return st, nil
 	}
-	tx, err := s.pool.BeginTx(ctx, pgx.TxOptions{AccessMode: pgx.ReadOnly})
+	tx, err := begin(ctx, s.pool, s.acquireTimeout, pgx.TxOptions{AccessMode: pgx.ReadOnly})
 	if err != nil {
-		return partition.State{}, fmt.Errorf("begin: %w", err)
+		return partition.State{}, err
 	}
 	defer tx.Rollback(context.WithoutCancel(ctx)) //nolint:errcheck // read-only
 	if err := s.load(ctx, tx, claim.TP, read, keys.Parked, &st); err != nil {
@@ -1057,7 +1096,12 @@ func (s *Sink) Peek(ctx context.Context, claim partition.Claim, keys partition.K
 
 // ParkedKeys lists the aggregates of the partition with parked events.
 func (s *Sink) ParkedKeys(ctx context.Context, tp partition.TP) ([]string, error) {
-	rows, err := s.pool.Query(ctx, parkedKeysSQL, s.identity, tp.Topic, tp.Partition)
+	conn, err := acquire(ctx, s.pool, s.acquireTimeout)
+	if err != nil {
+		return nil, fmt.Errorf("list parked aggregates of %s/%d: %w", tp.Topic, tp.Partition, err)
+	}
+	defer conn.Release()
+	rows, err := conn.Query(ctx, parkedKeysSQL, s.identity, tp.Topic, tp.Partition)
 	if err != nil {
 		return nil, fmt.Errorf("list parked aggregates of %s/%d: %w", tp.Topic, tp.Partition, err)
 	}

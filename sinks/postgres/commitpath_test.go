@@ -1,0 +1,127 @@
+package postgres_test
+
+import (
+	"context"
+	"fmt"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/projector-dev/projector/partition"
+	"github.com/projector-dev/projector/sinks/postgres"
+)
+
+// smallPool is a pool of conns connections on url, closed when the test
+// ends.
+func smallPool(t *testing.T, url string, conns int32) *pgxpool.Pool {
+	t.Helper()
+	cfg, err := pgxpool.ParseConfig(url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg.MaxConns = conns
+	pool, err := pgxpool.NewWithConfig(t.Context(), cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(pool.Close)
+	return pool
+}
+
+// claimAll claims partitions 0 to n-1 of e's topic from offset 0.
+func (e *env) claimAll(n int) []partition.Claim {
+	e.t.Helper()
+	tps := make([]partition.TP, n)
+	for i := range tps {
+		tps[i] = partition.TP{Topic: e.p.Topic, Partition: int32(i)}
+	}
+	cs, err := e.offs.Claim(e.ctx, tps)
+	if err != nil {
+		e.t.Fatalf("claim: %v", err)
+	}
+	claims := make([]partition.Claim, len(cs))
+	for i, c := range cs {
+		if err := e.offs.Init(e.ctx, c, 0); err != nil {
+			e.t.Fatalf("init: %v", err)
+		}
+		claims[i] = partition.Claim{TP: c.TP, Epoch: c.Epoch, NextOffset: 0, Since: c.At}
+	}
+	return claims
+}
+
+// More partitions than the pool has connections each insert, at the same
+// moment, the first version of an aggregate Postgres already holds (a
+// duplicate the member has not cached, as after partitions moved to it):
+// every insert fails on the primary key at once, and each batch must
+// still be planned again from Postgres and commit, rather than hold its
+// failed transaction's connection while it waits for another one to
+// look into the conflict.
+func TestConflictsOnEveryConnectionAtOnce(t *testing.T) {
+	const conns, partitions = 2, 6
+	e := newEnv(t, demoProjection(t))
+	pool := smallPool(t, e.db.URL, conns)
+	sink := postgres.NewSink(pool, identity, e.p, "")
+	claims := e.claimAll(partitions)
+	for _, c := range claims {
+		key := fmt.Sprintf("dup-%d", c.Partition)
+		if _, err := e.db.Pool.Exec(e.ctx, `INSERT INTO accounts (account_id, owner, balance, version) VALUES ($1, 'first', 1, 1)`, key); err != nil {
+			t.Fatal(err)
+		}
+	}
+
+	// The first plans wait for each other, so that as many transactions
+	// as the pool has connections hold one when their inserts fail.
+	var (
+		mu      sync.Mutex
+		planned int
+		full    = make(chan struct{})
+	)
+	ctx, cancel := context.WithTimeout(t.Context(), 30*time.Second)
+	defer cancel()
+	errs := make([]error, len(claims))
+	plans := make([]*gatedPlan, len(claims))
+	var wg sync.WaitGroup
+	for i, c := range claims {
+		key := fmt.Sprintf("dup-%d", c.Partition)
+		g := &gatedPlan{want: []partition.RowWrite{upsert(key, 1, "again", 99)}}
+		plans[i] = g
+		first := true
+		plan := func(st partition.State) (partition.Changes, error) {
+			if first {
+				first = false
+				mu.Lock()
+				if planned++; planned == conns {
+					close(full)
+				}
+				mu.Unlock()
+				select {
+				case <-full:
+				case <-ctx.Done():
+				}
+			}
+			return g.plan(st)
+		}
+		wg.Go(func() {
+			errs[i] = sink.CommitBatch(ctx, c, 1, partition.Keys{All: []string{key}, New: []string{key}}, plan)
+		})
+	}
+	wg.Wait()
+	for i, c := range claims {
+		if errs[i] != nil {
+			t.Errorf("partition %d: %v", c.Partition, errs[i])
+			continue
+		}
+		if n := len(plans[i].calls); n != 2 {
+			t.Errorf("partition %d planned %d times, want twice: assumed new, then from Postgres", c.Partition, n)
+		}
+		key := fmt.Sprintf("dup-%d", c.Partition)
+		if a, ok := e.account(key); !ok || a.version != 1 || *a.owner != "first" {
+			t.Errorf("%s = %+v (present %v), want the first v1 row kept", key, a, ok)
+		}
+	}
+	if n := e.count(`SELECT count(*) FROM projector_offsets WHERE identity = $1 AND next_offset = 1`, identity); n != partitions {
+		t.Errorf("%d of %d partitions stored offset 1", n, partitions)
+	}
+}
