@@ -2,6 +2,7 @@ package postgres_test
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"sync"
 	"testing"
@@ -9,6 +10,7 @@ import (
 
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/projector-dev/projector/internal/testenv"
 	"github.com/projector-dev/projector/partition"
 	"github.com/projector-dev/projector/sinks/postgres"
 )
@@ -124,4 +126,64 @@ func TestConflictsOnEveryConnectionAtOnce(t *testing.T) {
 	if n := e.count(`SELECT count(*) FROM projector_offsets WHERE identity = $1 AND next_offset = 1`, identity); n != partitions {
 		t.Errorf("%d of %d partitions stored offset 1", n, partitions)
 	}
+}
+
+// A COMMIT that lands but whose reply never arrives is a committed batch:
+// the sink reads the stored offset rather than take the offset it moved
+// itself for a newer owner's. When even that read fails, the next attempt
+// of the batch reads it first and does not plan the batch again.
+func TestCommitReplyLost(t *testing.T) {
+	e := newEnv(t, demoProjection(t))
+	proxy := testenv.StartPGProxy(t, e.db.URL)
+	pool := smallPool(t, proxy.URL, 4)
+	sink := postgres.NewSink(pool, identity, e.p, "")
+	sink.SetAcquireTimeout(2 * time.Second)
+	c := e.claim(0)
+	ctx := t.Context()
+
+	proxy.DropCommitReplies(1, false)
+	g := &gatedPlan{want: []partition.RowWrite{upsert("a", 1, "ann", 10)}}
+	keys := partition.Keys{All: []string{"a"}, New: []string{"a"}}
+	if err := sink.CommitBatch(ctx, c, 5, keys, g.plan); err != nil {
+		t.Fatalf("a commit whose reply was lost: %v (tried again as a worker would: %v)", err, sink.CommitBatch(ctx, c, 5, keys, g.plan))
+	}
+	if proxy.Dropped() != 1 {
+		t.Fatalf("%d COMMIT replies dropped, want 1: the test cut nothing", proxy.Dropped())
+	}
+	e.wantOffset(5)
+	c.NextOffset = 5
+
+	// The next batch goes on from there, and sees what the lost one wrote.
+	g = &gatedPlan{want: []partition.RowWrite{upsert("a", 2, "ann", 20)}}
+	if err := sink.CommitBatch(ctx, c, 6, partition.Keys{All: []string{"a"}}, g.plan); err != nil {
+		t.Fatalf("the batch after: %v", err)
+	}
+	if len(g.calls) != 1 || g.calls[0].Versions["a"] != 1 {
+		t.Errorf("the batch after was planned on %+v, want a at v1", g.calls)
+	}
+	e.wantOffset(6)
+	c.NextOffset = 6
+
+	t.Run("whether it landed cannot be read at once", func(t *testing.T) {
+		proxy.DropCommitReplies(1, true)
+		g := &gatedPlan{want: []partition.RowWrite{upsert("a", 3, "ann", 30), upsert("b", 1, "bob", 1)}}
+		keys := partition.Keys{All: []string{"a", "b"}, New: []string{"b"}}
+		err := sink.CommitBatch(ctx, c, 9, keys, g.plan)
+		if err == nil || errors.Is(err, partition.ErrFenced) {
+			t.Fatalf("with Postgres out of reach after the lost reply: %v, want an error to retry on", err)
+		}
+		proxy.Accept()
+		if err := sink.CommitBatch(ctx, c, 9, keys, g.plan); err != nil {
+			t.Fatalf("the retry: %v", err)
+		}
+		if len(g.calls) != 1 {
+			t.Errorf("planned %d times, want once: the retry found the batch committed", len(g.calls))
+		}
+		e.wantOffset(9)
+		for _, w := range g.want {
+			if a, ok := e.account(w.Key); !ok || a.version != w.Version {
+				t.Errorf("%s = %+v (present %v), want v%d", w.Key, a, ok, w.Version)
+			}
+		}
+	})
 }

@@ -44,6 +44,9 @@ type Sink struct {
 	// pkey is the name of the table's primary key, once looked up (see
 	// keyConflict).
 	pkey atomic.Pointer[string]
+	// unsure holds the batches whose COMMIT lost its reply (see
+	// commitLanded).
+	unsure unsureCommits
 
 	sql statements
 }
@@ -135,6 +138,7 @@ var presentRow = projection.Row{}
 func (s *Sink) Forget(tp partition.TP) {
 	s.cache.drop(tp)
 	s.tombs.forget(tp)
+	s.unsure.forget(tp)
 }
 
 // errStaleState reports a batch planned on state (cached, or read earlier
@@ -369,6 +373,21 @@ const (
 // each row under its own savepoint to find the refused ones, which are
 // returned as *partition.RejectedRows.
 func (s *Sink) CommitBatch(ctx context.Context, claim partition.Claim, end int64, keys partition.Keys, plan func(partition.State) (partition.Changes, error)) error {
+	if unsure, ok := s.unsure.take(claim); ok {
+		// The last attempt's COMMIT went out and its reply never came: if
+		// it landed, the batch is done, as that attempt planned it (plan
+		// is not called again).
+		landed, err := s.commitLanded(ctx, claim, unsure)
+		if err != nil {
+			if !errors.Is(err, partition.ErrFenced) {
+				s.unsure.note(claim, unsure)
+			}
+			return fmt.Errorf("read whether the last commit landed: %w", err)
+		}
+		if landed && unsure == end {
+			return nil
+		}
+	}
 	err := s.commit(ctx, claim, end, keys, plan, true, false)
 	var u *unverifiable
 	if errors.As(err, &u) {
@@ -533,6 +552,13 @@ func (s *Sink) commit(ctx context.Context, claim partition.Claim, end int64, key
 		return fmt.Errorf("write batch: %w", err)
 	}
 	if fenced {
+		// The stored offset moved, or a newer owner claimed the
+		// partition. The offset this batch would store, under this
+		// claim, says that an earlier attempt of it landed after all.
+		if st, err := readStored(ctx, tx, s.identity, claim.TP, false); err == nil && st.landed(claim, end) {
+			s.cache.drop(claim.TP) // planned again on what that attempt wrote: not worth keeping
+			return nil
+		}
 		return partition.ErrFenced
 	}
 	// A row the plan expected to update but Postgres kept (it holds that
@@ -547,7 +573,21 @@ func (s *Sink) commit(ctx context.Context, claim partition.Claim, end int64, key
 		return errNotNew
 	}
 	if err := tx.Commit(ctx); err != nil {
-		return fmt.Errorf("commit: %w", err)
+		if !outcomeUnknown(err) {
+			return fmt.Errorf("commit: %w", err)
+		}
+		landed, perr := s.commitLanded(ctx, claim, end)
+		if perr != nil {
+			if !errors.Is(perr, partition.ErrFenced) {
+				s.unsure.note(claim, end)
+			}
+			return fmt.Errorf("commit: %w; its reply was lost, and whether it landed will be read before the batch is tried again (%w)", err, perr)
+		}
+		if !landed {
+			return fmt.Errorf("commit: %w", err)
+		}
+		s.cache.drop(claim.TP) // what the cache would hold is right, but this is rare enough not to reason about
+		return nil
 	}
 	if caching {
 		stored, err := upserts, error(nil)
