@@ -371,8 +371,13 @@ const (
 // CommitBatch implements partition.Sink. When Postgres refuses a row (a
 // data error, SQLSTATE classes 22, 23 and 54), the batch is run again with
 // each row under its own savepoint to find the refused ones, which are
-// returned as *partition.RejectedRows.
+// returned as *partition.RejectedRows. When it refuses a statement itself
+// (see refused), the error is marked partition.ErrBadStatement.
 func (s *Sink) CommitBatch(ctx context.Context, claim partition.Claim, end int64, keys partition.Keys, plan func(partition.State) (partition.Changes, error)) error {
+	return refused(s.commitBatch(ctx, claim, end, keys, plan))
+}
+
+func (s *Sink) commitBatch(ctx context.Context, claim partition.Claim, end int64, keys partition.Keys, plan func(partition.State) (partition.Changes, error)) error {
 	if unsure, ok := s.unsure.take(claim); ok {
 		// The last attempt's COMMIT went out and its reply never came: if
 		// it landed, the batch is done, as that attempt planned it (plan
@@ -441,6 +446,24 @@ func (s *Sink) keyConflict(ctx context.Context, err error) bool {
 	}
 	s.pkey.Store(&name)
 	return name == pg.ConstraintName
+}
+
+// refused marks err with partition.ErrBadStatement when Postgres refused
+// the sink's statement itself rather than a row or the moment: SQLSTATE
+// classes 42 (a table, column, type or function missing or different, a
+// privilege missing), 0A (a feature not supported), 26 (a prepared
+// statement missing, as behind a pooler that does not keep them) and 3F
+// (a schema missing). Data errors (classes 22, 23, 54) stay row-level.
+func refused(err error) error {
+	var pg *pgconn.PgError
+	if err == nil || !errors.As(err, &pg) || len(pg.Code) < 2 {
+		return err
+	}
+	switch pg.Code[:2] {
+	case "42", "0A", "26", "3F":
+		return fmt.Errorf("%w: %w", partition.ErrBadStatement, err)
+	}
+	return err
 }
 
 // rowLevel reports errors caused by the data of some row rather than by
@@ -1058,13 +1081,13 @@ func (s *Sink) upsertArgs(rows []partition.RowWrite, base int, inexact *[]int) (
 func (s *Sink) Parked(ctx context.Context, tp partition.TP) (map[string]partition.ParkedInfo, error) {
 	conn, err := acquire(ctx, s.pool, s.acquireTimeout)
 	if err != nil {
-		return nil, fmt.Errorf("list parked aggregates of %s/%d: %w", tp.Topic, tp.Partition, err)
+		return nil, refused(fmt.Errorf("list parked aggregates of %s/%d: %w", tp.Topic, tp.Partition, err))
 	}
 	defer conn.Release()
 	rows, err := conn.Query(ctx, `SELECT key, count(*), min(parked_at) FROM projector_parked
 		WHERE identity = $1 AND topic = $2 AND partition = $3 GROUP BY key`, s.identity, tp.Topic, tp.Partition)
 	if err != nil {
-		return nil, fmt.Errorf("list parked aggregates of %s/%d: %w", tp.Topic, tp.Partition, err)
+		return nil, refused(fmt.Errorf("list parked aggregates of %s/%d: %w", tp.Topic, tp.Partition, err))
 	}
 	defer rows.Close()
 	out := map[string]partition.ParkedInfo{}
@@ -1074,12 +1097,12 @@ func (s *Sink) Parked(ctx context.Context, tp partition.TP) (map[string]partitio
 			info partition.ParkedInfo
 		)
 		if err := rows.Scan(&key, &info.Count, &info.Since); err != nil {
-			return nil, fmt.Errorf("list parked aggregates of %s/%d: %w", tp.Topic, tp.Partition, err)
+			return nil, refused(fmt.Errorf("list parked aggregates of %s/%d: %w", tp.Topic, tp.Partition, err))
 		}
 		out[key] = info
 	}
 	if err := rows.Err(); err != nil {
-		return nil, fmt.Errorf("list parked aggregates of %s/%d: %w", tp.Topic, tp.Partition, err)
+		return nil, refused(fmt.Errorf("list parked aggregates of %s/%d: %w", tp.Topic, tp.Partition, err))
 	}
 	return out, nil
 }
@@ -1093,7 +1116,7 @@ func (s *Sink) Load(ctx context.Context, tp partition.TP, keys []string) (partit
 	defer tx.Rollback(context.WithoutCancel(ctx)) //nolint:errcheck // read-only
 	st := partition.State{Rows: map[string]projection.Row{}, Versions: map[string]int64{}}
 	err = s.load(ctx, tx, tp, keys, keys, &st)
-	return st, err
+	return st, refused(err)
 }
 
 // Peek implements partition.Peeker: the state of keys as a batch loads it,
@@ -1126,7 +1149,7 @@ func (s *Sink) Peek(ctx context.Context, claim partition.Claim, keys partition.K
 	}
 	defer tx.Rollback(context.WithoutCancel(ctx)) //nolint:errcheck // read-only
 	if err := s.load(ctx, tx, claim.TP, read, keys.Parked, &st); err != nil {
-		return partition.State{}, err
+		return partition.State{}, refused(err)
 	}
 	if caching {
 		s.cache.store(claim, read, st, nil, nil)
