@@ -64,6 +64,12 @@ const DefaultBatchMaxRecords = 2000
 // 282–343 MB with 40 (batches of 5000 or 2000, two runs each).
 const DefaultCommitMaxBatches = 40
 
+// DefaultStallAfter is how long a worker with records to apply may go
+// without a commit before it counts as stalled unless told otherwise (see
+// Config.StallAfter): far longer than any transaction or backoff of a
+// healthy member takes.
+const DefaultStallAfter = 5 * time.Minute
+
 // minBuffered is the least MaxBuffered defaults to: several fetches of
 // small records (a fetch brings up to 256 KiB of a partition), so that a
 // worker with small batches does not pause on every fetch. Buffering more
@@ -114,6 +120,11 @@ type Config struct {
 	// UnreadyAfter is how long a partition may back off before it counts
 	// as not ready (default 30s).
 	UnreadyAfter time.Duration
+	// StallAfter is how long a worker that has records to apply may go
+	// without committing before it counts as stalled (default
+	// DefaultStallAfter): whatever holds it up, retried failures or a
+	// call that never returns, the member is better restarted.
+	StallAfter time.Duration
 	// Tracer, when set, traces each batch: a "process <topic>" consumer
 	// span linked to every record's producer span, with the Postgres
 	// commit as a child span. Nil: no tracing.
@@ -169,6 +180,9 @@ func (c *Config) defaults() {
 	if c.UnreadyAfter <= 0 {
 		c.UnreadyAfter = 30 * time.Second
 	}
+	if c.StallAfter <= 0 {
+		c.StallAfter = DefaultStallAfter
+	}
 }
 
 // Worker consumes one topic-partition for one projection: it batches the
@@ -218,6 +232,12 @@ type Worker struct {
 	next         atomic.Int64 // stored next offset, after the last commit
 	hwm          atomic.Int64 // high watermark last seen in a fetch
 	backoffSince atomic.Int64 // unix nanoseconds; 0 when not backing off
+	// progress is when the worker last committed, or last stopped
+	// waiting for records with none in hand (unix nanoseconds); idle is
+	// set while it waits so. A worker neither idle nor making progress
+	// for StallAfter is stalled.
+	progress atomic.Int64
+	idle     atomic.Bool
 
 	gaps     gaps
 	repairer Repairer // nil: no repair
@@ -247,6 +267,7 @@ func NewWorker(cfg Config, group string, claim Claim, p *projection.Projection, 
 	}
 	w.next.Store(claim.NextOffset)
 	w.hwm.Store(-1)
+	w.progress.Store(time.Now().UnixNano())
 	// An earlier worker of the partition may have left its fetching
 	// paused (one replaced before it was removed, or one that stopped on
 	// an error): the new worker starts with it resumed.
@@ -328,6 +349,11 @@ type Status struct {
 	OldestParked time.Time
 	// Halted says why the partition stopped, "" while it runs.
 	Halted string
+	// Stalled is set when the worker, not halted, has had records to
+	// apply and committed none for longer than StallAfter, since
+	// ProgressAt.
+	Stalled    bool
+	ProgressAt time.Time
 }
 
 // Status reports the worker's committed position.
@@ -344,6 +370,8 @@ func (w *Worker) Status() Status {
 		st.BackoffSince = time.Unix(0, ns)
 		st.Unready = time.Since(st.BackoffSince) > w.cfg.UnreadyAfter
 	}
+	st.ProgressAt = time.Unix(0, w.progress.Load())
+	st.Stalled = !w.idle.Load() && st.Halted == "" && time.Since(st.ProgressAt) > w.cfg.StallAfter
 	return st
 }
 
@@ -457,6 +485,9 @@ func (w *Worker) nextBatch(ctx context.Context, repairs <-chan repaired) (job, b
 		var skips <-chan skipRequest
 		if n == 0 {
 			skips = w.skips // records fetched before the skip go first
+			if w.pending == nil {
+				w.setIdle(true)
+			}
 		} else if deadline == nil {
 			t := time.NewTimer(w.cfg.BatchMaxWait)
 			defer t.Stop()
@@ -466,24 +497,38 @@ func (w *Worker) nextBatch(ctx context.Context, repairs <-chan repaired) (job, b
 		if w.pending != nil {
 			settled = w.pending.done
 		}
+		var j job
 		select {
 		case <-ctx.Done():
 			return job{}, false
 		case <-w.stop:
 			return job{}, false
 		case <-w.wake:
+			w.setIdle(false)
 			continue
 		case <-settled:
-			return job{settle: true}, true
+			j.settle = true
 		case r := <-repairs:
-			return job{repair: &r}, true
+			j.repair = &r
 		case s := <-skips:
-			return job{skip: &s}, true
+			j.skip = &s
 		case <-deadline:
+			w.setIdle(false)
+			return job{recs: w.take()}, true
 		}
-		break
+		w.setIdle(false)
+		return j, true
 	}
+	w.setIdle(false)
 	return job{recs: w.take()}, true
+}
+
+// setIdle marks whether the worker waits for records with none in hand;
+// the time it stops waiting counts as progress.
+func (w *Worker) setIdle(idle bool) {
+	if w.idle.Swap(idle) && !idle {
+		w.progress.Store(time.Now().UnixNano())
+	}
 }
 
 // take removes the next batch from the buffer, up to the batch limit in

@@ -2,10 +2,13 @@ package projector_test
 
 import (
 	"bytes"
+	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"log/slog"
+	"net/http"
+	"net/http/httptest"
 	"strings"
 	"sync"
 	"testing"
@@ -140,4 +143,83 @@ func TestStatementRefusedHaltsPartition(t *testing.T) {
 	if n := logs.count(t, slog.LevelInfo, "partition resumed"); n != partitions {
 		t.Errorf("%d lines saying a partition resumed, want %d", n, partitions)
 	}
+}
+
+// TestStalledPartitionFailsLiveness holds the stored offsets' rows locked
+// while records arrive, so that every commit waits for good (as behind a
+// deadlock or a connection that never answers): each partition is
+// reported stalled once, in an error line and projector_partition_stalled,
+// and /livez fails so that Kubernetes would restart the member. Once the
+// lock goes, the partitions commit again, /livez passes and the table
+// equals the reference fold.
+func TestStalledPartitionFailsLiveness(t *testing.T) {
+	const partitions = 2
+	ctx := t.Context()
+	opts := demo.DefaultOptions()
+	opts.Aggregates = 400
+	f := faultSetup(t, opts, partitions)
+	half := len(f.records) / 2
+	f.produce(t, f.records[:half])
+
+	var logs logLines
+	reg := prometheus.NewRegistry()
+	cfg := fastRetry
+	cfg.StallAfter = time.Second
+	e := f.engine(t, "stall", projector.Config{Partition: cfg, Registerer: reg, Logger: logs.logger(slog.LevelInfo)})
+	srv := httptest.NewServer(projector.Handler(reg, e.Ready, e.Live))
+	defer srv.Close()
+	run(t, e)
+	f.verifyPart(t, "stall", f.records[:half])
+	if code, body := get(t, srv.URL+"/livez"); code != http.StatusOK {
+		t.Fatalf("/livez of a member keeping up: %d %q", code, body)
+	}
+
+	lock, err := f.db.Pool.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer lock.Rollback(context.WithoutCancel(ctx)) //nolint:errcheck // rolled back below
+	if _, err := lock.Exec(ctx, `SELECT * FROM projector_offsets WHERE identity = 'stall' FOR UPDATE`); err != nil {
+		t.Fatal(err)
+	}
+	f.produce(t, f.records[half:])
+	testenv.WaitFor(t, 30*time.Second, func() error {
+		code, body := get(t, srv.URL+"/livez")
+		if code != http.StatusServiceUnavailable || !strings.Contains(body, "committed nothing") {
+			return fmt.Errorf("/livez: %d %q, want 503 naming the stalled partitions", code, body)
+		}
+		if got := gauge(t, reg, "projector_partition_stalled"); got != partitions {
+			return fmt.Errorf("projector_partition_stalled sums to %v, want %d", got, partitions)
+		}
+		return nil
+	})
+	// Stalled for many more of the engine's looks: said once per
+	// partition all the same.
+	stalledAt := time.Now()
+	testenv.WaitFor(t, 10*time.Second, func() error {
+		if e.Live(ctx)["partitions"] == nil {
+			t.Fatal("no longer stalled while the lock holds")
+		}
+		if time.Since(stalledAt) < 3*cfg.StallAfter {
+			return errors.New("stalled for less than three times --stall-after")
+		}
+		return nil
+	})
+	if n := logs.count(t, slog.LevelError, "partition stalled"); n != partitions {
+		t.Errorf("%d error lines saying a partition stalled, want one per partition (%d)", n, partitions)
+	}
+
+	if err := lock.Rollback(ctx); err != nil {
+		t.Fatal(err)
+	}
+	f.verify(t, "stall")
+	testenv.WaitFor(t, 10*time.Second, func() error {
+		if code, body := get(t, srv.URL+"/livez"); code != http.StatusOK {
+			return fmt.Errorf("/livez after the lock went: %d %q", code, body)
+		}
+		if got := gauge(t, reg, "projector_partition_stalled"); got != 0 {
+			return fmt.Errorf("projector_partition_stalled sums to %v after the lock went", got)
+		}
+		return nil
+	})
 }

@@ -411,6 +411,11 @@ func (e *Engine) Run(ctx context.Context) error {
 		e.wg.Wait()
 		e.close()
 	}()
+	e.wg.Add(1)
+	go func() {
+		defer e.wg.Done()
+		e.watchStalls(runCtx)
+	}()
 	if e.cfg.DLQTopic != "" {
 		pub := dlqpublish.New(e.pool, e.cl, e.log, time.Second)
 		e.wg.Add(1)

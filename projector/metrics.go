@@ -18,6 +18,7 @@ type groupMetrics struct {
 	revoked, lost prometheus.Counter
 	lastRebalance prometheus.Gauge
 	halted        *prometheus.GaugeVec
+	stalled       *prometheus.GaugeVec
 }
 
 func newGroupMetrics(reg prometheus.Registerer, group string) *groupMetrics {
@@ -42,7 +43,10 @@ func newGroupMetrics(reg prometheus.Registerer, group string) *groupMetrics {
 	m.halted = prometheus.NewGaugeVec(prometheus.GaugeOpts{
 		Name: "projector_partition_halted", Help: "1 while a partition is halted: records were deleted before they were applied, or Postgres refuses the statements projector writes with.", ConstLabels: labels,
 	}, []string{"topic", "partition"})
-	reg.MustRegister(m.rebalances, m.assigned, m.revoked, m.lost, m.lastRebalance, m.halted)
+	m.stalled = prometheus.NewGaugeVec(prometheus.GaugeOpts{
+		Name: "projector_partition_stalled", Help: "1 while a partition has had records to apply and committed none for --stall-after; /livez fails meanwhile.", ConstLabels: labels,
+	}, []string{"topic", "partition"})
+	reg.MustRegister(m.rebalances, m.assigned, m.revoked, m.lost, m.lastRebalance, m.halted, m.stalled)
 	return m
 }
 

@@ -45,6 +45,7 @@ type runFlags struct {
 	retryBase       time.Duration
 	retryCap        time.Duration
 	unreadyAfter    time.Duration
+	stallAfter      time.Duration
 	dlqTopic        string
 	onOffsetLost    string
 }
@@ -84,7 +85,7 @@ func runCommand(_, stderr io.Writer) *ffcli.Command {
 				"batch_max_records", f.batchMaxRecords, "batch_max_wait", f.batchMaxWait, "commit_max_batches", f.commitMax,
 				"member_max_records", f.memberMax,
 				"state_cache_rows", f.stateCacheRows, "state_cache_bytes", f.stateCacheBytes.String())
-			return serve(ctx, log, f.httpAddr, metrics, e.Ready, e.Run)
+			return serve(ctx, log, f.httpAddr, metrics, e.Ready, e.Live, e.Run)
 		})
 }
 
@@ -106,6 +107,7 @@ func (f *runFlags) register(fs *flag.FlagSet) {
 	fs.DurationVar(&f.retryBase, "retry-base", 100*time.Millisecond, "base of the exponential backoff after a transient failure (PROJECTOR_RETRY_BASE)")
 	fs.DurationVar(&f.retryCap, "retry-cap", 30*time.Second, "cap of the exponential backoff; each delay is random in [0, min(cap, base·2^attempt)] (PROJECTOR_RETRY_CAP)")
 	fs.DurationVar(&f.unreadyAfter, "unready-after", 30*time.Second, "a partition backing off longer than this makes /readyz fail (PROJECTOR_UNREADY_AFTER)")
+	fs.DurationVar(&f.stallAfter, "stall-after", partition.DefaultStallAfter, "a partition with records to apply that commits nothing for this long is stalled: an error line, projector_partition_stalled, and /livez fails so that the member is restarted (PROJECTOR_STALL_AFTER)")
 	fs.StringVar(&f.dlqTopic, "dlq-topic", "", "also publish dead letters to this Kafka topic, with Kafka Connect's __connect.errors.* headers (PROJECTOR_DLQ_TOPIC)")
 	fs.StringVar(&f.onOffsetLost, "on-offset-lost", projector.OffsetLostHalt, "when retention deleted records before they were applied: halt the partition, or skip to the log start (PROJECTOR_ON_OFFSET_LOST)")
 	fs.DurationVar(&f.revokeTimeout, "revoke-timeout", 10*time.Second, "longest a revoked partition may take to finish its open batch (PROJECTOR_REVOKE_TIMEOUT)")
@@ -136,6 +138,9 @@ func (f *runFlags) validate() error {
 	if f.retryBase <= 0 || f.retryCap < f.retryBase {
 		return fmt.Errorf("--retry-base %s, --retry-cap %s: want 0 < base <= cap", f.retryBase, f.retryCap)
 	}
+	if f.stallAfter <= f.retryCap {
+		return fmt.Errorf("--stall-after %s: must be longer than --retry-cap %s, or a partition waiting out one backoff would count as stalled", f.stallAfter, f.retryCap)
+	}
 	if f.onOffsetLost != projector.OffsetLostHalt && f.onOffsetLost != projector.OffsetLostSkip {
 		return fmt.Errorf("--on-offset-lost %q: want halt or skip", f.onOffsetLost)
 	}
@@ -163,15 +168,16 @@ func readerSchemas(ctx context.Context, reg *sr.Client, projs []*projection.Proj
 }
 
 // serve runs work (an engine or a relay) with its HTTP surface — metrics
-// from reg, readiness from ready — until ctx ends.
-func serve(ctx context.Context, log *slog.Logger, httpAddr string, reg prometheus.Gatherer, ready projector.ReadyFunc, work func(context.Context) error) error {
+// from reg, readiness from ready, liveness from live (nil: the process
+// answers) — until ctx ends.
+func serve(ctx context.Context, log *slog.Logger, httpAddr string, reg prometheus.Gatherer, ready, live projector.ReadyFunc, work func(context.Context) error) error {
 	g, ctx := errgroup.WithContext(ctx)
 	if httpAddr != "" {
 		ln, err := net.Listen("tcp", httpAddr)
 		if err != nil {
 			return fmt.Errorf("--http-addr %s: %w", httpAddr, err)
 		}
-		srv := &http.Server{Handler: projector.Handler(reg, ready), ReadHeaderTimeout: 5 * time.Second}
+		srv := &http.Server{Handler: projector.Handler(reg, ready, live), ReadHeaderTimeout: 5 * time.Second}
 		log.Info("serving metrics and health", "addr", ln.Addr().String())
 		g.Go(func() error {
 			if err := srv.Serve(ln); !errors.Is(err, http.ErrServerClosed) {
@@ -238,6 +244,7 @@ func startEngine(ctx context.Context, f *runFlags, log *slog.Logger, pool *pgxpo
 			RetryBase:        f.retryBase,
 			RetryCap:         f.retryCap,
 			UnreadyAfter:     f.unreadyAfter,
+			StallAfter:       f.stallAfter,
 		},
 		MemberMaxRecords: offFlag(f.memberMax),
 		StateCacheRows:   offFlag(f.stateCacheRows),
