@@ -14,6 +14,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/projector-dev/projector/internal/demo"
@@ -222,4 +223,68 @@ func TestStalledPartitionFailsLiveness(t *testing.T) {
 		}
 		return nil
 	})
+}
+
+// TestCommitReplyLostKeepsWorker cuts the member's connection between
+// COMMIT and its reply, for several batches, and once more with Postgres
+// out of reach for a while after the cut: no worker takes its own commit
+// for a newer owner's, every partition keeps going, and the table equals
+// the reference fold, nothing applied twice.
+func TestCommitReplyLostKeepsWorker(t *testing.T) {
+	const partitions = 3
+	ctx := t.Context()
+	opts := demo.DefaultOptions()
+	opts.Aggregates = 1000
+	f := faultSetup(t, opts, partitions)
+	half := len(f.records) / 2
+	f.produce(t, f.records[:half])
+
+	proxy := testenv.StartPGProxy(t, f.db.URL)
+	pool, err := pgxpool.New(ctx, proxy.URL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer pool.Close()
+	through := *f.bundle
+	through.db = &testenv.DB{Pool: pool, URL: proxy.URL, Schema: f.db.Schema}
+	reg := prometheus.NewRegistry()
+	cfg := fastRetry
+	cfg.BatchMaxRecords = 50
+	e := through.engine(t, "lost", projector.Config{Partition: cfg, Registerer: reg})
+
+	const drops = 5
+	proxy.DropCommitReplies(drops, false)
+	run(t, e)
+	notFenced := func() {
+		if n := counter(t, reg, "projector_fenced_batches_total"); n > 0 {
+			t.Fatalf("%v batches taken for a newer owner's after a lost COMMIT reply; %d workers left of %d", n, len(e.Workers()), partitions)
+		}
+	}
+	testenv.WaitFor(t, 30*time.Second, func() error {
+		notFenced()
+		if proxy.Dropped() < drops {
+			return fmt.Errorf("%d of %d COMMIT replies dropped", proxy.Dropped(), drops)
+		}
+		return nil
+	})
+	f.verifyPart(t, "lost", f.records[:half])
+	notFenced()
+
+	// Once more, with Postgres out of reach until the batch has been
+	// retried: the retry asks first whether the commit landed.
+	proxy.DropCommitReplies(1, true)
+	retries := counter(t, reg, "projector_retries_total")
+	f.produce(t, f.records[half:])
+	testenv.WaitFor(t, 30*time.Second, func() error {
+		if proxy.Dropped() < drops+1 || counter(t, reg, "projector_retries_total") < retries+3 {
+			return fmt.Errorf("%d COMMIT replies dropped, %.0f retries since", proxy.Dropped(), counter(t, reg, "projector_retries_total")-retries)
+		}
+		return nil
+	})
+	proxy.Accept()
+	f.verify(t, "lost")
+	notFenced()
+	if n := len(e.Workers()); n != partitions {
+		t.Errorf("%d workers running, want %d", n, partitions)
+	}
 }
