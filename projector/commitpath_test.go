@@ -244,7 +244,7 @@ func TestCommitReplyLostKeepsWorker(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer pool.Close()
+	t.Cleanup(pool.Close) // after the engine has stopped: Close waits for the connections it holds
 	through := *f.bundle
 	through.db = &testenv.DB{Pool: pool, URL: proxy.URL, Schema: f.db.Schema}
 	reg := prometheus.NewRegistry()
@@ -286,5 +286,64 @@ func TestCommitReplyLostKeepsWorker(t *testing.T) {
 	notFenced()
 	if n := len(e.Workers()); n != partitions {
 		t.Errorf("%d workers running, want %d", n, partitions)
+	}
+}
+
+// TestDuplicatesAfterRestartOnSmallPool restarts a member, its state
+// cache empty, on a pool of two connections for eight partitions, behind
+// a stream that sends again the first event of every account it applied:
+// nearly every batch's insert of an account it takes for new fails on
+// the primary key, on many partitions at once. The member must not stop
+// on its own pool; the table ends equal to the reference fold.
+func TestDuplicatesAfterRestartOnSmallPool(t *testing.T) {
+	const partitions = 8
+	ctx := t.Context()
+	opts := demo.DefaultOptions()
+	opts.Aggregates = 1600
+	opts.Duplicate, opts.Reorder, opts.GapEvery, opts.Poison = 0, 0, 0, 0
+	b := faultSetup(t, opts, partitions).bundle
+	all := b.records
+	half := len(all) / 2
+	b.produce(t, all[:half])
+	stop := run(t, b.engine(t, "smallpool", projector.Config{}))
+	b.verifyPart(t, "smallpool", all[:half])
+	stop()
+
+	var resent []demo.Record
+	for _, r := range all[:half] {
+		if r.Event.Version == 1 {
+			resent = append(resent, r)
+		}
+	}
+	rest := append(resent, all[half:]...)
+	b.produce(t, rest)
+	b.records = append(all[:half:half], rest...)
+
+	pcfg, err := pgxpool.ParseConfig(b.db.URL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	pcfg.MaxConns = 2
+	pool, err := pgxpool.NewWithConfig(ctx, pcfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(pool.Close) // after the engine has stopped: Close waits for the connections it holds
+	small := *b
+	small.db = &testenv.DB{Pool: pool, URL: b.db.URL, Schema: b.db.Schema}
+	cfg := fastRetry
+	cfg.BatchMaxRecords = 20
+	reg := prometheus.NewRegistry()
+	run(t, small.engine(t, "smallpool", projector.Config{Partition: cfg, Registerer: reg}))
+	testenv.WaitFor(t, time.Minute, func() error {
+		n, done, err := demo.Committed(ctx, b.db.Pool, "smallpool", demo.Topic, b.end)
+		if err != nil || !done {
+			return fmt.Errorf("%d of %d records committed (err %v)", n, len(b.records), err)
+		}
+		return nil
+	})
+	b.verify(t, "smallpool")
+	if n := counter(t, reg, "projector_commit_replays_total"); n == 0 {
+		t.Error("no transaction met an account it took for new: the test did not make the conflicts")
 	}
 }
