@@ -3,7 +3,6 @@ package partition
 import (
 	"context"
 	"errors"
-	"fmt"
 	"log/slog"
 	"math/rand/v2"
 	"strconv"
@@ -129,10 +128,6 @@ type Config struct {
 	// span linked to every record's producer span, with the Postgres
 	// commit as a child span. Nil: no tracing.
 	Tracer trace.Tracer
-	// OnHalt, when set, is told each time a partition halts (reason says
-	// why) and stops being halted (reason ""): resumed, or its worker
-	// stopped. It is called from the worker's goroutine or Halt's caller.
-	OnHalt func(tp TP, reason string)
 }
 
 // Class is how an error is handled.
@@ -238,16 +233,16 @@ type Worker struct {
 	// for StallAfter is stalled.
 	progress atomic.Int64
 	idle     atomic.Bool
+	// badStatements counts the attempts in a row that failed with
+	// ErrBadStatement; refusing is set once they have halted the
+	// partition (see refusedBy). Only Run's goroutine touches them.
+	badStatements int
+	refusing      bool
 
 	gaps     gaps
 	repairer Repairer // nil: no repair
 	skips    chan skipRequest
 	halted   atomic.Pointer[string]
-	// badStatements counts the attempts in a row that failed with
-	// ErrBadStatement; refusing is set once they have halted the
-	// partition. Only Run's goroutine touches them.
-	badStatements int
-	refusing      bool
 }
 
 // NewWorker returns a worker for a claimed partition.
@@ -379,7 +374,7 @@ func (w *Worker) Status() Status {
 // ErrFenced when a newer owner took the partition, ctx.Err() when
 // cancelled, and nil after Stop.
 func (w *Worker) Run(ctx context.Context) error {
-	defer w.unhalt() // a partition this worker no longer runs is not halted here
+	defer w.leaveRefused()
 	var parked map[string]ParkedInfo
 	err := w.retry(ctx, "load parked", func() (err error) {
 		parked, err = w.sink.Parked(ctx, w.claim.TP)
@@ -631,7 +626,7 @@ func (w *Worker) skip(ctx context.Context, req skipRequest) error {
 	if err == nil {
 		w.claim.NextOffset = req.to
 		w.next.Store(req.to)
-		w.unhalt()
+		w.halted.Store(nil)
 		w.log.Warn("skipped records deleted by retention before they were applied", "from", from, "to", req.to, "lost", req.to-from)
 		w.metrics.skipped.WithLabelValues(w.group, w.claim.Topic, strconv.Itoa(int(w.claim.Partition))).Add(float64(req.to - from))
 	}
@@ -641,19 +636,7 @@ func (w *Worker) skip(ctx context.Context, req skipRequest) error {
 
 // Halt marks the partition as stopped by a condition an operator must
 // resolve (records deleted before they were applied); /readyz reports it.
-func (w *Worker) Halt(reason string) {
-	w.halted.Store(&reason)
-	if w.cfg.OnHalt != nil {
-		w.cfg.OnHalt(w.claim.TP, reason)
-	}
-}
-
-// unhalt ends a halt.
-func (w *Worker) unhalt() {
-	if w.halted.Swap(nil) != nil && w.cfg.OnHalt != nil {
-		w.cfg.OnHalt(w.claim.TP, "")
-	}
-}
+func (w *Worker) Halt(reason string) { w.halted.Store(&reason) }
 
 // retry runs fn until it succeeds, backing off with full jitter between
 // attempts, or until ctx ends.
@@ -675,10 +658,6 @@ func (w *Worker) retry(ctx context.Context, what string, fn func() error) error 
 
 // backoff waits before the next attempt, with fetching of the partition
 // paused so that nothing piles up meanwhile. done ends the run of attempts.
-// After MaxAttempts failures in a row because Postgres refuses the
-// statements (ErrBadStatement), the partition halts: one error line, and
-// from then on one quiet attempt per RetryCap, so that it resumes by
-// itself once the table or the grants are fixed.
 func (w *Worker) backoff(ctx context.Context, attempt int, what string, cause error) error {
 	if w.backoffSince.CompareAndSwap(0, time.Now().UnixNano()) {
 		w.mu.Lock()
@@ -686,22 +665,14 @@ func (w *Worker) backoff(ctx context.Context, attempt int, what string, cause er
 		w.mu.Unlock()
 		w.metrics.backoff.WithLabelValues(w.group, w.claim.Topic, strconv.Itoa(int(w.claim.Partition))).Set(1)
 	}
-	if errors.Is(cause, ErrBadStatement) {
-		w.badStatements++
-		if w.badStatements >= w.cfg.MaxAttempts && !w.refusing {
-			w.refusing = true
-			w.Halt(fmt.Sprintf("%s: %v; fix the table or the grants and the partition resumes (it tries again every %s)", what, cause, w.cfg.RetryCap))
-			w.log.Error("partition halted: Postgres refuses the statements projector writes with, and retrying cannot help until the table or the grants are fixed",
-				"what", what, "attempts", w.badStatements, "err", cause)
-		}
-	}
+	quiet := w.refusedBy(what, cause)
 	limit := w.cfg.RetryCap
 	if attempt < 30 {
 		limit = min(w.cfg.RetryCap, w.cfg.RetryBase<<attempt)
 	}
 	delay := time.Duration(rand.Int64N(int64(limit) + 1))
 	w.metrics.retries.WithLabelValues(w.group, w.claim.Topic, strconv.Itoa(int(w.claim.Partition)), reasonOf(cause)).Inc()
-	if w.refusing {
+	if quiet {
 		delay = w.cfg.RetryCap // halted: said once, tried now and then
 	} else {
 		w.log.Warn("transient failure; retrying", "what", what, "attempt", attempt+1, "delay", delay, "err", cause)
@@ -719,15 +690,9 @@ func (w *Worker) backoff(ctx context.Context, attempt int, what string, cause er
 }
 
 // done ends a run of failed attempts: fetching resumes unless the buffer
-// is full, and a partition halted because Postgres refused its statements
-// resumes.
+// is full.
 func (w *Worker) done() {
-	w.badStatements = 0
-	if w.refusing {
-		w.refusing = false
-		w.unhalt()
-		w.log.Info("partition resumed: Postgres accepts its statements again")
-	}
+	w.accepted()
 	if w.backoffSince.Swap(0) == 0 {
 		return
 	}

@@ -67,7 +67,8 @@ func (l *logLines) lines() int {
 // TestStatementRefusedHaltsPartition renames a column of the table
 // mid-stream, so that Postgres refuses the statements projector writes
 // with (SQLSTATE 42703): every partition halts after a few attempts with
-// one error line each, projector_partition_halted and /readyz say so,
+// one error line each, projector_partition_statements_refused and
+// /readyz say so,
 // nothing is dead-lettered and the log stays quiet. Once the column is
 // back, the partitions resume by themselves and the table ends equal to
 // the reference fold.
@@ -108,8 +109,8 @@ func TestStatementRefusedHaltsPartition(t *testing.T) {
 	if err == nil || !strings.Contains(err.Error(), "halted") || !strings.Contains(err.Error(), "SQLSTATE 42703") {
 		t.Errorf("/readyz partitions check: %v, want each partition halted with Postgres's error", err)
 	}
-	if got := gauge(t, reg, "projector_partition_halted"); got != partitions {
-		t.Errorf("projector_partition_halted sums to %v, want %d", got, partitions)
+	if got := gauge(t, reg, "projector_partition_statements_refused"); got != partitions {
+		t.Errorf("projector_partition_statements_refused sums to %v, want %d", got, partitions)
 	}
 	if n := logs.count(t, slog.LevelError, "partition halted"); n != partitions {
 		t.Errorf("%d error lines saying a partition halted, want one per partition (%d)", n, partitions)
@@ -136,8 +137,8 @@ func TestStatementRefusedHaltsPartition(t *testing.T) {
 	}
 	f.verify(t, "refused")
 	testenv.WaitFor(t, 10*time.Second, func() error {
-		if got := gauge(t, reg, "projector_partition_halted"); got != 0 {
-			return fmt.Errorf("projector_partition_halted sums to %v after the column came back", got)
+		if got := gauge(t, reg, "projector_partition_statements_refused"); got != 0 {
+			return fmt.Errorf("projector_partition_statements_refused sums to %v after the column came back", got)
 		}
 		return e.Ready(ctx)["partitions"]
 	})

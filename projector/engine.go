@@ -337,7 +337,7 @@ func New(cfg Config, pool *pgxpool.Pool, decoderOf Decoders) (*Engine, error) {
 	}
 	e.metrics = partition.NewMetrics(cfg.Registerer)
 	e.group = newGroupMetrics(cfg.Registerer, cfg.Identity)
-	e.cfg.Partition.OnHalt = e.group.haltedBy(cfg.Partition.OnHalt)
+	e.group.stalled = newStalledGauge(cfg.Registerer, cfg.Identity)
 	cfg.Registerer.MustRegister(&lagCollector{e: e})
 
 	opts := []kgo.Opt{

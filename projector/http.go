@@ -3,6 +3,7 @@ package projector
 import (
 	"context"
 	"fmt"
+	"maps"
 	"net/http"
 	"slices"
 	"strings"
@@ -15,16 +16,22 @@ import (
 type ReadyFunc func(ctx context.Context) map[string]error
 
 // Handler serves /metrics from g, /livez (and its alias /healthz), which
-// runs live (nil: nothing to check but the process, such as Engine.Live),
-// and /readyz, which runs ready; add ?verbose to list every check.
-func Handler(g prometheus.Gatherer, ready, live ReadyFunc) http.Handler {
+// runs the checks of live (such as Engine.Live; none or nil: the process
+// answers), and /readyz, which runs ready; add ?verbose to list every
+// check.
+func Handler(g prometheus.Gatherer, ready ReadyFunc, live ...ReadyFunc) http.Handler {
 	mux := http.NewServeMux()
 	mux.Handle("GET /metrics", promhttp.HandlerFor(g, promhttp.HandlerOpts{}))
-	if live == nil {
-		live = func(context.Context) map[string]error { return nil }
-	}
-	mux.Handle("GET /livez", checksHandler(live, "not live"))
-	mux.Handle("GET /healthz", checksHandler(live, "not live"))
+	live = slices.DeleteFunc(live, func(f ReadyFunc) bool { return f == nil })
+	livez := checksHandler(func(ctx context.Context) map[string]error {
+		checks := map[string]error{}
+		for _, f := range live {
+			maps.Copy(checks, f(ctx))
+		}
+		return checks
+	}, "not live")
+	mux.Handle("GET /livez", livez)
+	mux.Handle("GET /healthz", livez)
 	mux.Handle("GET /readyz", checksHandler(ready, "not ready"))
 	return mux
 }

@@ -7,7 +7,6 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 
-	"github.com/projector-dev/projector/partition"
 	"github.com/projector-dev/projector/sinks/postgres"
 )
 
@@ -18,7 +17,7 @@ type groupMetrics struct {
 	revoked, lost prometheus.Counter
 	lastRebalance prometheus.Gauge
 	halted        *prometheus.GaugeVec
-	stalled       *prometheus.GaugeVec
+	stalled       *prometheus.GaugeVec // see stall.go
 }
 
 func newGroupMetrics(reg prometheus.Registerer, group string) *groupMetrics {
@@ -41,12 +40,9 @@ func newGroupMetrics(reg prometheus.Registerer, group string) *groupMetrics {
 		}),
 	}
 	m.halted = prometheus.NewGaugeVec(prometheus.GaugeOpts{
-		Name: "projector_partition_halted", Help: "1 while a partition is halted: records were deleted before they were applied, or Postgres refuses the statements projector writes with.", ConstLabels: labels,
+		Name: "projector_partition_halted", Help: "1 while a partition is halted because records were deleted before they were applied.", ConstLabels: labels,
 	}, []string{"topic", "partition"})
-	m.stalled = prometheus.NewGaugeVec(prometheus.GaugeOpts{
-		Name: "projector_partition_stalled", Help: "1 while a partition has had records to apply and committed none for --stall-after; /livez fails meanwhile.", ConstLabels: labels,
-	}, []string{"topic", "partition"})
-	reg.MustRegister(m.rebalances, m.assigned, m.revoked, m.lost, m.lastRebalance, m.halted, m.stalled)
+	reg.MustRegister(m.rebalances, m.assigned, m.revoked, m.lost, m.lastRebalance, m.halted)
 	return m
 }
 
@@ -56,21 +52,6 @@ func (m *groupMetrics) assignedNow(added map[string][]int32) {
 	m.rebalances.Inc()
 	m.assigned.Add(float64(count(added)))
 	m.lastRebalance.SetToCurrentTime()
-}
-
-// haltedBy returns the workers' OnHalt: it sets projector_partition_halted,
-// then calls next (nil: nothing).
-func (m *groupMetrics) haltedBy(next func(partition.TP, string)) func(partition.TP, string) {
-	return func(tp partition.TP, reason string) {
-		v := 0.0
-		if reason != "" {
-			v = 1
-		}
-		m.halted.WithLabelValues(tp.Topic, strconv.Itoa(int(tp.Partition))).Set(v)
-		if next != nil {
-			next(tp, reason)
-		}
-	}
 }
 
 func (m *groupMetrics) removed(removed map[string][]int32) {

@@ -9,6 +9,8 @@ import (
 	"strings"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
+
 	"github.com/projector-dev/projector/partition"
 )
 
@@ -18,6 +20,17 @@ import (
 // The engine says so once per stall, in an error line and in
 // projector_partition_stalled, and Live fails, so that the process is
 // restarted (Kubernetes' liveness probe) and the partition moves.
+
+// newStalledGauge registers projector_partition_stalled with reg.
+func newStalledGauge(reg prometheus.Registerer, group string) *prometheus.GaugeVec {
+	g := prometheus.NewGaugeVec(prometheus.GaugeOpts{
+		Name:        "projector_partition_stalled",
+		Help:        "1 while a partition has had records to apply and committed none for --stall-after; /livez fails meanwhile.",
+		ConstLabels: prometheus.Labels{"group": group},
+	}, []string{"topic", "partition"})
+	reg.MustRegister(g)
+	return g
+}
 
 // stallEvery is how often the engine looks for stalled workers: a tenth of
 // StallAfter, within bounds.
