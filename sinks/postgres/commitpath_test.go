@@ -185,5 +185,26 @@ func TestCommitReplyLost(t *testing.T) {
 				t.Errorf("%s = %+v (present %v), want v%d", w.Key, a, ok, w.Version)
 			}
 		}
+		c.NextOffset = 9
+	})
+
+	t.Run("tried again by a sink that did not see it", func(t *testing.T) {
+		proxy.DropCommitReplies(1, true)
+		g := &gatedPlan{want: []partition.RowWrite{upsert("a", 4, "ann", 40)}}
+		keys := partition.Keys{All: []string{"a"}}
+		if err := sink.CommitBatch(ctx, c, 12, keys, g.plan); err == nil {
+			t.Fatal("with Postgres out of reach after the lost reply: no error")
+		}
+		proxy.Accept()
+		// Planned again on what landed, the batch finds the offset at
+		// its own end under its own claim.
+		other := postgres.NewSink(pool, identity, e.p, "")
+		if err := other.CommitBatch(ctx, c, 12, keys, g.plan); err != nil {
+			t.Fatalf("the retry: %v", err)
+		}
+		e.wantOffset(12)
+		if a, ok := e.account("a"); !ok || a.version != 4 {
+			t.Errorf("a = %+v (present %v), want v4", a, ok)
+		}
 	})
 }
