@@ -128,11 +128,18 @@ const claimSQL = `SELECT o.dead_letter_id, o.topic, d.identity, d.topic, d.parti
 	CROSS JOIN LATERAL (SELECT * FROM projector_dead_letters d WHERE d.id = o.dead_letter_id LIMIT 1) d
 	ORDER BY o.created_at, o.dead_letter_id`
 
+// acquireTimeout bounds a round's wait for a connection of the pool.
+const acquireTimeout = 30 * time.Second
+
 // PublishBatch runs one round: it publishes up to BatchSize outbox rows and
 // returns how many it published (0 as well when another publisher holds
 // the schema's turn).
 func (p *Publisher) PublishBatch(ctx context.Context) (int, error) {
-	conn, err := p.pool.Acquire(ctx)
+	// The pool is the partitions' too: a round that finds no connection
+	// free in time fails, and the next one tries again.
+	actx, cancel := context.WithTimeout(ctx, acquireTimeout)
+	conn, err := p.pool.Acquire(actx)
+	cancel()
 	if err != nil {
 		return 0, fmt.Errorf("acquire connection: %w", err)
 	}

@@ -160,6 +160,7 @@ func (w *Worker) process(ctx context.Context, recs []*kgo.Record) (err error) {
 func (w *Worker) committed(end int64, changes Changes, out outcomes) {
 	w.claim.NextOffset = end
 	w.next.Store(end)
+	w.progress.Store(time.Now().UnixNano())
 	if closed := w.gaps.update(changes.Park, changes.Unpark, time.Now()); closed > 0 {
 		w.metrics.gaps.WithLabelValues(w.proj.Name, "filled").Add(float64(closed))
 	}

@@ -151,6 +151,14 @@ func (r *RejectedRows) Error() string {
 // batch was rolled back and this worker must stop.
 var ErrFenced = errors.New("partition claimed by a newer owner")
 
+// ErrBadStatement marks a failure that says the sink's own statements do
+// not fit the database (a table or column missing or of another type, a
+// privilege missing, a feature not supported): retrying cannot help until
+// an operator changes the database or the configuration. A worker halts
+// its partition after MaxAttempts of them in a row instead of retrying
+// as if Postgres were down.
+var ErrBadStatement = errors.New("postgres refuses the statements projector writes with")
+
 // Keys names the aggregates of a batch.
 type Keys struct {
 	// All lists every aggregate the batch has events of.

@@ -64,6 +64,12 @@ const DefaultBatchMaxRecords = 2000
 // 282–343 MB with 40 (batches of 5000 or 2000, two runs each).
 const DefaultCommitMaxBatches = 40
 
+// DefaultStallAfter is how long a worker with records to apply may go
+// without a commit before it counts as stalled unless told otherwise (see
+// Config.StallAfter): far longer than any transaction or backoff of a
+// healthy member takes.
+const DefaultStallAfter = 5 * time.Minute
+
 // minBuffered is the least MaxBuffered defaults to: several fetches of
 // small records (a fetch brings up to 256 KiB of a partition), so that a
 // worker with small batches does not pause on every fetch. Buffering more
@@ -114,6 +120,11 @@ type Config struct {
 	// UnreadyAfter is how long a partition may back off before it counts
 	// as not ready (default 30s).
 	UnreadyAfter time.Duration
+	// StallAfter is how long a worker that has records to apply may go
+	// without committing before it counts as stalled (default
+	// DefaultStallAfter): whatever holds it up, retried failures or a
+	// call that never returns, the member is better restarted.
+	StallAfter time.Duration
 	// Tracer, when set, traces each batch: a "process <topic>" consumer
 	// span linked to every record's producer span, with the Postgres
 	// commit as a child span. Nil: no tracing.
@@ -164,6 +175,9 @@ func (c *Config) defaults() {
 	}
 	if c.UnreadyAfter <= 0 {
 		c.UnreadyAfter = 30 * time.Second
+	}
+	if c.StallAfter <= 0 {
+		c.StallAfter = DefaultStallAfter
 	}
 }
 
@@ -216,6 +230,17 @@ type Worker struct {
 	next         atomic.Int64 // stored next offset, after the last commit
 	hwm          atomic.Int64 // high watermark last seen in a fetch
 	backoffSince atomic.Int64 // unix nanoseconds; 0 when not backing off
+	// progress is when the worker last committed, or last stopped
+	// waiting for records with none in hand (unix nanoseconds); idle is
+	// set while it waits so. A worker neither idle nor making progress
+	// for StallAfter is stalled.
+	progress atomic.Int64
+	idle     atomic.Bool
+	// badStatements counts the attempts in a row that failed with
+	// ErrBadStatement; refusing is set once they have halted the
+	// partition (see refusedBy). Only Run's goroutine touches them.
+	badStatements int
+	refusing      bool
 
 	gaps     gaps
 	repairer Repairer // nil: no repair
@@ -248,6 +273,7 @@ func NewWorker(cfg Config, group string, claim Claim, p *projection.Projection, 
 	}
 	w.next.Store(claim.NextOffset)
 	w.hwm.Store(-1)
+	w.progress.Store(time.Now().UnixNano())
 	// An earlier worker of the partition may have left its fetching
 	// paused (one replaced before it was removed, or one that stopped on
 	// an error): the new worker starts with it resumed.
@@ -343,6 +369,11 @@ type Status struct {
 	RepairUnavailable int
 	// Halted says why the partition stopped, "" while it runs.
 	Halted string
+	// Stalled is set when the worker, not halted, has had records to
+	// apply and committed none for longer than StallAfter, since
+	// ProgressAt.
+	Stalled    bool
+	ProgressAt time.Time
 }
 
 // Status reports the worker's committed position.
@@ -359,6 +390,8 @@ func (w *Worker) Status() Status {
 		st.BackoffSince = time.Unix(0, ns)
 		st.Unready = time.Since(st.BackoffSince) > w.cfg.UnreadyAfter
 	}
+	st.ProgressAt = time.Unix(0, w.progress.Load())
+	st.Stalled = !w.idle.Load() && st.Halted == "" && time.Since(st.ProgressAt) > w.cfg.StallAfter
 	return st
 }
 
@@ -366,6 +399,7 @@ func (w *Worker) Status() Status {
 // ErrFenced when a newer owner took the partition, ctx.Err() when
 // cancelled, and nil after Stop.
 func (w *Worker) Run(ctx context.Context) error {
+	defer w.leaveRefused()
 	var parked map[string]ParkedInfo
 	err := w.retry(ctx, "load parked", func() (err error) {
 		parked, err = w.sink.Parked(ctx, w.claim.TP)
@@ -471,6 +505,9 @@ func (w *Worker) nextBatch(ctx context.Context, repairs <-chan repaired) (job, b
 		var skips <-chan skipRequest
 		if n == 0 {
 			skips = w.skips // records fetched before the skip go first
+			if w.pending == nil {
+				w.setIdle(true)
+			}
 		} else if deadline == nil {
 			t := time.NewTimer(w.cfg.BatchMaxWait)
 			defer t.Stop()
@@ -480,24 +517,38 @@ func (w *Worker) nextBatch(ctx context.Context, repairs <-chan repaired) (job, b
 		if w.pending != nil {
 			settled = w.pending.done
 		}
+		var j job
 		select {
 		case <-ctx.Done():
 			return job{}, false
 		case <-w.stop:
 			return job{}, false
 		case <-w.wake:
+			w.setIdle(false)
 			continue
 		case <-settled:
-			return job{settle: true}, true
+			j.settle = true
 		case r := <-repairs:
-			return job{repair: &r}, true
+			j.repair = &r
 		case s := <-skips:
-			return job{skip: &s}, true
+			j.skip = &s
 		case <-deadline:
+			w.setIdle(false)
+			return job{recs: w.take()}, true
 		}
-		break
+		w.setIdle(false)
+		return j, true
 	}
+	w.setIdle(false)
 	return job{recs: w.take()}, true
+}
+
+// setIdle marks whether the worker waits for records with none in hand;
+// the time it stops waiting counts as progress.
+func (w *Worker) setIdle(idle bool) {
+	if w.idle.Swap(idle) && !idle {
+		w.progress.Store(time.Now().UnixNano())
+	}
 }
 
 // take removes the next batch from the buffer, up to the batch limit in
@@ -673,13 +724,18 @@ func (w *Worker) backoffUnless(ctx context.Context, attempt int, what string, ca
 		w.mu.Unlock()
 		w.metrics.backoff.WithLabelValues(w.group, w.claim.Topic, strconv.Itoa(int(w.claim.Partition))).Set(1)
 	}
+	quiet := w.refusedBy(what, cause)
 	limit := w.cfg.RetryCap
 	if attempt < 30 {
 		limit = min(w.cfg.RetryCap, w.cfg.RetryBase<<attempt)
 	}
 	delay := time.Duration(rand.Int64N(int64(limit) + 1))
 	w.metrics.retries.WithLabelValues(w.group, w.claim.Topic, strconv.Itoa(int(w.claim.Partition)), reasonOf(cause)).Inc()
-	w.log.Warn("transient failure; retrying", "what", what, "attempt", attempt+1, "delay", delay, "err", cause)
+	if quiet {
+		delay = w.cfg.RetryCap // halted: said once, tried now and then
+	} else {
+		w.log.Warn("transient failure; retrying", "what", what, "attempt", attempt+1, "delay", delay, "err", cause)
+	}
 	t := time.NewTimer(delay)
 	defer t.Stop()
 	stop := w.stop
@@ -701,6 +757,7 @@ func (w *Worker) backoffUnless(ctx context.Context, attempt int, what string, ca
 // done ends a run of failed attempts: fetching resumes unless the buffer
 // is full.
 func (w *Worker) done() {
+	w.accepted()
 	if w.backoffSince.Swap(0) == 0 {
 		return
 	}

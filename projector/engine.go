@@ -370,6 +370,7 @@ func New(cfg Config, pool *pgxpool.Pool, decoderOf Decoders) (*Engine, error) {
 	}
 	e.metrics = partition.NewMetrics(cfg.Registerer)
 	e.group = newGroupMetrics(cfg.Registerer, cfg.Identity)
+	e.group.stalled = newStalledGauge(cfg.Registerer, cfg.Identity)
 	cfg.Registerer.MustRegister(&lagCollector{e: e})
 
 	opts := []kgo.Opt{
@@ -445,6 +446,11 @@ func (e *Engine) Run(ctx context.Context) error {
 		e.cl.Close()
 		e.wg.Wait()
 		e.close()
+	}()
+	e.wg.Add(1)
+	go func() {
+		defer e.wg.Done()
+		e.watchStalls(runCtx)
 	}()
 	if e.cfg.DLQTopic != "" {
 		pub := dlqpublish.New(e.pool, e.cl, e.log, time.Second)

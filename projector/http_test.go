@@ -41,7 +41,7 @@ func TestHTTPSurface(t *testing.T) {
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(collectors.NewBuildInfoCollector())
 	e := b.engine(t, "http", projector.Config{Registerer: reg})
-	srv := httptest.NewServer(projector.Handler(reg, e.Ready))
+	srv := httptest.NewServer(projector.Handler(reg, e.Ready, e.Live))
 	defer srv.Close()
 
 	// A member whose brokers cannot be reached never joins: not ready.
@@ -50,7 +50,7 @@ func TestHTTPSurface(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	lonelySrv := httptest.NewServer(projector.Handler(prometheus.NewRegistry(), lonely.Ready))
+	lonelySrv := httptest.NewServer(projector.Handler(prometheus.NewRegistry(), lonely.Ready, lonely.Live))
 	defer lonelySrv.Close()
 	if code, body := get(t, lonelySrv.URL+"/readyz"); code != http.StatusServiceUnavailable || !strings.Contains(body, "group failed") {
 		t.Errorf("/readyz of a member that has not joined: %d %q, want 503 naming the group check", code, body)

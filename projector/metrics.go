@@ -17,6 +17,7 @@ type groupMetrics struct {
 	revoked, lost prometheus.Counter
 	lastRebalance prometheus.Gauge
 	halted        *prometheus.GaugeVec
+	stalled       *prometheus.GaugeVec // see stall.go
 }
 
 func newGroupMetrics(reg prometheus.Registerer, group string) *groupMetrics {

@@ -66,19 +66,19 @@ func TestFirstClaimListsOffsetsOnce(t *testing.T) {
 	}
 }
 
-// logLines is a slog handler that keeps the messages of the records it
+// logRecords is a slog handler that keeps the messages of the records it
 // handles, so that a test can count them.
-type logLines struct {
+type logRecords struct {
 	mu   *sync.Mutex
 	msgs *[]string
 }
 
-func newLogLines() logLines { return logLines{mu: &sync.Mutex{}, msgs: &[]string{}} }
+func newLogRecords() logRecords { return logRecords{mu: &sync.Mutex{}, msgs: &[]string{}} }
 
-func (l logLines) Enabled(context.Context, slog.Level) bool { return true }
-func (l logLines) WithAttrs([]slog.Attr) slog.Handler       { return l }
-func (l logLines) WithGroup(string) slog.Handler            { return l }
-func (l logLines) Handle(_ context.Context, r slog.Record) error {
+func (l logRecords) Enabled(context.Context, slog.Level) bool { return true }
+func (l logRecords) WithAttrs([]slog.Attr) slog.Handler       { return l }
+func (l logRecords) WithGroup(string) slog.Handler            { return l }
+func (l logRecords) Handle(_ context.Context, r slog.Record) error {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	*l.msgs = append(*l.msgs, r.Level.String()+" "+r.Message)
@@ -87,7 +87,7 @@ func (l logLines) Handle(_ context.Context, r slog.Record) error {
 
 // count returns how many records had a message starting with prefix
 // ("ERROR partition halted"), and how many records there were in all.
-func (l logLines) count(prefix string) (n, all int) {
+func (l logRecords) count(prefix string) (n, all int) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	for _, m := range *l.msgs {
@@ -165,7 +165,7 @@ func watchFetches(b *bundle, p int32) *fetchWatch {
 // client has stopped asking for it while it goes on fetching the others
 // (a fetch session would leave unchanged partitions out of the requests:
 // the engine runs without them).
-func haltedQuietly(t *testing.T, e *projector.Engine, w *fetchWatch, lines logLines) partition.Status {
+func haltedQuietly(t *testing.T, e *projector.Engine, w *fetchWatch, lines logRecords) partition.Status {
 	t.Helper()
 	var halted partition.Status
 	testenv.WaitFor(t, 30*time.Second, func() error {
@@ -222,7 +222,7 @@ func TestHaltedPartitionIsQuiet(t *testing.T) {
 		t.Fatal(err)
 	}
 	w := watchFetches(f.bundle, 0)
-	lines := newLogLines()
+	lines := newLogRecords()
 	reg := prometheus.NewRegistry()
 	e := f.engine(t, "quiet", projector.Config{Registerer: reg, Logger: slog.New(lines), ClientOpts: noFetchSessions})
 	run(t, e)
@@ -277,7 +277,7 @@ func TestOffsetBeyondLogEnd(t *testing.T) {
 	}
 	f.produceTo(t, 0, opened("new-", 0, 3))
 	w := watchFetches(f.bundle, 0)
-	lines := newLogLines()
+	lines := newLogRecords()
 	reg := prometheus.NewRegistry()
 	e := f.engine(t, "recreated", projector.Config{OnOffsetLost: projector.OffsetLostSkip, Registerer: reg, Logger: slog.New(lines), ClientOpts: noFetchSessions})
 	run(t, e)
@@ -351,7 +351,7 @@ func TestHaltedPartitionListsBoundsAgain(t *testing.T) {
 		return resp, nil, true
 	})
 	w := watchFetches(f.bundle, 0)
-	lines := newLogLines()
+	lines := newLogRecords()
 	reg := prometheus.NewRegistry()
 	e := f.engine(t, "relist", projector.Config{Registerer: reg, Logger: slog.New(lines), ClientOpts: noFetchSessions})
 	run(t, e)

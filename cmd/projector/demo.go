@@ -176,7 +176,7 @@ func runDemo(ctx context.Context, f *demoFlags, stdout, stderr io.Writer) error 
 		mctx, cancel := context.WithCancel(ctx)
 		m.cancel = cancel
 		if name == "member-1" && f.httpAddr != "" {
-			go func() { m.done <- serve(mctx, log, f.httpAddr, m.metrics, m.engine.Ready, m.engine.Run) }()
+			go func() { m.done <- serve(mctx, log, f.httpAddr, m.metrics, m.engine.Ready, m.engine.Live, m.engine.Run) }()
 		} else {
 			go func() { m.done <- m.engine.Run(mctx) }()
 		}

@@ -88,7 +88,7 @@ func relayCommand(_, stderr io.Writer) *ffcli.Command {
 			}
 			log.Info("outbox relay running", "shards", f.shards, "batch_size", f.batchSize, "poll_interval", f.pollInterval)
 
-			return serve(ctx, log, f.httpAddr, metrics, r.Ready, r.Run)
+			return serve(ctx, log, f.httpAddr, metrics, r.Ready, nil, r.Run)
 		})
 }
 

@@ -54,6 +54,7 @@ type runFlags struct {
 	retryBase       time.Duration
 	retryCap        time.Duration
 	unreadyAfter    time.Duration
+	stallAfter      time.Duration
 	dlqTopic        string
 	onOffsetLost    string
 }
@@ -131,6 +132,12 @@ func (f *runFlags) run(ctx context.Context, stderr io.Writer) error {
 		}
 		return map[string]error{"startup": *starting.Load()}
 	}
+	live := func(ctx context.Context) map[string]error {
+		if e := engine.Load(); e != nil {
+			return e.Live(ctx)
+		}
+		return map[string]error{"startup": nil}
+	}
 	retries := prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name: "projector_startup_retries_total",
 		Help: "Attempts of startup's database work (step: connect, migrate) that failed and were retried.",
@@ -142,7 +149,7 @@ func (f *runFlags) run(ctx context.Context, stderr io.Writer) error {
 			err = fmt.Errorf("starting: %s failed, retrying: %w", what, err)
 			starting.Store(&err)
 		}}
-	return serveOn(ctx, log, ln, metrics, ready, func(ctx context.Context) error {
+	return serveOn(ctx, log, ln, metrics, ready, live, func(ctx context.Context) error {
 		sctx, cancel := su.bound(ctx)
 		defer cancel()
 		pool, target, err := openDatabase(sctx, poolCfg, su, true)
@@ -208,6 +215,7 @@ func (f *runFlags) register(fs *flag.FlagSet) {
 	fs.DurationVar(&f.retryBase, "retry-base", defaultRetryBase, "base of the exponential backoff after a transient failure (PROJECTOR_RETRY_BASE)")
 	fs.DurationVar(&f.retryCap, "retry-cap", defaultRetryCap, "cap of the exponential backoff; each delay is random in [0, min(cap, base·2^attempt)] (PROJECTOR_RETRY_CAP)")
 	fs.DurationVar(&f.unreadyAfter, "unready-after", 30*time.Second, "a partition backing off longer than this makes /readyz fail (PROJECTOR_UNREADY_AFTER)")
+	fs.DurationVar(&f.stallAfter, "stall-after", partition.DefaultStallAfter, "a partition with records to apply that commits nothing for this long is stalled: an error line, projector_partition_stalled, and /livez fails so that the member is restarted (PROJECTOR_STALL_AFTER)")
 	fs.StringVar(&f.dlqTopic, "dlq-topic", "", "also publish dead letters to this Kafka topic, with Kafka Connect's __connect.errors.* headers (PROJECTOR_DLQ_TOPIC)")
 	fs.StringVar(&f.onOffsetLost, "on-offset-lost", projector.OffsetLostHalt, "when retention deleted records before they were applied: halt the partition, or skip to the log start (PROJECTOR_ON_OFFSET_LOST)")
 	fs.DurationVar(&f.revokeTimeout, "revoke-timeout", 10*time.Second, "longest a revoked partition may take to finish its open batch (PROJECTOR_REVOKE_TIMEOUT)")
@@ -241,6 +249,9 @@ func (f *runFlags) validate() error {
 	}
 	if f.retryBase <= 0 || f.retryCap < f.retryBase {
 		return fmt.Errorf("--retry-base %s, --retry-cap %s: want 0 < base <= cap", f.retryBase, f.retryCap)
+	}
+	if f.stallAfter <= f.retryCap {
+		return fmt.Errorf("--stall-after %s: must be longer than --retry-cap %s, or a partition waiting out one backoff would count as stalled", f.stallAfter, f.retryCap)
 	}
 	if f.onOffsetLost != projector.OffsetLostHalt && f.onOffsetLost != projector.OffsetLostSkip {
 		return fmt.Errorf("--on-offset-lost %q: want halt or skip", f.onOffsetLost)
@@ -282,20 +293,21 @@ func listen(httpAddr string) (net.Listener, error) {
 }
 
 // serve runs work (an engine or a relay) with its HTTP surface — metrics
-// from reg, readiness from ready — until ctx ends.
-func serve(ctx context.Context, log *slog.Logger, httpAddr string, reg prometheus.Gatherer, ready projector.ReadyFunc, work func(context.Context) error) error {
+// from reg, readiness from ready, liveness from live (nil: the process
+// answers) — until ctx ends.
+func serve(ctx context.Context, log *slog.Logger, httpAddr string, reg prometheus.Gatherer, ready, live projector.ReadyFunc, work func(context.Context) error) error {
 	ln, err := listen(httpAddr)
 	if err != nil {
 		return err
 	}
-	return serveOn(ctx, log, ln, reg, ready, work)
+	return serveOn(ctx, log, ln, reg, ready, live, work)
 }
 
 // serveOn is serve on a bound listener; nil serves no HTTP.
-func serveOn(ctx context.Context, log *slog.Logger, ln net.Listener, reg prometheus.Gatherer, ready projector.ReadyFunc, work func(context.Context) error) error {
+func serveOn(ctx context.Context, log *slog.Logger, ln net.Listener, reg prometheus.Gatherer, ready, live projector.ReadyFunc, work func(context.Context) error) error {
 	g, ctx := errgroup.WithContext(ctx)
 	if ln != nil {
-		srv := &http.Server{Handler: projector.Handler(reg, ready), ReadHeaderTimeout: 5 * time.Second}
+		srv := &http.Server{Handler: projector.Handler(reg, ready, live), ReadHeaderTimeout: 5 * time.Second}
 		log.Info("serving metrics and health", "addr", ln.Addr().String())
 		g.Go(func() error {
 			if err := srv.Serve(ln); !errors.Is(err, http.ErrServerClosed) {
@@ -343,6 +355,7 @@ func newEngine(f *runFlags, brokers []string, projs []*projection.Projection, re
 			RetryBase:        f.retryBase,
 			RetryCap:         f.retryCap,
 			UnreadyAfter:     f.unreadyAfter,
+			StallAfter:       f.stallAfter,
 		},
 		MemberMaxRecords: offFlag(f.memberMax),
 		StateCacheRows:   offFlag(f.stateCacheRows),

@@ -21,7 +21,8 @@ type Offsets struct {
 	identity string
 }
 
-// NewOffsets returns the offset store of identity.
+// NewOffsets returns the offset store of identity. Each call waits at most
+// DefaultAcquireTimeout for a connection of pool.
 func NewOffsets(pool *pgxpool.Pool, identity string) *Offsets {
 	return &Offsets{pool: pool, identity: identity}
 }
@@ -44,7 +45,12 @@ func (o *Offsets) Claim(ctx context.Context, tps []partition.TP) ([]Claimed, err
 	for i, tp := range tps {
 		topics[i], parts[i] = tp.Topic, tp.Partition
 	}
-	rows, err := o.pool.Query(ctx, `
+	conn, err := acquire(ctx, o.pool, DefaultAcquireTimeout)
+	if err != nil {
+		return nil, fmt.Errorf("claim %d partitions: %w", len(tps), err)
+	}
+	defer conn.Release()
+	rows, err := conn.Query(ctx, `
 		INSERT INTO projector_offsets AS o (identity, topic, partition, owner_epoch)
 		SELECT $1, u.topic, u.partition, 1 FROM unnest($2::text[], $3::int[]) AS u(topic, partition)
 		ORDER BY 2, 3
@@ -71,7 +77,12 @@ func (o *Offsets) Claim(ctx context.Context, tps []partition.TP) ([]Claimed, err
 // Init sets the first offset of a claimed partition that had none stored.
 // It returns partition.ErrFenced when a newer owner exists.
 func (o *Offsets) Init(ctx context.Context, c Claimed, next int64) error {
-	tag, err := o.pool.Exec(ctx, `UPDATE projector_offsets SET next_offset = $1, updated_at = now()
+	conn, err := acquire(ctx, o.pool, DefaultAcquireTimeout)
+	if err != nil {
+		return fmt.Errorf("store first offset of %s/%d: %w", c.Topic, c.Partition, err)
+	}
+	defer conn.Release()
+	tag, err := conn.Exec(ctx, `UPDATE projector_offsets SET next_offset = $1, updated_at = now()
 		WHERE identity = $2 AND topic = $3 AND partition = $4 AND owner_epoch = $5 AND next_offset IS NULL`,
 		next, o.identity, c.Topic, c.Partition, c.Epoch)
 	if err != nil {
@@ -93,7 +104,12 @@ func (o *Offsets) InitAll(ctx context.Context, claims []Claimed, firsts []int64)
 	for i, c := range claims {
 		topics[i], parts[i], epochs[i] = c.Topic, c.Partition, c.Epoch
 	}
-	rows, err := o.pool.Query(ctx, `UPDATE projector_offsets AS o SET next_offset = u.next, updated_at = now()
+	conn, err := acquire(ctx, o.pool, DefaultAcquireTimeout)
+	if err != nil {
+		return nil, fmt.Errorf("store first offsets of %d partitions: %w", len(claims), err)
+	}
+	defer conn.Release()
+	rows, err := conn.Query(ctx, `UPDATE projector_offsets AS o SET next_offset = u.next, updated_at = now()
 		FROM unnest($2::text[], $3::int[], $4::bigint[], $5::bigint[]) AS u(topic, partition, epoch, next)
 		WHERE o.identity = $1 AND o.topic = u.topic AND o.partition = u.partition
 		  AND o.owner_epoch = u.epoch AND o.next_offset IS NULL
@@ -117,7 +133,12 @@ func (o *Offsets) InitAll(ctx context.Context, claims []Claimed, firsts []int64)
 // claimed the partition after the reset is never fenced by it. ok is
 // false when there is nothing to adopt.
 func (o *Offsets) Adopt(ctx context.Context, tp partition.TP, mine int64) (c Claimed, ok bool, err error) {
-	err = o.pool.QueryRow(ctx, `UPDATE projector_offsets AS o SET owner_epoch = o.owner_epoch + 1, updated_at = now()
+	conn, err := acquire(ctx, o.pool, DefaultAcquireTimeout)
+	if err != nil {
+		return Claimed{}, false, fmt.Errorf("adopt the reset offset of %s/%d: %w", tp.Topic, tp.Partition, err)
+	}
+	defer conn.Release()
+	err = conn.QueryRow(ctx, `UPDATE projector_offsets AS o SET owner_epoch = o.owner_epoch + 1, updated_at = now()
 		WHERE o.identity = $1 AND o.topic = $2 AND o.partition = $3 AND o.owner_epoch > $4 AND o.next_offset IS NOT NULL
 		  AND EXISTS (SELECT 1 FROM projector_offsets_audit a
 			WHERE a.identity = o.identity AND a.topic = o.topic AND a.partition = o.partition AND a.owner_epoch = o.owner_epoch)

@@ -38,6 +38,15 @@ type Sink struct {
 	// Rows of aggregates assumed new the tombstone filter ruled out, and
 	// those checked in Postgres (see TombstoneChecks).
 	ruledOut, probed atomic.Int64
+	// acquireTimeout bounds each wait for a connection of the pool (see
+	// DefaultAcquireTimeout).
+	acquireTimeout time.Duration
+	// pkey is the name of the table's primary key, once looked up (see
+	// keyConflict).
+	pkey atomic.Pointer[string]
+	// unsure holds the batches whose COMMIT lost its reply (see
+	// commitLanded).
+	unsure unsureCommits
 
 	sql statements
 }
@@ -86,7 +95,7 @@ var (
 // Migrate first. With dlqTopic set, every new dead letter is also queued
 // (in the same transaction) for publishing to that Kafka topic.
 func NewSink(pool *pgxpool.Pool, identity string, p *projection.Projection, dlqTopic string) *Sink {
-	s := &Sink{pool: pool, identity: identity, p: p, dlqTopic: dlqTopic, readsRows: p.FoldReadsRow()}
+	s := &Sink{pool: pool, identity: identity, p: p, dlqTopic: dlqTopic, readsRows: p.FoldReadsRow(), acquireTimeout: DefaultAcquireTimeout}
 	s.cache = newStateCache(DefaultStateCacheRows, DefaultStateCacheBytes, p.Columns, s.readsRows)
 	s.tombs = newTombstoneFilter(p.Table, DefaultTombstoneFilterKeys)
 	s.sql = rowSQL(p)
@@ -110,6 +119,15 @@ func (s *Sink) SetStateCache(rows int, bytes int64) {
 	s.cache = newStateCache(rows, bytes, s.p.Columns, s.readsRows)
 }
 
+// SetAcquireTimeout sets how long a batch waits for a connection of the
+// pool before it fails and is retried (see DefaultAcquireTimeout; 0 or
+// less keeps the default). Call it before the first batch.
+func (s *Sink) SetAcquireTimeout(d time.Duration) {
+	if d > 0 {
+		s.acquireTimeout = d
+	}
+}
+
 // presentRow stands for a row that exists in the state of a projection
 // whose fold does not read rows (see Sink.readsRows). Nothing writes to
 // it.
@@ -120,6 +138,7 @@ var presentRow = projection.Row{}
 func (s *Sink) Forget(tp partition.TP) {
 	s.cache.drop(tp)
 	s.tombs.forget(tp)
+	s.unsure.forget(tp)
 }
 
 // errStaleState reports a batch planned on state (cached, or read earlier
@@ -352,8 +371,28 @@ const (
 // CommitBatch implements partition.Sink. When Postgres refuses a row (a
 // data error, SQLSTATE classes 22, 23 and 54), the batch is run again with
 // each row under its own savepoint to find the refused ones, which are
-// returned as *partition.RejectedRows.
+// returned as *partition.RejectedRows. When it refuses a statement itself
+// (see refused), the error is marked partition.ErrBadStatement.
 func (s *Sink) CommitBatch(ctx context.Context, claim partition.Claim, end int64, keys partition.Keys, plan func(partition.State) (partition.Changes, error)) error {
+	return refused(s.commitBatch(ctx, claim, end, keys, plan))
+}
+
+func (s *Sink) commitBatch(ctx context.Context, claim partition.Claim, end int64, keys partition.Keys, plan func(partition.State) (partition.Changes, error)) error {
+	if unsure, ok := s.unsure.take(claim); ok {
+		// The last attempt's COMMIT went out and its reply never came: if
+		// it landed, the batch is done, as that attempt planned it (plan
+		// is not called again).
+		landed, err := s.commitLanded(ctx, claim, unsure)
+		if err != nil {
+			if !errors.Is(err, partition.ErrFenced) {
+				s.unsure.note(claim, unsure)
+			}
+			return fmt.Errorf("read whether the last commit landed: %w", err)
+		}
+		if landed && unsure == end {
+			return nil
+		}
+	}
 	err := s.commit(ctx, claim, end, keys, plan, true, false)
 	var u *unverifiable
 	if errors.As(err, &u) {
@@ -383,16 +422,48 @@ func (s *Sink) CommitBatch(ctx context.Context, claim partition.Claim, end int64
 }
 
 // keyConflict reports err to be the violation of the table's primary key
-// by an insert of a row the batch's state said did not exist.
+// by an insert of a row the batch's state said did not exist. Call it
+// holding no connection of the pool: it may take one (once, to learn the
+// primary key's name).
 func (s *Sink) keyConflict(ctx context.Context, err error) bool {
 	var pg *pgconn.PgError
-	if !errors.As(err, &pg) || pg.Code != "23505" {
+	if !errors.As(err, &pg) || pg.Code != uniqueViolation {
 		return false
 	}
-	var isKey bool
-	qerr := s.pool.QueryRow(ctx, `SELECT EXISTS (SELECT FROM pg_constraint
-		WHERE conrelid = to_regclass($1) AND contype = 'p' AND conname = $2)`, s.p.Table, pg.ConstraintName).Scan(&isKey)
-	return qerr == nil && isKey
+	if name := s.pkey.Load(); name != nil {
+		return *name == pg.ConstraintName
+	}
+	conn, cerr := acquire(ctx, s.pool, s.acquireTimeout)
+	if cerr != nil {
+		return false // not known now: the batch is retried as it failed
+	}
+	defer conn.Release()
+	var name string
+	qerr := conn.QueryRow(ctx, `SELECT conname FROM pg_constraint
+		WHERE conrelid = to_regclass($1) AND contype = 'p'`, s.p.Table).Scan(&name)
+	if qerr != nil {
+		return false
+	}
+	s.pkey.Store(&name)
+	return name == pg.ConstraintName
+}
+
+// refused marks err with partition.ErrBadStatement when Postgres refused
+// the sink's statement itself rather than a row or the moment: SQLSTATE
+// classes 42 (a table, column, type or function missing or different, a
+// privilege missing), 0A (a feature not supported), 26 (a prepared
+// statement missing, as behind a pooler that does not keep them) and 3F
+// (a schema missing). Data errors (classes 22, 23, 54) stay row-level.
+func refused(err error) error {
+	var pg *pgconn.PgError
+	if err == nil || !errors.As(err, &pg) || len(pg.Code) < 2 {
+		return err
+	}
+	switch pg.Code[:2] {
+	case "42", "0A", "26", "3F":
+		return fmt.Errorf("%w: %w", partition.ErrBadStatement, err)
+	}
+	return err
 }
 
 // rowLevel reports errors caused by the data of some row rather than by
@@ -414,9 +485,9 @@ func rowLevel(err error) bool {
 // partition.Keys); with isolate, every row is written under its own
 // savepoint.
 func (s *Sink) commit(ctx context.Context, claim partition.Claim, end int64, keys partition.Keys, plan func(partition.State) (partition.Changes, error), assume, isolate bool) error {
-	tx, err := s.pool.Begin(ctx)
+	tx, err := begin(ctx, s.pool, s.acquireTimeout, pgx.TxOptions{})
 	if err != nil {
-		return fmt.Errorf("begin: %w", err)
+		return err
 	}
 	defer tx.Rollback(context.WithoutCancel(ctx)) //nolint:errcheck // a no-op after commit
 
@@ -493,12 +564,24 @@ func (s *Sink) commit(ctx context.Context, claim partition.Claim, end int64, key
 		return nil
 	})
 	if err := tx.SendBatch(ctx, b).Close(); err != nil {
+		// The failed transaction gives its connection back before the
+		// conflict is looked into on another: were it held meanwhile, as
+		// many partitions as the pool has connections meeting a conflict
+		// at once would each wait for a connection another one holds.
+		_ = tx.Rollback(context.WithoutCancel(ctx)) // aborted already; a failed rollback closes the connection
 		if ruledOut > 0 && s.keyConflict(ctx, err) {
 			return errNotNew // most likely one of those: no reason to doubt the cache yet
 		}
 		return fmt.Errorf("write batch: %w", err)
 	}
 	if fenced {
+		// The stored offset moved, or a newer owner claimed the
+		// partition. The offset this batch would store, under this
+		// claim, says that an earlier attempt of it landed after all.
+		if st, err := readStored(ctx, tx, s.identity, claim.TP, false); err == nil && st.landed(claim, end) {
+			s.cache.drop(claim.TP) // planned again on what that attempt wrote: not worth keeping
+			return nil
+		}
 		return partition.ErrFenced
 	}
 	// A row the plan expected to update but Postgres kept (it holds that
@@ -513,7 +596,21 @@ func (s *Sink) commit(ctx context.Context, claim partition.Claim, end int64, key
 		return errNotNew
 	}
 	if err := tx.Commit(ctx); err != nil {
-		return fmt.Errorf("commit: %w", err)
+		if !outcomeUnknown(err) {
+			return fmt.Errorf("commit: %w", err)
+		}
+		landed, perr := s.commitLanded(ctx, claim, end)
+		if perr != nil {
+			if !errors.Is(perr, partition.ErrFenced) {
+				s.unsure.note(claim, end)
+			}
+			return fmt.Errorf("commit: %w; its reply was lost, and whether it landed will be read before the batch is tried again (%w)", err, perr)
+		}
+		if !landed {
+			return fmt.Errorf("commit: %w", err)
+		}
+		s.cache.drop(claim.TP) // what the cache would hold is right, but this is rare enough not to reason about
+		return nil
 	}
 	if caching {
 		stored, err := upserts, error(nil)
@@ -982,10 +1079,15 @@ func (s *Sink) upsertArgs(rows []partition.RowWrite, base int, inexact *[]int) (
 
 // Parked implements partition.Sink.
 func (s *Sink) Parked(ctx context.Context, tp partition.TP) (map[string]partition.ParkedInfo, error) {
-	rows, err := s.pool.Query(ctx, `SELECT key, count(*), min(parked_at) FROM projector_parked
+	conn, err := acquire(ctx, s.pool, s.acquireTimeout)
+	if err != nil {
+		return nil, refused(fmt.Errorf("list parked aggregates of %s/%d: %w", tp.Topic, tp.Partition, err))
+	}
+	defer conn.Release()
+	rows, err := conn.Query(ctx, `SELECT key, count(*), min(parked_at) FROM projector_parked
 		WHERE identity = $1 AND topic = $2 AND partition = $3 GROUP BY key`, s.identity, tp.Topic, tp.Partition)
 	if err != nil {
-		return nil, fmt.Errorf("list parked aggregates of %s/%d: %w", tp.Topic, tp.Partition, err)
+		return nil, refused(fmt.Errorf("list parked aggregates of %s/%d: %w", tp.Topic, tp.Partition, err))
 	}
 	defer rows.Close()
 	out := map[string]partition.ParkedInfo{}
@@ -995,26 +1097,26 @@ func (s *Sink) Parked(ctx context.Context, tp partition.TP) (map[string]partitio
 			info partition.ParkedInfo
 		)
 		if err := rows.Scan(&key, &info.Count, &info.Since); err != nil {
-			return nil, fmt.Errorf("list parked aggregates of %s/%d: %w", tp.Topic, tp.Partition, err)
+			return nil, refused(fmt.Errorf("list parked aggregates of %s/%d: %w", tp.Topic, tp.Partition, err))
 		}
 		out[key] = info
 	}
 	if err := rows.Err(); err != nil {
-		return nil, fmt.Errorf("list parked aggregates of %s/%d: %w", tp.Topic, tp.Partition, err)
+		return nil, refused(fmt.Errorf("list parked aggregates of %s/%d: %w", tp.Topic, tp.Partition, err))
 	}
 	return out, nil
 }
 
 // Load implements partition.Sink.
 func (s *Sink) Load(ctx context.Context, tp partition.TP, keys []string) (partition.State, error) {
-	tx, err := s.pool.BeginTx(ctx, pgx.TxOptions{AccessMode: pgx.ReadOnly})
+	tx, err := begin(ctx, s.pool, s.acquireTimeout, pgx.TxOptions{AccessMode: pgx.ReadOnly})
 	if err != nil {
-		return partition.State{}, fmt.Errorf("begin: %w", err)
+		return partition.State{}, err
 	}
 	defer tx.Rollback(context.WithoutCancel(ctx)) //nolint:errcheck // read-only
 	st := partition.State{Rows: map[string]projection.Row{}, Versions: map[string]int64{}}
 	err = s.load(ctx, tx, tp, keys, keys, &st)
-	return st, err
+	return st, refused(err)
 }
 
 // Peek implements partition.Peeker: the state of keys as a batch loads it,
@@ -1041,13 +1143,13 @@ func (s *Sink) Peek(ctx context.Context, claim partition.Claim, keys partition.K
 	if len(read) == 0 && len(keys.Parked) == 0 {
 		return st, nil
 	}
-	tx, err := s.pool.BeginTx(ctx, pgx.TxOptions{AccessMode: pgx.ReadOnly})
+	tx, err := begin(ctx, s.pool, s.acquireTimeout, pgx.TxOptions{AccessMode: pgx.ReadOnly})
 	if err != nil {
-		return partition.State{}, fmt.Errorf("begin: %w", err)
+		return partition.State{}, err
 	}
 	defer tx.Rollback(context.WithoutCancel(ctx)) //nolint:errcheck // read-only
 	if err := s.load(ctx, tx, claim.TP, read, keys.Parked, &st); err != nil {
-		return partition.State{}, err
+		return partition.State{}, refused(err)
 	}
 	if caching {
 		s.cache.store(claim, read, st, nil, nil)
@@ -1057,7 +1159,12 @@ func (s *Sink) Peek(ctx context.Context, claim partition.Claim, keys partition.K
 
 // ParkedKeys lists the aggregates of the partition with parked events.
 func (s *Sink) ParkedKeys(ctx context.Context, tp partition.TP) ([]string, error) {
-	rows, err := s.pool.Query(ctx, parkedKeysSQL, s.identity, tp.Topic, tp.Partition)
+	conn, err := acquire(ctx, s.pool, s.acquireTimeout)
+	if err != nil {
+		return nil, fmt.Errorf("list parked aggregates of %s/%d: %w", tp.Topic, tp.Partition, err)
+	}
+	defer conn.Release()
+	rows, err := conn.Query(ctx, parkedKeysSQL, s.identity, tp.Topic, tp.Partition)
 	if err != nil {
 		return nil, fmt.Errorf("list parked aggregates of %s/%d: %w", tp.Topic, tp.Partition, err)
 	}
