@@ -118,7 +118,7 @@ func (w *Worker) process(ctx context.Context, recs []*kgo.Record) (err error) {
 	)
 	plan := func(st State) (Changes, error) {
 		var err error
-		changes, out, err = w.plan(ctx, items, keys.All, st, rejected, giveUp)
+		changes, out, err = w.plan(ctx, items, keys.All, st, nil, rejected, giveUp)
 		return changes, err
 	}
 	for attempt := 0; ; attempt++ {
@@ -544,11 +544,14 @@ type aggState struct {
 }
 
 // plan folds the batch into changes. keys are the batch's aggregates,
-// which its items index (see batchKeys). It only reads worker state, so it
+// which its items index (see batchKeys). A window's batch passes known,
+// the window's aggregates at the index of keys, in place of st.Rows and
+// st.Versions: the plan finds each by index rather than by hashing its key
+// twice more. It only reads worker state, so it
 // may run again when the transaction is retried. Events of rejected
 // aggregates are dead-lettered; with giveUp, so are events whose fold keeps
 // failing.
-func (w *Worker) plan(ctx context.Context, items []*item, keys []string, st State, rejected map[string]string, giveUp bool) (Changes, outcomes, error) {
+func (w *Worker) plan(ctx context.Context, items []*item, keys []string, st State, known []*windowAgg, rejected map[string]string, giveUp bool) (Changes, outcomes, error) {
 	var (
 		ch  Changes
 		out = outcomes{deadLettered: map[string]int{}}
@@ -560,8 +563,8 @@ func (w *Worker) plan(ctx context.Context, items []*item, keys []string, st Stat
 		a := &aggs[i]
 		switch {
 		case a.seen:
-		case st.known != nil:
-			a.row, a.gate.Version, a.seen = st.known[i].row, st.known[i].version, true
+		case known != nil:
+			a.row, a.gate.Version, a.seen = known[i].row, known[i].version, true
 		default:
 			a.row, a.gate.Version, a.seen = st.Rows[keys[i]], st.Versions[keys[i]], true
 		}

@@ -269,7 +269,7 @@ func (w *Worker) planBatch(ctx context.Context, win *window, recs []*kgo.Record)
 	// retried, the registry down while parked events are decoded), the
 	// window is applied again batch by batch, each batch retried as it
 	// would be on its own.
-	st := State{Parked: w.stillParked(known.Parked, win), known: aggs}
+	st := State{Parked: w.stillParked(known.Parked, win)}
 	for i, k := range keys.All {
 		st.Parked = append(st.Parked, win.parked[k]...)
 		st.Parked = w.carriedParked(st.Parked, win, k)
@@ -283,7 +283,7 @@ func (w *Worker) planBatch(ctx context.Context, win *window, recs []*kgo.Record)
 			win.list = append(win.list, a)
 		}
 	}
-	changes, out, err := w.plan(ctx, items, keys.All, st, nil, false)
+	changes, out, err := w.plan(ctx, items, keys.All, st, aggs, nil, false)
 	if err != nil {
 		return &planFailed{err}
 	}
