@@ -17,7 +17,7 @@ import (
 
 	"github.com/projector-dev/projector/dlqpublish"
 	"github.com/projector-dev/projector/internal/testenv"
-	"github.com/projector-dev/projector/partition"
+	"github.com/projector-dev/projector/sinks"
 	"github.com/projector-dev/projector/sinks/postgres"
 )
 
@@ -32,7 +32,7 @@ type dead struct {
 	partition            int32
 	offset               int64
 	key, value           []byte
-	headers              []partition.Header
+	headers              []sinks.Header
 	err, class           string
 	outbox               bool // also queue it for the dead-letter topic
 }
@@ -140,8 +140,8 @@ func outboxCount(t *testing.T, pool *pgxpool.Pool) int {
 }
 
 func TestIDHeaderIsTheConsumersReplayHeader(t *testing.T) {
-	if dlqpublish.IDHeader != partition.ReplayHeader {
-		t.Fatalf("dlqpublish.IDHeader %q != partition.ReplayHeader %q", dlqpublish.IDHeader, partition.ReplayHeader)
+	if dlqpublish.IDHeader != sinks.ReplayHeader {
+		t.Fatalf("dlqpublish.IDHeader %q != sinks.ReplayHeader %q", dlqpublish.IDHeader, sinks.ReplayHeader)
 	}
 }
 
@@ -156,7 +156,7 @@ func TestPublishCopiesDeadLettersToTheTopic(t *testing.T) {
 	bin := []byte{0xff, 0x00, 0xfe}
 	special := []dead{
 		{partition: 2, offset: 41, key: []byte("acc-1"), value: []byte{0, 0, 0, 0, 9, 1, 2}, err: "schema id 9: unknown schema id", class: "decode",
-			headers: []partition.Header{{Key: "traceparent", Value: []byte("00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01")}, {Key: "bin", Value: bin},
+			headers: []sinks.Header{{Key: "traceparent", Value: []byte("00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01")}, {Key: "bin", Value: bin},
 				{Key: dlqpublish.IDHeader, Value: []byte("999")}, {Key: "empty", Value: []byte{}}},
 			outbox: true},
 		{partition: 0, offset: 7, key: nil, value: []byte("garbage"), err: "malformed", class: "invalid", identity: "other", outbox: true},
@@ -248,7 +248,7 @@ func TestPublishCopiesDeadLettersToTheTopic(t *testing.T) {
 		if len(want) > 0 {
 			t.Errorf("dead letter %d lacks headers %v", ids[i], want)
 		}
-		var wantOrig []partition.Header
+		var wantOrig []sinks.Header
 		for _, h := range d.headers {
 			if h.Key != dlqpublish.IDHeader {
 				wantOrig = append(wantOrig, h)
@@ -324,7 +324,7 @@ func TestReplayProducesTheOriginalRecord(t *testing.T) {
 	ctx := context.Background()
 	ds := []dead{
 		{partition: 2, offset: 5, key: []byte("acc-9"), value: []byte{0, 0, 0, 0, 1, 0x10, 0x20},
-			headers: []partition.Header{{Key: "a", Value: []byte("1")}, {Key: dlqpublish.IDHeader, Value: []byte("12345")}, {Key: "bin", Value: []byte{0x80, 0x81}}},
+			headers: []sinks.Header{{Key: "a", Value: []byte("1")}, {Key: dlqpublish.IDHeader, Value: []byte("12345")}, {Key: "bin", Value: []byte{0x80, 0x81}}},
 			err:     "bad"},
 		{partition: 1, offset: 6, key: nil, value: []byte("v"), err: "bad"},
 	}
@@ -375,13 +375,13 @@ func TestReplayProducesTheOriginalRecord(t *testing.T) {
 		if !bytes.Equal(r.Key, e.RecordKey()) || (r.Key == nil) != e.KeyNull || !bytes.Equal(r.Value, e.Value) {
 			t.Errorf("dead letter %d: replayed key %q value %x, want %q %x", e.ID, r.Key, r.Value, e.RecordKey(), e.Value)
 		}
-		var want []partition.Header
+		var want []sinks.Header
 		for _, h := range e.Headers {
 			if h.Key != dlqpublish.IDHeader {
 				want = append(want, h)
 			}
 		}
-		want = append(want, partition.Header{Key: dlqpublish.IDHeader, Value: []byte(idText)})
+		want = append(want, sinks.Header{Key: dlqpublish.IDHeader, Value: []byte(idText)})
 		if len(r.Headers) != len(want) {
 			t.Fatalf("dead letter %d: headers %v, want %v", e.ID, r.Headers, want)
 		}

@@ -13,7 +13,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/twmb/franz-go/pkg/kgo"
 
-	"github.com/projector-dev/projector/partition"
+	"github.com/projector-dev/projector/sinks"
 )
 
 // Kafka Connect's dead-letter-queue context headers, which Publisher adds
@@ -110,7 +110,7 @@ type outboxRow struct {
 	partition  int32
 	offset     int64
 	key, value []byte
-	headers    []partition.Header
+	headers    []sinks.Header
 	errText    string
 	errClass   string
 }

@@ -15,7 +15,7 @@ import (
 
 // IDHeader is the header naming the dead letter (its id in decimal) a
 // record was produced from, on replayed records and on dead-letter topic
-// records. It equals partition.ReplayHeader.
+// records. It equals sinks.ReplayHeader.
 const IDHeader = "projector-dlq-id"
 
 // markTimeout bounds the bookkeeping done after the broker acknowledged a

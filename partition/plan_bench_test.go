@@ -16,6 +16,7 @@ import (
 	"github.com/projector-dev/projector/internal/demo"
 	"github.com/projector-dev/projector/projection"
 	"github.com/projector-dev/projector/schemas"
+	"github.com/projector-dev/projector/sinks"
 )
 
 // benchBatch is one batch as a worker sees it: 1000 records of the demo's
@@ -24,7 +25,7 @@ import (
 type benchBatch struct {
 	w     *Worker
 	recs  []*kgo.Record
-	state State
+	state sinks.State
 }
 
 const benchBatchSize = 1000
@@ -55,7 +56,7 @@ func newBenchBatch(b *testing.B) *benchBatch {
 	b.Helper()
 	p, enc, dec := demoCodec(b)
 	const accounts, versions = 200, 5
-	bb := &benchBatch{state: State{Rows: map[string]projection.Row{}, Versions: map[string]int64{}}}
+	bb := &benchBatch{state: sinks.State{Rows: map[string]projection.Row{}, Versions: map[string]int64{}}}
 	at := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
 	for v := 1; v <= versions; v++ {
 		for a := 0; a < accounts; a++ {
@@ -81,7 +82,7 @@ func newBenchBatch(b *testing.B) *benchBatch {
 		bb.state.Versions[id] = 10
 	}
 	log := slog.New(slog.NewTextHandler(io.Discard, nil))
-	bb.w = NewWorker(Config{}, "bench", Claim{TP: TP{Topic: demo.Topic}}, p, nil, dec, nil, idleFetcher{}, log, nil)
+	bb.w = NewWorker(Config{}, "bench", sinks.Claim{TP: sinks.TP{Topic: demo.Topic}}, p, nil, dec, nil, idleFetcher{}, log, nil)
 	return bb
 }
 

@@ -10,9 +10,9 @@ import (
 
 	"github.com/projector-dev/projector/dlqpublish"
 	"github.com/projector-dev/projector/internal/demo"
-	"github.com/projector-dev/projector/partition"
 	"github.com/projector-dev/projector/projector"
 	"github.com/projector-dev/projector/schemas"
+	"github.com/projector-dev/projector/sinks"
 	"github.com/projector-dev/projector/sinks/postgres"
 )
 
@@ -61,7 +61,7 @@ func TestDeadLetterLifecycle(t *testing.T) {
 		byKey[d.Key] = d
 	}
 	late, junk := byKey["late-2"], byKey["junk-1"]
-	if late.ErrorClass != partition.ClassDecode || late.Attempts != 2 || late.TraceID != "4bf92f3577b34da6a3ce929d0e0e4736" ||
+	if late.ErrorClass != sinks.ClassDecode || late.Attempts != 2 || late.TraceID != "4bf92f3577b34da6a3ce929d0e0e4736" ||
 		late.SchemaID == nil || *late.SchemaID != unknownID {
 		t.Errorf("late-2 dead letter: class %q, attempts %d, trace %q, schema id %v; want decode, 2, the traceparent's trace id, %d",
 			late.ErrorClass, late.Attempts, late.TraceID, late.SchemaID, unknownID)

@@ -27,6 +27,7 @@ import (
 	"github.com/projector-dev/projector/projection"
 	"github.com/projector-dev/projector/repair"
 	"github.com/projector-dev/projector/schemas"
+	"github.com/projector-dev/projector/sinks"
 	"github.com/projector-dev/projector/sinks/postgres"
 )
 
@@ -209,7 +210,7 @@ type Engine struct {
 	pool      *pgxpool.Pool
 	offsets   *postgres.Offsets
 	byTopic   map[string]*projection.Projection
-	sinks     map[string]partition.Sink
+	sinks     map[string]sinks.Sink
 	decoders  map[string]partition.Decoder
 	repairers map[string]partition.Repairer
 	closers   []func()
@@ -227,7 +228,7 @@ type Engine struct {
 	wg     sync.WaitGroup
 
 	mu      sync.Mutex
-	workers map[partition.TP]*running
+	workers map[sinks.TP]*running
 	owned   atomic.Int64 // len(workers), for the workers' shares
 	// closing is set once Run stops its workers: a partition assigned
 	// after that (the group rebalancing while the member leaves) gets no
@@ -243,11 +244,11 @@ type Engine struct {
 
 	// outOfLog holds the partitions whose stored offset is not in the log
 	// (under mu; see offsetLost).
-	outOfLog map[partition.TP]*lostPartition
+	outOfLog map[sinks.TP]*lostPartition
 	now      func() time.Time
 	// adopt holds the partitions whose worker was fenced, with the epoch
 	// it had (under mu; see adoptReset).
-	adopt map[partition.TP]int64
+	adopt map[sinks.TP]int64
 }
 
 type rewind struct {
@@ -260,7 +261,7 @@ type rewind struct {
 // and resuming through the client, rewinding through the poll loop.
 type fetcher struct {
 	e  *Engine
-	tp partition.TP
+	tp sinks.TP
 	w  *partition.Worker // set once the worker is built
 }
 
@@ -271,7 +272,7 @@ func (f *fetcher) PauseFetchPartitions(tps map[string][]int32) map[string][]int3
 func (f *fetcher) ResumeFetchPartitions(tps map[string][]int32) { f.e.cl.ResumeFetchPartitions(tps) }
 
 // Rewind implements partition.Rewinder.
-func (f *fetcher) Rewind(_ partition.TP, offset int64, done func()) {
+func (f *fetcher) Rewind(_ sinks.TP, offset int64, done func()) {
 	f.e.mu.Lock()
 	f.e.rewinds = append(f.e.rewinds, rewind{f: f, offset: offset, done: done})
 	f.e.mu.Unlock()
@@ -321,13 +322,13 @@ func New(cfg Config, pool *pgxpool.Pool, decoderOf Decoders) (*Engine, error) {
 		pool:        pool,
 		offsets:     postgres.NewOffsets(pool, cfg.Identity),
 		byTopic:     map[string]*projection.Projection{},
-		sinks:       map[string]partition.Sink{},
+		sinks:       map[string]sinks.Sink{},
 		decoders:    map[string]partition.Decoder{},
 		repairers:   map[string]partition.Repairer{},
 		log:         cfg.Logger.With("group", cfg.Identity),
-		workers:     map[partition.TP]*running{},
-		outOfLog:    map[partition.TP]*lostPartition{},
-		adopt:       map[partition.TP]int64{},
+		workers:     map[sinks.TP]*running{},
+		outOfLog:    map[sinks.TP]*lostPartition{},
+		adopt:       map[sinks.TP]int64{},
 		now:         time.Now,
 		clientReady: make(chan struct{}),
 	}
@@ -477,14 +478,14 @@ func (e *Engine) Run(ctx context.Context) error {
 			switch {
 			case errors.Is(err, context.Canceled):
 			case errors.Is(err, kerr.OffsetOutOfRange):
-				e.offsetLost(runCtx, partition.TP{Topic: topic, Partition: p})
+				e.offsetLost(runCtx, sinks.TP{Topic: topic, Partition: p})
 			default:
 				e.log.Error("fetch failed", "topic", topic, "partition", p, "err", err)
 			}
 		})
 		e.mu.Lock()
 		fetches.EachPartition(func(fp kgo.FetchTopicPartition) {
-			if r := e.workers[partition.TP{Topic: fp.Topic, Partition: fp.Partition}]; r != nil {
+			if r := e.workers[sinks.TP{Topic: fp.Topic, Partition: fp.Partition}]; r != nil {
 				r.w.Push(fp.Records, fp.HighWatermark)
 			}
 		})
@@ -527,10 +528,10 @@ func (e *Engine) claim(ctx context.Context, offsets map[string]map[int32]kgo.Off
 	case <-ctx.Done():
 		return nil, ctx.Err()
 	}
-	var tps []partition.TP
+	var tps []sinks.TP
 	for t, ps := range offsets {
 		for p := range ps {
-			tps = append(tps, partition.TP{Topic: t, Partition: p})
+			tps = append(tps, sinks.TP{Topic: t, Partition: p})
 		}
 	}
 	if len(tps) == 0 {
@@ -559,7 +560,7 @@ func (e *Engine) claim(ctx context.Context, offsets map[string]map[int32]kgo.Off
 			out[c.Topic] = map[int32]kgo.Offset{}
 		}
 		out[c.Topic][c.Partition] = kgo.NewOffset().At(next).WithEpoch(-1)
-		e.start(partition.Claim{TP: c.TP, Epoch: c.Epoch, NextOffset: next, Since: c.At})
+		e.start(sinks.Claim{TP: c.TP, Epoch: c.Epoch, NextOffset: next, Since: c.At})
 	}
 	return out, nil
 }
@@ -571,8 +572,8 @@ func (e *Engine) claim(ctx context.Context, offsets map[string]map[int32]kgo.Off
 // claiming thousands of fresh partitions in the group callback must not
 // list them one at a time while the group waits. A partition a newer
 // owner claimed meanwhile is left out.
-func (e *Engine) startOffsets(ctx context.Context, claims []postgres.Claimed) (map[partition.TP]int64, error) {
-	out := make(map[partition.TP]int64, len(claims))
+func (e *Engine) startOffsets(ctx context.Context, claims []postgres.Claimed) (map[sinks.TP]int64, error) {
+	out := make(map[sinks.TP]int64, len(claims))
 	var fresh []postgres.Claimed
 	topics := map[string]bool{}
 	for _, c := range claims {
@@ -612,7 +613,7 @@ func (e *Engine) startOffsets(ctx context.Context, claims []postgres.Claimed) (m
 	if err != nil {
 		return nil, err
 	}
-	var stored []partition.TP
+	var stored []sinks.TP
 	err = retry(ctx, e.log, "store start offsets", func() (err error) {
 		stored, err = e.offsets.InitAll(ctx, fresh, firsts)
 		return err
@@ -620,7 +621,7 @@ func (e *Engine) startOffsets(ctx context.Context, claims []postgres.Claimed) (m
 	if err != nil {
 		return nil, err
 	}
-	at := make(map[partition.TP]int64, len(fresh))
+	at := make(map[sinks.TP]int64, len(fresh))
 	for i, c := range fresh {
 		at[c.TP] = firsts[i]
 	}
@@ -630,7 +631,7 @@ func (e *Engine) startOffsets(ctx context.Context, claims []postgres.Claimed) (m
 	return out, nil
 }
 
-func (e *Engine) start(c partition.Claim) {
+func (e *Engine) start(c sinks.Claim) {
 	e.mu.Lock()
 	defer e.mu.Unlock()
 	if e.closing {
@@ -673,7 +674,7 @@ func (e *Engine) start(c partition.Claim) {
 				// Under mu, so that it cannot overtake the resume of a
 				// worker started for the partition after this one.
 				e.cl.PauseFetchPartitions(map[string][]int32{c.Topic: {c.Partition}})
-				if errors.Is(err, partition.ErrFenced) {
+				if errors.Is(err, sinks.ErrFenced) {
 					// Perhaps by an operator's offset reset rather than
 					// a newer member: the poll loop finds out.
 					e.adopt[c.TP] = c.Epoch
@@ -694,7 +695,7 @@ func (e *Engine) stop(tps map[string][]int32) {
 	e.mu.Lock()
 	for t, ps := range tps {
 		for _, p := range ps {
-			tp := partition.TP{Topic: t, Partition: p}
+			tp := sinks.TP{Topic: t, Partition: p}
 			if r := e.workers[tp]; r != nil {
 				delete(e.workers, tp)
 				e.owned.Store(int64(len(e.workers)))
@@ -705,7 +706,7 @@ func (e *Engine) stop(tps map[string][]int32) {
 	}
 	for t, ps := range tps {
 		for _, p := range ps {
-			delete(e.adopt, partition.TP{Topic: t, Partition: p})
+			delete(e.adopt, sinks.TP{Topic: t, Partition: p})
 		}
 	}
 	e.mu.Unlock()
@@ -713,9 +714,9 @@ func (e *Engine) stop(tps map[string][]int32) {
 	e.cl.ResumeFetchPartitions(tps)
 	e.wait(stopping, e.cfg.RevokeTimeout, "revoked")
 	for t, ps := range tps {
-		if f, ok := e.sinks[t].(interface{ Forget(partition.TP) }); ok {
+		if f, ok := e.sinks[t].(interface{ Forget(sinks.TP) }); ok {
 			for _, p := range ps {
-				f.Forget(partition.TP{Topic: t, Partition: p})
+				f.Forget(sinks.TP{Topic: t, Partition: p})
 			}
 		}
 	}
@@ -815,7 +816,7 @@ type lostPartition struct {
 // not ask again and again, and its error is logged once, then at most
 // once per haltLogEvery. It runs in the poll loop, where moving the fetch
 // position is safe.
-func (e *Engine) offsetLost(ctx context.Context, tp partition.TP) {
+func (e *Engine) offsetLost(ctx context.Context, tp sinks.TP) {
 	e.mu.Lock()
 	r := e.workers[tp]
 	lp := e.outOfLog[tp]
@@ -914,7 +915,7 @@ func (e *Engine) armRecheck(lp *lostPartition) {
 }
 
 // logBounds lists the log start and end offsets of a partition.
-func (e *Engine) logBounds(ctx context.Context, tp partition.TP) (start, end int64, err error) {
+func (e *Engine) logBounds(ctx context.Context, tp sinks.TP) (start, end int64, err error) {
 	lookup := func(list func(context.Context, ...string) (kadm.ListedOffsets, error)) (int64, error) {
 		res, err := list(ctx, tp.Topic)
 		if err != nil {
@@ -977,7 +978,7 @@ func (e *Engine) logLost(lp *lostPartition, kind string, st partition.Status) {
 
 // setHalted sets projector_partition_halted of a partition to 1 for the
 // reason kind and removes it for the others ("": halted for none).
-func (e *Engine) setHalted(tp partition.TP, kind string) {
+func (e *Engine) setHalted(tp sinks.TP, kind string) {
 	p := strconv.Itoa(int(tp.Partition))
 	for _, k := range []string{haltRecordsDeleted, haltBeyondLogEnd, haltUnknown} {
 		if k == kind {
@@ -992,7 +993,7 @@ func (e *Engine) setHalted(tp partition.TP, kind string) {
 // (see armRecheck), and at the partitions whose worker was fenced.
 func (e *Engine) recheckLost(ctx context.Context) {
 	type check struct {
-		tp              partition.TP
+		tp              sinks.TP
 		epoch           int64
 		unknown, halted bool
 	}
@@ -1027,7 +1028,7 @@ func (e *Engine) recheckLost(ctx context.Context) {
 // is left alone. It runs in the poll loop, between rebalances, so the
 // partition is still assigned here. A failed look is logged when it was
 // the only one (fenced); a halted partition looks again anyway.
-func (e *Engine) adoptReset(ctx context.Context, tp partition.TP, mine int64, fenced bool) (adopted bool) {
+func (e *Engine) adoptReset(ctx context.Context, tp sinks.TP, mine int64, fenced bool) (adopted bool) {
 	ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
 	defer cancel()
 	c, ok, err := e.offsets.Adopt(ctx, tp, mine)
@@ -1043,7 +1044,7 @@ func (e *Engine) adoptReset(ctx context.Context, tp partition.TP, mine int64, fe
 		return false
 	}
 	e.forgetLost(map[string][]int32{tp.Topic: {tp.Partition}})
-	e.start(partition.Claim{TP: tp, Epoch: c.Epoch, NextOffset: *c.NextOffset, Since: c.At})
+	e.start(sinks.Claim{TP: tp, Epoch: c.Epoch, NextOffset: *c.NextOffset, Since: c.At})
 	e.cl.SetOffsets(map[string]map[int32]kgo.EpochOffset{tp.Topic: {tp.Partition: {Epoch: -1, Offset: *c.NextOffset}}})
 	e.log.Warn("partition resumes from an operator's offset reset", "topic", tp.Topic, "partition", tp.Partition, "next_offset", *c.NextOffset)
 	return true
@@ -1115,7 +1116,7 @@ func retry(ctx context.Context, log *slog.Logger, what string, fn func() error) 
 	const base, ceiling = 100 * time.Millisecond, 10 * time.Second
 	for attempt := 0; ; attempt++ {
 		err := fn()
-		if err == nil || errors.Is(err, partition.ErrFenced) {
+		if err == nil || errors.Is(err, sinks.ErrFenced) {
 			return err
 		}
 		if ctx.Err() != nil {

@@ -23,8 +23,8 @@ import (
 
 	"github.com/projector-dev/projector/dlqpublish"
 	"github.com/projector-dev/projector/internal/redact"
-	"github.com/projector-dev/projector/partition"
 	"github.com/projector-dev/projector/schemas"
+	"github.com/projector-dev/projector/sinks"
 	"github.com/projector-dev/projector/sinks/postgres"
 )
 
@@ -57,7 +57,7 @@ func (d *dlqFilters) register(fs *flag.FlagSet, limit int, limitHelp string) {
 	fs.StringVar(&d.projection, "projection", "", "only this projection")
 	fs.StringVar(&d.topic, "topic", "", "only this source topic")
 	fs.StringVar(&d.key, "key", "", "only records with exactly this key")
-	fs.StringVar(&d.errorClass, "error-class", "", "only this error class: "+strings.Join(partition.Classes, ", ")+"; empty: any")
+	fs.StringVar(&d.errorClass, "error-class", "", "only this error class: "+strings.Join(sinks.Classes, ", ")+"; empty: any")
 	fs.StringVar(&d.status, "status", "", "only this status: "+strings.Join(postgres.Statuses, ", ")+"; empty: any")
 	fs.StringVar(&d.since, "since", "", "only entries first seen at or after this RFC3339 time, or this long ago (24h, 7d)")
 	fs.StringVar(&d.until, "until", "", "only entries first seen before this RFC3339 time, or this long ago (24h, 7d)")
@@ -73,8 +73,8 @@ func (d *dlqFilters) filter(now time.Time) (postgres.DeadLetterFilter, error) {
 	if d.status != "" && !postgres.ValidStatus(d.status) {
 		return f, fmt.Errorf("--status %q: want one of %s", d.status, strings.Join(postgres.Statuses, ", "))
 	}
-	if d.errorClass != "" && !slices.Contains(partition.Classes, d.errorClass) {
-		return f, fmt.Errorf("--error-class %q: want one of %s", d.errorClass, strings.Join(partition.Classes, ", "))
+	if d.errorClass != "" && !slices.Contains(sinks.Classes, d.errorClass) {
+		return f, fmt.Errorf("--error-class %q: want one of %s", d.errorClass, strings.Join(sinks.Classes, ", "))
 	}
 	if d.limit < 0 {
 		return f, fmt.Errorf("--limit %d: must not be negative", d.limit)

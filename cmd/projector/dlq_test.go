@@ -19,7 +19,7 @@ import (
 	"github.com/projector-dev/projector/dlqpublish"
 	"github.com/projector-dev/projector/internal/demo"
 	"github.com/projector-dev/projector/internal/testenv"
-	"github.com/projector-dev/projector/partition"
+	"github.com/projector-dev/projector/sinks"
 	"github.com/projector-dev/projector/sinks/postgres"
 )
 
@@ -58,7 +58,7 @@ func newDLQEnv(t *testing.T) *dlqEnv {
 		t.Fatal(err)
 	}
 	now := time.Now()
-	hdrs := []partition.Header{{Key: "traceparent", Value: []byte("00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01")}, {Key: "raw", Value: []byte{0xff, 0xfe, 0x00}}}
+	hdrs := []sinks.Header{{Key: "traceparent", Value: []byte("00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01")}, {Key: "raw", Value: []byte{0xff, 0xfe, 0x00}}}
 	e.insert("good", "ident", "accounts", 2, 10, "acc-1", e.good, hdrs, "fold", "open", "fold refused: insufficient funds", now.Add(-2*time.Hour))
 	e.insert("garbage", "ident", "accounts", 0, 11, "acc-2", []byte("not avro"), nil, "decode", "open", "malformed wire-format value", now.Add(-3*24*time.Hour))
 	e.insert("ledger", "ident", "ledger", 1, 12, "acc-1", e.good, nil, "rejected", "open", "value out of range", now.Add(-time.Hour))
@@ -68,7 +68,7 @@ func newDLQEnv(t *testing.T) *dlqEnv {
 	return e
 }
 
-func (e *dlqEnv) insert(name, identity, projection string, part int32, offset int64, key string, value []byte, headers []partition.Header, class, status, errText string, firstSeen time.Time) {
+func (e *dlqEnv) insert(name, identity, projection string, part int32, offset int64, key string, value []byte, headers []sinks.Header, class, status, errText string, firstSeen time.Time) {
 	e.t.Helper()
 	hs := []byte("[]")
 	if headers != nil {

@@ -11,7 +11,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
-	"github.com/projector-dev/projector/partition"
+	"github.com/projector-dev/projector/sinks"
 )
 
 // Dead-letter statuses (projector_dead_letters.status).
@@ -48,20 +48,20 @@ type DeadLetter struct {
 	// an empty one).
 	KeyNull bool `json:"key_null,omitempty"`
 	// Value is the record value, nil for a record without one.
-	Value      []byte             `json:"value"`
-	Headers    []partition.Header `json:"headers"`
-	RecordTime *time.Time         `json:"record_time,omitempty"`
-	Error      string             `json:"error"`
-	ErrorClass string             `json:"error_class"`
-	SchemaID   *int               `json:"schema_id,omitempty"`
-	TraceID    string             `json:"trace_id,omitempty"`
-	Status     string             `json:"status"`
-	Attempts   int                `json:"attempts"`
-	Replays    int                `json:"replays"`
-	FirstSeen  time.Time          `json:"first_seen"`
-	LastSeen   time.Time          `json:"last_seen"`
-	ReplayedAt *time.Time         `json:"replayed_at,omitempty"`
-	ResolvedAt *time.Time         `json:"resolved_at,omitempty"`
+	Value      []byte         `json:"value"`
+	Headers    []sinks.Header `json:"headers"`
+	RecordTime *time.Time     `json:"record_time,omitempty"`
+	Error      string         `json:"error"`
+	ErrorClass string         `json:"error_class"`
+	SchemaID   *int           `json:"schema_id,omitempty"`
+	TraceID    string         `json:"trace_id,omitempty"`
+	Status     string         `json:"status"`
+	Attempts   int            `json:"attempts"`
+	Replays    int            `json:"replays"`
+	FirstSeen  time.Time      `json:"first_seen"`
+	LastSeen   time.Time      `json:"last_seen"`
+	ReplayedAt *time.Time     `json:"replayed_at,omitempty"`
+	ResolvedAt *time.Time     `json:"resolved_at,omitempty"`
 }
 
 // RecordKey is the record key as produced: nil for a record without one.

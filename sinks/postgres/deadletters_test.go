@@ -12,7 +12,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/projector-dev/projector/internal/testenv"
-	"github.com/projector-dev/projector/partition"
+	"github.com/projector-dev/projector/sinks"
 	"github.com/projector-dev/projector/sinks/postgres"
 )
 
@@ -126,7 +126,7 @@ func TestGetDeadLetterReturnsEveryField(t *testing.T) {
 	pool := dlDB(t)
 	ctx := context.Background()
 	at := time.Date(2025, 3, 4, 5, 6, 7, 0, time.UTC)
-	headers := []partition.Header{{Key: "traceparent", Value: []byte("00-abc-def-01")}, {Key: "bin", Value: []byte{0xff, 0}}}
+	headers := []sinks.Header{{Key: "traceparent", Value: []byte("00-abc-def-01")}, {Key: "bin", Value: []byte{0xff, 0}}}
 	hs, _ := json.Marshal(headers)
 	var id int64
 	err := pool.QueryRow(ctx, `INSERT INTO projector_dead_letters

@@ -14,8 +14,8 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 
-	"github.com/projector-dev/projector/partition"
 	"github.com/projector-dev/projector/projection"
+	"github.com/projector-dev/projector/sinks"
 )
 
 // Sink writes one projection's rows and the partition offsets of one
@@ -87,8 +87,8 @@ type statements struct {
 }
 
 var (
-	_ partition.Sink   = (*Sink)(nil)
-	_ partition.Peeker = (*Sink)(nil)
+	_ sinks.Sink   = (*Sink)(nil)
+	_ sinks.Peeker = (*Sink)(nil)
 )
 
 // NewSink prepares the statements of projection p for identity. Call
@@ -135,7 +135,7 @@ var presentRow = projection.Row{}
 
 // Forget drops what the sink keeps in memory about a partition; call it
 // when the partition is revoked.
-func (s *Sink) Forget(tp partition.TP) {
+func (s *Sink) Forget(tp sinks.TP) {
 	s.cache.drop(tp)
 	s.tombs.forget(tp)
 	s.unsure.forget(tp)
@@ -147,7 +147,7 @@ func (s *Sink) Forget(tp partition.TP) {
 var errStaleState = errors.New("an aggregate's row in Postgres is not what the batch was planned on (was the table written by something else?); retrying from Postgres")
 
 // errNotNew reports a batch planned assuming that its new aggregates (see
-// partition.Keys.New) are unknown to Postgres when one of them is not, or
+// sinks.Keys.New) are unknown to Postgres when one of them is not, or
 // when the plan does more with one of them than insert its row (which is
 // where the assumption is verified); the batch is planned again from the
 // state Postgres holds. Neither says anything of the cached aggregates: an
@@ -368,23 +368,23 @@ const (
 		WHERE identity = $2 AND topic = $3 AND partition = $4 AND owner_epoch = $5 AND next_offset = $6`
 )
 
-// CommitBatch implements partition.Sink. When Postgres refuses a row (a
+// CommitBatch implements sinks.Sink. When Postgres refuses a row (a
 // data error, SQLSTATE classes 22, 23 and 54), the batch is run again with
 // each row under its own savepoint to find the refused ones, which are
 // returned as *partition.RejectedRows. When it refuses a statement itself
 // (see refused), the error is marked partition.ErrBadStatement.
-func (s *Sink) CommitBatch(ctx context.Context, claim partition.Claim, end int64, keys partition.Keys, plan func(partition.State) (partition.Changes, error)) error {
+func (s *Sink) CommitBatch(ctx context.Context, claim sinks.Claim, end int64, keys sinks.Keys, plan func(sinks.State) (sinks.Changes, error)) error {
 	return refused(s.commitBatch(ctx, claim, end, keys, plan))
 }
 
-func (s *Sink) commitBatch(ctx context.Context, claim partition.Claim, end int64, keys partition.Keys, plan func(partition.State) (partition.Changes, error)) error {
+func (s *Sink) commitBatch(ctx context.Context, claim sinks.Claim, end int64, keys sinks.Keys, plan func(sinks.State) (sinks.Changes, error)) error {
 	if unsure, ok := s.unsure.take(claim); ok {
 		// The last attempt's COMMIT went out and its reply never came: if
 		// it landed, the batch is done, as that attempt planned it (plan
 		// is not called again).
 		landed, err := s.commitLanded(ctx, claim, unsure)
 		if err != nil {
-			if !errors.Is(err, partition.ErrFenced) {
+			if !errors.Is(err, sinks.ErrFenced) {
 				s.unsure.note(claim, unsure)
 			}
 			return fmt.Errorf("read whether the last commit landed: %w", err)
@@ -461,7 +461,7 @@ func refused(err error) error {
 	}
 	switch pg.Code[:2] {
 	case "42", "0A", "26", "3F":
-		return fmt.Errorf("%w: %w", partition.ErrBadStatement, err)
+		return fmt.Errorf("%w: %w", sinks.ErrBadStatement, err)
 	}
 	return err
 }
@@ -482,16 +482,16 @@ func rowLevel(err error) bool {
 
 // commit runs the batch transaction. With assume, the aggregates of
 // keys.New that are not cached are planned as new instead of read (see
-// partition.Keys); with isolate, every row is written under its own
+// sinks.Keys); with isolate, every row is written under its own
 // savepoint.
-func (s *Sink) commit(ctx context.Context, claim partition.Claim, end int64, keys partition.Keys, plan func(partition.State) (partition.Changes, error), assume, isolate bool) error {
+func (s *Sink) commit(ctx context.Context, claim sinks.Claim, end int64, keys sinks.Keys, plan func(sinks.State) (sinks.Changes, error), assume, isolate bool) error {
 	tx, err := begin(ctx, s.pool, s.acquireTimeout, pgx.TxOptions{})
 	if err != nil {
 		return err
 	}
 	defer tx.Rollback(context.WithoutCancel(ctx)) //nolint:errcheck // a no-op after commit
 
-	state := partition.State{
+	state := sinks.State{
 		Rows:     make(map[string]projection.Row, len(keys.All)),
 		Versions: make(map[string]int64, len(keys.All)),
 	}
@@ -582,7 +582,7 @@ func (s *Sink) commit(ctx context.Context, claim partition.Claim, end int64, key
 			s.cache.drop(claim.TP) // planned again on what that attempt wrote: not worth keeping
 			return nil
 		}
-		return partition.ErrFenced
+		return sinks.ErrFenced
 	}
 	// A row the plan expected to update but Postgres kept (it holds that
 	// version or a newer one, or no longer exists) means the state came
@@ -601,7 +601,7 @@ func (s *Sink) commit(ctx context.Context, claim partition.Claim, end int64, key
 		}
 		landed, perr := s.commitLanded(ctx, claim, end)
 		if perr != nil {
-			if !errors.Is(perr, partition.ErrFenced) {
+			if !errors.Is(perr, sinks.ErrFenced) {
 				s.unsure.note(claim, end)
 			}
 			return fmt.Errorf("commit: %w; its reply was lost, and whether it landed will be read before the batch is tried again (%w)", err, perr)
@@ -628,7 +628,7 @@ func (s *Sink) commit(ctx context.Context, claim partition.Claim, end int64, key
 
 // splitNew splits misses, some of all, into the keys to read and those of
 // newKeys, which are assumed new; assumed is only built when wanted. Both
-// lists are in the order of all (see partition.Keys), so one pass over it
+// lists are in the order of all (see sinks.Keys), so one pass over it
 // splits them without a set of either; lists in another order are split
 // by a set of newKeys.
 func splitNew(all, misses, newKeys []string, wantAssumed bool) (read []string, assumed map[string]bool) {
@@ -683,7 +683,7 @@ func splitNew(all, misses, newKeys []string, wantAssumed bool) (read []string, a
 // with dead letters (one may stem from a fold of an assumed aggregate's
 // event that would have been stale: the batch is planned again from
 // Postgres).
-func onlyInserts(ch partition.Changes, assumed map[string]bool) error {
+func onlyInserts(ch sinks.Changes, assumed map[string]bool) error {
 	if len(ch.DeadLetters) > 0 {
 		return errNotNew
 	}
@@ -715,8 +715,8 @@ type upsertGroups struct{ existing, absent, assumed int }
 
 // groupUpserts returns upserts reordered into upsertGroups: the rows that
 // exist (those in rows) first, those of assumed aggregates last.
-func groupUpserts(upserts []partition.RowWrite, rows map[string]projection.Row, assumed map[string]bool) ([]partition.RowWrite, upsertGroups) {
-	group := func(w partition.RowWrite) int {
+func groupUpserts(upserts []sinks.RowWrite, rows map[string]projection.Row, assumed map[string]bool) ([]sinks.RowWrite, upsertGroups) {
+	group := func(w sinks.RowWrite) int {
 		if _, ok := rows[w.Key]; ok {
 			return 0
 		}
@@ -732,7 +732,7 @@ func groupUpserts(upserts []partition.RowWrite, rows map[string]projection.Row, 
 		n[groups[i]]++
 	}
 	next := [3]int{0, n[0], n[0] + n[1]}
-	out := make([]partition.RowWrite, len(upserts))
+	out := make([]sinks.RowWrite, len(upserts))
 	for i, w := range upserts {
 		out[next[groups[i]]] = w
 		next[groups[i]]++
@@ -743,9 +743,9 @@ func groupUpserts(upserts []partition.RowWrite, rows map[string]projection.Row, 
 // storedRows returns rows as a load from Postgres would return them (see
 // projection.Column.Stored), reusing those already in that form. With only
 // not nil, the other rows are known to be in that form already.
-func (s *Sink) storedRows(rows []partition.RowWrite, only []int) ([]partition.RowWrite, error) {
+func (s *Sink) storedRows(rows []sinks.RowWrite, only []int) ([]sinks.RowWrite, error) {
 	out, copied := rows, false
-	check := func(yield func(int, partition.RowWrite) bool) {
+	check := func(yield func(int, sinks.RowWrite) bool) {
 		if only == nil {
 			for i, w := range rows {
 				if !yield(i, w) {
@@ -807,10 +807,10 @@ func sameStored(st, v any) bool {
 
 // isolateUpserts writes each row under its own savepoint and returns the
 // rows Postgres refused as *partition.RejectedRows.
-func (s *Sink) isolateUpserts(ctx context.Context, tx pgx.Tx, rows []partition.RowWrite) error {
+func (s *Sink) isolateUpserts(ctx context.Context, tx pgx.Tx, rows []sinks.RowWrite) error {
 	rejected := map[string]string{}
 	for _, w := range rows {
-		args, err := s.upsertArgs([]partition.RowWrite{w}, 0, nil)
+		args, err := s.upsertArgs([]sinks.RowWrite{w}, 0, nil)
 		if err != nil {
 			return err
 		}
@@ -832,13 +832,13 @@ func (s *Sink) isolateUpserts(ctx context.Context, tx pgx.Tx, rows []partition.R
 		}
 	}
 	if len(rejected) > 0 {
-		return &partition.RejectedRows{Keys: rejected}
+		return &sinks.RejectedRows{Keys: rejected}
 	}
 	return nil
 }
 
 // load reads the state of keys and the parked events of parkedKeys into st.
-func (s *Sink) load(ctx context.Context, tx pgx.Tx, tp partition.TP, keys, parkedKeys []string, st *partition.State) error {
+func (s *Sink) load(ctx context.Context, tx pgx.Tx, tp sinks.TP, keys, parkedKeys []string, st *sinks.State) error {
 	if len(keys) == 0 && len(parkedKeys) == 0 {
 		return nil
 	}
@@ -904,7 +904,7 @@ func (s *Sink) load(ctx context.Context, tx pgx.Tx, tp partition.TP, keys, parke
 		b.Queue(parkedLoadSQL, s.identity, tp.Topic, tp.Partition, parkedKeys).Query(func(rows pgx.Rows) error {
 			for rows.Next() {
 				var (
-					ev      partition.StoredEvent
+					ev      sinks.StoredEvent
 					headers []byte
 					ts      *time.Time
 				)
@@ -935,7 +935,7 @@ type writeCounts struct{ updated, insertedNew int64 }
 // queueChanges queues the batch's writes, the upserts grouped as g says.
 // Rows not in the form a load returns are listed in inexact (see
 // storedRows).
-func (s *Sink) queueChanges(b *pgx.Batch, tp partition.TP, ch partition.Changes, g upsertGroups, inexact *[]int) (*writeCounts, error) {
+func (s *Sink) queueChanges(b *pgx.Batch, tp sinks.TP, ch sinks.Changes, g upsertGroups, inexact *[]int) (*writeCounts, error) {
 	counts := new(writeCounts)
 	if len(ch.Deletes) > 0 {
 		keys := make([]string, len(ch.Deletes))
@@ -1011,7 +1011,7 @@ func (s *Sink) queueChanges(b *pgx.Batch, tp partition.TP, ch partition.Changes,
 	return counts, nil
 }
 
-func (s *Sink) queueDeadLetters(b *pgx.Batch, tp partition.TP, dls []partition.DeadLetter) {
+func (s *Sink) queueDeadLetters(b *pgx.Batch, tp sinks.TP, dls []sinks.DeadLetter) {
 	n := len(dls)
 	if n == 0 {
 		return
@@ -1050,7 +1050,7 @@ func (s *Sink) queueDeadLetters(b *pgx.Batch, tp partition.TP, dls []partition.D
 // upsertArgs renders rows as one array per column plus the versions. When
 // inexact is not nil, the rows holding a value not of its column kind's Go
 // type (or keys that are not columns) are listed in it.
-func (s *Sink) upsertArgs(rows []partition.RowWrite, base int, inexact *[]int) ([]any, error) {
+func (s *Sink) upsertArgs(rows []sinks.RowWrite, base int, inexact *[]int) ([]any, error) {
 	cols := make([]column, len(s.p.Columns))
 	for i, c := range s.p.Columns {
 		cols[i] = newColumn(c, i == 0, len(rows))
@@ -1077,8 +1077,8 @@ func (s *Sink) upsertArgs(rows []partition.RowWrite, base int, inexact *[]int) (
 	return append(args, versions), nil
 }
 
-// Parked implements partition.Sink.
-func (s *Sink) Parked(ctx context.Context, tp partition.TP) (map[string]partition.ParkedInfo, error) {
+// Parked implements sinks.Sink.
+func (s *Sink) Parked(ctx context.Context, tp sinks.TP) (map[string]sinks.ParkedInfo, error) {
 	conn, err := acquire(ctx, s.pool, s.acquireTimeout)
 	if err != nil {
 		return nil, refused(fmt.Errorf("list parked aggregates of %s/%d: %w", tp.Topic, tp.Partition, err))
@@ -1090,11 +1090,11 @@ func (s *Sink) Parked(ctx context.Context, tp partition.TP) (map[string]partitio
 		return nil, refused(fmt.Errorf("list parked aggregates of %s/%d: %w", tp.Topic, tp.Partition, err))
 	}
 	defer rows.Close()
-	out := map[string]partition.ParkedInfo{}
+	out := map[string]sinks.ParkedInfo{}
 	for rows.Next() {
 		var (
 			key  string
-			info partition.ParkedInfo
+			info sinks.ParkedInfo
 		)
 		if err := rows.Scan(&key, &info.Count, &info.Since); err != nil {
 			return nil, refused(fmt.Errorf("list parked aggregates of %s/%d: %w", tp.Topic, tp.Partition, err))
@@ -1107,26 +1107,26 @@ func (s *Sink) Parked(ctx context.Context, tp partition.TP) (map[string]partitio
 	return out, nil
 }
 
-// Load implements partition.Sink.
-func (s *Sink) Load(ctx context.Context, tp partition.TP, keys []string) (partition.State, error) {
+// Load implements sinks.Sink.
+func (s *Sink) Load(ctx context.Context, tp sinks.TP, keys []string) (sinks.State, error) {
 	tx, err := begin(ctx, s.pool, s.acquireTimeout, pgx.TxOptions{AccessMode: pgx.ReadOnly})
 	if err != nil {
-		return partition.State{}, err
+		return sinks.State{}, err
 	}
 	defer tx.Rollback(context.WithoutCancel(ctx)) //nolint:errcheck // read-only
-	st := partition.State{Rows: map[string]projection.Row{}, Versions: map[string]int64{}}
+	st := sinks.State{Rows: map[string]projection.Row{}, Versions: map[string]int64{}}
 	err = s.load(ctx, tx, tp, keys, keys, &st)
 	return st, refused(err)
 }
 
-// Peek implements partition.Peeker: the state of keys as a batch loads it,
+// Peek implements sinks.Peeker: the state of keys as a batch loads it,
 // from the state cache where it holds them and from Postgres otherwise,
 // outside a transaction. Aggregates of keys.New that the cache does not
 // hold are not read: the commit that writes them verifies that they are
 // new. What is read is cached, as it is committed and only the
 // partition's owner writes it.
-func (s *Sink) Peek(ctx context.Context, claim partition.Claim, keys partition.Keys) (partition.State, error) {
-	st := partition.State{
+func (s *Sink) Peek(ctx context.Context, claim sinks.Claim, keys sinks.Keys) (sinks.State, error) {
+	st := sinks.State{
 		Rows:     make(map[string]projection.Row, len(keys.All)),
 		Versions: make(map[string]int64, len(keys.All)),
 	}
@@ -1145,11 +1145,11 @@ func (s *Sink) Peek(ctx context.Context, claim partition.Claim, keys partition.K
 	}
 	tx, err := begin(ctx, s.pool, s.acquireTimeout, pgx.TxOptions{AccessMode: pgx.ReadOnly})
 	if err != nil {
-		return partition.State{}, err
+		return sinks.State{}, err
 	}
 	defer tx.Rollback(context.WithoutCancel(ctx)) //nolint:errcheck // read-only
 	if err := s.load(ctx, tx, claim.TP, read, keys.Parked, &st); err != nil {
-		return partition.State{}, refused(err)
+		return sinks.State{}, refused(err)
 	}
 	if caching {
 		s.cache.store(claim, read, st, nil, nil)
@@ -1158,7 +1158,7 @@ func (s *Sink) Peek(ctx context.Context, claim partition.Claim, keys partition.K
 }
 
 // ParkedKeys lists the aggregates of the partition with parked events.
-func (s *Sink) ParkedKeys(ctx context.Context, tp partition.TP) ([]string, error) {
+func (s *Sink) ParkedKeys(ctx context.Context, tp sinks.TP) ([]string, error) {
 	conn, err := acquire(ctx, s.pool, s.acquireTimeout)
 	if err != nil {
 		return nil, fmt.Errorf("list parked aggregates of %s/%d: %w", tp.Topic, tp.Partition, err)
@@ -1175,7 +1175,7 @@ func (s *Sink) ParkedKeys(ctx context.Context, tp partition.TP) ([]string, error
 	return keys, nil
 }
 
-func headersJSON(hs []partition.Header) string {
+func headersJSON(hs []sinks.Header) string {
 	if len(hs) == 0 {
 		return "[]"
 	}
