@@ -28,7 +28,6 @@ import (
 	"github.com/projector-dev/projector/repair"
 	"github.com/projector-dev/projector/schemas"
 	"github.com/projector-dev/projector/sinks"
-	"github.com/projector-dev/projector/sinks/postgres"
 )
 
 // What to do when retention deleted records before they were applied.
@@ -62,6 +61,9 @@ type Config struct {
 	Identity string
 	// Projections to run; each one's topic is consumed.
 	Projections []*projection.Projection
+	// Store makes each projection's sink and the identity's offset store
+	// (postgres.NewStore for Postgres). Required.
+	Store Store
 	// StartFrom is where a partition without a stored offset starts:
 	// "earliest" (default) or "latest".
 	StartFrom string
@@ -70,7 +72,7 @@ type Config struct {
 	Partition partition.Config
 	// StateCacheRows is how many aggregates' rows each projection keeps in
 	// memory, so that a batch reads from Postgres only the aggregates it
-	// has not seen recently (0: postgres.DefaultStateCacheRows; negative:
+	// has not seen recently (0: the sink's default; negative:
 	// no cache, every batch reads its aggregates). projector must be the
 	// only writer of its tables: a row changed behind its back is noticed
 	// (the batch is retried from Postgres) only when its version moved or
@@ -88,7 +90,7 @@ type Config struct {
 	// engine sets Partition.Share to apply it.
 	MemberMaxRecords int
 	// StateCacheBytes bounds the same cache by memory, whichever bound it
-	// reaches first (0: postgres.DefaultStateCacheBytes; negative: no
+	// reaches first (0: the sink's default; negative: no
 	// cache). It counts each aggregate's key and encoded row and a fixed
 	// amount of bookkeeping, and a fixed amount per partition.
 	StateCacheBytes int64
@@ -158,6 +160,9 @@ func (c *Config) validate() error {
 	if len(c.Projections) == 0 {
 		return errors.New("config: Projections: at least one projection is required")
 	}
+	if c.Store == nil {
+		return errors.New("config: Store: the store of sinks and offsets is required (postgres.NewStore for Postgres)")
+	}
 	topics := map[string]bool{}
 	for _, p := range c.Projections {
 		if err := p.Validate(); err != nil {
@@ -203,14 +208,59 @@ type Decoders func(p *projection.Projection) partition.Decoder
 // A *schemas.Decoder with a reader schema decodes events into values.
 var _ partition.ValuesDecoder = (*schemas.Decoder)(nil)
 
+// Store makes the sinks and offset stores an engine runs its projections
+// with, as a driver does for a database client: the engine never names a
+// concrete one.
+type Store interface {
+	// Offsets returns the offset store of a consumer identity.
+	Offsets(identity string) sinks.Offsets
+	// Sink returns the sink of one projection of a consumer identity.
+	Sink(t sinks.Target) (sinks.Sink, error)
+	// Ping reports whether the store answers (for /readyz).
+	Ping(ctx context.Context) error
+}
+
+// DeadLetterStore is a Store that keeps dead letters in Postgres: the
+// engine exports how many are open, and with DLQTopic set it publishes
+// them from the pool's outbox.
+type DeadLetterStore interface {
+	DeadLetterDepth(ctx context.Context, identity string) (map[string]int64, error)
+	DeadLetterPool() *pgxpool.Pool
+}
+
+// generation is one consumer identity's run of the projections: the
+// offset store of that identity and a sink per projection. An engine runs
+// one; a rebuild would run a second under its own identity beside it.
+type generation struct {
+	identity string
+	offsets  sinks.Offsets
+	sinks    map[string]*sinkOf // by topic
+}
+
+// sinkOf is a projection's sink with its optional capabilities, resolved
+// once when the engine is built.
+type sinkOf struct {
+	sinks.Sink
+	forget     sinks.Forgetter         // nil: keeps nothing of a partition
+	cache      sinks.CacheReporter     // nil: no state cache to export
+	tombstones sinks.TombstoneReporter // nil: no tombstone checks to export
+}
+
+func newSinkOf(s sinks.Sink) *sinkOf {
+	so := &sinkOf{Sink: s}
+	so.forget, _ = s.(sinks.Forgetter)
+	so.cache, _ = s.(sinks.CacheReporter)
+	so.tombstones, _ = s.(sinks.TombstoneReporter)
+	return so
+}
+
 // Engine runs the projections of one consumer identity as one member of
 // its consumer group: one worker goroutine per assigned partition.
 type Engine struct {
 	cfg       Config
-	pool      *pgxpool.Pool
-	offsets   *postgres.Offsets
+	gen       *generation
+	dead      DeadLetterStore // nil: the store keeps no dead letters to count or publish
 	byTopic   map[string]*projection.Projection
-	sinks     map[string]sinks.Sink
 	decoders  map[string]partition.Decoder
 	repairers map[string]partition.Repairer
 	closers   []func()
@@ -313,16 +363,14 @@ type running struct {
 }
 
 // New builds an engine. It does not connect until Run.
-func New(cfg Config, pool *pgxpool.Pool, decoderOf Decoders) (*Engine, error) {
+func New(cfg Config, decoderOf Decoders) (*Engine, error) {
 	if err := cfg.validate(); err != nil {
 		return nil, err
 	}
 	e := &Engine{
 		cfg:         cfg,
-		pool:        pool,
-		offsets:     postgres.NewOffsets(pool, cfg.Identity),
+		gen:         &generation{identity: cfg.Identity, offsets: cfg.Store.Offsets(cfg.Identity), sinks: map[string]*sinkOf{}},
 		byTopic:     map[string]*projection.Projection{},
-		sinks:       map[string]sinks.Sink{},
 		decoders:    map[string]partition.Decoder{},
 		repairers:   map[string]partition.Repairer{},
 		log:         cfg.Logger.With("group", cfg.Identity),
@@ -332,6 +380,7 @@ func New(cfg Config, pool *pgxpool.Pool, decoderOf Decoders) (*Engine, error) {
 		now:         time.Now,
 		clientReady: make(chan struct{}),
 	}
+	e.dead, _ = cfg.Store.(DeadLetterStore)
 	if budget := cfg.MemberMaxRecords; budget >= 0 {
 		if budget == 0 {
 			budget = DefaultMemberMaxRecords
@@ -342,18 +391,15 @@ func New(cfg Config, pool *pgxpool.Pool, decoderOf Decoders) (*Engine, error) {
 	var topics []string
 	for _, p := range cfg.Projections {
 		e.byTopic[p.Topic] = p
-		sink := postgres.NewSink(pool, cfg.Identity, p, cfg.DLQTopic)
-		if cfg.StateCacheRows != 0 || cfg.StateCacheBytes != 0 {
-			rows, bytes := cfg.StateCacheRows, cfg.StateCacheBytes
-			if rows == 0 {
-				rows = postgres.DefaultStateCacheRows
-			}
-			if bytes == 0 {
-				bytes = postgres.DefaultStateCacheBytes
-			}
-			sink.SetStateCache(max(0, rows), max(0, bytes))
+		sink, err := cfg.Store.Sink(sinks.Target{
+			Identity: cfg.Identity, Projection: p, DLQTopic: cfg.DLQTopic,
+			StateCacheRows: cfg.StateCacheRows, StateCacheBytes: cfg.StateCacheBytes,
+		})
+		if err != nil {
+			e.close()
+			return nil, fmt.Errorf("sink of projection %s: %w", p.Name, err)
 		}
-		e.sinks[p.Topic] = sink
+		e.gen.sinks[p.Topic] = newSinkOf(sink)
 		e.decoders[p.Topic] = decoderOf(p)
 		topics = append(topics, p.Topic)
 		if p.OnGap != projection.GapRepair {
@@ -453,8 +499,8 @@ func (e *Engine) Run(ctx context.Context) error {
 		defer e.wg.Done()
 		e.watchStalls(runCtx)
 	}()
-	if e.cfg.DLQTopic != "" {
-		pub := dlqpublish.New(e.pool, e.cl, e.log, time.Second)
+	if e.cfg.DLQTopic != "" && e.dead != nil {
+		pub := dlqpublish.New(e.dead.DeadLetterPool(), e.cl, e.log, time.Second)
 		e.wg.Add(1)
 		go func() {
 			defer e.wg.Done()
@@ -537,9 +583,9 @@ func (e *Engine) claim(ctx context.Context, offsets map[string]map[int32]kgo.Off
 	if len(tps) == 0 {
 		return offsets, nil
 	}
-	var claims []postgres.Claimed
+	var claims []sinks.Claimed
 	err := retry(ctx, e.log, "claim partitions", func() (err error) {
-		claims, err = e.offsets.Claim(ctx, tps)
+		claims, err = e.gen.offsets.Claim(ctx, tps)
 		return err
 	})
 	if err != nil {
@@ -572,9 +618,9 @@ func (e *Engine) claim(ctx context.Context, offsets map[string]map[int32]kgo.Off
 // claiming thousands of fresh partitions in the group callback must not
 // list them one at a time while the group waits. A partition a newer
 // owner claimed meanwhile is left out.
-func (e *Engine) startOffsets(ctx context.Context, claims []postgres.Claimed) (map[sinks.TP]int64, error) {
+func (e *Engine) startOffsets(ctx context.Context, claims []sinks.Claimed) (map[sinks.TP]int64, error) {
 	out := make(map[sinks.TP]int64, len(claims))
-	var fresh []postgres.Claimed
+	var fresh []sinks.Claimed
 	topics := map[string]bool{}
 	for _, c := range claims {
 		if c.NextOffset != nil {
@@ -615,7 +661,7 @@ func (e *Engine) startOffsets(ctx context.Context, claims []postgres.Claimed) (m
 	}
 	var stored []sinks.TP
 	err = retry(ctx, e.log, "store start offsets", func() (err error) {
-		stored, err = e.offsets.InitAll(ctx, fresh, firsts)
+		stored, err = e.gen.offsets.InitAll(ctx, fresh, firsts)
 		return err
 	})
 	if err != nil {
@@ -645,7 +691,7 @@ func (e *Engine) start(c sinks.Claim) {
 	}
 	p := e.byTopic[c.Topic]
 	f := &fetcher{e: e, tp: c.TP}
-	w := partition.NewWorker(e.cfg.Partition, e.cfg.Identity, c, p, e.sinks[c.Topic], e.decoders[c.Topic], e.repairers[c.Topic], f, e.log, e.metrics)
+	w := partition.NewWorker(e.cfg.Partition, e.cfg.Identity, c, p, e.gen.sinks[c.Topic].Sink, e.decoders[c.Topic], e.repairers[c.Topic], f, e.log, e.metrics)
 	f.w = w
 	parent := e.runCtx
 	if parent == nil {
@@ -714,7 +760,7 @@ func (e *Engine) stop(tps map[string][]int32) {
 	e.cl.ResumeFetchPartitions(tps)
 	e.wait(stopping, e.cfg.RevokeTimeout, "revoked")
 	for t, ps := range tps {
-		if f, ok := e.sinks[t].(interface{ Forget(sinks.TP) }); ok {
+		if f := e.gen.sinks[t].forget; f != nil {
 			for _, p := range ps {
 				f.Forget(sinks.TP{Topic: t, Partition: p})
 			}
@@ -1031,7 +1077,7 @@ func (e *Engine) recheckLost(ctx context.Context) {
 func (e *Engine) adoptReset(ctx context.Context, tp sinks.TP, mine int64, fenced bool) (adopted bool) {
 	ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
 	defer cancel()
-	c, ok, err := e.offsets.Adopt(ctx, tp, mine)
+	c, ok, err := e.gen.offsets.Adopt(ctx, tp, mine)
 	if err != nil {
 		level := slog.LevelDebug
 		if fenced {
@@ -1089,7 +1135,7 @@ func (e *Engine) Ready(ctx context.Context) map[string]error {
 	}
 	ctx, cancel := context.WithTimeout(ctx, 2*time.Second)
 	defer cancel()
-	checks["postgres"] = e.pool.Ping(ctx)
+	checks["postgres"] = e.cfg.Store.Ping(ctx)
 	var stuck []string
 	for _, s := range e.Workers() {
 		if s.Unready {

@@ -167,7 +167,8 @@ func runDemo(ctx context.Context, f *demoFlags, stdout, stderr io.Writer) error 
 			Partition:   partition.Config{BatchMaxRecords: 2000, ClassifyDecode: projector.ClassifyDecode},
 			Logger:      log.With("member", name),
 			Registerer:  m.metrics,
-		}, pool, func(p *projection.Projection) partition.Decoder {
+			Store:       postgres.NewStore(pool),
+		}, func(p *projection.Projection) partition.Decoder {
 			return schemas.NewDecoder(regClient, schemas.Prune(reader, p.ReadFields()))
 		})
 		if err != nil {

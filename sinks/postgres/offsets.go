@@ -21,25 +21,18 @@ type Offsets struct {
 	identity string
 }
 
+var _ sinks.Offsets = (*Offsets)(nil)
+
 // NewOffsets returns the offset store of identity. Each call waits at most
 // DefaultAcquireTimeout for a connection of pool.
 func NewOffsets(pool *pgxpool.Pool, identity string) *Offsets {
 	return &Offsets{pool: pool, identity: identity}
 }
 
-// Claimed is the result of claiming one partition. NextOffset is nil when
-// nothing was ever stored for it.
-type Claimed struct {
-	sinks.TP
-	Epoch      int64
-	NextOffset *int64
-	At         time.Time // once Postgres had stored the claim
-}
-
 // Claim takes ownership of partitions: it bumps each one's owner epoch,
 // which fences every earlier owner, and returns where to resume. All
 // partitions are claimed in one statement.
-func (o *Offsets) Claim(ctx context.Context, tps []sinks.TP) ([]Claimed, error) {
+func (o *Offsets) Claim(ctx context.Context, tps []sinks.TP) ([]sinks.Claimed, error) {
 	topics := make([]string, len(tps))
 	parts := make([]int32, len(tps))
 	for i, tp := range tps {
@@ -60,8 +53,8 @@ func (o *Offsets) Claim(ctx context.Context, tps []sinks.TP) ([]Claimed, error) 
 	if err != nil {
 		return nil, fmt.Errorf("claim %d partitions: %w", len(tps), err)
 	}
-	out, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (Claimed, error) {
-		var c Claimed
+	out, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (sinks.Claimed, error) {
+		var c sinks.Claimed
 		return c, r.Scan(&c.Topic, &c.Partition, &c.Epoch, &c.NextOffset)
 	})
 	if err != nil {
@@ -76,7 +69,7 @@ func (o *Offsets) Claim(ctx context.Context, tps []sinks.TP) ([]Claimed, error) 
 
 // Init sets the first offset of a claimed partition that had none stored.
 // It returns sinks.ErrFenced when a newer owner exists.
-func (o *Offsets) Init(ctx context.Context, c Claimed, next int64) error {
+func (o *Offsets) Init(ctx context.Context, c sinks.Claimed, next int64) error {
 	conn, err := acquire(ctx, o.pool, DefaultAcquireTimeout)
 	if err != nil {
 		return fmt.Errorf("store first offset of %s/%d: %w", c.Topic, c.Partition, err)
@@ -97,7 +90,7 @@ func (o *Offsets) Init(ctx context.Context, c Claimed, next int64) error {
 // InitAll sets the first offsets of claimed partitions that had none
 // stored, firsts[i] for claims[i], in one statement. It returns the
 // partitions it set: one left out has a newer owner.
-func (o *Offsets) InitAll(ctx context.Context, claims []Claimed, firsts []int64) ([]sinks.TP, error) {
+func (o *Offsets) InitAll(ctx context.Context, claims []sinks.Claimed, firsts []int64) ([]sinks.TP, error) {
 	topics := make([]string, len(claims))
 	parts := make([]int32, len(claims))
 	epochs := make([]int64, len(claims))
@@ -132,10 +125,10 @@ func (o *Offsets) InitAll(ctx context.Context, claims []Claimed, firsts []int64)
 // succeeds only if the newest epoch is the reset's, so that a member that
 // claimed the partition after the reset is never fenced by it. ok is
 // false when there is nothing to adopt.
-func (o *Offsets) Adopt(ctx context.Context, tp sinks.TP, mine int64) (c Claimed, ok bool, err error) {
+func (o *Offsets) Adopt(ctx context.Context, tp sinks.TP, mine int64) (c sinks.Claimed, ok bool, err error) {
 	conn, err := acquire(ctx, o.pool, DefaultAcquireTimeout)
 	if err != nil {
-		return Claimed{}, false, fmt.Errorf("adopt the reset offset of %s/%d: %w", tp.Topic, tp.Partition, err)
+		return sinks.Claimed{}, false, fmt.Errorf("adopt the reset offset of %s/%d: %w", tp.Topic, tp.Partition, err)
 	}
 	defer conn.Release()
 	err = conn.QueryRow(ctx, `UPDATE projector_offsets AS o SET owner_epoch = o.owner_epoch + 1, updated_at = now()
@@ -144,10 +137,10 @@ func (o *Offsets) Adopt(ctx context.Context, tp sinks.TP, mine int64) (c Claimed
 			WHERE a.identity = o.identity AND a.topic = o.topic AND a.partition = o.partition AND a.owner_epoch = o.owner_epoch)
 		RETURNING o.owner_epoch, o.next_offset`, o.identity, tp.Topic, tp.Partition, mine).Scan(&c.Epoch, &c.NextOffset)
 	if errors.Is(err, pgx.ErrNoRows) {
-		return Claimed{}, false, nil
+		return sinks.Claimed{}, false, nil
 	}
 	if err != nil {
-		return Claimed{}, false, fmt.Errorf("adopt the reset offset of %s/%d: %w", tp.Topic, tp.Partition, err)
+		return sinks.Claimed{}, false, fmt.Errorf("adopt the reset offset of %s/%d: %w", tp.Topic, tp.Partition, err)
 	}
 	c.TP, c.At = tp, time.Now()
 	return c, true, nil

@@ -51,21 +51,10 @@ type Sink struct {
 	sql statements
 }
 
-// CacheStats describes a sink's state cache: what it holds now and, since
-// the sink was made, how many of the aggregates its batches needed were
-// found in it (Hits) and read from Postgres (Misses), per attempt of a
-// batch (one planned again counts again). Aggregates first seen in their
-// batch are planned as new and are neither.
-type CacheStats struct {
-	Entries      int
-	Bytes        int64 // as counted against --state-cache-bytes
-	Hits, Misses int64
-}
-
 // CacheStats reports the state cache's contents and hit counts.
-func (s *Sink) CacheStats() CacheStats {
+func (s *Sink) CacheStats() sinks.CacheStats {
 	entries, bytes := s.cache.usage()
-	return CacheStats{Entries: entries, Bytes: bytes, Hits: s.hits.Load(), Misses: s.misses.Load()}
+	return sinks.CacheStats{Entries: entries, Bytes: bytes, Hits: s.hits.Load(), Misses: s.misses.Load()}
 }
 
 // TombstoneChecks reports, since the sink was made, how many rows of
@@ -87,8 +76,11 @@ type statements struct {
 }
 
 var (
-	_ sinks.Sink   = (*Sink)(nil)
-	_ sinks.Peeker = (*Sink)(nil)
+	_ sinks.Sink              = (*Sink)(nil)
+	_ sinks.Peeker            = (*Sink)(nil)
+	_ sinks.Forgetter         = (*Sink)(nil)
+	_ sinks.CacheReporter     = (*Sink)(nil)
+	_ sinks.TombstoneReporter = (*Sink)(nil)
 )
 
 // NewSink prepares the statements of projection p for identity. Call
