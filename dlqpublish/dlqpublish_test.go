@@ -15,6 +15,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kfake"
 	"github.com/twmb/franz-go/pkg/kgo"
 
+	"github.com/projector-dev/projector/deadletters"
 	"github.com/projector-dev/projector/dlqpublish"
 	"github.com/projector-dev/projector/internal/testenv"
 	"github.com/projector-dev/projector/sinks"
@@ -331,7 +332,7 @@ func TestReplayProducesTheOriginalRecord(t *testing.T) {
 	for _, d := range ds {
 		insert(t, db.Pool, d)
 	}
-	entries, err := postgres.ListDeadLetters(ctx, db.Pool, postgres.DeadLetterFilter{})
+	entries, err := deadletters.List(ctx, db.Pool, deadletters.Filter{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -342,11 +343,11 @@ func TestReplayProducesTheOriginalRecord(t *testing.T) {
 			t.Fatalf("round %d: Replay = %d, %v; want %d, nil", round, n, err, len(entries))
 		}
 		for _, e := range entries {
-			got, err := postgres.GetDeadLetter(ctx, db.Pool, e.ID)
+			got, err := deadletters.Get(ctx, db.Pool, e.ID)
 			if err != nil {
 				t.Fatal(err)
 			}
-			if got.Status != postgres.StatusReplayed || got.Replays != round || got.ReplayedAt == nil {
+			if got.Status != deadletters.StatusReplayed || got.Replays != round || got.ReplayedAt == nil {
 				t.Errorf("round %d: dead letter %d: status %s, replays %d, replayed_at %v", round, e.ID, got.Status, got.Replays, got.ReplayedAt)
 			}
 		}
@@ -360,7 +361,7 @@ func TestReplayProducesTheOriginalRecord(t *testing.T) {
 		if n != 1 {
 			t.Fatalf("replayed record has %d %s headers: %v", n, dlqpublish.IDHeader, r.Headers)
 		}
-		var e *postgres.DeadLetter
+		var e *deadletters.Entry
 		for i := range entries {
 			if strconv.FormatInt(entries[i].ID, 10) == idText {
 				e = &entries[i]
@@ -401,7 +402,7 @@ func TestReplayRefusesPurgedEntries(t *testing.T) {
 	if _, err := db.Pool.Exec(ctx, `UPDATE projector_dead_letters SET status = 'purged' WHERE "offset" = 2`); err != nil {
 		t.Fatal(err)
 	}
-	entries, err := postgres.ListDeadLetters(ctx, db.Pool, postgres.DeadLetterFilter{})
+	entries, err := deadletters.List(ctx, db.Pool, deadletters.Filter{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -423,7 +424,7 @@ func TestReplayIsRateLimited(t *testing.T) {
 	for i := range 10 {
 		insert(t, db.Pool, dead{offset: int64(i), key: []byte(fmt.Sprint("k", i)), value: []byte("v"), err: "e"})
 	}
-	entries, err := postgres.ListDeadLetters(context.Background(), db.Pool, postgres.DeadLetterFilter{})
+	entries, err := deadletters.List(context.Background(), db.Pool, deadletters.Filter{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -439,7 +440,7 @@ func TestReplayIsRateLimited(t *testing.T) {
 	if got := endOffsets(t, c, srcTopic); got != int64(n) {
 		t.Errorf("%d records on the topic, Replay reported %d", got, n)
 	}
-	replayed, err := postgres.ListDeadLetters(context.Background(), db.Pool, postgres.DeadLetterFilter{Status: postgres.StatusReplayed})
+	replayed, err := deadletters.List(context.Background(), db.Pool, deadletters.Filter{Status: deadletters.StatusReplayed})
 	if err != nil {
 		t.Fatal(err)
 	}

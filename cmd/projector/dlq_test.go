@@ -16,6 +16,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kfake"
 	"github.com/twmb/franz-go/pkg/kgo"
 
+	"github.com/projector-dev/projector/deadletters"
 	"github.com/projector-dev/projector/dlqpublish"
 	"github.com/projector-dev/projector/internal/demo"
 	"github.com/projector-dev/projector/internal/testenv"
@@ -107,7 +108,7 @@ func (e *dlqEnv) mustRun(args ...string) string {
 func (e *dlqEnv) listIDs(args ...string) []int64 {
 	e.t.Helper()
 	out := e.mustRun(append([]string{"dlq", "list", "--json"}, args...)...)
-	var dls []postgres.DeadLetter
+	var dls []deadletters.Entry
 	if err := json.Unmarshal([]byte(out), &dls); err != nil {
 		e.t.Fatalf("dlq list --json: %v\n%s", err, out)
 	}
@@ -118,9 +119,9 @@ func (e *dlqEnv) listIDs(args ...string) []int64 {
 	return ids
 }
 
-func (e *dlqEnv) audit() []postgres.AuditEntry {
+func (e *dlqEnv) audit() []deadletters.AuditEntry {
 	e.t.Helper()
-	a, err := postgres.ListAudit(context.Background(), e.db.Pool, 0)
+	a, err := deadletters.ListAudit(context.Background(), e.db.Pool, 0)
 	if err != nil {
 		e.t.Fatal(err)
 	}
@@ -143,9 +144,9 @@ func (e *dlqEnv) produced() int64 {
 	return n
 }
 
-func dlqStatus(t *testing.T, pool *pgxpool.Pool, id int64) postgres.DeadLetter {
+func dlqStatus(t *testing.T, pool *pgxpool.Pool, id int64) deadletters.Entry {
 	t.Helper()
-	d, err := postgres.GetDeadLetter(context.Background(), pool, id)
+	d, err := deadletters.Get(context.Background(), pool, id)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -346,7 +347,7 @@ func TestDLQReplay(t *testing.T) {
 	if len(a) != 1 || a[0].Actor != "alice" || a[0].Action != "replay" || !slices.Equal(a[0].EntryIDs, []int64{e.ids["good"]}) {
 		t.Fatalf("audit after replay = %+v", a)
 	}
-	var f postgres.DeadLetterFilter
+	var f deadletters.Filter
 	if err := json.Unmarshal(a[0].Filter, &f); err != nil || !slices.Equal(f.IDs, []int64{e.ids["good"]}) {
 		t.Errorf("audited filter %s", a[0].Filter)
 	}
@@ -390,7 +391,7 @@ func TestDLQPurge(t *testing.T) {
 	if len(a) != 1 || a[0].Actor != "bob" || a[0].Action != "purge" || !slices.Equal(a[0].EntryIDs, purged) {
 		t.Fatalf("audit after purge = %+v", a)
 	}
-	var f postgres.DeadLetterFilter
+	var f deadletters.Filter
 	if err := json.Unmarshal(a[0].Filter, &f); err != nil || f.ErrorClass != "decode" || f.Identity != "ident" {
 		t.Errorf("audited filter %s", a[0].Filter)
 	}

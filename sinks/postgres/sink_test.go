@@ -16,6 +16,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
+	"github.com/projector-dev/projector/deadletters"
 	"github.com/projector-dev/projector/internal/demo"
 	"github.com/projector-dev/projector/internal/testenv"
 	"github.com/projector-dev/projector/projection"
@@ -971,7 +972,7 @@ func TestCommitBatchDeadLetters(t *testing.T) {
 		{Offset: 7, RecordKey: []byte("a1"), Value: []byte{0xde, 0xad}, Headers: headers, Timestamp: ts, Err: "boom"},
 		{Offset: 8, Err: "no key, no value"},
 	}})
-	dls, err := postgres.ListDeadLetters(e.ctx, e.db.Pool, postgres.DeadLetterFilter{})
+	dls, err := deadletters.List(e.ctx, e.db.Pool, deadletters.Filter{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -994,7 +995,7 @@ func TestCommitBatchDeadLetters(t *testing.T) {
 	e.mustCommit(&c, 10, sinks.Changes{DeadLetters: []sinks.DeadLetter{
 		{Offset: 7, RecordKey: []byte("a1"), Value: []byte{0xde, 0xad}, Headers: headers, Timestamp: ts, Err: "boom again"},
 	}})
-	dls, err = postgres.ListDeadLetters(e.ctx, e.db.Pool, postgres.DeadLetterFilter{})
+	dls, err = deadletters.List(e.ctx, e.db.Pool, deadletters.Filter{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -1010,17 +1011,17 @@ func TestCommitBatchDeadLetters(t *testing.T) {
 	}
 
 	for _, tc := range []struct {
-		f    postgres.DeadLetterFilter
+		f    deadletters.Filter
 		want int
 	}{
-		{postgres.DeadLetterFilter{Identity: identity}, 2},
-		{postgres.DeadLetterFilter{Identity: "other"}, 0},
-		{postgres.DeadLetterFilter{Projection: "accounts", Topic: demo.Topic}, 2},
-		{postgres.DeadLetterFilter{Projection: "other"}, 0},
-		{postgres.DeadLetterFilter{Topic: "other"}, 0},
-		{postgres.DeadLetterFilter{Limit: 1}, 1},
+		{deadletters.Filter{Identity: identity}, 2},
+		{deadletters.Filter{Identity: "other"}, 0},
+		{deadletters.Filter{Projection: "accounts", Topic: demo.Topic}, 2},
+		{deadletters.Filter{Projection: "other"}, 0},
+		{deadletters.Filter{Topic: "other"}, 0},
+		{deadletters.Filter{Limit: 1}, 1},
 	} {
-		got, err := postgres.ListDeadLetters(e.ctx, e.db.Pool, tc.f)
+		got, err := deadletters.List(e.ctx, e.db.Pool, tc.f)
 		if err != nil || len(got) != tc.want {
 			t.Errorf("ListDeadLetters(%+v) = %d rows, %v; want %d", tc.f, len(got), err, tc.want)
 		}

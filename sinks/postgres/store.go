@@ -5,6 +5,7 @@ import (
 
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/projector-dev/projector/deadletters"
 	"github.com/projector-dev/projector/sinks"
 )
 
@@ -50,7 +51,7 @@ func (s *Store) Ping(ctx context.Context) error {
 // DeadLetterDepth counts the open dead letters of each projection of
 // identity that has any.
 func (s *Store) DeadLetterDepth(ctx context.Context, identity string) (map[string]int64, error) {
-	return DepthByProjection(ctx, s.pool, identity)
+	return deadletters.Depth(ctx, s.pool, identity)
 }
 
 // DeadLetterPool is the pool the dead letters' publish outbox is read
