@@ -216,6 +216,19 @@ func IDs(ctx context.Context, pool *pgxpool.Pool, f Filter) ([]int64, error) {
 	return ids, nil
 }
 
+// Count counts the dead letters matching f (f.Limit aside).
+func Count(ctx context.Context, pool *pgxpool.Pool, f Filter) (int64, error) {
+	where, args, err := f.where()
+	if err != nil {
+		return 0, fmt.Errorf("count dead letters: %w", err)
+	}
+	var n int64
+	if err := pool.QueryRow(ctx, `SELECT count(*) FROM projector_dead_letters WHERE `+where, args...).Scan(&n); err != nil {
+		return 0, fmt.Errorf("count dead letters: %w", err)
+	}
+	return n, nil
+}
+
 // Get returns one dead letter; the error wraps ErrNoDeadLetter
 // when there is none with that id.
 func Get(ctx context.Context, pool *pgxpool.Pool, id int64) (Entry, error) {

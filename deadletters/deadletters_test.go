@@ -117,6 +117,11 @@ func TestDeadLetterFilters(t *testing.T) {
 		if !slices.Equal(ids, tc.want) && !(len(ids) == 0 && len(tc.want) == 0) {
 			t.Errorf("%s: IDs = %v, want %v", tc.name, ids, tc.want)
 		}
+		if tc.f.Limit == 0 {
+			if n, err := deadletters.Count(ctx, pool, tc.f); err != nil || n != int64(len(tc.want)) {
+				t.Errorf("%s: Count = %d, %v; want %d", tc.name, n, err, len(tc.want))
+			}
+		}
 	}
 	if _, err := deadletters.List(ctx, pool, deadletters.Filter{Status: "closed"}); err == nil {
 		t.Error("List accepted status closed")

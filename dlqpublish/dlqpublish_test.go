@@ -140,12 +140,6 @@ func outboxCount(t *testing.T, pool *pgxpool.Pool) int {
 	return n
 }
 
-func TestIDHeaderIsTheConsumersReplayHeader(t *testing.T) {
-	if dlqpublish.IDHeader != sinks.ReplayHeader {
-		t.Fatalf("dlqpublish.IDHeader %q != sinks.ReplayHeader %q", dlqpublish.IDHeader, sinks.ReplayHeader)
-	}
-}
-
 // TestPublishCopiesDeadLettersToTheTopic runs the publisher over more rows
 // than one batch holds: every queued dead letter reaches the dead-letter
 // topic once, byte for byte with Kafka Connect's error headers, and the
@@ -158,7 +152,7 @@ func TestPublishCopiesDeadLettersToTheTopic(t *testing.T) {
 	special := []dead{
 		{partition: 2, offset: 41, key: []byte("acc-1"), value: []byte{0, 0, 0, 0, 9, 1, 2}, err: "schema id 9: unknown schema id", class: "decode",
 			headers: []sinks.Header{{Key: "traceparent", Value: []byte("00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01")}, {Key: "bin", Value: bin},
-				{Key: dlqpublish.IDHeader, Value: []byte("999")}, {Key: "empty", Value: []byte{}}},
+				{Key: sinks.ReplayHeader, Value: []byte("999")}, {Key: "empty", Value: []byte{}}},
 			outbox: true},
 		{partition: 0, offset: 7, key: nil, value: []byte("garbage"), err: "malformed", class: "invalid", identity: "other", outbox: true},
 		{partition: 1, offset: 8, key: []byte("acc-2"), value: nil, err: "tombstone refused", class: "fold", outbox: true},
@@ -202,9 +196,9 @@ func TestPublishCopiesDeadLettersToTheTopic(t *testing.T) {
 	recs := consume(t, c, dlqTopic, total)
 	byID := map[string]*kgo.Record{}
 	for _, r := range recs {
-		id, n := header(r, dlqpublish.IDHeader)
+		id, n := header(r, sinks.ReplayHeader)
 		if n != 1 {
-			t.Fatalf("record has %d %s headers, want 1: %v", n, dlqpublish.IDHeader, r.Headers)
+			t.Fatalf("record has %d %s headers, want 1: %v", n, sinks.ReplayHeader, r.Headers)
 		}
 		byID[id] = r
 	}
@@ -233,7 +227,7 @@ func TestPublishCopiesDeadLettersToTheTopic(t *testing.T) {
 			dlqpublish.HeaderExceptionClass: d.class,
 			dlqpublish.HeaderMessage:        d.err,
 			dlqpublish.HeaderConnector:      identity,
-			dlqpublish.IDHeader:             strconv.FormatInt(ids[i], 10),
+			sinks.ReplayHeader:              strconv.FormatInt(ids[i], 10),
 		}
 		var orig []kgo.RecordHeader
 		for _, h := range r.Headers {
@@ -251,7 +245,7 @@ func TestPublishCopiesDeadLettersToTheTopic(t *testing.T) {
 		}
 		var wantOrig []sinks.Header
 		for _, h := range d.headers {
-			if h.Key != dlqpublish.IDHeader {
+			if h.Key != sinks.ReplayHeader {
 				wantOrig = append(wantOrig, h)
 			}
 		}
@@ -319,13 +313,13 @@ func replayClient(t *testing.T, c *kfake.Cluster) *kgo.Client {
 
 // TestReplayProducesTheOriginalRecord replays dead letters twice: each
 // comes back on its topic and partition with its key, value and headers
-// and exactly one IDHeader, and is counted and marked replayed.
+// and exactly one sinks.ReplayHeader, and is counted and marked replayed.
 func TestReplayProducesTheOriginalRecord(t *testing.T) {
 	db, c := setup(t, 3)
 	ctx := context.Background()
 	ds := []dead{
 		{partition: 2, offset: 5, key: []byte("acc-9"), value: []byte{0, 0, 0, 0, 1, 0x10, 0x20},
-			headers: []sinks.Header{{Key: "a", Value: []byte("1")}, {Key: dlqpublish.IDHeader, Value: []byte("12345")}, {Key: "bin", Value: []byte{0x80, 0x81}}},
+			headers: []sinks.Header{{Key: "a", Value: []byte("1")}, {Key: sinks.ReplayHeader, Value: []byte("12345")}, {Key: "bin", Value: []byte{0x80, 0x81}}},
 			err:     "bad"},
 		{partition: 1, offset: 6, key: nil, value: []byte("v"), err: "bad"},
 	}
@@ -357,9 +351,9 @@ func TestReplayProducesTheOriginalRecord(t *testing.T) {
 		t.Fatalf("%d records on %s, want %d", len(recs), srcTopic, 2*len(entries))
 	}
 	for _, r := range recs {
-		idText, n := header(r, dlqpublish.IDHeader)
+		idText, n := header(r, sinks.ReplayHeader)
 		if n != 1 {
-			t.Fatalf("replayed record has %d %s headers: %v", n, dlqpublish.IDHeader, r.Headers)
+			t.Fatalf("replayed record has %d %s headers: %v", n, sinks.ReplayHeader, r.Headers)
 		}
 		var e *deadletters.Entry
 		for i := range entries {
@@ -378,11 +372,11 @@ func TestReplayProducesTheOriginalRecord(t *testing.T) {
 		}
 		var want []sinks.Header
 		for _, h := range e.Headers {
-			if h.Key != dlqpublish.IDHeader {
+			if h.Key != sinks.ReplayHeader {
 				want = append(want, h)
 			}
 		}
-		want = append(want, sinks.Header{Key: dlqpublish.IDHeader, Value: []byte(idText)})
+		want = append(want, sinks.Header{Key: sinks.ReplayHeader, Value: []byte(idText)})
 		if len(r.Headers) != len(want) {
 			t.Fatalf("dead letter %d: headers %v, want %v", e.ID, r.Headers, want)
 		}

@@ -11,29 +11,25 @@ import (
 	"golang.org/x/time/rate"
 
 	"github.com/projector-dev/projector/deadletters"
+	"github.com/projector-dev/projector/sinks"
 )
-
-// IDHeader is the header naming the dead letter (its id in decimal) a
-// record was produced from, on replayed records and on dead-letter topic
-// records. It equals sinks.ReplayHeader.
-const IDHeader = "projector-dlq-id"
 
 // markTimeout bounds the bookkeeping done after the broker acknowledged a
 // record, which runs even when the caller's context has just ended.
 const markTimeout = 10 * time.Second
 
 // ReplayRecord is the record Replay produces for d: its original topic,
-// key, value and headers, byte for byte, with IDHeader set to d's id
-// (replacing an IDHeader already there, as a record replayed before
+// key, value and headers, byte for byte, with sinks.ReplayHeader set to d's id
+// (replacing an sinks.ReplayHeader already there, as a record replayed before
 // carries one), and Partition set to the original partition.
 func ReplayRecord(d deadletters.Entry) *kgo.Record {
 	headers := make([]kgo.RecordHeader, 0, len(d.Headers)+1)
 	for _, h := range d.Headers {
-		if h.Key != IDHeader {
+		if h.Key != sinks.ReplayHeader {
 			headers = append(headers, kgo.RecordHeader{Key: h.Key, Value: h.Value})
 		}
 	}
-	headers = append(headers, kgo.RecordHeader{Key: IDHeader, Value: []byte(strconv.FormatInt(d.ID, 10))})
+	headers = append(headers, kgo.RecordHeader{Key: sinks.ReplayHeader, Value: []byte(strconv.FormatInt(d.ID, 10))})
 	return &kgo.Record{
 		Topic:     d.Topic,
 		Partition: d.Partition,

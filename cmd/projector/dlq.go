@@ -374,7 +374,7 @@ func dlqReplayCommand(stdout, stderr io.Writer) *ffcli.Command {
 		fset    *flag.FlagSet
 	)
 	return newCommand("replay", "projector dlq replay (--id N ... | filters) [--execute] [flags]",
-		"Produce dead letters again to their original topic, with the header "+dlqpublish.IDHeader+". A dry run unless --execute.", stderr,
+		"Produce dead letters again to their original topic, with the header "+sinks.ReplayHeader+". A dry run unless --execute.", stderr,
 		func(fs *flag.FlagSet) {
 			fset = fs
 			c.register(fs, "database-url", "brokers")

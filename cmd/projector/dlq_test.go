@@ -17,7 +17,6 @@ import (
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/projector-dev/projector/deadletters"
-	"github.com/projector-dev/projector/dlqpublish"
 	"github.com/projector-dev/projector/internal/demo"
 	"github.com/projector-dev/projector/internal/testenv"
 	"github.com/projector-dev/projector/sinks"
@@ -337,7 +336,7 @@ func TestDLQReplay(t *testing.T) {
 		t.Errorf("replayed record: partition %d key %q value %x", r.Partition, r.Key, r.Value)
 	}
 	if len(r.Headers) != 3 || r.Headers[0].Key != "traceparent" || !bytes.Equal(r.Headers[1].Value, []byte{0xff, 0xfe, 0x00}) ||
-		r.Headers[2].Key != dlqpublish.IDHeader || string(r.Headers[2].Value) != e.id("good") {
+		r.Headers[2].Key != sinks.ReplayHeader || string(r.Headers[2].Value) != e.id("good") {
 		t.Errorf("replayed headers = %v", r.Headers)
 	}
 	if d := dlqStatus(t, e.db.Pool, e.ids["good"]); d.Status != "replayed" || d.Replays != 1 || d.ReplayedAt == nil {

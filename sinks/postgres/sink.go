@@ -14,6 +14,7 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/projector-dev/projector/deadletters"
 	"github.com/projector-dev/projector/projection"
 	"github.com/projector-dev/projector/sinks"
 )
@@ -317,45 +318,6 @@ const (
 		SELECT $1, u.key, u.version FROM unnest($2::text[], $3::bigint[]) AS u(key, version)
 		ON CONFLICT (table_name, key) DO UPDATE SET version = excluded.version, deleted_at = now()
 		WHERE projector_tombstones.version < excluded.version`
-	// deadLetterSQL stores dead letters. A replayed record that failed
-	// again ($15 names the entry it replays) reopens that entry of this
-	// identity with one more attempt instead of adding one (found by its
-	// id alone, see resolvedSQL: planned on few dead letters, a join read
-	// all of them for every batch once they had grown); otherwise, and
-	// when that entry is gone, a new entry is added. With a dead-letter
-	// topic configured ($16 not empty) new entries are queued for
-	// publishing in the same transaction.
-	deadLetterSQL = `WITH u AS (
-		SELECT * FROM unnest($5::bigint[], $6::bytea[], $7::bytea[], $8::jsonb[], $9::timestamptz[], $10::text[],
-		                     $11::text[], $12::int[], $13::int[], $14::text[], $15::bigint[])
-		  AS u(off, rkey, value, headers, ts, err, class, attempts, schema_id, trace_id, replay_of)
-	), reopened AS (
-		UPDATE projector_dead_letters d
-		SET attempts = d.attempts + 1, last_seen = now(), error = r.err, error_class = r.class, status = 'open'
-		FROM (SELECT u.off, u.err, u.class, t.tid FROM u
-		      CROSS JOIN LATERAL (SELECT t.ctid AS tid FROM projector_dead_letters t WHERE t.id = u.replay_of LIMIT 1) t) r
-		WHERE d.ctid = r.tid AND d.identity = $1 AND d.status <> 'purged'
-		RETURNING r.off
-	), dl AS (
-		INSERT INTO projector_dead_letters AS d
-		(identity, projection, topic, partition, "offset", record_key, value, headers, record_time, error,
-		 error_class, attempts, schema_id, trace_id)
-		SELECT $1, $2, $3, $4, u.off, u.rkey, u.value, u.headers, u.ts, u.err, u.class, u.attempts, u.schema_id, u.trace_id
-		FROM u WHERE u.off NOT IN (SELECT off FROM reopened)
-		ON CONFLICT (identity, topic, partition, "offset")
-		DO UPDATE SET last_seen = now(), attempts = d.attempts + 1, error = excluded.error, error_class = excluded.error_class
-		RETURNING d.id)
-	INSERT INTO projector_dlq_outbox (dead_letter_id, topic)
-	SELECT id, $16 FROM dl WHERE $16 <> ''
-	ON CONFLICT (dead_letter_id) DO NOTHING`
-	// resolvedSQL, as the reopening above, finds each dead letter by its
-	// id alone (LATERAL ... LIMIT 1), then checks the rest: with the
-	// identity's conditions beside it, Postgres could take the index that
-	// starts with the identity and read all of its dead letters.
-	resolvedSQL = `UPDATE projector_dead_letters d SET status = 'resolved', resolved_at = now()
-		FROM unnest($1::bigint[]) AS r(id)
-		CROSS JOIN LATERAL (SELECT t.ctid AS tid FROM projector_dead_letters t WHERE t.id = r.id LIMIT 1) t
-		WHERE d.ctid = t.tid AND d.identity = $2 AND d.status NOT IN ('resolved', 'purged')`
 	advanceSQL = `UPDATE projector_offsets SET next_offset = $1, updated_at = now()
 		WHERE identity = $2 AND topic = $3 AND partition = $4 AND owner_epoch = $5 AND next_offset = $6`
 )
@@ -996,47 +958,9 @@ func (s *Sink) queueChanges(b *pgx.Batch, tp sinks.TP, ch sinks.Changes, g upser
 		}
 		b.Queue(parkSQL, s.identity, s.p.Name, tp.Topic, tp.Partition, keys, versions, offsets, rkeys, values, headers, times)
 	}
-	s.queueDeadLetters(b, tp, ch.DeadLetters)
-	if len(ch.Resolved) > 0 {
-		b.Queue(resolvedSQL, ch.Resolved, s.identity)
-	}
+	deadletters.QueueWrite(b, s.identity, s.p.Name, tp, ch.DeadLetters, s.dlqTopic)
+	deadletters.QueueResolved(b, s.identity, ch.Resolved)
 	return counts, nil
-}
-
-func (s *Sink) queueDeadLetters(b *pgx.Batch, tp sinks.TP, dls []sinks.DeadLetter) {
-	n := len(dls)
-	if n == 0 {
-		return
-	}
-	var (
-		offsets   = make([]int64, n)
-		rkeys     = make([][]byte, n)
-		values    = make([][]byte, n)
-		headers   = make([]string, n)
-		times     = make([]*time.Time, n)
-		errs      = make([]string, n)
-		classes   = make([]string, n)
-		attempts  = make([]int32, n)
-		schemaIDs = make([]*int32, n)
-		traces    = make([]*string, n)
-		replays   = make([]*int64, n)
-	)
-	for i, d := range dls {
-		offsets[i], rkeys[i], values[i], errs[i], classes[i] = d.Offset, d.RecordKey, d.Value, d.Err, d.Class
-		headers[i], times[i], attempts[i] = headersJSON(d.Headers), timeOrNil(d.Timestamp), int32(max(1, d.Attempts))
-		if d.SchemaID > 0 {
-			v := int32(d.SchemaID)
-			schemaIDs[i] = &v
-		}
-		if d.TraceID != "" {
-			traces[i] = &d.TraceID
-		}
-		if d.ReplayOf > 0 {
-			replays[i] = &d.ReplayOf
-		}
-	}
-	b.Queue(deadLetterSQL, s.identity, s.p.Name, tp.Topic, tp.Partition, offsets, rkeys, values, headers, times, errs,
-		classes, attempts, schemaIDs, traces, replays, s.dlqTopic)
 }
 
 // upsertArgs renders rows as one array per column plus the versions. When
