@@ -325,8 +325,8 @@ const (
 // CommitBatch implements sinks.Sink. When Postgres refuses a row (a
 // data error, SQLSTATE classes 22, 23 and 54), the batch is run again with
 // each row under its own savepoint to find the refused ones, which are
-// returned as *partition.RejectedRows. When it refuses a statement itself
-// (see refused), the error is marked partition.ErrBadStatement.
+// returned as *sinks.RejectedRows. When it refuses a statement itself
+// (see refused), the error is marked sinks.ErrBadStatement.
 func (s *Sink) CommitBatch(ctx context.Context, claim sinks.Claim, end int64, keys sinks.Keys, plan func(sinks.State) (sinks.Changes, error)) error {
 	return refused(s.commitBatch(ctx, claim, end, keys, plan))
 }
@@ -402,7 +402,7 @@ func (s *Sink) keyConflict(ctx context.Context, err error) bool {
 	return name == pg.ConstraintName
 }
 
-// refused marks err with partition.ErrBadStatement when Postgres refused
+// refused marks err with sinks.ErrBadStatement when Postgres refused
 // the sink's statement itself rather than a row or the moment: SQLSTATE
 // classes 42 (a table, column, type or function missing or different, a
 // privilege missing), 0A (a feature not supported), 26 (a prepared
@@ -760,7 +760,7 @@ func sameStored(st, v any) bool {
 }
 
 // isolateUpserts writes each row under its own savepoint and returns the
-// rows Postgres refused as *partition.RejectedRows.
+// rows Postgres refused as *sinks.RejectedRows.
 func (s *Sink) isolateUpserts(ctx context.Context, tx pgx.Tx, rows []sinks.RowWrite) error {
 	rejected := map[string]string{}
 	for _, w := range rows {
