@@ -691,7 +691,7 @@ func (e *Engine) start(c sinks.Claim) {
 	}
 	p := e.byTopic[c.Topic]
 	f := &fetcher{e: e, tp: c.TP}
-	w := partition.NewWorker(e.cfg.Partition, e.cfg.Identity, c, p, e.gen.sinks[c.Topic].Sink, e.decoders[c.Topic], e.repairers[c.Topic], f, e.log, e.metrics)
+	w := partition.NewWorker(e.cfg.Partition, e.gen.identity, c, p, e.gen.sinks[c.Topic].Sink, e.decoders[c.Topic], e.repairers[c.Topic], f, e.log, e.metrics)
 	f.w = w
 	parent := e.runCtx
 	if parent == nil {
