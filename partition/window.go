@@ -84,8 +84,7 @@ type windowAgg struct {
 // window's records again.
 func (w *Worker) windowing(n int) bool {
 	_, rewinds := w.fetcher.(Rewinder)
-	_, peeks := w.sink.(sinks.Peeker)
-	if !rewinds || !peeks || w.cfg.CommitMaxBatches <= 1 || w.claim.NextOffset < w.alone {
+	if !rewinds || w.peeker == nil || w.cfg.CommitMaxBatches <= 1 || w.claim.NextOffset < w.alone {
 		return false
 	}
 	batchMax, _ := w.limits()
@@ -260,7 +259,7 @@ func (w *Worker) planBatch(ctx context.Context, win *window, recs []*kgo.Record)
 	peek.Parked = keys.Parked
 	var known sinks.State
 	err = w.retry(ctx, "read the state of a batch", func() (err error) {
-		known, err = w.sink.(sinks.Peeker).Peek(ctx, w.claim, peek)
+		known, err = w.peeker.Peek(ctx, w.claim, peek)
 		return err
 	})
 	if err != nil {

@@ -192,6 +192,7 @@ type Worker struct {
 	claim  sinks.Claim
 	proj   *projection.Projection
 	sink   sinks.Sink
+	peeker sinks.Peeker // sink, when it reads state outside a batch (nil: it does not)
 	dec    Decoder
 	values ValuesDecoder // dec, when events are decoded into values (see ValuesDecoder)
 	// batchMem is the memory of the batches a window plans, one after
@@ -269,6 +270,7 @@ func NewWorker(cfg Config, group string, claim sinks.Claim, p *projection.Projec
 		stop:  make(chan struct{}),
 	}
 	w.keyWarn.Interval = time.Minute
+	w.peeker, _ = sink.(sinks.Peeker)
 	if vd, ok := dec.(ValuesDecoder); ok && vd.Width() > 0 && !p.ReadsFieldsMap() {
 		w.values = vd
 	}
