@@ -15,9 +15,10 @@ import (
 	"github.com/twmb/franz-go/pkg/kfake"
 	"github.com/twmb/franz-go/pkg/kgo"
 
+	"github.com/projector-dev/projector/deadletters"
 	"github.com/projector-dev/projector/dlqpublish"
 	"github.com/projector-dev/projector/internal/testenv"
-	"github.com/projector-dev/projector/partition"
+	"github.com/projector-dev/projector/sinks"
 	"github.com/projector-dev/projector/sinks/postgres"
 )
 
@@ -32,7 +33,7 @@ type dead struct {
 	partition            int32
 	offset               int64
 	key, value           []byte
-	headers              []partition.Header
+	headers              []sinks.Header
 	err, class           string
 	outbox               bool // also queue it for the dead-letter topic
 }
@@ -139,12 +140,6 @@ func outboxCount(t *testing.T, pool *pgxpool.Pool) int {
 	return n
 }
 
-func TestIDHeaderIsTheConsumersReplayHeader(t *testing.T) {
-	if dlqpublish.IDHeader != partition.ReplayHeader {
-		t.Fatalf("dlqpublish.IDHeader %q != partition.ReplayHeader %q", dlqpublish.IDHeader, partition.ReplayHeader)
-	}
-}
-
 // TestPublishCopiesDeadLettersToTheTopic runs the publisher over more rows
 // than one batch holds: every queued dead letter reaches the dead-letter
 // topic once, byte for byte with Kafka Connect's error headers, and the
@@ -156,8 +151,8 @@ func TestPublishCopiesDeadLettersToTheTopic(t *testing.T) {
 	bin := []byte{0xff, 0x00, 0xfe}
 	special := []dead{
 		{partition: 2, offset: 41, key: []byte("acc-1"), value: []byte{0, 0, 0, 0, 9, 1, 2}, err: "schema id 9: unknown schema id", class: "decode",
-			headers: []partition.Header{{Key: "traceparent", Value: []byte("00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01")}, {Key: "bin", Value: bin},
-				{Key: dlqpublish.IDHeader, Value: []byte("999")}, {Key: "empty", Value: []byte{}}},
+			headers: []sinks.Header{{Key: "traceparent", Value: []byte("00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01")}, {Key: "bin", Value: bin},
+				{Key: sinks.ReplayHeader, Value: []byte("999")}, {Key: "empty", Value: []byte{}}},
 			outbox: true},
 		{partition: 0, offset: 7, key: nil, value: []byte("garbage"), err: "malformed", class: "invalid", identity: "other", outbox: true},
 		{partition: 1, offset: 8, key: []byte("acc-2"), value: nil, err: "tombstone refused", class: "fold", outbox: true},
@@ -201,9 +196,9 @@ func TestPublishCopiesDeadLettersToTheTopic(t *testing.T) {
 	recs := consume(t, c, dlqTopic, total)
 	byID := map[string]*kgo.Record{}
 	for _, r := range recs {
-		id, n := header(r, dlqpublish.IDHeader)
+		id, n := header(r, sinks.ReplayHeader)
 		if n != 1 {
-			t.Fatalf("record has %d %s headers, want 1: %v", n, dlqpublish.IDHeader, r.Headers)
+			t.Fatalf("record has %d %s headers, want 1: %v", n, sinks.ReplayHeader, r.Headers)
 		}
 		byID[id] = r
 	}
@@ -232,7 +227,7 @@ func TestPublishCopiesDeadLettersToTheTopic(t *testing.T) {
 			dlqpublish.HeaderExceptionClass: d.class,
 			dlqpublish.HeaderMessage:        d.err,
 			dlqpublish.HeaderConnector:      identity,
-			dlqpublish.IDHeader:             strconv.FormatInt(ids[i], 10),
+			sinks.ReplayHeader:              strconv.FormatInt(ids[i], 10),
 		}
 		var orig []kgo.RecordHeader
 		for _, h := range r.Headers {
@@ -248,9 +243,9 @@ func TestPublishCopiesDeadLettersToTheTopic(t *testing.T) {
 		if len(want) > 0 {
 			t.Errorf("dead letter %d lacks headers %v", ids[i], want)
 		}
-		var wantOrig []partition.Header
+		var wantOrig []sinks.Header
 		for _, h := range d.headers {
-			if h.Key != dlqpublish.IDHeader {
+			if h.Key != sinks.ReplayHeader {
 				wantOrig = append(wantOrig, h)
 			}
 		}
@@ -318,20 +313,20 @@ func replayClient(t *testing.T, c *kfake.Cluster) *kgo.Client {
 
 // TestReplayProducesTheOriginalRecord replays dead letters twice: each
 // comes back on its topic and partition with its key, value and headers
-// and exactly one IDHeader, and is counted and marked replayed.
+// and exactly one sinks.ReplayHeader, and is counted and marked replayed.
 func TestReplayProducesTheOriginalRecord(t *testing.T) {
 	db, c := setup(t, 3)
 	ctx := context.Background()
 	ds := []dead{
 		{partition: 2, offset: 5, key: []byte("acc-9"), value: []byte{0, 0, 0, 0, 1, 0x10, 0x20},
-			headers: []partition.Header{{Key: "a", Value: []byte("1")}, {Key: dlqpublish.IDHeader, Value: []byte("12345")}, {Key: "bin", Value: []byte{0x80, 0x81}}},
+			headers: []sinks.Header{{Key: "a", Value: []byte("1")}, {Key: sinks.ReplayHeader, Value: []byte("12345")}, {Key: "bin", Value: []byte{0x80, 0x81}}},
 			err:     "bad"},
 		{partition: 1, offset: 6, key: nil, value: []byte("v"), err: "bad"},
 	}
 	for _, d := range ds {
 		insert(t, db.Pool, d)
 	}
-	entries, err := postgres.ListDeadLetters(ctx, db.Pool, postgres.DeadLetterFilter{})
+	entries, err := deadletters.List(ctx, db.Pool, deadletters.Filter{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -342,11 +337,11 @@ func TestReplayProducesTheOriginalRecord(t *testing.T) {
 			t.Fatalf("round %d: Replay = %d, %v; want %d, nil", round, n, err, len(entries))
 		}
 		for _, e := range entries {
-			got, err := postgres.GetDeadLetter(ctx, db.Pool, e.ID)
+			got, err := deadletters.Get(ctx, db.Pool, e.ID)
 			if err != nil {
 				t.Fatal(err)
 			}
-			if got.Status != postgres.StatusReplayed || got.Replays != round || got.ReplayedAt == nil {
+			if got.Status != deadletters.StatusReplayed || got.Replays != round || got.ReplayedAt == nil {
 				t.Errorf("round %d: dead letter %d: status %s, replays %d, replayed_at %v", round, e.ID, got.Status, got.Replays, got.ReplayedAt)
 			}
 		}
@@ -356,11 +351,11 @@ func TestReplayProducesTheOriginalRecord(t *testing.T) {
 		t.Fatalf("%d records on %s, want %d", len(recs), srcTopic, 2*len(entries))
 	}
 	for _, r := range recs {
-		idText, n := header(r, dlqpublish.IDHeader)
+		idText, n := header(r, sinks.ReplayHeader)
 		if n != 1 {
-			t.Fatalf("replayed record has %d %s headers: %v", n, dlqpublish.IDHeader, r.Headers)
+			t.Fatalf("replayed record has %d %s headers: %v", n, sinks.ReplayHeader, r.Headers)
 		}
-		var e *postgres.DeadLetter
+		var e *deadletters.Entry
 		for i := range entries {
 			if strconv.FormatInt(entries[i].ID, 10) == idText {
 				e = &entries[i]
@@ -375,13 +370,13 @@ func TestReplayProducesTheOriginalRecord(t *testing.T) {
 		if !bytes.Equal(r.Key, e.RecordKey()) || (r.Key == nil) != e.KeyNull || !bytes.Equal(r.Value, e.Value) {
 			t.Errorf("dead letter %d: replayed key %q value %x, want %q %x", e.ID, r.Key, r.Value, e.RecordKey(), e.Value)
 		}
-		var want []partition.Header
+		var want []sinks.Header
 		for _, h := range e.Headers {
-			if h.Key != dlqpublish.IDHeader {
+			if h.Key != sinks.ReplayHeader {
 				want = append(want, h)
 			}
 		}
-		want = append(want, partition.Header{Key: dlqpublish.IDHeader, Value: []byte(idText)})
+		want = append(want, sinks.Header{Key: sinks.ReplayHeader, Value: []byte(idText)})
 		if len(r.Headers) != len(want) {
 			t.Fatalf("dead letter %d: headers %v, want %v", e.ID, r.Headers, want)
 		}
@@ -401,7 +396,7 @@ func TestReplayRefusesPurgedEntries(t *testing.T) {
 	if _, err := db.Pool.Exec(ctx, `UPDATE projector_dead_letters SET status = 'purged' WHERE "offset" = 2`); err != nil {
 		t.Fatal(err)
 	}
-	entries, err := postgres.ListDeadLetters(ctx, db.Pool, postgres.DeadLetterFilter{})
+	entries, err := deadletters.List(ctx, db.Pool, deadletters.Filter{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -423,7 +418,7 @@ func TestReplayIsRateLimited(t *testing.T) {
 	for i := range 10 {
 		insert(t, db.Pool, dead{offset: int64(i), key: []byte(fmt.Sprint("k", i)), value: []byte("v"), err: "e"})
 	}
-	entries, err := postgres.ListDeadLetters(context.Background(), db.Pool, postgres.DeadLetterFilter{})
+	entries, err := deadletters.List(context.Background(), db.Pool, deadletters.Filter{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -439,7 +434,7 @@ func TestReplayIsRateLimited(t *testing.T) {
 	if got := endOffsets(t, c, srcTopic); got != int64(n) {
 		t.Errorf("%d records on the topic, Replay reported %d", got, n)
 	}
-	replayed, err := postgres.ListDeadLetters(context.Background(), db.Pool, postgres.DeadLetterFilter{Status: postgres.StatusReplayed})
+	replayed, err := deadletters.List(context.Background(), db.Pool, deadletters.Filter{Status: deadletters.StatusReplayed})
 	if err != nil {
 		t.Fatal(err)
 	}

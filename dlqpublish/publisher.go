@@ -2,7 +2,6 @@ package dlqpublish
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -13,7 +12,8 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/twmb/franz-go/pkg/kgo"
 
-	"github.com/projector-dev/projector/partition"
+	"github.com/projector-dev/projector/deadletters"
+	"github.com/projector-dev/projector/sinks"
 )
 
 // Kafka Connect's dead-letter-queue context headers, which Publisher adds
@@ -44,7 +44,7 @@ const lockClass = 0x646c7170
 // the published record has the dead letter's original key, value and
 // headers, plus Kafka Connect's error headers (HeaderTopic …
 // HeaderConnector: the original topic, partition and offset, the error
-// class, the error, and the consumer identity) and IDHeader.
+// class, the error, and the consumer identity) and sinks.ReplayHeader.
 //
 // Delivery is at least once. A round claims up to BatchSize outbox rows
 // in a short transaction (FOR UPDATE SKIP LOCKED), commits it, produces
@@ -101,33 +101,6 @@ func (p *Publisher) Run(ctx context.Context) error {
 	}
 }
 
-// outboxRow is one claimed outbox row with its dead letter.
-type outboxRow struct {
-	id         int64
-	dlqTopic   string
-	identity   string
-	topic      string
-	partition  int32
-	offset     int64
-	key, value []byte
-	headers    []partition.Header
-	errText    string
-	errClass   string
-}
-
-// claimSQL takes the oldest outbox rows and finds each one's dead letter
-// through its primary key (LATERAL ... LIMIT 1): as a plain join, before
-// Postgres had analyzed the tables, it read every dead letter to hash
-// them (22-36 ms a round with 100,000 of them).
-const claimSQL = `SELECT o.dead_letter_id, o.topic, d.identity, d.topic, d.partition, d."offset",
-		d.record_key, d.value, d.headers, d.error, d.error_class
-	FROM (SELECT dead_letter_id, topic, created_at FROM projector_dlq_outbox
-	      ORDER BY created_at, dead_letter_id
-	      LIMIT $1
-	      FOR UPDATE SKIP LOCKED) o
-	CROSS JOIN LATERAL (SELECT * FROM projector_dead_letters d WHERE d.id = o.dead_letter_id LIMIT 1) d
-	ORDER BY o.created_at, o.dead_letter_id`
-
 // acquireTimeout bounds a round's wait for a connection of the pool.
 const acquireTimeout = 30 * time.Second
 
@@ -170,8 +143,8 @@ func (p *Publisher) PublishBatch(ctx context.Context) (int, error) {
 	recs := make([]*kgo.Record, len(rows))
 	ids := make(map[*kgo.Record]int64, len(rows))
 	for i, r := range rows {
-		recs[i] = r.record()
-		ids[recs[i]] = r.id
+		recs[i] = record(r)
+		ids[recs[i]] = r.ID
 	}
 	results := p.cl.ProduceSync(ctx, recs...)
 	var (
@@ -190,7 +163,7 @@ func (p *Publisher) PublishBatch(ctx context.Context) (int, error) {
 	if len(done) > 0 {
 		// The records are out: forget them even if ctx ended meanwhile.
 		dctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), markTimeout)
-		_, err := conn.Exec(dctx, `DELETE FROM projector_dlq_outbox WHERE dead_letter_id = ANY($1::bigint[])`, done)
+		err := deadletters.DeleteOutboxed(dctx, conn, done)
 		cancel()
 		if err != nil {
 			return 0, errors.Join(firstErr, fmt.Errorf("%d dead letters published, but removing them from the outbox failed (they will be published again): %w", len(done), err))
@@ -202,58 +175,38 @@ func (p *Publisher) PublishBatch(ctx context.Context) (int, error) {
 
 // claim reads up to BatchSize outbox rows with their dead letters in a
 // short transaction.
-func (p *Publisher) claim(ctx context.Context, conn *pgxpool.Conn) ([]outboxRow, error) {
-	var out []outboxRow
-	err := pgx.BeginFunc(ctx, conn, func(tx pgx.Tx) error {
-		rows, err := tx.Query(ctx, claimSQL, BatchSize)
-		if err != nil {
-			return err
-		}
-		out, err = pgx.CollectRows(rows, func(row pgx.CollectableRow) (outboxRow, error) {
-			var (
-				r       outboxRow
-				headers []byte
-			)
-			if err := row.Scan(&r.id, &r.dlqTopic, &r.identity, &r.topic, &r.partition, &r.offset,
-				&r.key, &r.value, &headers, &r.errText, &r.errClass); err != nil {
-				return r, err
-			}
-			if err := json.Unmarshal(headers, &r.headers); err != nil {
-				return r, fmt.Errorf("dead letter %d: headers: %w", r.id, err)
-			}
-			return r, nil
-		})
+func (p *Publisher) claim(ctx context.Context, conn *pgxpool.Conn) ([]deadletters.Outboxed, error) {
+	var out []deadletters.Outboxed
+	err := pgx.BeginFunc(ctx, conn, func(tx pgx.Tx) (err error) {
+		out, err = deadletters.ClaimOutbox(ctx, tx, BatchSize)
 		return err
 	})
-	if err != nil {
-		return nil, fmt.Errorf("claim outbox rows: %w", err)
-	}
-	return out, nil
+	return out, err
 }
 
 // record is the dead-letter topic record of r: the original headers
 // (without the ones Publisher sets, which it replaces), then Kafka
-// Connect's error headers, then IDHeader.
-func (r outboxRow) record() *kgo.Record {
+// Connect's error headers, then sinks.ReplayHeader.
+func record(r deadletters.Outboxed) *kgo.Record {
 	added := []kgo.RecordHeader{
-		{Key: HeaderTopic, Value: []byte(r.topic)},
-		{Key: HeaderPartition, Value: []byte(strconv.FormatInt(int64(r.partition), 10))},
-		{Key: HeaderOffset, Value: []byte(strconv.FormatInt(r.offset, 10))},
-		{Key: HeaderExceptionClass, Value: []byte(r.errClass)},
-		{Key: HeaderMessage, Value: []byte(r.errText)},
-		{Key: HeaderConnector, Value: []byte(r.identity)},
-		{Key: IDHeader, Value: []byte(strconv.FormatInt(r.id, 10))},
+		{Key: HeaderTopic, Value: []byte(r.Topic)},
+		{Key: HeaderPartition, Value: []byte(strconv.FormatInt(int64(r.Partition), 10))},
+		{Key: HeaderOffset, Value: []byte(strconv.FormatInt(r.Offset, 10))},
+		{Key: HeaderExceptionClass, Value: []byte(r.ErrorClass)},
+		{Key: HeaderMessage, Value: []byte(r.Error)},
+		{Key: HeaderConnector, Value: []byte(r.Identity)},
+		{Key: sinks.ReplayHeader, Value: []byte(strconv.FormatInt(r.ID, 10))},
 	}
 	replaced := make(map[string]bool, len(added))
 	for _, h := range added {
 		replaced[h.Key] = true
 	}
-	headers := make([]kgo.RecordHeader, 0, len(r.headers)+len(added))
-	for _, h := range r.headers {
+	headers := make([]kgo.RecordHeader, 0, len(r.Headers)+len(added))
+	for _, h := range r.Headers {
 		if !replaced[h.Key] {
 			headers = append(headers, kgo.RecordHeader{Key: h.Key, Value: h.Value})
 		}
 	}
 	headers = append(headers, added...)
-	return &kgo.Record{Topic: r.dlqTopic, Key: r.key, Value: r.value, Headers: headers}
+	return &kgo.Record{Topic: r.DLQTopic, Key: r.Key, Value: r.Value, Headers: headers}
 }

@@ -10,30 +10,26 @@ import (
 	"github.com/twmb/franz-go/pkg/kgo"
 	"golang.org/x/time/rate"
 
-	"github.com/projector-dev/projector/sinks/postgres"
+	"github.com/projector-dev/projector/deadletters"
+	"github.com/projector-dev/projector/sinks"
 )
-
-// IDHeader is the header naming the dead letter (its id in decimal) a
-// record was produced from, on replayed records and on dead-letter topic
-// records. It equals partition.ReplayHeader.
-const IDHeader = "projector-dlq-id"
 
 // markTimeout bounds the bookkeeping done after the broker acknowledged a
 // record, which runs even when the caller's context has just ended.
 const markTimeout = 10 * time.Second
 
 // ReplayRecord is the record Replay produces for d: its original topic,
-// key, value and headers, byte for byte, with IDHeader set to d's id
-// (replacing an IDHeader already there, as a record replayed before
+// key, value and headers, byte for byte, with sinks.ReplayHeader set to d's id
+// (replacing an sinks.ReplayHeader already there, as a record replayed before
 // carries one), and Partition set to the original partition.
-func ReplayRecord(d postgres.DeadLetter) *kgo.Record {
+func ReplayRecord(d deadletters.Entry) *kgo.Record {
 	headers := make([]kgo.RecordHeader, 0, len(d.Headers)+1)
 	for _, h := range d.Headers {
-		if h.Key != IDHeader {
+		if h.Key != sinks.ReplayHeader {
 			headers = append(headers, kgo.RecordHeader{Key: h.Key, Value: h.Value})
 		}
 	}
-	headers = append(headers, kgo.RecordHeader{Key: IDHeader, Value: []byte(strconv.FormatInt(d.ID, 10))})
+	headers = append(headers, kgo.RecordHeader{Key: sinks.ReplayHeader, Value: []byte(strconv.FormatInt(d.ID, 10))})
 	return &kgo.Record{
 		Topic:     d.Topic,
 		Partition: d.Partition,
@@ -47,7 +43,7 @@ func ReplayRecord(d postgres.DeadLetter) *kgo.Record {
 // ReplayRecord), one at a time, at most perSecond per second (no limit
 // when perSecond is not positive), waiting for the broker's
 // acknowledgement of each and then marking it replayed
-// (postgres.MarkReplayed). It returns how many it produced; on an error
+// (deadletters.MarkReplayed). It returns how many it produced; on an error
 // the entries before it are produced and marked, the rest untouched.
 //
 // The record's partition is decided by cl's partitioner: give Replay a
@@ -58,9 +54,9 @@ func ReplayRecord(d postgres.DeadLetter) *kgo.Record {
 //
 // Replay refuses, before producing anything, when an entry has status
 // purged.
-func Replay(ctx context.Context, pool *pgxpool.Pool, cl *kgo.Client, entries []postgres.DeadLetter, perSecond float64) (int, error) {
+func Replay(ctx context.Context, pool *pgxpool.Pool, cl *kgo.Client, entries []deadletters.Entry, perSecond float64) (int, error) {
 	for _, d := range entries {
-		if d.Status == postgres.StatusPurged {
+		if d.Status == deadletters.StatusPurged {
 			return 0, fmt.Errorf("dead letter %d is purged: refusing to replay it", d.ID)
 		}
 	}
@@ -80,7 +76,7 @@ func Replay(ctx context.Context, pool *pgxpool.Pool, cl *kgo.Client, entries []p
 		n++
 		// The record is out: record it even if ctx ended meanwhile.
 		mctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), markTimeout)
-		err := postgres.MarkReplayed(mctx, pool, []int64{d.ID})
+		err := deadletters.MarkReplayed(mctx, pool, []int64{d.ID})
 		cancel()
 		if err != nil {
 			return n, fmt.Errorf("replay dead letter %d: produced, but: %w", d.ID, err)

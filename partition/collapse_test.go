@@ -12,14 +12,15 @@ import (
 
 	"github.com/projector-dev/projector/internal/demo"
 	"github.com/projector-dev/projector/projection"
+	"github.com/projector-dev/projector/sinks"
 )
 
 // recordingSink plans every batch on the state of an empty table and keeps
 // what the plan would write.
-type recordingSink struct{ batches []Changes }
+type recordingSink struct{ batches []sinks.Changes }
 
-func (s *recordingSink) CommitBatch(_ context.Context, _ Claim, _ int64, _ Keys, plan func(State) (Changes, error)) error {
-	ch, err := plan(State{Rows: map[string]projection.Row{}, Versions: map[string]int64{}})
+func (s *recordingSink) CommitBatch(_ context.Context, _ sinks.Claim, _ int64, _ sinks.Keys, plan func(sinks.State) (sinks.Changes, error)) error {
+	ch, err := plan(sinks.State{Rows: map[string]projection.Row{}, Versions: map[string]int64{}})
 	if err != nil {
 		return err
 	}
@@ -27,11 +28,15 @@ func (s *recordingSink) CommitBatch(_ context.Context, _ Claim, _ int64, _ Keys,
 	return nil
 }
 
-func (s *recordingSink) Peek(context.Context, Claim, Keys) (State, error) {
-	return State{Rows: map[string]projection.Row{}, Versions: map[string]int64{}}, nil
+func (s *recordingSink) Peek(context.Context, sinks.Claim, sinks.Keys) (sinks.State, error) {
+	return sinks.State{Rows: map[string]projection.Row{}, Versions: map[string]int64{}}, nil
 }
-func (s *recordingSink) Parked(context.Context, TP) (map[string]ParkedInfo, error) { return nil, nil }
-func (s *recordingSink) Load(context.Context, TP, []string) (State, error)         { return State{}, nil }
+func (s *recordingSink) Parked(context.Context, sinks.TP) (map[string]sinks.ParkedInfo, error) {
+	return nil, nil
+}
+func (s *recordingSink) Load(context.Context, sinks.TP, []string) (sinks.State, error) {
+	return sinks.State{}, nil
+}
 
 // A hot aggregate's events in one batch, arriving out of order and with
 // duplicates among other aggregates' events, are folded into one row
@@ -83,7 +88,7 @@ func TestHotAggregateCollapsesToOneRowWrite(t *testing.T) {
 
 	sink := &recordingSink{}
 	reg := prometheus.NewRegistry()
-	w := NewWorker(Config{}, "g", Claim{TP: TP{Topic: demo.Topic}}, p, sink, dec, nil, idleFetcher{},
+	w := NewWorker(Config{}, "g", sinks.Claim{TP: sinks.TP{Topic: demo.Topic}}, p, sink, dec, nil, idleFetcher{},
 		slog.New(slog.DiscardHandler), NewMetrics(reg))
 	w.gaps.aggs = map[string]*gap{}
 	if err := w.process(context.Background(), recs); err != nil {
@@ -97,7 +102,7 @@ func TestHotAggregateCollapsesToOneRowWrite(t *testing.T) {
 	if len(ch.Park) != 0 || len(ch.DeadLetters) != 0 || len(ch.Deletes) != 0 {
 		t.Errorf("batch parks %d, dead-letters %d, deletes %d events; want none", len(ch.Park), len(ch.DeadLetters), len(ch.Deletes))
 	}
-	writes := map[string]RowWrite{}
+	writes := map[string]sinks.RowWrite{}
 	for _, u := range ch.Upserts {
 		if _, twice := writes[u.Key]; twice {
 			t.Errorf("%s written twice in one batch", u.Key)

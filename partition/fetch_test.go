@@ -7,6 +7,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/projector-dev/projector/sinks"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/twmb/franz-go/pkg/kgo"
 )
@@ -48,7 +49,7 @@ func (f *slowFetcher) isPaused() bool {
 func TestFetchingResumesWhenABatchEmptiesTheBufferDuringAPause(t *testing.T) {
 	f := &slowFetcher{entered: make(chan struct{}), release: make(chan struct{})}
 	cfg := Config{BatchMaxRecords: 4, MaxBuffered: 4, BatchMaxWait: time.Millisecond}
-	w := NewWorker(cfg, "g", Claim{TP: TP{Topic: "t", Partition: 0}}, nil, nil, nil, nil, f,
+	w := NewWorker(cfg, "g", sinks.Claim{TP: sinks.TP{Topic: "t", Partition: 0}}, nil, nil, nil, nil, f,
 		slog.New(slog.DiscardHandler), NewMetrics(prometheus.NewRegistry()))
 
 	recs := make([]*kgo.Record, 4)
@@ -102,7 +103,7 @@ func TestFetchingResumesWhenABatchEmptiesTheBufferDuringAPause(t *testing.T) {
 // worker of it left: the fetch state outlives the worker that set it.
 func TestNewWorkerResumesFetching(t *testing.T) {
 	f := &slowFetcher{paused: true}
-	NewWorker(Config{}, "g", Claim{TP: TP{Topic: "t", Partition: 0}}, nil, nil, nil, nil, f,
+	NewWorker(Config{}, "g", sinks.Claim{TP: sinks.TP{Topic: "t", Partition: 0}}, nil, nil, nil, nil, f,
 		slog.New(slog.DiscardHandler), NewMetrics(prometheus.NewRegistry()))
 	if f.isPaused() {
 		t.Fatal("the partition's fetching stays paused under its new worker: it would never be fetched")
@@ -124,7 +125,7 @@ func TestShareBoundsBatchAndBuffer(t *testing.T) {
 	share := 3
 	f := &countingFetcher{}
 	cfg := Config{BatchMaxRecords: 100, MaxBuffered: 100, BatchMaxWait: time.Millisecond, Share: func() int { return share }}
-	w := NewWorker(cfg, "g", Claim{TP: TP{Topic: "t", Partition: 0}}, nil, nil, nil, nil, f,
+	w := NewWorker(cfg, "g", sinks.Claim{TP: sinks.TP{Topic: "t", Partition: 0}}, nil, nil, nil, nil, f,
 		slog.New(slog.DiscardHandler), NewMetrics(prometheus.NewRegistry()))
 	recs := func(n int) []*kgo.Record {
 		out := make([]*kgo.Record, n)

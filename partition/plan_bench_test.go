@@ -16,6 +16,7 @@ import (
 	"github.com/projector-dev/projector/internal/demo"
 	"github.com/projector-dev/projector/projection"
 	"github.com/projector-dev/projector/schemas"
+	"github.com/projector-dev/projector/sinks"
 )
 
 // benchBatch is one batch as a worker sees it: 1000 records of the demo's
@@ -24,7 +25,7 @@ import (
 type benchBatch struct {
 	w     *Worker
 	recs  []*kgo.Record
-	state State
+	state sinks.State
 }
 
 const benchBatchSize = 1000
@@ -55,7 +56,7 @@ func newBenchBatch(b *testing.B) *benchBatch {
 	b.Helper()
 	p, enc, dec := demoCodec(b)
 	const accounts, versions = 200, 5
-	bb := &benchBatch{state: State{Rows: map[string]projection.Row{}, Versions: map[string]int64{}}}
+	bb := &benchBatch{state: sinks.State{Rows: map[string]projection.Row{}, Versions: map[string]int64{}}}
 	at := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
 	for v := 1; v <= versions; v++ {
 		for a := 0; a < accounts; a++ {
@@ -81,7 +82,7 @@ func newBenchBatch(b *testing.B) *benchBatch {
 		bb.state.Versions[id] = 10
 	}
 	log := slog.New(slog.NewTextHandler(io.Discard, nil))
-	bb.w = NewWorker(Config{}, "bench", Claim{TP: TP{Topic: demo.Topic}}, p, nil, dec, nil, idleFetcher{}, log, nil)
+	bb.w = NewWorker(Config{}, "bench", sinks.Claim{TP: sinks.TP{Topic: demo.Topic}}, p, nil, dec, nil, idleFetcher{}, log, nil)
 	return bb
 }
 
@@ -127,13 +128,13 @@ func BenchmarkPlan(b *testing.B) {
 	items := bb.items(b)
 	keys := batchKeys(items, func(string) bool { return false }, nil)
 	ctx := context.Background()
-	ch, out, err := bb.w.plan(ctx, items, keys.All, bb.state, map[string]string{}, false)
+	ch, out, err := bb.w.plan(ctx, items, keys.All, bb.state, nil, map[string]string{}, false)
 	if err != nil || out.applied != benchBatchSize || len(ch.Upserts) != 200 {
 		b.Fatalf("plan: %v, %d applied, %d upserts", err, out.applied, len(ch.Upserts))
 	}
 	b.ReportAllocs()
 	perEvent(b, benchBatchSize, func() {
-		if _, _, err := bb.w.plan(ctx, items, keys.All, bb.state, map[string]string{}, false); err != nil {
+		if _, _, err := bb.w.plan(ctx, items, keys.All, bb.state, nil, map[string]string{}, false); err != nil {
 			b.Fatal(err)
 		}
 	})
@@ -158,7 +159,7 @@ func BenchmarkBatchGoSide(b *testing.B) {
 	perEvent(b, benchBatchSize, func() {
 		items := bb.items(b)
 		keys := batchKeys(items, func(string) bool { return false }, nil)
-		if _, _, err := bb.w.plan(ctx, items, keys.All, bb.state, map[string]string{}, false); err != nil {
+		if _, _, err := bb.w.plan(ctx, items, keys.All, bb.state, nil, map[string]string{}, false); err != nil {
 			b.Fatal(err)
 		}
 	})

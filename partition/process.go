@@ -16,6 +16,7 @@ import (
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/projector-dev/projector/projection"
+	"github.com/projector-dev/projector/sinks"
 	"github.com/projector-dev/projector/versioning"
 )
 
@@ -24,7 +25,7 @@ type item struct {
 	offset    int64
 	recordKey []byte
 	value     []byte
-	headers   []Header
+	headers   []sinks.Header
 	timestamp time.Time
 	replayOf  int64 // dead letter this record replays, 0: none
 
@@ -111,14 +112,14 @@ func (w *Worker) process(ctx context.Context, recs []*kgo.Record) (err error) {
 
 	var (
 		out      outcomes
-		changes  Changes
+		changes  sinks.Changes
 		rejected = map[string]string{}
 		giveUp   bool // dead-letter events whose fold keeps failing
 		folds    int
 	)
-	plan := func(st State) (Changes, error) {
+	plan := func(st sinks.State) (sinks.Changes, error) {
 		var err error
-		changes, out, err = w.plan(ctx, items, keys.All, st, rejected, giveUp)
+		changes, out, err = w.plan(ctx, items, keys.All, st, nil, rejected, giveUp)
 		return changes, err
 	}
 	for attempt := 0; ; attempt++ {
@@ -130,10 +131,10 @@ func (w *Worker) process(ctx context.Context, recs []*kgo.Record) (err error) {
 			w.metrics.commitBatches.Observe(1)
 			break
 		}
-		if errors.Is(err, ErrFenced) || ctx.Err() != nil {
+		if errors.Is(err, sinks.ErrFenced) || ctx.Err() != nil {
 			return err
 		}
-		var rej *RejectedRows
+		var rej *sinks.RejectedRows
 		if errors.As(err, &rej) {
 			for k, msg := range rej.Keys {
 				rejected[k] = msg
@@ -157,7 +158,7 @@ func (w *Worker) process(ctx context.Context, recs []*kgo.Record) (err error) {
 
 // committed moves the worker past a committed transaction that ended
 // before offset end, with changes and outcomes out.
-func (w *Worker) committed(end int64, changes Changes, out outcomes) {
+func (w *Worker) committed(end int64, changes sinks.Changes, out outcomes) {
 	w.claim.NextOffset = end
 	w.next.Store(end)
 	w.progress.Store(time.Now().UnixNano())
@@ -182,10 +183,10 @@ func (w *Worker) committed(end int64, changes Changes, out outcomes) {
 		w.metrics.deadLetters.WithLabelValues(name, class).Add(float64(n))
 	}
 	m.WithLabelValues(name, topic, "dead_lettered").Add(float64(dead))
-	if n := out.deadLettered[ClassKeyMismatch]; n > 0 {
+	if n := out.deadLettered[sinks.ClassKeyMismatch]; n > 0 {
 		w.keyWarn.Do(func() {
 			w.log.Warn("dead-lettered records whose record key is not the aggregate their key field names; the producer must key each record by its aggregate id",
-				"class", ClassKeyMismatch, "records", n, "key_field", w.proj.KeyField)
+				"class", sinks.ClassKeyMismatch, "records", n, "key_field", w.proj.KeyField)
 		})
 	}
 }
@@ -218,7 +219,7 @@ func (w *Worker) items(ctx context.Context, recs []*kgo.Record, start int64, mem
 	}
 	for _, it := range items {
 		if len(it.value) > w.cfg.MaxRecordBytes {
-			it.fail(ClassOversized, fmt.Errorf("value of %d bytes is over the %d-byte limit", len(it.value), w.cfg.MaxRecordBytes))
+			it.fail(sinks.ClassOversized, fmt.Errorf("value of %d bytes is over the %d-byte limit", len(it.value), w.cfg.MaxRecordBytes))
 		}
 	}
 	return items, end, w.decodeAll(ctx, items)
@@ -228,8 +229,8 @@ func (w *Worker) items(ctx context.Context, recs []*kgo.Record, start int64, mem
 // gives each item its key's index in Keys.All; parked reports those with
 // parked events. It indexes the keys in index, cleared first (nil: a new
 // map).
-func batchKeys(items []*item, parked func(string) bool, index map[string]int) Keys {
-	var keys Keys
+func batchKeys(items []*item, parked func(string) bool, index map[string]int) sinks.Keys {
+	var keys sinks.Keys
 	keys.All = make([]string, 0, len(items))
 	const notNew = -1
 	if index == nil {
@@ -333,13 +334,13 @@ func producerLinks(recs []*kgo.Record) []trace.Link {
 }
 
 // commitTraced runs the batch transaction, as a child span when tracing.
-func (w *Worker) commitTraced(ctx context.Context, end int64, keys Keys, plan func(State) (Changes, error)) error {
+func (w *Worker) commitTraced(ctx context.Context, end int64, keys sinks.Keys, plan func(sinks.State) (sinks.Changes, error)) error {
 	return w.commitAs(ctx, w.claim, end, keys, plan)
 }
 
 // commitAs is commitTraced under claim, which a transaction committing
 // while the worker plans the next one is given as it was when it began.
-func (w *Worker) commitAs(ctx context.Context, claim Claim, end int64, keys Keys, plan func(State) (Changes, error)) error {
+func (w *Worker) commitAs(ctx context.Context, claim sinks.Claim, end int64, keys sinks.Keys, plan func(sinks.State) (sinks.Changes, error)) error {
 	if w.cfg.Tracer == nil {
 		return w.sink.CommitBatch(ctx, claim, end, keys, plan)
 	}
@@ -358,10 +359,10 @@ func (w *Worker) commitAs(ctx context.Context, claim Claim, end int64, keys Keys
 func recordItem(it *item, r *kgo.Record) {
 	*it = item{offset: r.Offset, recordKey: r.Key, value: r.Value, timestamp: r.Timestamp, tombstone: r.Value == nil}
 	if len(r.Headers) > 0 {
-		it.headers = make([]Header, len(r.Headers))
+		it.headers = make([]sinks.Header, len(r.Headers))
 		for i, h := range r.Headers {
-			it.headers[i] = Header{Key: h.Key, Value: h.Value}
-			if h.Key == ReplayHeader {
+			it.headers[i] = sinks.Header{Key: h.Key, Value: h.Value}
+			if h.Key == sinks.ReplayHeader {
 				it.replayOf, _ = strconv.ParseInt(string(h.Value), 10, 64)
 			}
 		}
@@ -369,7 +370,7 @@ func recordItem(it *item, r *kgo.Record) {
 }
 
 // traceID returns the trace id of the record's W3C traceparent header.
-func traceID(headers []Header) string {
+func traceID(headers []sinks.Header) string {
 	carrier := propagation.MapCarrier{}
 	for _, h := range headers {
 		if h.Key == "traceparent" || h.Key == "tracestate" {
@@ -409,11 +410,11 @@ func (w *Worker) decodeAll(ctx context.Context, items []*item) error {
 			}
 			switch w.cfg.ClassifyDecode(err) {
 			case Terminal:
-				it.fail(ClassDecode, fmt.Errorf("decode: %w", err))
+				it.fail(sinks.ClassDecode, fmt.Errorf("decode: %w", err))
 			case Retryable:
 				it.attempts = retries + 1
 				if retries+1 >= w.cfg.MaxAttempts {
-					it.fail(ClassDecode, fmt.Errorf("decode, after %d attempts: %w", retries+1, err))
+					it.fail(sinks.ClassDecode, fmt.Errorf("decode, after %d attempts: %w", retries+1, err))
 				} else {
 					again = append(again, it)
 					cause = err
@@ -472,7 +473,7 @@ func (w *Worker) decode(ctx context.Context, it *item) error {
 	case string:
 		it.key = k
 	case nil:
-		it.fail(ClassInvalid, fmt.Errorf("key field %q is missing or null", p.KeyField))
+		it.fail(sinks.ClassInvalid, fmt.Errorf("key field %q is missing or null", p.KeyField))
 		return nil
 	case []byte:
 		it.key = string(k)
@@ -480,7 +481,7 @@ func (w *Worker) decode(ctx context.Context, it *item) error {
 		it.key = fmt.Sprint(k)
 	}
 	if string(it.recordKey) != it.key {
-		it.fail(ClassKeyMismatch, fmt.Errorf("record key %q is not %q, the aggregate key field %q names: the record's partition does not own that aggregate",
+		it.fail(sinks.ClassKeyMismatch, fmt.Errorf("record key %q is not %q, the aggregate key field %q names: the record's partition does not own that aggregate",
 			clip(string(it.recordKey)), clip(it.key), p.KeyField))
 		return nil
 	}
@@ -492,17 +493,17 @@ func (w *Worker) decode(ctx context.Context, it *item) error {
 	case int:
 		it.version = int64(v)
 	default:
-		it.fail(ClassInvalid, fmt.Errorf("version field %q: want a long, got %T", p.VersionField, v))
+		it.fail(sinks.ClassInvalid, fmt.Errorf("version field %q: want a long, got %T", p.VersionField, v))
 		return nil
 	}
 	if it.version < 1 {
-		it.fail(ClassInvalid, fmt.Errorf("version field %q: %d is below 1", p.VersionField, it.version))
+		it.fail(sinks.ClassInvalid, fmt.Errorf("version field %q: %d is below 1", p.VersionField, it.version))
 		return nil
 	}
 	if p.TypeField != "" {
 		t, ok := field(p.TypeField).(string)
 		if !ok {
-			it.fail(ClassInvalid, fmt.Errorf("type field %q: want a string, got %T", p.TypeField, field(p.TypeField)))
+			it.fail(sinks.ClassInvalid, fmt.Errorf("type field %q: want a string, got %T", p.TypeField, field(p.TypeField)))
 			return nil
 		}
 		it.typ = t
@@ -515,7 +516,7 @@ func (w *Worker) decode(ctx context.Context, it *item) error {
 // key names none, and fails.
 func keyTombstone(it *item) {
 	if len(it.recordKey) == 0 {
-		it.fail(ClassInvalid, errors.New("tombstone without a record key"))
+		it.fail(sinks.ClassInvalid, errors.New("tombstone without a record key"))
 		return
 	}
 	it.key = string(it.recordKey)
@@ -544,13 +545,16 @@ type aggState struct {
 }
 
 // plan folds the batch into changes. keys are the batch's aggregates,
-// which its items index (see batchKeys). It only reads worker state, so it
+// which its items index (see batchKeys). A window's batch passes known,
+// the window's aggregates at the index of keys, in place of st.Rows and
+// st.Versions: the plan finds each by index rather than by hashing its key
+// twice more. It only reads worker state, so it
 // may run again when the transaction is retried. Events of rejected
 // aggregates are dead-lettered; with giveUp, so are events whose fold keeps
 // failing.
-func (w *Worker) plan(ctx context.Context, items []*item, keys []string, st State, rejected map[string]string, giveUp bool) (Changes, outcomes, error) {
+func (w *Worker) plan(ctx context.Context, items []*item, keys []string, st sinks.State, known []*windowAgg, rejected map[string]string, giveUp bool) (sinks.Changes, outcomes, error) {
 	var (
-		ch  Changes
+		ch  sinks.Changes
 		out = outcomes{deadLettered: map[string]int{}}
 		// Each aggregate's state at its index in keys: items find theirs
 		// without hashing their key again.
@@ -560,8 +564,8 @@ func (w *Worker) plan(ctx context.Context, items []*item, keys []string, st Stat
 		a := &aggs[i]
 		switch {
 		case a.seen:
-		case st.known != nil:
-			a.row, a.gate.Version, a.seen = st.known[i].row, st.known[i].version, true
+		case known != nil:
+			a.row, a.gate.Version, a.seen = known[i].row, known[i].version, true
 		default:
 			a.row, a.gate.Version, a.seen = st.Rows[keys[i]], st.Versions[keys[i]], true
 		}
@@ -576,13 +580,13 @@ func (w *Worker) plan(ctx context.Context, items []*item, keys []string, st Stat
 	}
 	deadLetter := func(it *item) {
 		out.deadLettered[it.class]++
-		ch.DeadLetters = append(ch.DeadLetters, DeadLetter{
+		ch.DeadLetters = append(ch.DeadLetters, sinks.DeadLetter{
 			Offset: it.offset, RecordKey: it.recordKey, Value: it.value, Headers: it.headers,
 			Timestamp: it.timestamp, Err: it.err.Error(), Class: it.class, Attempts: max(1, it.attempts),
 			SchemaID: it.schemaID, TraceID: traceID(it.headers), ReplayOf: it.replayOf,
 		})
 		if it.restored {
-			ch.Unpark = append(ch.Unpark, ParkedRef{Key: it.key, Version: it.version})
+			ch.Unpark = append(ch.Unpark, sinks.ParkedRef{Key: it.key, Version: it.version})
 		}
 	}
 	resolve := func(it *item) {
@@ -602,7 +606,7 @@ func (w *Worker) plan(ctx context.Context, items []*item, keys []string, st Stat
 			if w.cfg.ClassifyDecode(err) != Terminal {
 				return ch, out, err // the registry is down: retry the batch
 			}
-			it.fail(ClassDecode, fmt.Errorf("decode parked event: %w", err))
+			it.fail(sinks.ClassDecode, fmt.Errorf("decode parked event: %w", err))
 		}
 		it.key, it.version = ev.Key, ev.Version
 		i, ok := index[ev.Key]
@@ -614,7 +618,7 @@ func (w *Worker) plan(ctx context.Context, items []*item, keys []string, st Stat
 		case it.err != nil:
 			deadLetter(it)
 		case ev.Version <= a.gate.Version:
-			ch.Unpark = append(ch.Unpark, ParkedRef{Key: ev.Key, Version: ev.Version}) // superseded
+			ch.Unpark = append(ch.Unpark, sinks.ParkedRef{Key: ev.Key, Version: ev.Version}) // superseded
 		default:
 			a.gate.Restore(ev.Version, it)
 		}
@@ -633,7 +637,7 @@ func (w *Worker) plan(ctx context.Context, items []*item, keys []string, st Stat
 		}
 		cur.row, cur.dirty, cur.deleted = row, true, row == nil
 		if it.restored {
-			ch.Unpark = append(ch.Unpark, ParkedRef{Key: it.key, Version: v})
+			ch.Unpark = append(ch.Unpark, sinks.ParkedRef{Key: it.key, Version: v})
 		}
 		resolve(it)
 		return nil
@@ -645,7 +649,7 @@ func (w *Worker) plan(ctx context.Context, items []*item, keys []string, st Stat
 		}
 		if msg, bad := rejected[it.key]; bad {
 			c := *it
-			c.fail(ClassRejected, fmt.Errorf("postgres refused the row of %q: %s", it.key, msg))
+			c.fail(sinks.ClassRejected, fmt.Errorf("postgres refused the row of %q: %s", it.key, msg))
 			deadLetter(&c)
 			continue
 		}
@@ -661,7 +665,7 @@ func (w *Worker) plan(ctx context.Context, items []*item, keys []string, st Stat
 		if w.proj.OnGap == projection.GapApply && versioning.Decide(cur.gate.Version, it.version) == versioning.Parked {
 			drop := func(v int64, e *item) {
 				if e.restored {
-					ch.Unpark = append(ch.Unpark, ParkedRef{Key: e.key, Version: v})
+					ch.Unpark = append(ch.Unpark, sinks.ParkedRef{Key: e.key, Version: v})
 				}
 			}
 			if err := cur.gate.Jump(it.version-1, drop, apply); err != nil {
@@ -677,7 +681,7 @@ func (w *Worker) plan(ctx context.Context, items []*item, keys []string, st Stat
 			// The failing event is the offered one or a parked successor
 			// it unblocked; it leaves the gate and goes to the DLQ.
 			f := *failed
-			f.fail(ClassFold, fmt.Errorf("fold %q v%d: %w", failed.key, failed.version, err))
+			f.fail(sinks.ClassFold, fmt.Errorf("fold %q v%d: %w", failed.key, failed.version, err))
 			deadLetter(&f)
 			if failed == it {
 				continue
@@ -694,7 +698,7 @@ func (w *Worker) plan(ctx context.Context, items []*item, keys []string, st Stat
 		}
 	}
 
-	ch.Upserts = make([]RowWrite, 0, len(aggs)) // at most one per aggregate
+	ch.Upserts = make([]sinks.RowWrite, 0, len(aggs)) // at most one per aggregate
 	for i := range aggs {
 		a, key := &aggs[i], keys[i]
 		if !a.seen {
@@ -702,14 +706,14 @@ func (w *Worker) plan(ctx context.Context, items []*item, keys []string, st Stat
 		}
 		if a.dirty {
 			if a.deleted {
-				ch.Deletes = append(ch.Deletes, RowDelete{Key: key, Version: a.gate.Version})
+				ch.Deletes = append(ch.Deletes, sinks.RowDelete{Key: key, Version: a.gate.Version})
 			} else {
-				ch.Upserts = append(ch.Upserts, RowWrite{Key: key, Version: a.gate.Version, Row: a.row})
+				ch.Upserts = append(ch.Upserts, sinks.RowWrite{Key: key, Version: a.gate.Version, Row: a.row})
 			}
 		}
 		a.gate.EachParked(func(v int64, it *item) {
 			if !it.restored {
-				ch.Park = append(ch.Park, StoredEvent{
+				ch.Park = append(ch.Park, sinks.StoredEvent{
 					Key: key, Version: v, Offset: it.offset, RecordKey: it.recordKey, Value: it.value,
 					Headers: it.headers, Timestamp: it.timestamp,
 				})

@@ -7,6 +7,7 @@ import (
 	"unicode/utf8"
 
 	"github.com/projector-dev/projector/projection"
+	"github.com/projector-dev/projector/sinks"
 )
 
 // fieldsDecoder decodes every value into the same fields.
@@ -29,14 +30,14 @@ func TestDecodeChecksTheRecordKey(t *testing.T) {
 		key       string
 	}{
 		{"same string", []byte("acc-1"), "acc-1", "", "acc-1"},
-		{"other string", []byte("acc-2"), "acc-1", ClassKeyMismatch, ""},
-		{"no record key", nil, "acc-1", ClassKeyMismatch, ""},
-		{"empty record key", []byte{}, "acc-1", ClassKeyMismatch, ""},
+		{"other string", []byte("acc-2"), "acc-1", sinks.ClassKeyMismatch, ""},
+		{"no record key", nil, "acc-1", sinks.ClassKeyMismatch, ""},
+		{"empty record key", []byte{}, "acc-1", sinks.ClassKeyMismatch, ""},
 		{"long as its digits", []byte("42"), int64(42), "", "42"},
-		{"long as big-endian bytes", []byte{0, 0, 0, 0, 0, 0, 0, 42}, int64(42), ClassKeyMismatch, ""},
+		{"long as big-endian bytes", []byte{0, 0, 0, 0, 0, 0, 0, 42}, int64(42), sinks.ClassKeyMismatch, ""},
 		{"same bytes", []byte{0xff, 0x00}, []byte{0xff, 0x00}, "", "\xff\x00"},
 		{"tombstone", []byte("acc-1"), nil, "", "acc-1"},
-		{"tombstone without a key", nil, nil, ClassInvalid, ""},
+		{"tombstone without a key", nil, nil, sinks.ClassInvalid, ""},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			w := &Worker{proj: p, dec: fieldsDecoder{"id": tc.id, "version": int64(1)}}
@@ -53,7 +54,7 @@ func TestDecodeChecksTheRecordKey(t *testing.T) {
 			if tc.class == "" && it.key != tc.key {
 				t.Errorf("aggregate %q, want %q", it.key, tc.key)
 			}
-			if tc.class == ClassKeyMismatch && !strings.Contains(it.err.Error(), `"id"`) {
+			if tc.class == sinks.ClassKeyMismatch && !strings.Contains(it.err.Error(), `"id"`) {
 				t.Errorf("error %q does not name the key field", it.err)
 			}
 		})

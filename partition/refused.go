@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"strconv"
 
+	"github.com/projector-dev/projector/sinks"
 	"github.com/prometheus/client_golang/prometheus"
 )
 
@@ -30,7 +31,7 @@ func newRefusedGauge(reg prometheus.Registerer) *prometheus.GaugeVec {
 // partition when it is the MaxAttempts-th in a row refused by Postgres. It
 // reports whether the partition is halted so: the backoff is then quiet.
 func (w *Worker) refusedBy(what string, cause error) (quiet bool) {
-	if !errors.Is(cause, ErrBadStatement) {
+	if !errors.Is(cause, sinks.ErrBadStatement) {
 		return w.refusing
 	}
 	w.badStatements++

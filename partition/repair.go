@@ -10,6 +10,7 @@ import (
 
 	"github.com/projector-dev/projector/projection"
 	"github.com/projector-dev/projector/repair"
+	"github.com/projector-dev/projector/sinks"
 )
 
 // Repairer fetches an aggregate's state at or beyond a missing version
@@ -45,7 +46,7 @@ func (g *gaps) has(key string) bool {
 
 // update applies a committed batch's parks and unparks and returns how
 // many aggregates no longer wait.
-func (g *gaps) update(parked []StoredEvent, unparked []ParkedRef, now time.Time) (closed int) {
+func (g *gaps) update(parked []sinks.StoredEvent, unparked []sinks.ParkedRef, now time.Time) (closed int) {
 	g.mu.Lock()
 	defer g.mu.Unlock()
 	for _, p := range parked {
@@ -207,7 +208,7 @@ func (w *Worker) repairLoop(ctx context.Context, out chan<- repaired) {
 func (w *Worker) applyRepair(ctx context.Context, r repaired) error {
 	if r.err == nil {
 		w.repairAnswered()
-		return w.commitRepair(ctx, r.key, func(st State) (Changes, outcomes, error) {
+		return w.commitRepair(ctx, r.key, func(st sinks.State) (sinks.Changes, outcomes, error) {
 			return w.planRepair(ctx, r, st)
 		}, "repaired")
 	}
@@ -233,7 +234,7 @@ func (w *Worker) applyRepair(ctx context.Context, r repaired) error {
 		}
 		cause = fmt.Errorf("gap: version %d of %q never arrived; repair failed after %d attempts: %w", r.missing, r.key, attempts, r.err)
 	}
-	return w.commitRepair(ctx, r.key, func(st State) (Changes, outcomes, error) {
+	return w.commitRepair(ctx, r.key, func(st sinks.State) (sinks.Changes, outcomes, error) {
 		return w.planGapDeadLetters(ctx, r.key, st, cause)
 	}, "dead_lettered")
 }
@@ -270,25 +271,25 @@ func (w *Worker) repairAnswered() {
 	w.repairDown, w.repairLogged = time.Time{}, time.Time{}
 }
 
-func (w *Worker) commitRepair(ctx context.Context, key string, plan func(State) (Changes, outcomes, error), resolution string) error {
+func (w *Worker) commitRepair(ctx context.Context, key string, plan func(sinks.State) (sinks.Changes, outcomes, error), resolution string) error {
 	var (
-		ch  Changes
+		ch  sinks.Changes
 		out outcomes
 	)
-	wrapped := func(st State) (Changes, error) {
+	wrapped := func(st sinks.State) (sinks.Changes, error) {
 		var err error
 		ch, out, err = plan(st)
 		return ch, err
 	}
 	for attempt := 0; ; attempt++ {
-		err := w.sink.CommitBatch(ctx, w.claim, w.claim.NextOffset, Keys{All: []string{key}, Parked: []string{key}}, wrapped)
+		err := w.sink.CommitBatch(ctx, w.claim, w.claim.NextOffset, sinks.Keys{All: []string{key}, Parked: []string{key}}, wrapped)
 		if err == nil {
 			break
 		}
-		if errors.Is(err, ErrFenced) || ctx.Err() != nil {
+		if errors.Is(err, sinks.ErrFenced) || ctx.Err() != nil {
 			return err
 		}
-		var rej *RejectedRows
+		var rej *sinks.RejectedRows
 		if errors.As(err, &rej) {
 			// The repaired row itself is refused: leave the events parked
 			// and try the repair again later.
@@ -314,9 +315,9 @@ func (w *Worker) commitRepair(ctx context.Context, key string, plan func(State) 
 
 // planRepair applies a repair result to the aggregate and drains what it
 // unblocks.
-func (w *Worker) planRepair(ctx context.Context, r repaired, st State) (Changes, outcomes, error) {
+func (w *Worker) planRepair(ctx context.Context, r repaired, st sinks.State) (sinks.Changes, outcomes, error) {
 	var (
-		ch  Changes
+		ch  sinks.Changes
 		out = outcomes{deadLettered: map[string]int{}}
 		agg = &aggState{row: st.Rows[r.key]}
 	)
@@ -340,10 +341,10 @@ func (w *Worker) planRepair(ctx context.Context, r repaired, st State) (Changes,
 			return err
 		}
 		agg.row = row
-		ch.Unpark = append(ch.Unpark, ParkedRef{Key: it.key, Version: v})
+		ch.Unpark = append(ch.Unpark, sinks.ParkedRef{Key: it.key, Version: v})
 		return nil
 	}
-	drop := func(v int64, it *item) { ch.Unpark = append(ch.Unpark, ParkedRef{Key: it.key, Version: v}) }
+	drop := func(v int64, it *item) { ch.Unpark = append(ch.Unpark, sinks.ParkedRef{Key: it.key, Version: v}) }
 
 	if r.result.Snapshot != nil {
 		row, err := w.snapshotRow(r.key, r.result.Snapshot)
@@ -366,16 +367,16 @@ func (w *Worker) planRepair(ctx context.Context, r repaired, st State) (Changes,
 	}
 	if err := agg.gate.Jump(r.result.Version, drop, apply); err != nil && failed != nil {
 		f := *failed
-		f.fail(ClassFold, fmt.Errorf("fold %q v%d after repair: %w", failed.key, failed.version, err))
+		f.fail(sinks.ClassFold, fmt.Errorf("fold %q v%d after repair: %w", failed.key, failed.version, err))
 		out.deadLettered[f.class]++
-		ch.DeadLetters = append(ch.DeadLetters, DeadLetter{Offset: f.offset, RecordKey: f.recordKey, Value: f.value,
+		ch.DeadLetters = append(ch.DeadLetters, sinks.DeadLetter{Offset: f.offset, RecordKey: f.recordKey, Value: f.value,
 			Headers: f.headers, Timestamp: f.timestamp, Err: f.err.Error(), Class: f.class, Attempts: 1, TraceID: traceID(f.headers)})
-		ch.Unpark = append(ch.Unpark, ParkedRef{Key: f.key, Version: f.version})
+		ch.Unpark = append(ch.Unpark, sinks.ParkedRef{Key: f.key, Version: f.version})
 	}
 	if agg.row == nil {
-		ch.Deletes = append(ch.Deletes, RowDelete{Key: r.key, Version: agg.gate.Version})
+		ch.Deletes = append(ch.Deletes, sinks.RowDelete{Key: r.key, Version: agg.gate.Version})
 	} else {
-		ch.Upserts = append(ch.Upserts, RowWrite{Key: r.key, Version: agg.gate.Version, Row: agg.row})
+		ch.Upserts = append(ch.Upserts, sinks.RowWrite{Key: r.key, Version: agg.gate.Version, Row: agg.row})
 	}
 	return ch, out, nil
 }
@@ -401,9 +402,9 @@ func (w *Worker) snapshotRow(key string, snap projection.Row) (projection.Row, e
 }
 
 // planGapDeadLetters moves an aggregate's parked events to the DLQ.
-func (w *Worker) planGapDeadLetters(ctx context.Context, key string, st State, cause error) (Changes, outcomes, error) {
+func (w *Worker) planGapDeadLetters(ctx context.Context, key string, st sinks.State, cause error) (sinks.Changes, outcomes, error) {
 	var (
-		ch  Changes
+		ch  sinks.Changes
 		out = outcomes{deadLettered: map[string]int{}}
 	)
 	for _, ev := range st.Parked {
@@ -412,11 +413,11 @@ func (w *Worker) planGapDeadLetters(ctx context.Context, key string, st State, c
 		}
 		it := &item{offset: ev.Offset, recordKey: ev.RecordKey, value: ev.Value, headers: ev.Headers, timestamp: ev.Timestamp}
 		_ = w.decode(ctx, it) // for the schema id; the record is dead-lettered either way
-		out.deadLettered[ClassGap]++
-		ch.DeadLetters = append(ch.DeadLetters, DeadLetter{Offset: ev.Offset, RecordKey: ev.RecordKey, Value: ev.Value,
-			Headers: ev.Headers, Timestamp: ev.Timestamp, Err: cause.Error(), Class: ClassGap, Attempts: w.cfg.MaxAttempts,
+		out.deadLettered[sinks.ClassGap]++
+		ch.DeadLetters = append(ch.DeadLetters, sinks.DeadLetter{Offset: ev.Offset, RecordKey: ev.RecordKey, Value: ev.Value,
+			Headers: ev.Headers, Timestamp: ev.Timestamp, Err: cause.Error(), Class: sinks.ClassGap, Attempts: w.cfg.MaxAttempts,
 			SchemaID: it.schemaID, TraceID: traceID(ev.Headers)})
-		ch.Unpark = append(ch.Unpark, ParkedRef{Key: ev.Key, Version: ev.Version})
+		ch.Unpark = append(ch.Unpark, sinks.ParkedRef{Key: ev.Key, Version: ev.Version})
 	}
 	return ch, out, nil
 }

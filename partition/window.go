@@ -13,6 +13,7 @@ import (
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/projector-dev/projector/projection"
+	"github.com/projector-dev/projector/sinks"
 )
 
 // A worker that is behind commits several batches in one transaction: it
@@ -31,7 +32,7 @@ import (
 // Rewinder moves the fetch position of a partition back to offset, then
 // calls done; records fetched before are not delivered after done.
 type Rewinder interface {
-	Rewind(tp TP, offset int64, done func())
+	Rewind(tp sinks.TP, offset int64, done func())
 }
 
 // errWindowStale reports a window whose commit found an aggregate's state
@@ -53,10 +54,10 @@ type window struct {
 	// What the window writes besides rows: the events still parked that
 	// its batches parked (by aggregate), the parked events of earlier
 	// transactions that no longer wait, dead letters, resolved ones.
-	parked   map[string][]StoredEvent
-	unpark   []ParkedRef
-	unparked map[ParkedRef]bool
-	dead     []DeadLetter
+	parked   map[string][]sinks.StoredEvent
+	unpark   []sinks.ParkedRef
+	unparked map[sinks.ParkedRef]bool
+	dead     []sinks.DeadLetter
 	resolved []int64
 	out      outcomes
 	// waited is how long the window has waited for its batches.
@@ -83,8 +84,7 @@ type windowAgg struct {
 // window's records again.
 func (w *Worker) windowing(n int) bool {
 	_, rewinds := w.fetcher.(Rewinder)
-	_, peeks := w.sink.(Peeker)
-	if !rewinds || !peeks || w.cfg.CommitMaxBatches <= 1 || w.claim.NextOffset < w.alone {
+	if !rewinds || w.peeker == nil || w.cfg.CommitMaxBatches <= 1 || w.claim.NextOffset < w.alone {
 		return false
 	}
 	batchMax, _ := w.limits()
@@ -102,7 +102,7 @@ func (w *Worker) processWindow(ctx context.Context, recs []*kgo.Record) (err err
 	// Room for the aggregates of a batch or two, which a window of
 	// batches sharing aggregates seldom outgrows by much.
 	win := &window{start: start, end: start, aggs: make(map[string]*windowAgg, 2*len(recs)),
-		list: make([]*windowAgg, 0, 2*len(recs)), parked: map[string][]StoredEvent{}, unparked: map[ParkedRef]bool{}}
+		list: make([]*windowAgg, 0, 2*len(recs)), parked: map[string][]sinks.StoredEvent{}, unparked: map[sinks.ParkedRef]bool{}}
 	ctx, span := w.startSpan(ctx, recs)
 	launched := false
 	defer func() {
@@ -237,7 +237,7 @@ func (w *Worker) planBatch(ctx context.Context, win *window, recs []*kgo.Record)
 	// Aggregates the window knows are not read again; the others are.
 	aggs := make([]*windowAgg, len(keys.All)) // of keys.All, in order
 	isNew := make([]bool, len(keys.All))
-	var peek Keys
+	var peek sinks.Keys
 	n := 0 // keys.New is in the order of keys.All
 	for i, k := range keys.All {
 		if n < len(keys.New) && keys.New[n] == k {
@@ -257,9 +257,9 @@ func (w *Worker) planBatch(ctx context.Context, win *window, recs []*kgo.Record)
 		}
 	}
 	peek.Parked = keys.Parked
-	var known State
+	var known sinks.State
 	err = w.retry(ctx, "read the state of a batch", func() (err error) {
-		known, err = w.sink.(Peeker).Peek(ctx, w.claim, peek)
+		known, err = w.peeker.Peek(ctx, w.claim, peek)
 		return err
 	})
 	if err != nil {
@@ -269,7 +269,7 @@ func (w *Worker) planBatch(ctx context.Context, win *window, recs []*kgo.Record)
 	// retried, the registry down while parked events are decoded), the
 	// window is applied again batch by batch, each batch retried as it
 	// would be on its own.
-	st := State{Parked: w.stillParked(known.Parked, win), known: aggs}
+	st := sinks.State{Parked: w.stillParked(known.Parked, win)}
 	for i, k := range keys.All {
 		st.Parked = append(st.Parked, win.parked[k]...)
 		st.Parked = w.carriedParked(st.Parked, win, k)
@@ -283,7 +283,7 @@ func (w *Worker) planBatch(ctx context.Context, win *window, recs []*kgo.Record)
 			win.list = append(win.list, a)
 		}
 	}
-	changes, out, err := w.plan(ctx, items, keys.All, st, nil, false)
+	changes, out, err := w.plan(ctx, items, keys.All, st, aggs, nil, false)
 	if err != nil {
 		return &planFailed{err}
 	}
@@ -311,7 +311,7 @@ func (w *Worker) planBatch(ctx context.Context, win *window, recs []*kgo.Record)
 	// one parked earlier is unparked once, however many batches read it.
 	for _, u := range changes.Unpark {
 		if evs := win.parked[u.Key]; len(evs) > 0 {
-			if i := slices.IndexFunc(evs, func(e StoredEvent) bool { return e.Version == u.Version }); i >= 0 {
+			if i := slices.IndexFunc(evs, func(e sinks.StoredEvent) bool { return e.Version == u.Version }); i >= 0 {
 				if win.parked[u.Key] = slices.Delete(evs, i, i+1); len(win.parked[u.Key]) == 0 {
 					delete(win.parked, u.Key)
 				}
@@ -346,21 +346,21 @@ func (out *outcomes) add(o outcomes) {
 
 // windowCommit is what a window's transaction writes.
 type windowCommit struct {
-	ch   Changes
-	keys Keys
-	plan func(State) (Changes, error)
+	ch   sinks.Changes
+	keys sinks.Keys
+	plan func(sinks.State) (sinks.Changes, error)
 }
 
 // windowCommit returns what win's transaction writes: its rows, parked
 // events and dead letters and the offset after it. Its plan refuses the
 // transaction when Postgres does not hold what the window was planned on.
 func (w *Worker) windowCommit(win *window) windowCommit {
-	ch := Changes{Unpark: win.unpark, DeadLetters: win.dead, Resolved: win.resolved}
+	ch := sinks.Changes{Unpark: win.unpark, DeadLetters: win.dead, Resolved: win.resolved}
 	for _, evs := range win.parked {
 		ch.Park = append(ch.Park, evs...)
 	}
-	keys := Keys{Planned: true, All: make([]string, 0, len(win.list))}
-	ch.Upserts = make([]RowWrite, 0, len(win.list))
+	keys := sinks.Keys{Planned: true, All: make([]string, 0, len(win.list))}
+	ch.Upserts = make([]sinks.RowWrite, 0, len(win.list))
 	checked := make([]*windowAgg, 0, len(win.list))
 	for _, a := range win.list {
 		// Every aggregate assumed new is checked, written or not: had it
@@ -378,15 +378,15 @@ func (w *Worker) windowCommit(win *window) windowCommit {
 		switch {
 		case !a.dirty:
 		case a.deleted:
-			ch.Deletes = append(ch.Deletes, RowDelete{Key: a.key, Version: a.version})
+			ch.Deletes = append(ch.Deletes, sinks.RowDelete{Key: a.key, Version: a.version})
 		default:
-			ch.Upserts = append(ch.Upserts, RowWrite{Key: a.key, Version: a.version, Row: a.row})
+			ch.Upserts = append(ch.Upserts, sinks.RowWrite{Key: a.key, Version: a.version, Row: a.row})
 		}
 	}
-	plan := func(st State) (Changes, error) {
+	plan := func(st sinks.State) (sinks.Changes, error) {
 		for _, a := range checked {
 			if st.Versions[a.key] != a.baseVersion || (st.Rows[a.key] != nil) != a.baseExists {
-				return Changes{}, fmt.Errorf("%q (planned on v%d, row %v; found v%d, row %v): %w",
+				return sinks.Changes{}, fmt.Errorf("%q (planned on v%d, row %v; found v%d, row %v): %w",
 					a.key, a.baseVersion, a.baseExists, st.Versions[a.key], st.Rows[a.key] != nil, errWindowStale)
 			}
 		}
@@ -409,10 +409,10 @@ func (w *Worker) commitLoop(ctx context.Context, win *window, wc windowCommit, e
 				return false, nil
 			}
 		}
-		if errors.Is(err, ErrFenced) || ctx.Err() != nil {
+		if errors.Is(err, sinks.ErrFenced) || ctx.Err() != nil {
 			return false, err
 		}
-		var rej *RejectedRows
+		var rej *sinks.RejectedRows
 		if errors.Is(err, errWindowStale) || errors.As(err, &rej) {
 			w.done()
 			return true, w.replay(ctx, win, err)
@@ -512,12 +512,12 @@ func (w *Worker) carried(key string) *windowAgg {
 // parks, which its transaction stores, and win has not unparked since: to
 // the next window they are parked events as those it reads (one it
 // applies it unparks, after that transaction has stored it).
-func (w *Worker) carriedParked(evs []StoredEvent, win *window, key string) []StoredEvent {
+func (w *Worker) carriedParked(evs []sinks.StoredEvent, win *window, key string) []sinks.StoredEvent {
 	if w.pending == nil {
 		return evs
 	}
 	for _, e := range w.pending.win.parked[key] {
-		if !win.unparked[ParkedRef{Key: key, Version: e.Version}] {
+		if !win.unparked[sinks.ParkedRef{Key: key, Version: e.Version}] {
 			evs = append(evs, e)
 		}
 	}
@@ -527,9 +527,9 @@ func (w *Worker) carriedParked(evs []StoredEvent, win *window, key string) []Sto
 // stillParked leaves out of evs, parked events read from the sink, those
 // win or the pending window has unparked already (applied, superseded or
 // dead-lettered): the sink holds them until those transactions commit.
-func (w *Worker) stillParked(evs []StoredEvent, win *window) []StoredEvent {
-	return slices.DeleteFunc(evs, func(e StoredEvent) bool {
-		ref := ParkedRef{Key: e.Key, Version: e.Version}
+func (w *Worker) stillParked(evs []sinks.StoredEvent, win *window) []sinks.StoredEvent {
+	return slices.DeleteFunc(evs, func(e sinks.StoredEvent) bool {
+		ref := sinks.ParkedRef{Key: e.Key, Version: e.Version}
 		return win.unparked[ref] || (w.pending != nil && w.pending.win.unparked[ref])
 	})
 }

@@ -16,6 +16,7 @@ import (
 
 	"github.com/projector-dev/projector/internal/demo"
 	"github.com/projector-dev/projector/projection"
+	"github.com/projector-dev/projector/sinks"
 )
 
 // memSink is a Sink over an in-memory table. Peek leaves out the
@@ -26,8 +27,8 @@ type memSink struct {
 	mu       sync.Mutex // a transaction commits while the next window peeks
 	rows     map[string]projection.Row
 	versions map[string]int64
-	stale    map[string]State
-	parked   map[string][]StoredEvent
+	stale    map[string]sinks.State
+	parked   map[string][]sinks.StoredEvent
 	next     int64
 	commits  []memCommit
 	// gate, when set, holds each commit until it is closed; peeked lists
@@ -42,25 +43,25 @@ type memCommit struct {
 	planned bool
 	end     int64
 	err     error
-	changes Changes
+	changes sinks.Changes
 }
 
 func newMemSink() *memSink {
-	return &memSink{rows: map[string]projection.Row{}, versions: map[string]int64{}, stale: map[string]State{},
-		parked: map[string][]StoredEvent{}}
+	return &memSink{rows: map[string]projection.Row{}, versions: map[string]int64{}, stale: map[string]sinks.State{},
+		parked: map[string][]sinks.StoredEvent{}}
 }
 
 // parkedOf returns the parked events of keys.
-func (s *memSink) parkedOf(keys []string) []StoredEvent {
-	var evs []StoredEvent
+func (s *memSink) parkedOf(keys []string) []sinks.StoredEvent {
+	var evs []sinks.StoredEvent
 	for _, k := range keys {
 		evs = append(evs, s.parked[k]...)
 	}
 	return evs
 }
 
-func (s *memSink) state(keys []string, skip func(string) bool) State {
-	st := State{Rows: map[string]projection.Row{}, Versions: map[string]int64{}}
+func (s *memSink) state(keys []string, skip func(string) bool) sinks.State {
+	st := sinks.State{Rows: map[string]projection.Row{}, Versions: map[string]int64{}}
 	for _, k := range keys {
 		if skip(k) {
 			continue
@@ -75,7 +76,7 @@ func (s *memSink) state(keys []string, skip func(string) bool) State {
 	return st
 }
 
-func (s *memSink) Peek(_ context.Context, _ Claim, keys Keys) (State, error) {
+func (s *memSink) Peek(_ context.Context, _ sinks.Claim, keys sinks.Keys) (sinks.State, error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	s.peeked = append(s.peeked, keys.All...)
@@ -93,7 +94,7 @@ func (s *memSink) Peek(_ context.Context, _ Claim, keys Keys) (State, error) {
 	return st, nil
 }
 
-func (s *memSink) CommitBatch(_ context.Context, claim Claim, end int64, keys Keys, plan func(State) (Changes, error)) error {
+func (s *memSink) CommitBatch(_ context.Context, claim sinks.Claim, end int64, keys sinks.Keys, plan func(sinks.State) (sinks.Changes, error)) error {
 	if s.gate != nil {
 		<-s.gate
 	}
@@ -128,7 +129,7 @@ func (s *memSink) CommitBatch(_ context.Context, claim Claim, end int64, keys Ke
 		s.parked[e.Key] = append(s.parked[e.Key], e)
 	}
 	for _, u := range ch.Unpark {
-		s.parked[u.Key] = slices.DeleteFunc(s.parked[u.Key], func(e StoredEvent) bool { return e.Version == u.Version })
+		s.parked[u.Key] = slices.DeleteFunc(s.parked[u.Key], func(e sinks.StoredEvent) bool { return e.Version == u.Version })
 		if len(s.parked[u.Key]) == 0 {
 			delete(s.parked, u.Key)
 		}
@@ -137,16 +138,18 @@ func (s *memSink) CommitBatch(_ context.Context, claim Claim, end int64, keys Ke
 	return nil
 }
 
-func (s *memSink) Parked(context.Context, TP) (map[string]ParkedInfo, error) {
+func (s *memSink) Parked(context.Context, sinks.TP) (map[string]sinks.ParkedInfo, error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	info := map[string]ParkedInfo{}
+	info := map[string]sinks.ParkedInfo{}
 	for k, evs := range s.parked {
-		info[k] = ParkedInfo{Count: len(evs)}
+		info[k] = sinks.ParkedInfo{Count: len(evs)}
 	}
 	return info, nil
 }
-func (s *memSink) Load(context.Context, TP, []string) (State, error) { return State{}, nil }
+func (s *memSink) Load(context.Context, sinks.TP, []string) (sinks.State, error) {
+	return sinks.State{}, nil
+}
 
 // rewindFetcher is the fetcher of a worker fed from recs: a rewind pushes
 // them again from the offset asked.
@@ -157,20 +160,20 @@ type rewindFetcher struct {
 
 func (f *rewindFetcher) PauseFetchPartitions(map[string][]int32) map[string][]int32 { return nil }
 func (f *rewindFetcher) ResumeFetchPartitions(map[string][]int32)                   {}
-func (f *rewindFetcher) Rewind(_ TP, offset int64, done func()) {
+func (f *rewindFetcher) Rewind(_ sinks.TP, offset int64, done func()) {
 	done()
 	f.w.Push(f.recs[offset:], -1)
 }
 
 // windowWorker returns a worker of the demo's accounts projection over
 // sink, with batches of batch records, and the records of events.
-func windowWorker(t *testing.T, sink Sink, batch int, events []demo.Event) (*Worker, []*kgo.Record) {
+func windowWorker(t *testing.T, sink sinks.Sink, batch int, events []demo.Event) (*Worker, []*kgo.Record) {
 	t.Helper()
 	return windowWorkerConfig(t, sink, Config{BatchMaxRecords: batch, BatchMaxWait: time.Millisecond, CommitMaxBatches: 8}, events)
 }
 
 // windowWorkerConfig is windowWorker with cfg.
-func windowWorkerConfig(t *testing.T, sink Sink, cfg Config, events []demo.Event) (*Worker, []*kgo.Record) {
+func windowWorkerConfig(t *testing.T, sink sinks.Sink, cfg Config, events []demo.Event) (*Worker, []*kgo.Record) {
 	t.Helper()
 	p, enc, dec := demoCodec(t)
 	at := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
@@ -184,7 +187,7 @@ func windowWorkerConfig(t *testing.T, sink Sink, cfg Config, events []demo.Event
 		recs[i] = &kgo.Record{Topic: demo.Topic, Key: []byte(ev.AccountID), Value: value, Offset: int64(i), Timestamp: at}
 	}
 	f := &rewindFetcher{recs: recs}
-	w := NewWorker(cfg, "g", Claim{TP: TP{Topic: demo.Topic}},
+	w := NewWorker(cfg, "g", sinks.Claim{TP: sinks.TP{Topic: demo.Topic}},
 		p, sink, dec, nil, f, slog.New(slog.DiscardHandler), NewMetrics(prometheus.NewRegistry()))
 	f.w = w
 	return w, recs
@@ -470,12 +473,12 @@ func TestWindowParkingPlansWhileTheOneBeforeCommits(t *testing.T) {
 	if len(sink.commits) != 2 {
 		t.Fatalf("commits %+v: want two windows", sink.commits)
 	}
-	want := []ParkedRef{{"acc-00", 3}, {"acc-00", 4}, {"acc-00", 5}}
+	want := []sinks.ParkedRef{{Key: "acc-00", Version: 3}, {Key: "acc-00", Version: 4}, {Key: "acc-00", Version: 5}}
 	if got := parkedRefs(sink.commits[0].changes.Park); !slices.Equal(got, want) {
 		t.Errorf("the first window parked %v, want %v", got, want)
 	}
 	unparked := slices.Clone(sink.commits[1].changes.Unpark)
-	slices.SortFunc(unparked, func(a, b ParkedRef) int { return int(a.Version - b.Version) })
+	slices.SortFunc(unparked, func(a, b sinks.ParkedRef) int { return int(a.Version - b.Version) })
 	if !slices.Equal(unparked, want) {
 		t.Errorf("the second window unparked %v, want %v", unparked, want)
 	}
@@ -492,7 +495,7 @@ func TestWindowResolvingPlansWhileTheOneBeforeCommits(t *testing.T) {
 	const batch = 20
 	events := accountEvents(10, 1, 8)
 	w, recs := windowWorkerConfig(t, sink, Config{BatchMaxRecords: batch, BatchMaxWait: time.Millisecond, CommitMaxBatches: 2}, events)
-	recs[5].Headers = []kgo.RecordHeader{{Key: ReplayHeader, Value: []byte("42")}} // the replay of dead letter 42
+	recs[5].Headers = []kgo.RecordHeader{{Key: sinks.ReplayHeader, Value: []byte("42")}} // the replay of dead letter 42
 	runHeld(t, sink, w, recs)
 	if len(sink.commits) != 2 || !slices.Equal(sink.commits[0].changes.Resolved, []int64{42}) {
 		t.Fatalf("commits %+v: want two windows, the first resolving dead letter 42", sink.commits)
@@ -548,7 +551,7 @@ func TestWindowDeadLettersARestoredEventOnce(t *testing.T) {
 		priors[id] = prior{2, 2}
 	}
 	// An earlier transaction parked acc-00's v4, whose value no longer decodes.
-	sink.parked["acc-00"] = []StoredEvent{{Key: "acc-00", Version: 4, Offset: 999, RecordKey: []byte("acc-00"), Value: []byte("not avro")}}
+	sink.parked["acc-00"] = []sinks.StoredEvent{{Key: "acc-00", Version: 4, Offset: 999, RecordKey: []byte("acc-00"), Value: []byte("not avro")}}
 	const batch = 20
 	events := accountEvents(10, 3, 6) // one window of two batches, acc-00 in both
 	w, recs := windowWorkerConfig(t, sink, Config{BatchMaxRecords: batch, BatchMaxWait: time.Millisecond, CommitMaxBatches: 2}, events)
@@ -569,12 +572,12 @@ func TestWindowDeadLettersARestoredEventOnce(t *testing.T) {
 }
 
 // parkedRefs names evs, in the order of their versions.
-func parkedRefs(evs []StoredEvent) []ParkedRef {
-	var out []ParkedRef
+func parkedRefs(evs []sinks.StoredEvent) []sinks.ParkedRef {
+	var out []sinks.ParkedRef
 	for _, e := range evs {
-		out = append(out, ParkedRef{Key: e.Key, Version: e.Version})
+		out = append(out, sinks.ParkedRef{Key: e.Key, Version: e.Version})
 	}
-	slices.SortFunc(out, func(a, b ParkedRef) int { return int(a.Version - b.Version) })
+	slices.SortFunc(out, func(a, b sinks.ParkedRef) int { return int(a.Version - b.Version) })
 	return out
 }
 
@@ -762,7 +765,7 @@ func TestGoFoldGetsFieldsMaps(t *testing.T) {
 				return compiled(r, ev)
 			}
 		}
-		w := NewWorker(Config{}, "g", Claim{TP: TP{Topic: demo.Topic}}, p, newMemSink(), dec, nil, &rewindFetcher{},
+		w := NewWorker(Config{}, "g", sinks.Claim{TP: sinks.TP{Topic: demo.Topic}}, p, newMemSink(), dec, nil, &rewindFetcher{},
 			slog.New(slog.DiscardHandler), NewMetrics(prometheus.NewRegistry()))
 		if (w.values != nil) == goFold {
 			t.Errorf("Go fold %v: decoding into values %v", goFold, w.values != nil)

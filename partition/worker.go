@@ -15,6 +15,7 @@ import (
 	"golang.org/x/time/rate"
 
 	"github.com/projector-dev/projector/projection"
+	"github.com/projector-dev/projector/sinks"
 )
 
 // Decoder turns a record value into the projection's reader schema.
@@ -188,9 +189,10 @@ func (c *Config) defaults() {
 type Worker struct {
 	cfg    Config
 	group  string
-	claim  Claim
+	claim  sinks.Claim
 	proj   *projection.Projection
-	sink   Sink
+	sink   sinks.Sink
+	peeker sinks.Peeker // sink, when it reads state outside a batch (nil: it does not)
 	dec    Decoder
 	values ValuesDecoder // dec, when events are decoded into values (see ValuesDecoder)
 	// batchMem is the memory of the batches a window plans, one after
@@ -258,7 +260,7 @@ type Worker struct {
 // NewWorker returns a worker for a claimed partition.
 // repairer may be nil; it is used when the projection's gap policy is
 // repair.
-func NewWorker(cfg Config, group string, claim Claim, p *projection.Projection, sink Sink, dec Decoder, repairer Repairer, f Fetcher, log *slog.Logger, m *Metrics) *Worker {
+func NewWorker(cfg Config, group string, claim sinks.Claim, p *projection.Projection, sink sinks.Sink, dec Decoder, repairer Repairer, f Fetcher, log *slog.Logger, m *Metrics) *Worker {
 	cfg.defaults()
 	w := &Worker{
 		cfg: cfg, group: group, claim: claim, proj: p, sink: sink, dec: dec, fetcher: f, metrics: m, repairer: repairer,
@@ -268,6 +270,7 @@ func NewWorker(cfg Config, group string, claim Claim, p *projection.Projection, 
 		stop:  make(chan struct{}),
 	}
 	w.keyWarn.Interval = time.Minute
+	w.peeker, _ = sink.(sinks.Peeker)
 	if vd, ok := dec.(ValuesDecoder); ok && vd.Width() > 0 && !p.ReadsFieldsMap() {
 		w.values = vd
 	}
@@ -295,7 +298,7 @@ func (w *Worker) settleThen(ctx context.Context, then func() error) error {
 }
 
 // TP is the worker's partition.
-func (w *Worker) TP() TP { return w.claim.TP }
+func (w *Worker) TP() sinks.TP { return w.claim.TP }
 
 // Push hands fetched records to the worker. It never blocks: past
 // MaxBuffered records the worker pauses fetching of its partition until
@@ -350,7 +353,7 @@ func (w *Worker) Drain() {
 
 // Status is the worker's position for lag metrics and readiness.
 type Status struct {
-	TP
+	sinks.TP
 	NextOffset    int64
 	HighWatermark int64 // -1 when not yet known
 	Oldest        time.Time
@@ -400,7 +403,7 @@ func (w *Worker) Status() Status {
 // cancelled, and nil after Stop.
 func (w *Worker) Run(ctx context.Context) error {
 	defer w.leaveRefused()
-	var parked map[string]ParkedInfo
+	var parked map[string]sinks.ParkedInfo
 	err := w.retry(ctx, "load parked", func() (err error) {
 		parked, err = w.sink.Parked(ctx, w.claim.TP)
 		return err
@@ -476,7 +479,7 @@ func (w *Worker) Run(ctx context.Context) error {
 				w.done()
 				return nil // revoked while backing off: the open batch is abandoned
 			}
-			if errors.Is(err, ErrFenced) {
+			if errors.Is(err, sinks.ErrFenced) {
 				w.metrics.fenced.Inc()
 				w.log.Warn("partition fenced: a newer owner claimed it; stopping this worker")
 			}
@@ -647,7 +650,7 @@ func (w *Worker) skip(ctx context.Context, req skipRequest) error {
 		return nil
 	}
 	err := w.retry(ctx, "skip deleted records", func() error {
-		return w.sink.CommitBatch(ctx, w.claim, req.to, Keys{}, func(State) (Changes, error) { return Changes{}, nil })
+		return w.sink.CommitBatch(ctx, w.claim, req.to, sinks.Keys{}, func(sinks.State) (sinks.Changes, error) { return sinks.Changes{}, nil })
 	})
 	if err == nil {
 		w.claim.NextOffset = req.to
@@ -693,7 +696,7 @@ func (w *Worker) retry(ctx context.Context, what string, fn func() error) error 
 			w.done()
 			return nil
 		}
-		if errors.Is(err, ErrFenced) || ctx.Err() != nil {
+		if errors.Is(err, sinks.ErrFenced) || ctx.Err() != nil {
 			return err
 		}
 		if err := w.backoff(ctx, attempt, what, err); err != nil {

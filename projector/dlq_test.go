@@ -8,12 +8,12 @@ import (
 	"github.com/twmb/franz-go/pkg/kadm"
 	"github.com/twmb/franz-go/pkg/kgo"
 
+	"github.com/projector-dev/projector/deadletters"
 	"github.com/projector-dev/projector/dlqpublish"
 	"github.com/projector-dev/projector/internal/demo"
-	"github.com/projector-dev/projector/partition"
 	"github.com/projector-dev/projector/projector"
 	"github.com/projector-dev/projector/schemas"
-	"github.com/projector-dev/projector/sinks/postgres"
+	"github.com/projector-dev/projector/sinks"
 )
 
 // TestDeadLetterLifecycle dead-letters a record whose schema id is not
@@ -51,17 +51,17 @@ func TestDeadLetterLifecycle(t *testing.T) {
 	cfg.MaxAttempts = 2
 	run(t, f.engine(t, "lifecycle", projector.Config{Partition: cfg, DLQTopic: "accounts.dlq"}))
 
-	var dls []postgres.DeadLetter
+	var dls []deadletters.Entry
 	waitFor(t, "two dead letters", 30*time.Second, func() bool {
-		dls, err = postgres.ListDeadLetters(ctx, f.db.Pool, postgres.DeadLetterFilter{Identity: "lifecycle"})
+		dls, err = deadletters.List(ctx, f.db.Pool, deadletters.Filter{Identity: "lifecycle"})
 		return err == nil && len(dls) == 2
 	})
-	byKey := map[string]postgres.DeadLetter{}
+	byKey := map[string]deadletters.Entry{}
 	for _, d := range dls {
 		byKey[d.Key] = d
 	}
 	late, junk := byKey["late-2"], byKey["junk-1"]
-	if late.ErrorClass != partition.ClassDecode || late.Attempts != 2 || late.TraceID != "4bf92f3577b34da6a3ce929d0e0e4736" ||
+	if late.ErrorClass != sinks.ClassDecode || late.Attempts != 2 || late.TraceID != "4bf92f3577b34da6a3ce929d0e0e4736" ||
 		late.SchemaID == nil || *late.SchemaID != unknownID {
 		t.Errorf("late-2 dead letter: class %q, attempts %d, trace %q, schema id %v; want decode, 2, the traceparent's trace id, %d",
 			late.ErrorClass, late.Attempts, late.TraceID, late.SchemaID, unknownID)
@@ -95,22 +95,22 @@ func TestDeadLetterLifecycle(t *testing.T) {
 
 	// Register the schema, replay both.
 	f.fake.SeedSchema(demo.Topic+"-value", 98, unknownID, ids.Schema)
-	if _, err := dlqpublish.Replay(ctx, f.db.Pool, cl, []postgres.DeadLetter{late, junk}, 0); err != nil {
+	if _, err := dlqpublish.Replay(ctx, f.db.Pool, cl, []deadletters.Entry{late, junk}, 0); err != nil {
 		t.Fatal(err)
 	}
 	waitFor(t, "the replayed late-2 to apply and junk-1 to fail again", 30*time.Second, func() bool {
-		l, err1 := postgres.GetDeadLetter(ctx, f.db.Pool, late.ID)
-		j, err2 := postgres.GetDeadLetter(ctx, f.db.Pool, junk.ID)
-		return err1 == nil && err2 == nil && l.Status == postgres.StatusResolved && j.Status == postgres.StatusOpen && j.Attempts == 2
+		l, err1 := deadletters.Get(ctx, f.db.Pool, late.ID)
+		j, err2 := deadletters.Get(ctx, f.db.Pool, junk.ID)
+		return err1 == nil && err2 == nil && l.Status == deadletters.StatusResolved && j.Status == deadletters.StatusOpen && j.Attempts == 2
 	})
 	// Replaying the applied one again changes nothing.
-	late, _ = postgres.GetDeadLetter(ctx, f.db.Pool, late.ID)
-	if _, err := dlqpublish.Replay(ctx, f.db.Pool, cl, []postgres.DeadLetter{late}, 0); err != nil {
+	late, _ = deadletters.Get(ctx, f.db.Pool, late.ID)
+	if _, err := dlqpublish.Replay(ctx, f.db.Pool, cl, []deadletters.Entry{late}, 0); err != nil {
 		t.Fatal(err)
 	}
 	waitFor(t, "the second replay to be consumed", 30*time.Second, func() bool {
-		l, err := postgres.GetDeadLetter(ctx, f.db.Pool, late.ID)
-		return err == nil && l.Status == postgres.StatusResolved && l.Replays == 2
+		l, err := deadletters.Get(ctx, f.db.Pool, late.ID)
+		return err == nil && l.Status == deadletters.StatusResolved && l.Replays == 2
 	})
 	var version int64
 	var n int

@@ -27,7 +27,7 @@ import (
 	"github.com/projector-dev/projector/projection"
 	"github.com/projector-dev/projector/repair"
 	"github.com/projector-dev/projector/schemas"
-	"github.com/projector-dev/projector/sinks/postgres"
+	"github.com/projector-dev/projector/sinks"
 )
 
 // What to do when retention deleted records before they were applied.
@@ -61,6 +61,9 @@ type Config struct {
 	Identity string
 	// Projections to run; each one's topic is consumed.
 	Projections []*projection.Projection
+	// Store makes each projection's sink and the identity's offset store
+	// (postgres.NewStore for Postgres). Required.
+	Store Store
 	// StartFrom is where a partition without a stored offset starts:
 	// "earliest" (default) or "latest".
 	StartFrom string
@@ -69,7 +72,7 @@ type Config struct {
 	Partition partition.Config
 	// StateCacheRows is how many aggregates' rows each projection keeps in
 	// memory, so that a batch reads from Postgres only the aggregates it
-	// has not seen recently (0: postgres.DefaultStateCacheRows; negative:
+	// has not seen recently (0: the sink's default; negative:
 	// no cache, every batch reads its aggregates). projector must be the
 	// only writer of its tables: a row changed behind its back is noticed
 	// (the batch is retried from Postgres) only when its version moved or
@@ -87,7 +90,7 @@ type Config struct {
 	// engine sets Partition.Share to apply it.
 	MemberMaxRecords int
 	// StateCacheBytes bounds the same cache by memory, whichever bound it
-	// reaches first (0: postgres.DefaultStateCacheBytes; negative: no
+	// reaches first (0: the sink's default; negative: no
 	// cache). It counts each aggregate's key and encoded row and a fixed
 	// amount of bookkeeping, and a fixed amount per partition.
 	StateCacheBytes int64
@@ -157,6 +160,9 @@ func (c *Config) validate() error {
 	if len(c.Projections) == 0 {
 		return errors.New("config: Projections: at least one projection is required")
 	}
+	if c.Store == nil {
+		return errors.New("config: Store: the store of sinks and offsets is required (postgres.NewStore for Postgres)")
+	}
 	topics := map[string]bool{}
 	for _, p := range c.Projections {
 		if err := p.Validate(); err != nil {
@@ -202,14 +208,59 @@ type Decoders func(p *projection.Projection) partition.Decoder
 // A *schemas.Decoder with a reader schema decodes events into values.
 var _ partition.ValuesDecoder = (*schemas.Decoder)(nil)
 
+// Store makes the sinks and offset stores an engine runs its projections
+// with, as a driver does for a database client: the engine never names a
+// concrete one.
+type Store interface {
+	// Offsets returns the offset store of a consumer identity.
+	Offsets(identity string) sinks.Offsets
+	// Sink returns the sink of one projection of a consumer identity.
+	Sink(t sinks.Target) (sinks.Sink, error)
+	// Ping reports whether the store answers (for /readyz).
+	Ping(ctx context.Context) error
+}
+
+// DeadLetterStore is a Store that keeps dead letters in Postgres: the
+// engine exports how many are open, and with DLQTopic set it publishes
+// them from the pool's outbox.
+type DeadLetterStore interface {
+	DeadLetterDepth(ctx context.Context, identity string) (map[string]int64, error)
+	DeadLetterPool() *pgxpool.Pool
+}
+
+// generation is one consumer identity's run of the projections: the
+// offset store of that identity and a sink per projection. An engine runs
+// one; a rebuild would run a second under its own identity beside it.
+type generation struct {
+	identity string
+	offsets  sinks.Offsets
+	sinks    map[string]*sinkOf // by topic
+}
+
+// sinkOf is a projection's sink with its optional capabilities, resolved
+// once when the engine is built.
+type sinkOf struct {
+	sinks.Sink
+	forget     sinks.Forgetter         // nil: keeps nothing of a partition
+	cache      sinks.CacheReporter     // nil: no state cache to export
+	tombstones sinks.TombstoneReporter // nil: no tombstone checks to export
+}
+
+func newSinkOf(s sinks.Sink) *sinkOf {
+	so := &sinkOf{Sink: s}
+	so.forget, _ = s.(sinks.Forgetter)
+	so.cache, _ = s.(sinks.CacheReporter)
+	so.tombstones, _ = s.(sinks.TombstoneReporter)
+	return so
+}
+
 // Engine runs the projections of one consumer identity as one member of
 // its consumer group: one worker goroutine per assigned partition.
 type Engine struct {
 	cfg       Config
-	pool      *pgxpool.Pool
-	offsets   *postgres.Offsets
+	gen       *generation
+	dead      DeadLetterStore // nil: the store keeps no dead letters to count or publish
 	byTopic   map[string]*projection.Projection
-	sinks     map[string]partition.Sink
 	decoders  map[string]partition.Decoder
 	repairers map[string]partition.Repairer
 	closers   []func()
@@ -227,7 +278,7 @@ type Engine struct {
 	wg     sync.WaitGroup
 
 	mu      sync.Mutex
-	workers map[partition.TP]*running
+	workers map[sinks.TP]*running
 	owned   atomic.Int64 // len(workers), for the workers' shares
 	// closing is set once Run stops its workers: a partition assigned
 	// after that (the group rebalancing while the member leaves) gets no
@@ -243,11 +294,11 @@ type Engine struct {
 
 	// outOfLog holds the partitions whose stored offset is not in the log
 	// (under mu; see offsetLost).
-	outOfLog map[partition.TP]*lostPartition
+	outOfLog map[sinks.TP]*lostPartition
 	now      func() time.Time
 	// adopt holds the partitions whose worker was fenced, with the epoch
 	// it had (under mu; see adoptReset).
-	adopt map[partition.TP]int64
+	adopt map[sinks.TP]int64
 }
 
 type rewind struct {
@@ -260,7 +311,7 @@ type rewind struct {
 // and resuming through the client, rewinding through the poll loop.
 type fetcher struct {
 	e  *Engine
-	tp partition.TP
+	tp sinks.TP
 	w  *partition.Worker // set once the worker is built
 }
 
@@ -271,7 +322,7 @@ func (f *fetcher) PauseFetchPartitions(tps map[string][]int32) map[string][]int3
 func (f *fetcher) ResumeFetchPartitions(tps map[string][]int32) { f.e.cl.ResumeFetchPartitions(tps) }
 
 // Rewind implements partition.Rewinder.
-func (f *fetcher) Rewind(_ partition.TP, offset int64, done func()) {
+func (f *fetcher) Rewind(_ sinks.TP, offset int64, done func()) {
 	f.e.mu.Lock()
 	f.e.rewinds = append(f.e.rewinds, rewind{f: f, offset: offset, done: done})
 	f.e.mu.Unlock()
@@ -312,25 +363,24 @@ type running struct {
 }
 
 // New builds an engine. It does not connect until Run.
-func New(cfg Config, pool *pgxpool.Pool, decoderOf Decoders) (*Engine, error) {
+func New(cfg Config, decoderOf Decoders) (*Engine, error) {
 	if err := cfg.validate(); err != nil {
 		return nil, err
 	}
 	e := &Engine{
 		cfg:         cfg,
-		pool:        pool,
-		offsets:     postgres.NewOffsets(pool, cfg.Identity),
+		gen:         &generation{identity: cfg.Identity, offsets: cfg.Store.Offsets(cfg.Identity), sinks: map[string]*sinkOf{}},
 		byTopic:     map[string]*projection.Projection{},
-		sinks:       map[string]partition.Sink{},
 		decoders:    map[string]partition.Decoder{},
 		repairers:   map[string]partition.Repairer{},
 		log:         cfg.Logger.With("group", cfg.Identity),
-		workers:     map[partition.TP]*running{},
-		outOfLog:    map[partition.TP]*lostPartition{},
-		adopt:       map[partition.TP]int64{},
+		workers:     map[sinks.TP]*running{},
+		outOfLog:    map[sinks.TP]*lostPartition{},
+		adopt:       map[sinks.TP]int64{},
 		now:         time.Now,
 		clientReady: make(chan struct{}),
 	}
+	e.dead, _ = cfg.Store.(DeadLetterStore)
 	if budget := cfg.MemberMaxRecords; budget >= 0 {
 		if budget == 0 {
 			budget = DefaultMemberMaxRecords
@@ -341,18 +391,15 @@ func New(cfg Config, pool *pgxpool.Pool, decoderOf Decoders) (*Engine, error) {
 	var topics []string
 	for _, p := range cfg.Projections {
 		e.byTopic[p.Topic] = p
-		sink := postgres.NewSink(pool, cfg.Identity, p, cfg.DLQTopic)
-		if cfg.StateCacheRows != 0 || cfg.StateCacheBytes != 0 {
-			rows, bytes := cfg.StateCacheRows, cfg.StateCacheBytes
-			if rows == 0 {
-				rows = postgres.DefaultStateCacheRows
-			}
-			if bytes == 0 {
-				bytes = postgres.DefaultStateCacheBytes
-			}
-			sink.SetStateCache(max(0, rows), max(0, bytes))
+		sink, err := cfg.Store.Sink(sinks.Target{
+			Identity: cfg.Identity, Projection: p, DLQTopic: cfg.DLQTopic,
+			StateCacheRows: cfg.StateCacheRows, StateCacheBytes: cfg.StateCacheBytes,
+		})
+		if err != nil {
+			e.close()
+			return nil, fmt.Errorf("sink of projection %s: %w", p.Name, err)
 		}
-		e.sinks[p.Topic] = sink
+		e.gen.sinks[p.Topic] = newSinkOf(sink)
 		e.decoders[p.Topic] = decoderOf(p)
 		topics = append(topics, p.Topic)
 		if p.OnGap != projection.GapRepair {
@@ -452,8 +499,8 @@ func (e *Engine) Run(ctx context.Context) error {
 		defer e.wg.Done()
 		e.watchStalls(runCtx)
 	}()
-	if e.cfg.DLQTopic != "" {
-		pub := dlqpublish.New(e.pool, e.cl, e.log, time.Second)
+	if e.cfg.DLQTopic != "" && e.dead != nil {
+		pub := dlqpublish.New(e.dead.DeadLetterPool(), e.cl, e.log, time.Second)
 		e.wg.Add(1)
 		go func() {
 			defer e.wg.Done()
@@ -477,14 +524,14 @@ func (e *Engine) Run(ctx context.Context) error {
 			switch {
 			case errors.Is(err, context.Canceled):
 			case errors.Is(err, kerr.OffsetOutOfRange):
-				e.offsetLost(runCtx, partition.TP{Topic: topic, Partition: p})
+				e.offsetLost(runCtx, sinks.TP{Topic: topic, Partition: p})
 			default:
 				e.log.Error("fetch failed", "topic", topic, "partition", p, "err", err)
 			}
 		})
 		e.mu.Lock()
 		fetches.EachPartition(func(fp kgo.FetchTopicPartition) {
-			if r := e.workers[partition.TP{Topic: fp.Topic, Partition: fp.Partition}]; r != nil {
+			if r := e.workers[sinks.TP{Topic: fp.Topic, Partition: fp.Partition}]; r != nil {
 				r.w.Push(fp.Records, fp.HighWatermark)
 			}
 		})
@@ -527,18 +574,18 @@ func (e *Engine) claim(ctx context.Context, offsets map[string]map[int32]kgo.Off
 	case <-ctx.Done():
 		return nil, ctx.Err()
 	}
-	var tps []partition.TP
+	var tps []sinks.TP
 	for t, ps := range offsets {
 		for p := range ps {
-			tps = append(tps, partition.TP{Topic: t, Partition: p})
+			tps = append(tps, sinks.TP{Topic: t, Partition: p})
 		}
 	}
 	if len(tps) == 0 {
 		return offsets, nil
 	}
-	var claims []postgres.Claimed
+	var claims []sinks.Claimed
 	err := retry(ctx, e.log, "claim partitions", func() (err error) {
-		claims, err = e.offsets.Claim(ctx, tps)
+		claims, err = e.gen.offsets.Claim(ctx, tps)
 		return err
 	})
 	if err != nil {
@@ -559,7 +606,7 @@ func (e *Engine) claim(ctx context.Context, offsets map[string]map[int32]kgo.Off
 			out[c.Topic] = map[int32]kgo.Offset{}
 		}
 		out[c.Topic][c.Partition] = kgo.NewOffset().At(next).WithEpoch(-1)
-		e.start(partition.Claim{TP: c.TP, Epoch: c.Epoch, NextOffset: next, Since: c.At})
+		e.start(sinks.Claim{TP: c.TP, Epoch: c.Epoch, NextOffset: next, Since: c.At})
 	}
 	return out, nil
 }
@@ -571,9 +618,9 @@ func (e *Engine) claim(ctx context.Context, offsets map[string]map[int32]kgo.Off
 // claiming thousands of fresh partitions in the group callback must not
 // list them one at a time while the group waits. A partition a newer
 // owner claimed meanwhile is left out.
-func (e *Engine) startOffsets(ctx context.Context, claims []postgres.Claimed) (map[partition.TP]int64, error) {
-	out := make(map[partition.TP]int64, len(claims))
-	var fresh []postgres.Claimed
+func (e *Engine) startOffsets(ctx context.Context, claims []sinks.Claimed) (map[sinks.TP]int64, error) {
+	out := make(map[sinks.TP]int64, len(claims))
+	var fresh []sinks.Claimed
 	topics := map[string]bool{}
 	for _, c := range claims {
 		if c.NextOffset != nil {
@@ -612,15 +659,15 @@ func (e *Engine) startOffsets(ctx context.Context, claims []postgres.Claimed) (m
 	if err != nil {
 		return nil, err
 	}
-	var stored []partition.TP
+	var stored []sinks.TP
 	err = retry(ctx, e.log, "store start offsets", func() (err error) {
-		stored, err = e.offsets.InitAll(ctx, fresh, firsts)
+		stored, err = e.gen.offsets.InitAll(ctx, fresh, firsts)
 		return err
 	})
 	if err != nil {
 		return nil, err
 	}
-	at := make(map[partition.TP]int64, len(fresh))
+	at := make(map[sinks.TP]int64, len(fresh))
 	for i, c := range fresh {
 		at[c.TP] = firsts[i]
 	}
@@ -630,7 +677,7 @@ func (e *Engine) startOffsets(ctx context.Context, claims []postgres.Claimed) (m
 	return out, nil
 }
 
-func (e *Engine) start(c partition.Claim) {
+func (e *Engine) start(c sinks.Claim) {
 	e.mu.Lock()
 	defer e.mu.Unlock()
 	if e.closing {
@@ -644,7 +691,7 @@ func (e *Engine) start(c partition.Claim) {
 	}
 	p := e.byTopic[c.Topic]
 	f := &fetcher{e: e, tp: c.TP}
-	w := partition.NewWorker(e.cfg.Partition, e.cfg.Identity, c, p, e.sinks[c.Topic], e.decoders[c.Topic], e.repairers[c.Topic], f, e.log, e.metrics)
+	w := partition.NewWorker(e.cfg.Partition, e.gen.identity, c, p, e.gen.sinks[c.Topic].Sink, e.decoders[c.Topic], e.repairers[c.Topic], f, e.log, e.metrics)
 	f.w = w
 	parent := e.runCtx
 	if parent == nil {
@@ -673,7 +720,7 @@ func (e *Engine) start(c partition.Claim) {
 				// Under mu, so that it cannot overtake the resume of a
 				// worker started for the partition after this one.
 				e.cl.PauseFetchPartitions(map[string][]int32{c.Topic: {c.Partition}})
-				if errors.Is(err, partition.ErrFenced) {
+				if errors.Is(err, sinks.ErrFenced) {
 					// Perhaps by an operator's offset reset rather than
 					// a newer member: the poll loop finds out.
 					e.adopt[c.TP] = c.Epoch
@@ -694,7 +741,7 @@ func (e *Engine) stop(tps map[string][]int32) {
 	e.mu.Lock()
 	for t, ps := range tps {
 		for _, p := range ps {
-			tp := partition.TP{Topic: t, Partition: p}
+			tp := sinks.TP{Topic: t, Partition: p}
 			if r := e.workers[tp]; r != nil {
 				delete(e.workers, tp)
 				e.owned.Store(int64(len(e.workers)))
@@ -705,7 +752,7 @@ func (e *Engine) stop(tps map[string][]int32) {
 	}
 	for t, ps := range tps {
 		for _, p := range ps {
-			delete(e.adopt, partition.TP{Topic: t, Partition: p})
+			delete(e.adopt, sinks.TP{Topic: t, Partition: p})
 		}
 	}
 	e.mu.Unlock()
@@ -713,9 +760,9 @@ func (e *Engine) stop(tps map[string][]int32) {
 	e.cl.ResumeFetchPartitions(tps)
 	e.wait(stopping, e.cfg.RevokeTimeout, "revoked")
 	for t, ps := range tps {
-		if f, ok := e.sinks[t].(interface{ Forget(partition.TP) }); ok {
+		if f := e.gen.sinks[t].forget; f != nil {
 			for _, p := range ps {
-				f.Forget(partition.TP{Topic: t, Partition: p})
+				f.Forget(sinks.TP{Topic: t, Partition: p})
 			}
 		}
 	}
@@ -815,7 +862,7 @@ type lostPartition struct {
 // not ask again and again, and its error is logged once, then at most
 // once per haltLogEvery. It runs in the poll loop, where moving the fetch
 // position is safe.
-func (e *Engine) offsetLost(ctx context.Context, tp partition.TP) {
+func (e *Engine) offsetLost(ctx context.Context, tp sinks.TP) {
 	e.mu.Lock()
 	r := e.workers[tp]
 	lp := e.outOfLog[tp]
@@ -914,7 +961,7 @@ func (e *Engine) armRecheck(lp *lostPartition) {
 }
 
 // logBounds lists the log start and end offsets of a partition.
-func (e *Engine) logBounds(ctx context.Context, tp partition.TP) (start, end int64, err error) {
+func (e *Engine) logBounds(ctx context.Context, tp sinks.TP) (start, end int64, err error) {
 	lookup := func(list func(context.Context, ...string) (kadm.ListedOffsets, error)) (int64, error) {
 		res, err := list(ctx, tp.Topic)
 		if err != nil {
@@ -977,7 +1024,7 @@ func (e *Engine) logLost(lp *lostPartition, kind string, st partition.Status) {
 
 // setHalted sets projector_partition_halted of a partition to 1 for the
 // reason kind and removes it for the others ("": halted for none).
-func (e *Engine) setHalted(tp partition.TP, kind string) {
+func (e *Engine) setHalted(tp sinks.TP, kind string) {
 	p := strconv.Itoa(int(tp.Partition))
 	for _, k := range []string{haltRecordsDeleted, haltBeyondLogEnd, haltUnknown} {
 		if k == kind {
@@ -992,7 +1039,7 @@ func (e *Engine) setHalted(tp partition.TP, kind string) {
 // (see armRecheck), and at the partitions whose worker was fenced.
 func (e *Engine) recheckLost(ctx context.Context) {
 	type check struct {
-		tp              partition.TP
+		tp              sinks.TP
 		epoch           int64
 		unknown, halted bool
 	}
@@ -1027,10 +1074,10 @@ func (e *Engine) recheckLost(ctx context.Context) {
 // is left alone. It runs in the poll loop, between rebalances, so the
 // partition is still assigned here. A failed look is logged when it was
 // the only one (fenced); a halted partition looks again anyway.
-func (e *Engine) adoptReset(ctx context.Context, tp partition.TP, mine int64, fenced bool) (adopted bool) {
+func (e *Engine) adoptReset(ctx context.Context, tp sinks.TP, mine int64, fenced bool) (adopted bool) {
 	ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
 	defer cancel()
-	c, ok, err := e.offsets.Adopt(ctx, tp, mine)
+	c, ok, err := e.gen.offsets.Adopt(ctx, tp, mine)
 	if err != nil {
 		level := slog.LevelDebug
 		if fenced {
@@ -1043,7 +1090,7 @@ func (e *Engine) adoptReset(ctx context.Context, tp partition.TP, mine int64, fe
 		return false
 	}
 	e.forgetLost(map[string][]int32{tp.Topic: {tp.Partition}})
-	e.start(partition.Claim{TP: tp, Epoch: c.Epoch, NextOffset: *c.NextOffset, Since: c.At})
+	e.start(sinks.Claim{TP: tp, Epoch: c.Epoch, NextOffset: *c.NextOffset, Since: c.At})
 	e.cl.SetOffsets(map[string]map[int32]kgo.EpochOffset{tp.Topic: {tp.Partition: {Epoch: -1, Offset: *c.NextOffset}}})
 	e.log.Warn("partition resumes from an operator's offset reset", "topic", tp.Topic, "partition", tp.Partition, "next_offset", *c.NextOffset)
 	return true
@@ -1088,7 +1135,7 @@ func (e *Engine) Ready(ctx context.Context) map[string]error {
 	}
 	ctx, cancel := context.WithTimeout(ctx, 2*time.Second)
 	defer cancel()
-	checks["postgres"] = e.pool.Ping(ctx)
+	checks["postgres"] = e.cfg.Store.Ping(ctx)
 	var stuck []string
 	for _, s := range e.Workers() {
 		if s.Unready {
@@ -1115,7 +1162,7 @@ func retry(ctx context.Context, log *slog.Logger, what string, fn func() error) 
 	const base, ceiling = 100 * time.Millisecond, 10 * time.Second
 	for attempt := 0; ; attempt++ {
 		err := fn()
-		if err == nil || errors.Is(err, partition.ErrFenced) {
+		if err == nil || errors.Is(err, sinks.ErrFenced) {
 			return err
 		}
 		if ctx.Err() != nil {

@@ -52,7 +52,10 @@ func (b *bundle) engine(t *testing.T, identity string, cfg projector.Config) *pr
 		cfg.Logger = slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))
 	}
 	reader := b.enc.ReaderSchema()
-	e, err := projector.New(cfg, b.db.Pool, func(*projection.Projection) partition.Decoder {
+	if cfg.Store == nil {
+		cfg.Store = postgres.NewStore(b.db.Pool)
+	}
+	e, err := projector.New(cfg, func(*projection.Projection) partition.Decoder {
 		return schemas.NewDecoder(b.reg, reader)
 	})
 	if err != nil {

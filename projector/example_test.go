@@ -87,7 +87,8 @@ func Example_goFold() {
 		Projections: []*projection.Projection{p},
 		Partition:   partition.Config{ClassifyDecode: projector.ClassifyDecode},
 		Logger:      slog.New(slog.NewJSONHandler(os.Stderr, nil)),
-	}, pool, func(*projection.Projection) partition.Decoder {
+		Store:       postgres.NewStore(pool),
+	}, func(*projection.Projection) partition.Decoder {
 		return schemas.NewDecoder(registry, reader)
 	})
 	if err != nil {

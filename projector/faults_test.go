@@ -194,7 +194,8 @@ func TestPostgresConnectionsTerminated(t *testing.T) {
 		Registerer: reg,
 	}
 	reader := b.enc.ReaderSchema()
-	e, err := projector.New(cfg, victim, func(*projection.Projection) partition.Decoder { return schemas.NewDecoder(b.reg, reader) })
+	cfg.Store = postgres.NewStore(victim)
+	e, err := projector.New(cfg, func(*projection.Projection) partition.Decoder { return schemas.NewDecoder(b.reg, reader) })
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/projector-dev/projector/partition"
+	"github.com/projector-dev/projector/sinks"
 )
 
 // A halted partition's error, seen again and again, is logged once and
@@ -18,7 +19,7 @@ func TestHaltLogIsRateLimited(t *testing.T) {
 	now := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
 	e := &Engine{log: slog.New(slog.NewTextHandler(&out, nil)), now: func() time.Time { return now }}
 	lp := &lostPartition{kind: haltRecordsDeleted}
-	st := partition.Status{TP: partition.TP{Topic: "t", Partition: 3}, NextOffset: 10, Halted: "records from offset 10 were deleted"}
+	st := partition.Status{TP: sinks.TP{Topic: "t", Partition: 3}, NextOffset: 10, Halted: "records from offset 10 were deleted"}
 	for _, step := range []struct {
 		after time.Duration
 		kind  string

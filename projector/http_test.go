@@ -16,6 +16,7 @@ import (
 	"github.com/projector-dev/projector/partition"
 	"github.com/projector-dev/projector/projection"
 	"github.com/projector-dev/projector/projector"
+	"github.com/projector-dev/projector/sinks/postgres"
 )
 
 func get(t *testing.T, url string) (int, string) {
@@ -45,8 +46,8 @@ func TestHTTPSurface(t *testing.T) {
 	defer srv.Close()
 
 	// A member whose brokers cannot be reached never joins: not ready.
-	lonely, err := projector.New(projector.Config{Brokers: []string{"127.0.0.1:1"}, Identity: "lonely", Projections: b.projs},
-		b.db.Pool, func(*projection.Projection) partition.Decoder { return nil })
+	lonely, err := projector.New(projector.Config{Brokers: []string{"127.0.0.1:1"}, Identity: "lonely", Projections: b.projs, Store: postgres.NewStore(b.db.Pool)},
+		func(*projection.Projection) partition.Decoder { return nil })
 	if err != nil {
 		t.Fatal(err)
 	}

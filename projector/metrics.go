@@ -6,8 +6,6 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
-
-	"github.com/projector-dev/projector/sinks/postgres"
 )
 
 // groupMetrics describe this member's view of its consumer group.
@@ -132,17 +130,19 @@ func (c *lagCollector) Collect(ch chan<- prometheus.Metric) {
 		ch <- prometheus.MustNewConstMetric(oldestParkedDesc, prometheus.GaugeValue, age, name)
 		ch <- prometheus.MustNewConstMetric(repairUnavailableDesc, prometheus.GaugeValue, float64(unavailable[name]), name)
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), time.Second)
-	depth, err := postgres.DepthByProjection(ctx, c.e.pool, c.e.cfg.Identity)
-	cancel()
-	if err == nil {
-		for _, p := range c.e.cfg.Projections {
-			ch <- prometheus.MustNewConstMetric(deadLetterDepthDesc, prometheus.GaugeValue, float64(depth[p.Name]), p.Name)
+	if c.e.dead != nil {
+		ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+		depth, err := c.e.dead.DeadLetterDepth(ctx, c.e.cfg.Identity)
+		cancel()
+		if err == nil {
+			for _, p := range c.e.cfg.Projections {
+				ch <- prometheus.MustNewConstMetric(deadLetterDepthDesc, prometheus.GaugeValue, float64(depth[p.Name]), p.Name)
+			}
 		}
 	}
 	for _, p := range c.e.cfg.Projections {
-		cs, ok := c.e.sinks[p.Topic].(interface{ CacheStats() postgres.CacheStats })
-		if !ok {
+		cs := c.e.gen.sinks[p.Topic].cache
+		if cs == nil {
 			continue
 		}
 		st := cs.CacheStats()
@@ -152,8 +152,8 @@ func (c *lagCollector) Collect(ch chan<- prometheus.Metric) {
 		ch <- prometheus.MustNewConstMetric(cacheLookupsDesc, prometheus.CounterValue, float64(st.Misses), p.Name, "miss")
 	}
 	for _, p := range c.e.cfg.Projections {
-		tc, ok := c.e.sinks[p.Topic].(interface{ TombstoneChecks() (int64, int64) })
-		if !ok {
+		tc := c.e.gen.sinks[p.Topic].tombstones
+		if tc == nil {
 			continue
 		}
 		ruledOut, probed := tc.TombstoneChecks()

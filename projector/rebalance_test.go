@@ -11,6 +11,7 @@ import (
 	"github.com/projector-dev/projector/internal/demo"
 	"github.com/projector-dev/projector/partition"
 	"github.com/projector-dev/projector/projector"
+	"github.com/projector-dev/projector/sinks"
 	"github.com/projector-dev/projector/sinks/postgres"
 )
 
@@ -92,7 +93,7 @@ func TestFencedOwnerStops(t *testing.T) {
 		time.Sleep(10 * time.Millisecond)
 	}
 	offsets := postgres.NewOffsets(b.db.Pool, "fence")
-	tps := []partition.TP{{Topic: demo.Topic, Partition: 0}, {Topic: demo.Topic, Partition: 1}, {Topic: demo.Topic, Partition: 2}}
+	tps := []sinks.TP{{Topic: demo.Topic, Partition: 0}, {Topic: demo.Topic, Partition: 1}, {Topic: demo.Topic, Partition: 2}}
 	if _, err := offsets.Claim(ctx, tps); err != nil {
 		t.Fatal(err)
 	}

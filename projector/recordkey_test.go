@@ -11,8 +11,8 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/projector-dev/projector/internal/demo"
-	"github.com/projector-dev/projector/partition"
 	"github.com/projector-dev/projector/projector"
+	"github.com/projector-dev/projector/sinks"
 )
 
 // TestRecordKeyMismatch sends events whose record key is not the account
@@ -52,20 +52,20 @@ func TestRecordKeyMismatch(t *testing.T) {
 				b.verifyMode(t, "keys", mode)
 			}
 
-			want := map[string][]string{"x": {partition.ClassKeyMismatch}, "": {partition.ClassKeyMismatch}, "y": {partition.ClassKeyMismatch}}
+			want := map[string][]string{"x": {sinks.ClassKeyMismatch}, "": {sinks.ClassKeyMismatch}, "y": {sinks.ClassKeyMismatch}}
 			if got := deadLetterClasses(t, b.db.Pool); fmt.Sprint(got) != fmt.Sprint(want) {
 				t.Errorf("dead letters by record key and class: %v, want %v", got, want)
 			}
 			var counted float64
 			for _, m := range metrics(t, reg, "projector_dead_letters_total") {
 				for _, l := range m.GetLabel() {
-					if l.GetName() == "reason" && l.GetValue() == partition.ClassKeyMismatch {
+					if l.GetName() == "reason" && l.GetValue() == sinks.ClassKeyMismatch {
 						counted += m.GetCounter().GetValue()
 					}
 				}
 			}
 			if counted != 3 {
-				t.Errorf("projector_dead_letters_total{reason=%q} = %v, want 3", partition.ClassKeyMismatch, counted)
+				t.Errorf("projector_dead_letters_total{reason=%q} = %v, want 3", sinks.ClassKeyMismatch, counted)
 			}
 			// Said once, not once per batch or record.
 			if n := strings.Count(logs.String(), `"class":"key_mismatch"`); n != 1 {

@@ -21,6 +21,7 @@ import (
 	"github.com/projector-dev/projector/projection"
 	"github.com/projector-dev/projector/projector"
 	"github.com/projector-dev/projector/schemas"
+	"github.com/projector-dev/projector/sinks/postgres"
 )
 
 // planWatcher decodes as the projection's decoder does and records the
@@ -86,7 +87,8 @@ func startBehindAndLocked(t *testing.T, identity string, shutdownTimeout time.Du
 		Partition:       partition.Config{BatchMaxRecords: 100, CommitMaxBatches: 5},
 		ShutdownTimeout: shutdownTimeout,
 		Logger:          slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn})),
-	}, s.db.Pool, func(*projection.Projection) partition.Decoder {
+		Store:           postgres.NewStore(s.db.Pool),
+	}, func(*projection.Projection) partition.Decoder {
 		s.watch.dec = schemas.NewDecoder(s.reg, reader)
 		return s.watch
 	})

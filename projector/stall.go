@@ -12,6 +12,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/projector-dev/projector/partition"
+	"github.com/projector-dev/projector/sinks"
 )
 
 // A worker that has records to apply and commits nothing for
@@ -46,14 +47,14 @@ func (e *Engine) watchStalls(ctx context.Context) {
 	}
 	t := time.NewTicker(stallEvery(after))
 	defer t.Stop()
-	stalled := map[partition.TP]bool{}
+	stalled := map[sinks.TP]bool{}
 	for {
 		select {
 		case <-ctx.Done():
 			return
 		case <-t.C:
 		}
-		now := map[partition.TP]bool{}
+		now := map[sinks.TP]bool{}
 		for _, s := range e.Workers() {
 			if !s.Stalled {
 				continue

@@ -12,6 +12,7 @@ import (
 	"github.com/projector-dev/projector/partition"
 	"github.com/projector-dev/projector/projection"
 	"github.com/projector-dev/projector/projector"
+	"github.com/projector-dev/projector/sinks"
 	"github.com/projector-dev/projector/sinks/postgres"
 )
 
@@ -134,7 +135,7 @@ func TestTombstones(t *testing.T) {
 					t.Errorf("%q has a row after its tombstone", key)
 				}
 			}
-			if got, want := deadLetterClasses(t, b.db.Pool), map[string][]string{"": {partition.ClassInvalid}}; fmt.Sprint(got) != fmt.Sprint(want) {
+			if got, want := deadLetterClasses(t, b.db.Pool), map[string][]string{"": {sinks.ClassInvalid}}; fmt.Sprint(got) != fmt.Sprint(want) {
 				t.Errorf("dead letters by key and class: %v, want %v (the tombstone without a key)", got, want)
 			}
 		})

@@ -14,8 +14,8 @@ import (
 	"github.com/twmb/franz-go/pkg/kadm"
 	"github.com/twmb/franz-go/pkg/kgo"
 
-	"github.com/projector-dev/projector/partition"
 	"github.com/projector-dev/projector/projection"
+	"github.com/projector-dev/projector/sinks"
 	"github.com/projector-dev/projector/sinks/postgres"
 )
 
@@ -109,7 +109,7 @@ func newStatusCommand(name, usage string, stdout, stderr io.Writer) *ffcli.Comma
 			if err != nil {
 				return err
 			}
-			bounds := map[partition.TP]logBounds{}
+			bounds := map[sinks.TP]logBounds{}
 			if len(stored) > 0 {
 				adm, closeAdm, err := c.admin()
 				if err != nil {
@@ -145,7 +145,7 @@ func newStatusCommand(name, usage string, stdout, stderr io.Writer) *ffcli.Comma
 
 // statusOf compares a stored offset with its partition's log: an offset
 // outside the log has no lag to show, only a state that says why.
-func statusOf(s postgres.Stored, bounds map[partition.TP]logBounds) partitionStatus {
+func statusOf(s postgres.Stored, bounds map[sinks.TP]logBounds) partitionStatus {
 	r := partitionStatus{Topic: s.Topic, Partition: s.Partition, NextOffset: s.NextOffset, OwnerEpoch: s.Epoch, State: stateOK}
 	b, ok := bounds[s.TP]
 	if !ok {
@@ -173,7 +173,7 @@ type logBounds struct{ start, end int64 }
 
 // listBounds lists the log bounds of every partition of topics; a topic
 // that does not exist has none.
-func listBounds(ctx context.Context, adm *kadm.Client, topics ...string) (map[partition.TP]logBounds, error) {
+func listBounds(ctx context.Context, adm *kadm.Client, topics ...string) (map[sinks.TP]logBounds, error) {
 	starts, err := adm.ListStartOffsets(ctx, topics...)
 	if err != nil {
 		return nil, fmt.Errorf("list log-start offsets: %w", err)
@@ -182,13 +182,13 @@ func listBounds(ctx context.Context, adm *kadm.Client, topics ...string) (map[pa
 	if err != nil {
 		return nil, fmt.Errorf("list log-end offsets: %w", err)
 	}
-	out := map[partition.TP]logBounds{}
+	out := map[sinks.TP]logBounds{}
 	starts.Each(func(o kadm.ListedOffset) {
 		if o.Err != nil {
 			return
 		}
 		if e, ok := ends.Lookup(o.Topic, o.Partition); ok && e.Err == nil {
-			out[partition.TP{Topic: o.Topic, Partition: o.Partition}] = logBounds{start: o.Offset, end: e.Offset}
+			out[sinks.TP{Topic: o.Topic, Partition: o.Partition}] = logBounds{start: o.Offset, end: e.Offset}
 		}
 	})
 	return out, nil

@@ -21,11 +21,11 @@ import (
 	"github.com/peterbourgon/ff/v3/ffcli"
 	"github.com/twmb/franz-go/pkg/kgo"
 
+	"github.com/projector-dev/projector/deadletters"
 	"github.com/projector-dev/projector/dlqpublish"
 	"github.com/projector-dev/projector/internal/redact"
-	"github.com/projector-dev/projector/partition"
 	"github.com/projector-dev/projector/schemas"
-	"github.com/projector-dev/projector/sinks/postgres"
+	"github.com/projector-dev/projector/sinks"
 )
 
 const timeFormat = "2006-01-02T15:04:05Z07:00"
@@ -57,24 +57,24 @@ func (d *dlqFilters) register(fs *flag.FlagSet, limit int, limitHelp string) {
 	fs.StringVar(&d.projection, "projection", "", "only this projection")
 	fs.StringVar(&d.topic, "topic", "", "only this source topic")
 	fs.StringVar(&d.key, "key", "", "only records with exactly this key")
-	fs.StringVar(&d.errorClass, "error-class", "", "only this error class: "+strings.Join(partition.Classes, ", ")+"; empty: any")
-	fs.StringVar(&d.status, "status", "", "only this status: "+strings.Join(postgres.Statuses, ", ")+"; empty: any")
+	fs.StringVar(&d.errorClass, "error-class", "", "only this error class: "+strings.Join(sinks.Classes, ", ")+"; empty: any")
+	fs.StringVar(&d.status, "status", "", "only this status: "+strings.Join(deadletters.Statuses, ", ")+"; empty: any")
 	fs.StringVar(&d.since, "since", "", "only entries first seen at or after this RFC3339 time, or this long ago (24h, 7d)")
 	fs.StringVar(&d.until, "until", "", "only entries first seen before this RFC3339 time, or this long ago (24h, 7d)")
 	fs.IntVar(&d.limit, "limit", limit, limitHelp)
 }
 
 // filter turns the flags into a filter, naming the flag that is wrong.
-func (d *dlqFilters) filter(now time.Time) (postgres.DeadLetterFilter, error) {
-	f := postgres.DeadLetterFilter{
+func (d *dlqFilters) filter(now time.Time) (deadletters.Filter, error) {
+	f := deadletters.Filter{
 		Identity: d.identity, Projection: d.projection, Topic: d.topic, Key: d.key,
 		ErrorClass: d.errorClass, Status: d.status, Limit: d.limit,
 	}
-	if d.status != "" && !postgres.ValidStatus(d.status) {
-		return f, fmt.Errorf("--status %q: want one of %s", d.status, strings.Join(postgres.Statuses, ", "))
+	if d.status != "" && !deadletters.ValidStatus(d.status) {
+		return f, fmt.Errorf("--status %q: want one of %s", d.status, strings.Join(deadletters.Statuses, ", "))
 	}
-	if d.errorClass != "" && !slices.Contains(partition.Classes, d.errorClass) {
-		return f, fmt.Errorf("--error-class %q: want one of %s", d.errorClass, strings.Join(partition.Classes, ", "))
+	if d.errorClass != "" && !slices.Contains(sinks.Classes, d.errorClass) {
+		return f, fmt.Errorf("--error-class %q: want one of %s", d.errorClass, strings.Join(sinks.Classes, ", "))
 	}
 	if d.limit < 0 {
 		return f, fmt.Errorf("--limit %d: must not be negative", d.limit)
@@ -174,7 +174,7 @@ func dlqListCommand(stdout, stderr io.Writer) *ffcli.Command {
 				return err
 			}
 			defer pool.Close()
-			dls, err := postgres.ListDeadLetters(ctx, pool, f)
+			dls, err := deadletters.List(ctx, pool, f)
 			if err != nil {
 				return err
 			}
@@ -183,7 +183,7 @@ func dlqListCommand(stdout, stderr io.Writer) *ffcli.Command {
 			}
 			if asJSON {
 				if dls == nil {
-					dls = []postgres.DeadLetter{}
+					dls = []deadletters.Entry{}
 				}
 				return writeJSON(stdout, dls)
 			}
@@ -230,7 +230,7 @@ func dlqShowCommand(stdout, stderr io.Writer) *ffcli.Command {
 				return err
 			}
 			defer pool.Close()
-			d, err := postgres.GetDeadLetter(ctx, pool, id)
+			d, err := deadletters.Get(ctx, pool, id)
 			if err != nil {
 				return err
 			}
@@ -255,18 +255,18 @@ type shownHeader struct {
 // in base64) with readable headers and, when it decoded, the value as
 // JSON, else why not.
 type shownDeadLetter struct {
-	postgres.DeadLetter
+	deadletters.Entry
 	Headers       []shownHeader   `json:"headers"`
 	DecodedValue  json.RawMessage `json:"decoded_value,omitempty"`
 	ValueSchemaID *int            `json:"value_schema_id,omitempty"`
 	DecodeError   string          `json:"decode_error,omitempty"`
 }
 
-func showDeadLetter(d postgres.DeadLetter) *shownDeadLetter {
+func showDeadLetter(d deadletters.Entry) *shownDeadLetter {
 	// The error was written by the engine, possibly quoting a URL with
 	// credentials (a registry or repair source): it is shown masked.
 	d.Error = redact.String(d.Error)
-	v := &shownDeadLetter{DeadLetter: d, Headers: make([]shownHeader, len(d.Headers))}
+	v := &shownDeadLetter{Entry: d, Headers: make([]shownHeader, len(d.Headers))}
 	for i, h := range d.Headers {
 		v.Headers[i] = shownHeader{Key: h.Key, Encoding: "text"}
 		if h.Value == nil {
@@ -310,7 +310,7 @@ func (v *shownDeadLetter) decode(ctx context.Context, c *common) {
 
 func (v *shownDeadLetter) writeText(w io.Writer) error {
 	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
-	d := v.DeadLetter
+	d := v.Entry
 	field := func(name string, value any) { fmt.Fprintf(tw, "%s\t%v\n", name, value) }
 	field("id", d.ID)
 	field("identity", d.Identity)
@@ -374,12 +374,12 @@ func dlqReplayCommand(stdout, stderr io.Writer) *ffcli.Command {
 		fset    *flag.FlagSet
 	)
 	return newCommand("replay", "projector dlq replay (--id N ... | filters) [--execute] [flags]",
-		"Produce dead letters again to their original topic, with the header "+dlqpublish.IDHeader+". A dry run unless --execute.", stderr,
+		"Produce dead letters again to their original topic, with the header "+sinks.ReplayHeader+". A dry run unless --execute.", stderr,
 		func(fs *flag.FlagSet) {
 			fset = fs
 			c.register(fs, "database-url", "brokers")
 			filters.register(fs, 0, "most entries to replay, oldest first; 0: no limit")
-			fs.Lookup("status").Usage = "only this status: " + strings.Join(postgres.Statuses, ", ") + "; empty: open, or any status with --id"
+			fs.Lookup("status").Usage = "only this status: " + strings.Join(deadletters.Statuses, ", ") + "; empty: open, or any status with --id"
 			fs.Var(&ids, "id", "replay this dead letter (repeatable, or comma-separated)")
 			fs.BoolVar(&dryRun, "dry-run", true, "only print what would be replayed")
 			fs.BoolVar(&execute, "execute", false, "produce the records (the same as --dry-run=false)")
@@ -408,7 +408,7 @@ func dlqReplayCommand(stdout, stderr io.Writer) *ffcli.Command {
 			if len(ids) > 0 {
 				f.IDs = slices.Clone(ids)
 			} else if f.Status == "" {
-				f.Status = postgres.StatusOpen
+				f.Status = deadletters.StatusOpen
 			}
 			var brokers []string
 			if !dryRun {
@@ -427,7 +427,7 @@ func dlqReplayCommand(stdout, stderr io.Writer) *ffcli.Command {
 			}
 			var purged []string
 			for _, d := range entries {
-				if d.Status == postgres.StatusPurged {
+				if d.Status == deadletters.StatusPurged {
 					purged = append(purged, strconv.FormatInt(d.ID, 10))
 				}
 			}
@@ -460,7 +460,7 @@ func dlqReplayCommand(stdout, stderr io.Writer) *ffcli.Command {
 					done[i] = entries[i].ID
 				}
 				actx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
-				auditErr = postgres.Audit(actx, pool, actor, postgres.AuditReplay, f, done,
+				auditErr = deadletters.Audit(actx, pool, actor, deadletters.AuditReplay, f, done,
 					fmt.Sprintf("produced %d of %d at most %v per second", n, len(entries), perSec))
 				cancel()
 			}
@@ -472,11 +472,11 @@ func dlqReplayCommand(stdout, stderr io.Writer) *ffcli.Command {
 // selectDeadLetters loads the dead letters matching f (no limit unless
 // f.Limit says so). When ids were asked for, every one must exist and
 // match the other filters.
-func selectDeadLetters(ctx context.Context, pool *pgxpool.Pool, f postgres.DeadLetterFilter, ids []int64) ([]postgres.DeadLetter, error) {
+func selectDeadLetters(ctx context.Context, pool *pgxpool.Pool, f deadletters.Filter, ids []int64) ([]deadletters.Entry, error) {
 	if f.Limit == 0 {
 		f.Limit = math.MaxInt32
 	}
-	entries, err := postgres.ListDeadLetters(ctx, pool, f)
+	entries, err := deadletters.List(ctx, pool, f)
 	if err != nil {
 		return nil, err
 	}
@@ -488,7 +488,7 @@ func selectDeadLetters(ctx context.Context, pool *pgxpool.Pool, f postgres.DeadL
 
 // checkIDs reports ids that do not exist or that the other filters left
 // out of found.
-func checkIDs(ctx context.Context, pool *pgxpool.Pool, ids []int64, found []postgres.DeadLetter) error {
+func checkIDs(ctx context.Context, pool *pgxpool.Pool, ids []int64, found []deadletters.Entry) error {
 	have := map[int64]bool{}
 	for _, d := range found {
 		have[d.ID] = true
@@ -498,9 +498,9 @@ func checkIDs(ctx context.Context, pool *pgxpool.Pool, ids []int64, found []post
 		if have[id] {
 			continue
 		}
-		_, err := postgres.GetDeadLetter(ctx, pool, id)
+		_, err := deadletters.Get(ctx, pool, id)
 		switch {
-		case errors.Is(err, postgres.ErrNoDeadLetter):
+		case errors.Is(err, deadletters.ErrNoDeadLetter):
 			unknown = append(unknown, strconv.FormatInt(id, 10))
 		case err != nil:
 			return err
@@ -553,12 +553,12 @@ func dlqPurgeCommand(stdout, stderr io.Writer) *ffcli.Command {
 				return err
 			}
 			defer pool.Close()
-			matched, err := postgres.DeadLetterIDs(ctx, pool, f)
+			matched, err := deadletters.IDs(ctx, pool, f)
 			if err != nil {
 				return err
 			}
 			if len(ids) > 0 {
-				found := make([]postgres.DeadLetter, len(matched))
+				found := make([]deadletters.Entry, len(matched))
 				for i, id := range matched {
 					found[i].ID = id
 				}
@@ -576,13 +576,13 @@ func dlqPurgeCommand(stdout, stderr io.Writer) *ffcli.Command {
 			}
 			exact := f
 			exact.IDs, exact.Limit = matched, 0
-			n, err := postgres.PurgeDeadLetters(ctx, pool, exact)
+			n, err := deadletters.Purge(ctx, pool, exact)
 			if err != nil {
 				return err
 			}
 			actx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
 			defer cancel()
-			if err := postgres.Audit(actx, pool, actor, postgres.AuditPurge, f, matched, fmt.Sprintf("purged %d", n)); err != nil {
+			if err := deadletters.Audit(actx, pool, actor, deadletters.AuditPurge, f, matched, fmt.Sprintf("purged %d", n)); err != nil {
 				return fmt.Errorf("purged %d dead letters, but: %w", n, err)
 			}
 			fmt.Fprintf(stdout, "purged %d dead letters\n", n)
@@ -611,13 +611,13 @@ func dlqAuditCommand(stdout, stderr io.Writer) *ffcli.Command {
 				return err
 			}
 			defer pool.Close()
-			entries, err := postgres.ListAudit(ctx, pool, limit)
+			entries, err := deadletters.ListAudit(ctx, pool, limit)
 			if err != nil {
 				return err
 			}
 			if asJSON {
 				if entries == nil {
-					entries = []postgres.AuditEntry{}
+					entries = []deadletters.AuditEntry{}
 				}
 				return writeJSON(stdout, entries)
 			}
@@ -645,7 +645,7 @@ func bytesText(b []byte) (s, encoding string) {
 }
 
 // keyText is a record key for a table cell.
-func keyText(d postgres.DeadLetter) string {
+func keyText(d deadletters.Entry) string {
 	if d.KeyNull {
 		return "(null)"
 	}

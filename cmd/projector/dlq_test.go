@@ -16,10 +16,10 @@ import (
 	"github.com/twmb/franz-go/pkg/kfake"
 	"github.com/twmb/franz-go/pkg/kgo"
 
-	"github.com/projector-dev/projector/dlqpublish"
+	"github.com/projector-dev/projector/deadletters"
 	"github.com/projector-dev/projector/internal/demo"
 	"github.com/projector-dev/projector/internal/testenv"
-	"github.com/projector-dev/projector/partition"
+	"github.com/projector-dev/projector/sinks"
 	"github.com/projector-dev/projector/sinks/postgres"
 )
 
@@ -58,7 +58,7 @@ func newDLQEnv(t *testing.T) *dlqEnv {
 		t.Fatal(err)
 	}
 	now := time.Now()
-	hdrs := []partition.Header{{Key: "traceparent", Value: []byte("00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01")}, {Key: "raw", Value: []byte{0xff, 0xfe, 0x00}}}
+	hdrs := []sinks.Header{{Key: "traceparent", Value: []byte("00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01")}, {Key: "raw", Value: []byte{0xff, 0xfe, 0x00}}}
 	e.insert("good", "ident", "accounts", 2, 10, "acc-1", e.good, hdrs, "fold", "open", "fold refused: insufficient funds", now.Add(-2*time.Hour))
 	e.insert("garbage", "ident", "accounts", 0, 11, "acc-2", []byte("not avro"), nil, "decode", "open", "malformed wire-format value", now.Add(-3*24*time.Hour))
 	e.insert("ledger", "ident", "ledger", 1, 12, "acc-1", e.good, nil, "rejected", "open", "value out of range", now.Add(-time.Hour))
@@ -68,7 +68,7 @@ func newDLQEnv(t *testing.T) *dlqEnv {
 	return e
 }
 
-func (e *dlqEnv) insert(name, identity, projection string, part int32, offset int64, key string, value []byte, headers []partition.Header, class, status, errText string, firstSeen time.Time) {
+func (e *dlqEnv) insert(name, identity, projection string, part int32, offset int64, key string, value []byte, headers []sinks.Header, class, status, errText string, firstSeen time.Time) {
 	e.t.Helper()
 	hs := []byte("[]")
 	if headers != nil {
@@ -107,7 +107,7 @@ func (e *dlqEnv) mustRun(args ...string) string {
 func (e *dlqEnv) listIDs(args ...string) []int64 {
 	e.t.Helper()
 	out := e.mustRun(append([]string{"dlq", "list", "--json"}, args...)...)
-	var dls []postgres.DeadLetter
+	var dls []deadletters.Entry
 	if err := json.Unmarshal([]byte(out), &dls); err != nil {
 		e.t.Fatalf("dlq list --json: %v\n%s", err, out)
 	}
@@ -118,9 +118,9 @@ func (e *dlqEnv) listIDs(args ...string) []int64 {
 	return ids
 }
 
-func (e *dlqEnv) audit() []postgres.AuditEntry {
+func (e *dlqEnv) audit() []deadletters.AuditEntry {
 	e.t.Helper()
-	a, err := postgres.ListAudit(context.Background(), e.db.Pool, 0)
+	a, err := deadletters.ListAudit(context.Background(), e.db.Pool, 0)
 	if err != nil {
 		e.t.Fatal(err)
 	}
@@ -143,9 +143,9 @@ func (e *dlqEnv) produced() int64 {
 	return n
 }
 
-func dlqStatus(t *testing.T, pool *pgxpool.Pool, id int64) postgres.DeadLetter {
+func dlqStatus(t *testing.T, pool *pgxpool.Pool, id int64) deadletters.Entry {
 	t.Helper()
-	d, err := postgres.GetDeadLetter(context.Background(), pool, id)
+	d, err := deadletters.Get(context.Background(), pool, id)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -336,7 +336,7 @@ func TestDLQReplay(t *testing.T) {
 		t.Errorf("replayed record: partition %d key %q value %x", r.Partition, r.Key, r.Value)
 	}
 	if len(r.Headers) != 3 || r.Headers[0].Key != "traceparent" || !bytes.Equal(r.Headers[1].Value, []byte{0xff, 0xfe, 0x00}) ||
-		r.Headers[2].Key != dlqpublish.IDHeader || string(r.Headers[2].Value) != e.id("good") {
+		r.Headers[2].Key != sinks.ReplayHeader || string(r.Headers[2].Value) != e.id("good") {
 		t.Errorf("replayed headers = %v", r.Headers)
 	}
 	if d := dlqStatus(t, e.db.Pool, e.ids["good"]); d.Status != "replayed" || d.Replays != 1 || d.ReplayedAt == nil {
@@ -346,7 +346,7 @@ func TestDLQReplay(t *testing.T) {
 	if len(a) != 1 || a[0].Actor != "alice" || a[0].Action != "replay" || !slices.Equal(a[0].EntryIDs, []int64{e.ids["good"]}) {
 		t.Fatalf("audit after replay = %+v", a)
 	}
-	var f postgres.DeadLetterFilter
+	var f deadletters.Filter
 	if err := json.Unmarshal(a[0].Filter, &f); err != nil || !slices.Equal(f.IDs, []int64{e.ids["good"]}) {
 		t.Errorf("audited filter %s", a[0].Filter)
 	}
@@ -390,7 +390,7 @@ func TestDLQPurge(t *testing.T) {
 	if len(a) != 1 || a[0].Actor != "bob" || a[0].Action != "purge" || !slices.Equal(a[0].EntryIDs, purged) {
 		t.Fatalf("audit after purge = %+v", a)
 	}
-	var f postgres.DeadLetterFilter
+	var f deadletters.Filter
 	if err := json.Unmarshal(a[0].Filter, &f); err != nil || f.ErrorClass != "decode" || f.Identity != "ident" {
 		t.Errorf("audited filter %s", a[0].Filter)
 	}

@@ -16,8 +16,8 @@ import (
 	"github.com/peterbourgon/ff/v3/ffcli"
 	"github.com/twmb/franz-go/pkg/kadm"
 
-	"github.com/projector-dev/projector/partition"
 	"github.com/projector-dev/projector/projector"
+	"github.com/projector-dev/projector/sinks"
 	"github.com/projector-dev/projector/sinks/postgres"
 )
 
@@ -178,9 +178,9 @@ func offsetsResetCommand(stdout, stderr io.Writer) *ffcli.Command {
 				return err
 			}
 			if execute {
-				to := make(map[partition.TP]int64, len(plan))
+				to := make(map[sinks.TP]int64, len(plan))
 				for _, p := range plan {
-					to[partition.TP{Topic: p.Topic, Partition: p.Partition}] = p.NewOffset
+					to[sinks.TP{Topic: p.Topic, Partition: p.Partition}] = p.NewOffset
 				}
 				done, err := offsets.Reset(ctx, actor, target.String(), to)
 				if err != nil {
@@ -267,7 +267,7 @@ func planReset(ctx context.Context, adm *kadm.Client, offsets *postgres.Offsets,
 	}
 	plan := make([]resetPlan, 0, len(parts))
 	for _, p := range parts {
-		b := bounds[partition.TP{Topic: topic, Partition: p}]
+		b := bounds[sinks.TP{Topic: topic, Partition: p}]
 		line := resetPlan{Topic: topic, Partition: p, CurrentOffset: current[p], LogStartOffset: b.start, LogEndOffset: b.end}
 		switch {
 		case target.earliest:

@@ -95,7 +95,8 @@ func (e *offsetsEnv) engine(reg prometheus.Registerer) (eng *projector.Engine, s
 		Projections: e.projs,
 		Registerer:  reg,
 		Logger:      slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelError})),
-	}, e.db.Pool, func(*projection.Projection) partition.Decoder { return schemas.NewDecoder(e.reg, reader) })
+		Store:       postgres.NewStore(e.db.Pool),
+	}, func(*projection.Projection) partition.Decoder { return schemas.NewDecoder(e.reg, reader) })
 	if err != nil {
 		e.t.Fatal(err)
 	}

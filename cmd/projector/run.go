@@ -369,7 +369,8 @@ func newEngine(f *runFlags, brokers []string, projs []*projection.Projection, re
 		Logger:           log,
 		Registerer:       metrics,
 		TracerProvider:   tp,
-	}, pool, func(p *projection.Projection) partition.Decoder {
+		Store:            postgres.NewStore(pool),
+	}, func(p *projection.Projection) partition.Decoder {
 		// Only the fields the projection reads are decoded.
 		return schemas.NewDecoder(reg, schemas.Prune(readers[p.Name], p.ReadFields()))
 	})

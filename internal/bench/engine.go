@@ -141,7 +141,8 @@ func runEngine(ctx context.Context, e *runEnv) error {
 		Logger:           e.log,
 		Registerer:       prometheus.NewRegistry(),
 		ClientOpts:       []kgo.Opt{kgo.WithHooks(&fetched)},
-	}, pool, func(p *projection.Projection) partition.Decoder {
+		Store:            postgres.NewStore(pool),
+	}, func(p *projection.Projection) partition.Decoder {
 		return schemas.NewDecoder(reg, schemas.Prune(reader, p.ReadFields())) // as projector run
 	})
 	if err != nil {

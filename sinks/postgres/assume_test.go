@@ -5,27 +5,27 @@ import (
 	"reflect"
 	"testing"
 
-	"github.com/projector-dev/projector/partition"
+	"github.com/projector-dev/projector/sinks"
 )
 
 // gatedPlan is a batch's plan as the worker makes it for one event per
 // aggregate: it writes each of want whose version is above the state's,
 // and records the state of every call.
 type gatedPlan struct {
-	want   []partition.RowWrite
+	want   []sinks.RowWrite
 	delete map[string]bool // these aggregates' events delete the row instead
-	calls  []partition.State
+	calls  []sinks.State
 }
 
-func (g *gatedPlan) plan(st partition.State) (partition.Changes, error) {
+func (g *gatedPlan) plan(st sinks.State) (sinks.Changes, error) {
 	g.calls = append(g.calls, st)
-	var ch partition.Changes
+	var ch sinks.Changes
 	for _, w := range g.want {
 		if st.Versions[w.Key] >= w.Version {
 			continue
 		}
 		if g.delete[w.Key] {
-			ch.Deletes = append(ch.Deletes, partition.RowDelete{Key: w.Key, Version: w.Version})
+			ch.Deletes = append(ch.Deletes, sinks.RowDelete{Key: w.Key, Version: w.Version})
 			continue
 		}
 		ch.Upserts = append(ch.Upserts, w)
@@ -49,12 +49,12 @@ func TestCommitBatchAssumesNewAggregates(t *testing.T) {
 	c := e.claim(0)
 
 	// Known to Postgres: a row at v3, a deleted aggregate (tombstone v2).
-	e.mustCommit(&c, 1, partition.Changes{Upserts: []partition.RowWrite{upsert("row", 3, "kept", 30), upsert("gone", 1, "x", 1)}})
-	e.mustCommit(&c, 2, partition.Changes{Deletes: []partition.RowDelete{{Key: "gone", Version: 2}}})
+	e.mustCommit(&c, 1, sinks.Changes{Upserts: []sinks.RowWrite{upsert("row", 3, "kept", 30), upsert("gone", 1, "x", 1)}})
+	e.mustCommit(&c, 2, sinks.Changes{Deletes: []sinks.RowDelete{{Key: "gone", Version: 2}}})
 
 	t.Run("new aggregates are not read", func(t *testing.T) {
-		g := &gatedPlan{want: []partition.RowWrite{upsert("n1", 1, "ann", 10), upsert("n2", 2, "bob", 20)}}
-		keys := partition.Keys{All: []string{"n1", "n2"}, New: []string{"n1", "n2"}}
+		g := &gatedPlan{want: []sinks.RowWrite{upsert("n1", 1, "ann", 10), upsert("n2", 2, "bob", 20)}}
+		keys := sinks.Keys{All: []string{"n1", "n2"}, New: []string{"n1", "n2"}}
 		if err := e.sink.CommitBatch(e.ctx, c, 3, keys, g.plan); err != nil {
 			t.Fatal(err)
 		}
@@ -95,10 +95,10 @@ func TestCommitBatchAssumesNewAggregates(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			end := int64(4 + i)
 			g := &gatedPlan{
-				want:   []partition.RowWrite{upsert(tc.key, 1, "replayed", 99), upsert("fresh"+tc.name, 1, "new", 1)},
+				want:   []sinks.RowWrite{upsert(tc.key, 1, "replayed", 99), upsert("fresh"+tc.name, 1, "new", 1)},
 				delete: map[string]bool{tc.key: tc.delete},
 			}
-			keys := partition.Keys{All: []string{tc.key, "fresh" + tc.name}, New: []string{tc.key, "fresh" + tc.name}}
+			keys := sinks.Keys{All: []string{tc.key, "fresh" + tc.name}, New: []string{tc.key, "fresh" + tc.name}}
 			if err := e.sink.CommitBatch(e.ctx, c, end, keys, g.plan); err != nil {
 				t.Fatal(err)
 			}
@@ -126,8 +126,8 @@ func TestCommitBatchInsertMeetsExistingRow(t *testing.T) {
 	if _, err := e.db.Pool.Exec(e.ctx, `INSERT INTO accounts (account_id, owner, balance, version) VALUES ('x', 'behind', 5, 4)`); err != nil {
 		t.Fatal(err)
 	}
-	g := &gatedPlan{want: []partition.RowWrite{upsert("x", 2, "ours", 1), upsert("y", 1, "y", 1)}}
-	if err := e.sink.CommitBatch(e.ctx, c, 1, partition.Keys{All: []string{"x", "y"}}, g.plan); err != nil {
+	g := &gatedPlan{want: []sinks.RowWrite{upsert("x", 2, "ours", 1), upsert("y", 1, "y", 1)}}
+	if err := e.sink.CommitBatch(e.ctx, c, 1, sinks.Keys{All: []string{"x", "y"}}, g.plan); err != nil {
 		t.Fatal(err)
 	}
 	if len(g.calls) != 2 || g.calls[1].Versions["x"] != 4 {
@@ -149,15 +149,15 @@ func TestAssumedKeysWithBigintKey(t *testing.T) {
 	e := newEnv(t, p)
 	e.sink.SetStateCache(0, 0)
 	c := e.claim(0)
-	e.mustCommit(&c, 1, partition.Changes{Deletes: []partition.RowDelete{{Key: "7", Version: 1}}})
+	e.mustCommit(&c, 1, sinks.Changes{Deletes: []sinks.RowDelete{{Key: "7", Version: 1}}})
 	var calls int
-	err := e.sink.CommitBatch(e.ctx, c, 2, partition.Keys{All: []string{"7", "8"}, New: []string{"7", "8"}},
-		func(st partition.State) (partition.Changes, error) {
+	err := e.sink.CommitBatch(e.ctx, c, 2, sinks.Keys{All: []string{"7", "8"}, New: []string{"7", "8"}},
+		func(st sinks.State) (sinks.Changes, error) {
 			calls++
-			var ch partition.Changes
+			var ch sinks.Changes
 			for _, k := range []string{"7", "8"} {
 				if st.Versions[k] < 1 {
-					ch.Upserts = append(ch.Upserts, partition.RowWrite{Key: k, Version: 1, Row: map[string]any{"id": k, "note": "v1"}})
+					ch.Upserts = append(ch.Upserts, sinks.RowWrite{Key: k, Version: 1, Row: map[string]any{"id": k, "note": "v1"}})
 				}
 			}
 			return ch, nil
@@ -182,8 +182,8 @@ func TestAssumedKeysWithBigintKey(t *testing.T) {
 func TestAggregateOpenedAndClosedInOneBatch(t *testing.T) {
 	e := newEnv(t, demoProjection(t))
 	c := e.claim(0)
-	_, err := e.planOnce(c, 1, []string{"kept"}, func(partition.State) partition.Changes {
-		return partition.Changes{Upserts: []partition.RowWrite{upsert("kept", 1, "kept", 10)}}
+	_, err := e.planOnce(c, 1, []string{"kept"}, func(sinks.State) sinks.Changes {
+		return sinks.Changes{Upserts: []sinks.RowWrite{upsert("kept", 1, "kept", 10)}}
 	})
 	if err != nil {
 		t.Fatal(err)
@@ -196,10 +196,10 @@ func TestAggregateOpenedAndClosedInOneBatch(t *testing.T) {
 	}
 
 	g := &gatedPlan{
-		want:   []partition.RowWrite{upsert("born", 1, "born", 1), upsert("closed", 2, "closed", 0)},
+		want:   []sinks.RowWrite{upsert("born", 1, "born", 1), upsert("closed", 2, "closed", 0)},
 		delete: map[string]bool{"closed": true},
 	}
-	keys := partition.Keys{All: []string{"kept", "born", "closed"}, New: []string{"born", "closed"}}
+	keys := sinks.Keys{All: []string{"kept", "born", "closed"}, New: []string{"born", "closed"}}
 	if err := e.sink.CommitBatch(e.ctx, c, 2, keys, g.plan); err != nil {
 		t.Fatal(err)
 	}

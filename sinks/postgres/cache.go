@@ -6,8 +6,8 @@ import (
 	"math"
 	"sync"
 
-	"github.com/projector-dev/projector/partition"
 	"github.com/projector-dev/projector/projection"
+	"github.com/projector-dev/projector/sinks"
 )
 
 // The most a sink's state cache holds unless told otherwise (see
@@ -64,7 +64,7 @@ type stateCache struct {
 	size    int   // entries
 	bytes   int64 // their cost
 	holding int   // partitions with entries
-	parts   map[partition.TP]*partCache
+	parts   map[sinks.TP]*partCache
 }
 
 // partCache holds one partition's entries. Nothing in it is a pointer
@@ -134,7 +134,7 @@ func newStateCache(max int, maxBytes int64, cols []projection.Column, rows bool)
 	}
 	seed := maphash.MakeSeed()
 	hash := func(key string) uint64 { return maphash.String(seed, key) }
-	return &stateCache{max: max, maxBytes: maxBytes, cols: cols, noRows: !rows, hash: hash, parts: map[partition.TP]*partCache{}}
+	return &stateCache{max: max, maxBytes: maxBytes, cols: cols, noRows: !rows, hash: hash, parts: map[sinks.TP]*partCache{}}
 }
 
 // cost is what an entry counts towards the byte bound.
@@ -264,14 +264,14 @@ func (c *stateCache) encode(b []byte, row projection.Row) ([]byte, bool) {
 // keys it does not hold; caching reports whether the cache is in use for
 // the partition (see tally). Without rows, an existing row is given as
 // presentRow.
-func (c *stateCache) lookup(claim partition.Claim, keys []string, st partition.State, rows bool) (misses []string, hits int, caching bool) {
+func (c *stateCache) lookup(claim sinks.Claim, keys []string, st sinks.State, rows bool) (misses []string, hits int, caching bool) {
 	return c.lookupUnheld(claim, keys, nil, st, rows)
 }
 
 // lookupUnheld is lookup for a caller that knows the cache holds none of
 // unheld, some of keys in their order: those are given as misses without
 // a lookup (one out of order is looked up).
-func (c *stateCache) lookupUnheld(claim partition.Claim, keys, unheld []string, st partition.State, rows bool) (misses []string, hits int, caching bool) {
+func (c *stateCache) lookupUnheld(claim sinks.Claim, keys, unheld []string, st sinks.State, rows bool) (misses []string, hits int, caching bool) {
 	if c.max <= 0 {
 		return keys, 0, false
 	}
@@ -315,7 +315,7 @@ func (c *stateCache) lookupUnheld(claim partition.Claim, keys, unheld []string, 
 // how many of those the cache held. It reports whether the batch's outcome
 // is to be stored: not when the hit rate has fallen too low and the
 // partition's entries were just dropped.
-func (c *stateCache) tally(claim partition.Claim, wanted, hits int) bool {
+func (c *stateCache) tally(claim sinks.Claim, wanted, hits int) bool {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	pc := c.part(claim)
@@ -338,7 +338,7 @@ func (c *stateCache) tally(claim partition.Claim, wanted, hits int) bool {
 
 // part returns the partition's entries under claim, dropping those of an
 // earlier claim. Call with mu held.
-func (c *stateCache) part(claim partition.Claim) *partCache {
+func (c *stateCache) part(claim sinks.Claim) *partCache {
 	pc := c.parts[claim.TP]
 	if pc == nil || pc.epoch != claim.Epoch {
 		if pc != nil {
@@ -353,7 +353,7 @@ func (c *stateCache) part(claim partition.Claim) *partCache {
 // store records what a committed transaction read (the state of the
 // missed keys, in loaded) and wrote (rows, already in stored form, and
 // deletes).
-func (c *stateCache) store(claim partition.Claim, misses []string, loaded partition.State, rows []partition.RowWrite, deletes []partition.RowDelete) {
+func (c *stateCache) store(claim sinks.Claim, misses []string, loaded sinks.State, rows []sinks.RowWrite, deletes []sinks.RowDelete) {
 	if c.max <= 0 {
 		return
 	}
@@ -494,7 +494,7 @@ func (c *stateCache) usage() (entries int, bytes int64) {
 
 // drop forgets a partition, after a failed transaction or when it is
 // revoked.
-func (c *stateCache) drop(tp partition.TP) {
+func (c *stateCache) drop(tp sinks.TP) {
 	if c.max <= 0 {
 		return
 	}

@@ -5,8 +5,8 @@ import (
 	"math/rand/v2"
 	"testing"
 
-	"github.com/projector-dev/projector/partition"
 	"github.com/projector-dev/projector/projection"
+	"github.com/projector-dev/projector/sinks"
 )
 
 // BenchmarkStateCache is the cache's share of a batch: looking up 1,000
@@ -27,8 +27,8 @@ func BenchmarkStateCache(b *testing.B) {
 		rows[k] = row(k, 7)
 	}
 	c := newStateCache(aggregates+1, 1<<40, cols, true)
-	claim := partition.Claim{TP: partition.TP{Topic: "t"}, Epoch: 1}
-	loaded := partition.State{Rows: map[string]projection.Row{}, Versions: map[string]int64{}}
+	claim := sinks.Claim{TP: sinks.TP{Topic: "t"}, Epoch: 1}
+	loaded := sinks.State{Rows: map[string]projection.Row{}, Versions: map[string]int64{}}
 	for _, k := range keys {
 		loaded.Rows[k], loaded.Versions[k] = row(k, 1), 1
 	}
@@ -45,11 +45,11 @@ func BenchmarkStateCache(b *testing.B) {
 	n := 0
 	for b.Loop() {
 		ks := batches[n%len(batches)]
-		st := partition.State{Rows: make(map[string]projection.Row, batch), Versions: make(map[string]int64, batch)}
+		st := sinks.State{Rows: make(map[string]projection.Row, batch), Versions: make(map[string]int64, batch)}
 		misses, _, _ := c.lookup(claim, ks, st, true)
-		writes := make([]partition.RowWrite, 0, len(ks))
+		writes := make([]sinks.RowWrite, 0, len(ks))
 		for _, k := range ks {
-			writes = append(writes, partition.RowWrite{Key: k, Version: st.Versions[k] + 1, Row: rows[k]})
+			writes = append(writes, sinks.RowWrite{Key: k, Version: st.Versions[k] + 1, Row: rows[k]})
 		}
 		c.store(claim, misses, st, writes, nil)
 		n++
@@ -66,16 +66,16 @@ func BenchmarkStateCacheFill(b *testing.B) {
 		{Name: "balance", Type: "bigint"}, {Name: "opened_at", Type: "timestamptz"}}
 	const aggregates, batch = 1_000_000, 1000
 	keys := make([]string, aggregates)
-	writes := make([]partition.RowWrite, aggregates)
+	writes := make([]sinks.RowWrite, aggregates)
 	for i := range keys {
 		keys[i] = fmt.Sprintf("acc-%07d", i)
 	}
 	rand.New(rand.NewPCG(1, 2)).Shuffle(len(keys), func(i, j int) { keys[i], keys[j] = keys[j], keys[i] })
 	for i, k := range keys {
-		writes[i] = partition.RowWrite{Key: k, Version: 1,
+		writes[i] = sinks.RowWrite{Key: k, Version: 1,
 			Row: projection.Row{"account_id": k, "owner": "owner " + k[4:], "balance": int64(7), "opened_at": "2026-01-01 00:00:00+00"}}
 	}
-	claim := partition.Claim{TP: partition.TP{Topic: "t"}, Epoch: 1}
+	claim := sinks.Claim{TP: sinks.TP{Topic: "t"}, Epoch: 1}
 	b.ReportAllocs()
 	var c *stateCache
 	n := 0
@@ -85,7 +85,7 @@ func BenchmarkStateCacheFill(b *testing.B) {
 			c = newStateCache(aggregates+1, 1<<40, cols, true)
 		}
 		ks := keys[i*batch:][:batch]
-		st := partition.State{Rows: map[string]projection.Row{}, Versions: map[string]int64{}}
+		st := sinks.State{Rows: map[string]projection.Row{}, Versions: map[string]int64{}}
 		misses, _, _ := c.lookup(claim, ks, st, true)
 		c.store(claim, misses, st, writes[i*batch:][:batch], nil)
 		n++

@@ -9,8 +9,8 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/projector-dev/projector/partition"
 	"github.com/projector-dev/projector/projection"
+	"github.com/projector-dev/projector/sinks"
 )
 
 // The cache stays within its bounds, in rows or in bytes, across
@@ -29,15 +29,15 @@ func TestStateCacheBounded(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			c := newStateCache(tc.rows, tc.bytes, []projection.Column{{Name: "n", Type: "bigint"}}, true)
 			for p := int32(0); p < 3; p++ {
-				claim := partition.Claim{TP: partition.TP{Topic: "t", Partition: p}, Epoch: 1}
+				claim := sinks.Claim{TP: sinks.TP{Topic: "t", Partition: p}, Epoch: 1}
 				for b := 0; b < 10; b++ {
 					var keys []string
-					var rows []partition.RowWrite
-					loaded := partition.State{Rows: map[string]projection.Row{}, Versions: map[string]int64{}}
+					var rows []sinks.RowWrite
+					loaded := sinks.State{Rows: map[string]projection.Row{}, Versions: map[string]int64{}}
 					for i := 0; i < 50; i++ {
 						k := fmt.Sprintf("p%d-k%d", p, b*50+i)
 						keys = append(keys, k)
-						rows = append(rows, partition.RowWrite{Key: k, Version: int64(b + 1), Row: projection.Row{"n": int64(i)}})
+						rows = append(rows, sinks.RowWrite{Key: k, Version: int64(b + 1), Row: projection.Row{"n": int64(i)}})
 					}
 					c.store(claim, keys, loaded, rows, nil)
 					if c.size > tc.rows || c.bytes > tc.bytes {
@@ -65,8 +65,8 @@ func TestStateCacheBounded(t *testing.T) {
 			if total != c.size || bytes != c.bytes {
 				t.Errorf("counted %d rows in %d bytes, but %d rows in %d bytes held", c.size, c.bytes, total, bytes)
 			}
-			c.drop(partition.TP{Topic: "t", Partition: 2})
-			if _, ok := c.parts[partition.TP{Topic: "t", Partition: 2}]; ok || c.size > total {
+			c.drop(sinks.TP{Topic: "t", Partition: 2})
+			if _, ok := c.parts[sinks.TP{Topic: "t", Partition: 2}]; ok || c.size > total {
 				t.Errorf("partition 2 still cached after drop (size %d of %d)", c.size, total)
 			}
 			var left int64
@@ -87,16 +87,16 @@ func TestStateCacheBounded(t *testing.T) {
 // batches find their aggregates keeps it.
 func TestStateCacheBypassedWhenItDoesNotPay(t *testing.T) {
 	c := newStateCache(1000, 1<<40, []projection.Column{{Name: "n", Type: "bigint"}}, true)
-	cold := partition.Claim{TP: partition.TP{Topic: "t", Partition: 0}, Epoch: 1}
-	hot := partition.Claim{TP: partition.TP{Topic: "t", Partition: 1}, Epoch: 1}
-	batch := func(claim partition.Claim, keys []string) (hits int, caching bool) {
-		st := partition.State{Rows: map[string]projection.Row{}, Versions: map[string]int64{}}
+	cold := sinks.Claim{TP: sinks.TP{Topic: "t", Partition: 0}, Epoch: 1}
+	hot := sinks.Claim{TP: sinks.TP{Topic: "t", Partition: 1}, Epoch: 1}
+	batch := func(claim sinks.Claim, keys []string) (hits int, caching bool) {
+		st := sinks.State{Rows: map[string]projection.Row{}, Versions: map[string]int64{}}
 		misses, hits, caching := c.lookup(claim, keys, st, true)
 		if caching {
 			caching = c.tally(claim, len(keys), hits)
 		}
 		if caching {
-			loaded := partition.State{Rows: map[string]projection.Row{}, Versions: map[string]int64{}}
+			loaded := sinks.State{Rows: map[string]projection.Row{}, Versions: map[string]int64{}}
 			for _, k := range misses {
 				loaded.Versions[k] = 1
 			}
@@ -147,7 +147,7 @@ func TestStateCacheBypassedWhenItDoesNotPay(t *testing.T) {
 // mostly new aggregates, with the rest found in the cache, keeps caching.
 func TestStateCacheNewAggregatesDoNotCountAsMisses(t *testing.T) {
 	c := newStateCache(100_000, 1<<40, []projection.Column{{Name: "n", Type: "bigint"}}, true)
-	claim := partition.Claim{TP: partition.TP{Topic: "t", Partition: 0}, Epoch: 1}
+	claim := sinks.Claim{TP: sinks.TP{Topic: "t", Partition: 0}, Epoch: 1}
 	next := 0
 	var seen []string
 	for looked := 0; looked < 3*hitWindow; looked += 1000 {
@@ -156,7 +156,7 @@ func TestStateCacheNewAggregatesDoNotCountAsMisses(t *testing.T) {
 			keys = append(keys, fmt.Sprintf("k%d", next))
 			next++
 		}
-		st := partition.State{Rows: map[string]projection.Row{}, Versions: map[string]int64{}}
+		st := sinks.State{Rows: map[string]projection.Row{}, Versions: map[string]int64{}}
 		misses, hits, caching := c.lookup(claim, keys, st, true)
 		if !caching {
 			t.Fatalf("after %d lookups, 80%% of them new aggregates and the rest all hits, the cache is bypassed", looked)
@@ -165,7 +165,7 @@ func TestStateCacheNewAggregatesDoNotCountAsMisses(t *testing.T) {
 		if !c.tally(claim, hits+read, hits) {
 			t.Fatalf("after %d lookups the cache was dropped (hits %d, read %d)", looked, hits, read)
 		}
-		loaded := partition.State{Rows: map[string]projection.Row{}, Versions: map[string]int64{}}
+		loaded := sinks.State{Rows: map[string]projection.Row{}, Versions: map[string]int64{}}
 		for _, k := range misses {
 			loaded.Versions[k] = 1
 		}
@@ -203,10 +203,10 @@ func TestStateCacheRowEncoding(t *testing.T) {
 	}
 
 	c := newStateCache(10, 1<<40, cols, true)
-	claim := partition.Claim{TP: partition.TP{Topic: "t"}, Epoch: 1}
-	loaded := partition.State{Rows: map[string]projection.Row{"a": row}, Versions: map[string]int64{"a": 1}}
-	c.store(claim, []string{"a"}, loaded, []partition.RowWrite{{Key: "a", Version: 2, Row: projection.Row{"id": "a", "n": 3}}}, nil)
-	st := partition.State{Rows: map[string]projection.Row{}, Versions: map[string]int64{}}
+	claim := sinks.Claim{TP: sinks.TP{Topic: "t"}, Epoch: 1}
+	loaded := sinks.State{Rows: map[string]projection.Row{"a": row}, Versions: map[string]int64{"a": 1}}
+	c.store(claim, []string{"a"}, loaded, []sinks.RowWrite{{Key: "a", Version: 2, Row: projection.Row{"id": "a", "n": 3}}}, nil)
+	st := sinks.State{Rows: map[string]projection.Row{}, Versions: map[string]int64{}}
 	if misses, _, _ := c.lookup(claim, []string{"a"}, st, true); len(misses) != 1 || c.size != 0 {
 		t.Errorf("a row the cache cannot hold left %v cached (misses %v, size %d)", st.Rows["a"], misses, c.size)
 	}
@@ -216,9 +216,9 @@ func TestStateCacheRowEncoding(t *testing.T) {
 // the counts exact.
 func TestStateCacheCountsAReplacedMissOnce(t *testing.T) {
 	c := newStateCache(100, 1<<40, []projection.Column{{Name: "n", Type: "bigint"}}, true)
-	claim := partition.Claim{TP: partition.TP{Topic: "t"}, Epoch: 1}
+	claim := sinks.Claim{TP: sinks.TP{Topic: "t"}, Epoch: 1}
 	for _, n := range []int64{1, 1 << 40} {
-		loaded := partition.State{Rows: map[string]projection.Row{"a": {"n": n}}, Versions: map[string]int64{"a": n}}
+		loaded := sinks.State{Rows: map[string]projection.Row{"a": {"n": n}}, Versions: map[string]int64{"a": n}}
 		c.store(claim, []string{"a"}, loaded, nil, nil)
 	}
 	a := entries(c.parts[claim.TP])["a"]
@@ -242,18 +242,18 @@ func TestStateCacheHashCollision(t *testing.T) {
 	cols := []projection.Column{{Name: "k", Type: "text"}}
 	c := newStateCache(100, 1<<40, cols, true)
 	c.hash = func(string) uint64 { return 42 }
-	claim := partition.Claim{TP: partition.TP{Topic: "t"}, Epoch: 1}
+	claim := sinks.Claim{TP: sinks.TP{Topic: "t"}, Epoch: 1}
 	for _, k := range []string{"a", "bb"} {
-		loaded := partition.State{Rows: map[string]projection.Row{k: {"k": k}}, Versions: map[string]int64{k: 3}}
+		loaded := sinks.State{Rows: map[string]projection.Row{k: {"k": k}}, Versions: map[string]int64{k: 3}}
 		c.store(claim, []string{k}, loaded, nil, nil)
 	}
-	st := partition.State{Rows: map[string]projection.Row{}, Versions: map[string]int64{}}
+	st := sinks.State{Rows: map[string]projection.Row{}, Versions: map[string]int64{}}
 	misses, hits, _ := c.lookup(claim, []string{"a", "bb"}, st, true)
 	if !slices.Equal(misses, []string{"a"}) || hits != 1 || st.Rows["bb"]["k"] != "bb" || st.Rows["a"] != nil {
 		t.Errorf("misses %v, hits %d, state %v: want a missed and bb's own row", misses, hits, st.Rows)
 	}
 	// A write of the replaced key leaves the other's entry alone.
-	c.store(claim, nil, partition.State{}, []partition.RowWrite{{Key: "a", Version: 4, Row: projection.Row{"k": "a"}}}, nil)
+	c.store(claim, nil, sinks.State{}, []sinks.RowWrite{{Key: "a", Version: 4, Row: projection.Row{"k": "a"}}}, nil)
 	if a := entries(c.parts[claim.TP])["bb"]; c.size != 1 || c.bytes != cost(a) || a.version != 3 {
 		t.Errorf("size %d, %d bytes, bb at v%d; want bb's entry alone at v3, %d bytes", c.size, c.bytes, a.version, cost(a))
 	}
@@ -265,23 +265,23 @@ func TestStateCacheHashCollision(t *testing.T) {
 func TestStateCacheCompacts(t *testing.T) {
 	cols := []projection.Column{{Name: "owner", Type: "text"}, {Name: "n", Type: "bigint"}}
 	c := newStateCache(1000, 1<<40, cols, true)
-	claim := partition.Claim{TP: partition.TP{Topic: "t"}, Epoch: 1}
+	claim := sinks.Claim{TP: sinks.TP{Topic: "t"}, Epoch: 1}
 	keys := make([]string, 100)
-	loaded := partition.State{Rows: map[string]projection.Row{}, Versions: map[string]int64{}}
+	loaded := sinks.State{Rows: map[string]projection.Row{}, Versions: map[string]int64{}}
 	for i := range keys {
 		keys[i] = fmt.Sprintf("key-%03d", i)
 		loaded.Rows[keys[i]], loaded.Versions[keys[i]] = projection.Row{"owner": "first " + keys[i], "n": int64(0)}, 1
 	}
 	c.store(claim, keys, loaded, nil, nil)
-	first := partition.State{Rows: map[string]projection.Row{}, Versions: map[string]int64{}}
+	first := sinks.State{Rows: map[string]projection.Row{}, Versions: map[string]int64{}}
 	c.lookup(claim, keys, first, true)
 	pc := c.parts[claim.TP]
 	for v := int64(2); v <= 200; v++ {
-		var writes []partition.RowWrite
+		var writes []sinks.RowWrite
 		for _, k := range keys {
-			writes = append(writes, partition.RowWrite{Key: k, Version: v, Row: projection.Row{"owner": strings.Repeat("o", int(v)) + k, "n": v}})
+			writes = append(writes, sinks.RowWrite{Key: k, Version: v, Row: projection.Row{"owner": strings.Repeat("o", int(v)) + k, "n": v}})
 		}
-		c.store(claim, nil, partition.State{}, writes, nil)
+		c.store(claim, nil, sinks.State{}, writes, nil)
 		if limit := 2*pc.live + compactMin + 1<<10; pc.data.len() > limit {
 			t.Fatalf("after version %d the partition keeps %d bytes for %d live", v, pc.data.len(), pc.live)
 		}
@@ -289,15 +289,15 @@ func TestStateCacheCompacts(t *testing.T) {
 	if pc.data.capacity() > 4*pc.live+(128<<10) {
 		t.Errorf("%d bytes of capacity for %d live", pc.data.capacity(), pc.live)
 	}
-	last := partition.State{Rows: map[string]projection.Row{}, Versions: map[string]int64{}}
+	last := sinks.State{Rows: map[string]projection.Row{}, Versions: map[string]int64{}}
 	c.lookup(claim, keys, last, true)
 	// Rows of the same length are rewritten in place.
 	size := pc.data.len()
-	var writes []partition.RowWrite
+	var writes []sinks.RowWrite
 	for _, k := range keys {
-		writes = append(writes, partition.RowWrite{Key: k, Version: 201, Row: projection.Row{"owner": strings.Repeat("x", 200) + k, "n": int64(201)}})
+		writes = append(writes, sinks.RowWrite{Key: k, Version: 201, Row: projection.Row{"owner": strings.Repeat("x", 200) + k, "n": int64(201)}})
 	}
-	c.store(claim, nil, partition.State{}, writes, nil)
+	c.store(claim, nil, sinks.State{}, writes, nil)
 	if pc.data.len() != size {
 		t.Errorf("rewriting rows of the same length took %d bytes more", pc.data.len()-size)
 	}
@@ -309,7 +309,7 @@ func TestStateCacheCompacts(t *testing.T) {
 			t.Fatalf("%s: handed out as v%d %v after 200 versions", k, last.Versions[k], got)
 		}
 	}
-	now := partition.State{Rows: map[string]projection.Row{}, Versions: map[string]int64{}}
+	now := sinks.State{Rows: map[string]projection.Row{}, Versions: map[string]int64{}}
 	c.lookup(claim, keys, now, true)
 	for _, k := range keys {
 		if got := now.Rows[k]; got["owner"] != strings.Repeat("x", 200)+k || now.Versions[k] != 201 {
@@ -324,17 +324,17 @@ func TestStateCacheCompacts(t *testing.T) {
 func TestStateCacheLongKeysAndRows(t *testing.T) {
 	cols := []projection.Column{{Name: "k", Type: "text"}}
 	c := newStateCache(100, 1<<40, cols, true)
-	claim := partition.Claim{TP: partition.TP{Topic: "t"}, Epoch: 1}
+	claim := sinks.Claim{TP: sinks.TP{Topic: "t"}, Epoch: 1}
 	long := strings.Repeat("k", 70_000)
-	loaded := partition.State{
+	loaded := sinks.State{
 		Rows:     map[string]projection.Row{long: {"k": "v"}, "a": {"k": long}},
 		Versions: map[string]int64{long: 1, "a": 1},
 	}
 	c.store(claim, []string{long, "a"}, loaded, nil, nil)
 	for v := int64(2); v < 4; v++ {
-		c.store(claim, nil, partition.State{}, []partition.RowWrite{{Key: "a", Version: v, Row: projection.Row{"k": long[:69_000]}}}, nil)
+		c.store(claim, nil, sinks.State{}, []sinks.RowWrite{{Key: "a", Version: v, Row: projection.Row{"k": long[:69_000]}}}, nil)
 	}
-	st := partition.State{Rows: map[string]projection.Row{}, Versions: map[string]int64{}}
+	st := sinks.State{Rows: map[string]projection.Row{}, Versions: map[string]int64{}}
 	misses, _, _ := c.lookup(claim, []string{long, "a"}, st, true)
 	pc := c.parts[claim.TP]
 	a := entries(pc)["a"]

@@ -5,8 +5,8 @@ import (
 	"runtime"
 	"testing"
 
-	"github.com/projector-dev/projector/partition"
 	"github.com/projector-dev/projector/projection"
+	"github.com/projector-dev/projector/sinks"
 )
 
 // cacheHeap fills a cache of maxBytes with perPart aggregates in each of
@@ -20,14 +20,14 @@ func cacheHeap(t *testing.T, parts, perPart int, maxBytes int64) (heap, reported
 	runtime.ReadMemStats(&before)
 	c := newStateCache(DefaultStateCacheRows, maxBytes, cols, true)
 	for p := range parts {
-		claim := partition.Claim{TP: partition.TP{Topic: "accounts.events", Partition: int32(p)}, Epoch: 1}
+		claim := sinks.Claim{TP: sinks.TP{Topic: "accounts.events", Partition: int32(p)}, Epoch: 1}
 		keys := make([]string, perPart)
-		rows := make([]partition.RowWrite, perPart)
+		rows := make([]sinks.RowWrite, perPart)
 		for i := range keys {
 			keys[i] = fmt.Sprintf("acct-%d-%d", p, i)
-			rows[i] = partition.RowWrite{Key: keys[i], Version: 1, Row: projection.Row{"owner": "owner of " + keys[i], "n": int64(i)}}
+			rows[i] = sinks.RowWrite{Key: keys[i], Version: 1, Row: projection.Row{"owner": "owner of " + keys[i], "n": int64(i)}}
 		}
-		c.store(claim, keys, partition.State{Rows: map[string]projection.Row{}, Versions: map[string]int64{}}, rows, nil)
+		c.store(claim, keys, sinks.State{Rows: map[string]projection.Row{}, Versions: map[string]int64{}}, rows, nil)
 	}
 	runtime.GC()
 	runtime.ReadMemStats(&after)

@@ -9,8 +9,8 @@ import (
 
 	"pgregory.net/rapid"
 
-	"github.com/projector-dev/projector/partition"
 	"github.com/projector-dev/projector/projection"
+	"github.com/projector-dev/projector/sinks"
 )
 
 // The cache against a model of what Postgres holds, over random batches:
@@ -44,16 +44,16 @@ func TestStateCacheAgainstModel(t *testing.T) {
 			p := int32(rapid.IntRange(0, 1).Draw(t, "partition"))
 			switch rapid.IntRange(0, 9).Draw(t, "event") {
 			case 0:
-				c.drop(partition.TP{Topic: "t", Partition: p})
+				c.drop(sinks.TP{Topic: "t", Partition: p})
 			case 1:
 				epochs[p]++ // claimed again
 			}
-			claim := partition.Claim{TP: partition.TP{Topic: "t", Partition: p}, Epoch: epochs[p]}
+			claim := sinks.Claim{TP: sinks.TP{Topic: "t", Partition: p}, Epoch: epochs[p]}
 			keys := rapid.SliceOfNDistinct(keyGen, 1, 8, func(k string) string { return k }).Draw(t, "keys")
 			for i, k := range keys {
 				keys[i] = fmt.Sprintf("p%d-%s", p, k) // a key stays in its partition
 			}
-			st := partition.State{Rows: map[string]projection.Row{}, Versions: map[string]int64{}}
+			st := sinks.State{Rows: map[string]projection.Row{}, Versions: map[string]int64{}}
 			misses, _, _ := c.lookup(claim, keys, st, true)
 			missed := map[string]bool{}
 			for _, k := range misses {
@@ -68,7 +68,7 @@ func TestStateCacheAgainstModel(t *testing.T) {
 					t.Fatalf("batch %d: %s handed out at v%d %v, Postgres holds v%d %v", step, k, got, st.Rows[k], want.version, want.row)
 				}
 			}
-			loaded := partition.State{Rows: map[string]projection.Row{}, Versions: map[string]int64{}}
+			loaded := sinks.State{Rows: map[string]projection.Row{}, Versions: map[string]int64{}}
 			for _, k := range misses {
 				if s, ok := truth[k]; ok {
 					loaded.Versions[k] = s.version
@@ -77,22 +77,22 @@ func TestStateCacheAgainstModel(t *testing.T) {
 					}
 				}
 			}
-			var writes []partition.RowWrite
-			var deletes []partition.RowDelete
+			var writes []sinks.RowWrite
+			var deletes []sinks.RowDelete
 			for _, k := range keys {
 				s := truth[k]
 				v := s.version + int64(rapid.IntRange(1, 3).Draw(t, "step"))
 				switch rapid.IntRange(0, 4).Draw(t, "change") {
 				case 0: // not written in this batch
 				case 1:
-					deletes = append(deletes, partition.RowDelete{Key: k, Version: v})
+					deletes = append(deletes, sinks.RowDelete{Key: k, Version: v})
 					truth[k] = state{version: v}
 				case 2: // at or below the version held: Postgres keeps its row
 					stale := max(0, s.version-int64(rapid.IntRange(0, 1).Draw(t, "behind")))
-					writes = append(writes, partition.RowWrite{Key: k, Version: stale, Row: projection.Row{"owner": "stale", "n": stale}})
+					writes = append(writes, sinks.RowWrite{Key: k, Version: stale, Row: projection.Row{"owner": "stale", "n": stale}})
 				default:
 					row := projection.Row{"owner": strings.Repeat("o", rapid.IntRange(0, 40).Draw(t, "owner")), "n": v}
-					writes = append(writes, partition.RowWrite{Key: k, Version: v, Row: row})
+					writes = append(writes, sinks.RowWrite{Key: k, Version: v, Row: row})
 					truth[k] = state{version: v, row: maps.Clone(row)}
 				}
 			}

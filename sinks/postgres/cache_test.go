@@ -10,8 +10,8 @@ import (
 	"testing"
 
 	"github.com/projector-dev/projector/internal/testenv"
-	"github.com/projector-dev/projector/partition"
 	"github.com/projector-dev/projector/projection"
+	"github.com/projector-dev/projector/sinks"
 )
 
 const numbersYAML = `projections:
@@ -32,9 +32,9 @@ const numbersYAML = `projections:
 
 // planOnce runs one batch over keys, handing the state it was planned on
 // to check and writing what write returns.
-func (e *env) planOnce(c partition.Claim, end int64, keys []string, write func(partition.State) partition.Changes) (partition.State, error) {
-	var seen partition.State
-	err := e.sink.CommitBatch(e.ctx, c, end, partition.Keys{All: keys}, func(st partition.State) (partition.Changes, error) {
+func (e *env) planOnce(c sinks.Claim, end int64, keys []string, write func(sinks.State) sinks.Changes) (sinks.State, error) {
+	var seen sinks.State
+	err := e.sink.CommitBatch(e.ctx, c, end, sinks.Keys{All: keys}, func(st sinks.State) (sinks.Changes, error) {
 		seen = st
 		return write(st), nil
 	})
@@ -43,9 +43,9 @@ func (e *env) planOnce(c partition.Claim, end int64, keys []string, write func(p
 
 // nextVersions commits a batch that writes the next version of each
 // aggregate of keys, its balance ten times its version.
-func (e *env) nextVersions(c partition.Claim, end int64, keys []string) error {
-	_, err := e.planOnce(c, end, keys, func(st partition.State) partition.Changes {
-		var ch partition.Changes
+func (e *env) nextVersions(c sinks.Claim, end int64, keys []string) error {
+	_, err := e.planOnce(c, end, keys, func(st sinks.State) sinks.Changes {
+		var ch sinks.Changes
 		for _, k := range keys {
 			v := st.Versions[k] + 1
 			ch.Upserts = append(ch.Upserts, upsert(k, v, "owner of "+k, v*10))
@@ -67,10 +67,10 @@ func TestStateCacheMatchesPostgres(t *testing.T) {
 		"n3": {"id": "n3", "big": int64(7), "ratio": float32(2.5), "extra": "not a column"},
 	}
 	keys := []string{"n1", "n2", "n3", "absent"}
-	_, err := e.planOnce(c, 1, keys, func(partition.State) partition.Changes {
-		var ch partition.Changes
+	_, err := e.planOnce(c, 1, keys, func(sinks.State) sinks.Changes {
+		var ch sinks.Changes
 		for k, r := range rows {
-			ch.Upserts = append(ch.Upserts, partition.RowWrite{Key: k, Version: 3, Row: r})
+			ch.Upserts = append(ch.Upserts, sinks.RowWrite{Key: k, Version: 3, Row: r})
 		}
 		return ch
 	})
@@ -83,7 +83,7 @@ func TestStateCacheMatchesPostgres(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	cached, err := e.planOnce(c, 2, keys, func(partition.State) partition.Changes { return partition.Changes{} })
+	cached, err := e.planOnce(c, 2, keys, func(sinks.State) sinks.Changes { return sinks.Changes{} })
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -101,8 +101,8 @@ func TestStateCacheMatchesPostgres(t *testing.T) {
 func TestStateCacheNoticesOutsideWrite(t *testing.T) {
 	e := newEnv(t, demoProjection(t))
 	c := e.claim(0)
-	if _, err := e.planOnce(c, 1, []string{"a1"}, func(partition.State) partition.Changes {
-		return partition.Changes{Upserts: []partition.RowWrite{upsert("a1", 1, "ann", 10)}}
+	if _, err := e.planOnce(c, 1, []string{"a1"}, func(sinks.State) sinks.Changes {
+		return sinks.Changes{Upserts: []sinks.RowWrite{upsert("a1", 1, "ann", 10)}}
 	}); err != nil {
 		t.Fatal(err)
 	}
@@ -111,9 +111,9 @@ func TestStateCacheNoticesOutsideWrite(t *testing.T) {
 		t.Fatal(err)
 	}
 	var planned []int64
-	err := e.sink.CommitBatch(e.ctx, c, 2, partition.Keys{All: []string{"a1"}}, func(st partition.State) (partition.Changes, error) {
+	err := e.sink.CommitBatch(e.ctx, c, 2, sinks.Keys{All: []string{"a1"}}, func(st sinks.State) (sinks.Changes, error) {
 		planned = append(planned, st.Versions["a1"])
-		return partition.Changes{Upserts: []partition.RowWrite{upsert("a1", st.Versions["a1"]+1, "ann", 11)}}, nil
+		return sinks.Changes{Upserts: []sinks.RowWrite{upsert("a1", st.Versions["a1"]+1, "ann", 11)}}, nil
 	})
 	if err != nil || !slices.Equal(planned, []int64{1, 5}) {
 		t.Fatalf("commit = %v, planned on a1 at versions %v; want v1 (cached), then v5 (from Postgres)", err, planned)
@@ -131,8 +131,8 @@ func TestTableRewriteUpdatesTheRightRow(t *testing.T) {
 	e := newEnv(t, demoProjection(t))
 	c := e.claim(0)
 	keys := []string{"a", "b"}
-	if _, err := e.planOnce(c, 1, keys, func(partition.State) partition.Changes {
-		return partition.Changes{Upserts: []partition.RowWrite{upsert("a", 1, "ann", 10), upsert("b", 1, "bob", 20)}}
+	if _, err := e.planOnce(c, 1, keys, func(sinks.State) sinks.Changes {
+		return sinks.Changes{Upserts: []sinks.RowWrite{upsert("a", 1, "ann", 10), upsert("b", 1, "bob", 20)}}
 	}); err != nil {
 		t.Fatal(err)
 	}
@@ -157,9 +157,9 @@ func TestTableRewriteUpdatesTheRightRow(t *testing.T) {
 		t.Fatalf("setup: b is at %s after the rewrite, not at a's old %s", ctid("b"), was)
 	}
 	var plans int
-	err := e.sink.CommitBatch(e.ctx, c, 2, partition.Keys{All: []string{"a"}}, func(st partition.State) (partition.Changes, error) {
+	err := e.sink.CommitBatch(e.ctx, c, 2, sinks.Keys{All: []string{"a"}}, func(st sinks.State) (sinks.Changes, error) {
 		plans++
-		return partition.Changes{Upserts: []partition.RowWrite{upsert("a", 2, "ann", 77)}}, nil
+		return sinks.Changes{Upserts: []sinks.RowWrite{upsert("a", 2, "ann", 77)}}, nil
 	})
 	if err != nil || plans != 1 {
 		t.Fatalf("commit = %v after %d plans, want success on the first (the state was cached)", err, plans)
@@ -243,8 +243,8 @@ func TestStateCacheDroppedOnNewClaim(t *testing.T) {
 			e.sink.SetStateCache(0, 0)
 		}
 		c := e.claim(0)
-		if _, err := e.planOnce(c, 1, []string{"a1"}, func(partition.State) partition.Changes {
-			return partition.Changes{Upserts: []partition.RowWrite{upsert("a1", 1, "ann", 10)}}
+		if _, err := e.planOnce(c, 1, []string{"a1"}, func(sinks.State) sinks.Changes {
+			return sinks.Changes{Upserts: []sinks.RowWrite{upsert("a1", 1, "ann", 10)}}
 		}); err != nil {
 			t.Fatal(err)
 		}
@@ -256,7 +256,7 @@ func TestStateCacheDroppedOnNewClaim(t *testing.T) {
 		} else {
 			c = e.claim(0) // a new epoch
 		}
-		st, err := e.planOnce(c, 2, []string{"a1"}, func(partition.State) partition.Changes { return partition.Changes{} })
+		st, err := e.planOnce(c, 2, []string{"a1"}, func(sinks.State) sinks.Changes { return sinks.Changes{} })
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -275,22 +275,22 @@ func TestRejectedUpdateOfExistingRow(t *testing.T) {
 		return projection.Row{"id": id, "big": nil, "small": small, "score": nil, "ratio": nil, "ok": nil, "name": nil}
 	}
 	keys := []string{"n1", "n2"}
-	if _, err := e.planOnce(c, 1, keys, func(partition.State) partition.Changes {
-		return partition.Changes{Upserts: []partition.RowWrite{{Key: "n1", Version: 1, Row: row("n1", 1)}, {Key: "n2", Version: 1, Row: row("n2", 2)}}}
+	if _, err := e.planOnce(c, 1, keys, func(sinks.State) sinks.Changes {
+		return sinks.Changes{Upserts: []sinks.RowWrite{{Key: "n1", Version: 1, Row: row("n1", 1)}, {Key: "n2", Version: 1, Row: row("n2", 2)}}}
 	}); err != nil {
 		t.Fatal(err)
 	}
 	c.NextOffset = 1
-	_, err := e.planOnce(c, 2, keys, func(st partition.State) partition.Changes {
+	_, err := e.planOnce(c, 2, keys, func(st sinks.State) sinks.Changes {
 		if len(st.Rows) != 2 {
 			t.Errorf("planned on %d existing rows, want 2", len(st.Rows))
 		}
-		return partition.Changes{Upserts: []partition.RowWrite{
+		return sinks.Changes{Upserts: []sinks.RowWrite{
 			{Key: "n1", Version: 2, Row: row("n1", 1<<20)}, // out of smallint's range
 			{Key: "n2", Version: 2, Row: row("n2", 3)},
 		}}
 	})
-	var rej *partition.RejectedRows
+	var rej *sinks.RejectedRows
 	if !errors.As(err, &rej) || len(rej.Keys) != 1 || rej.Keys["n1"] == "" {
 		t.Fatalf("commit = %v, want n1 rejected alone", err)
 	}
@@ -302,10 +302,10 @@ func TestRejectedUpdateOfExistingRow(t *testing.T) {
 	// A data error outside the rows (a tombstone key too long for its
 	// index) reruns the batch row by row, finds every row fine, and fails
 	// the batch as it is.
-	_, err = e.planOnce(c, 2, keys, func(st partition.State) partition.Changes {
-		return partition.Changes{
-			Upserts: []partition.RowWrite{{Key: "n1", Version: 2, Row: row("n1", 5)}},
-			Deletes: []partition.RowDelete{{Key: incompressible(9000), Version: 1}},
+	_, err = e.planOnce(c, 2, keys, func(st sinks.State) sinks.Changes {
+		return sinks.Changes{
+			Upserts: []sinks.RowWrite{{Key: "n1", Version: 2, Row: row("n1", 5)}},
+			Deletes: []sinks.RowDelete{{Key: incompressible(9000), Version: 1}},
 		}
 	})
 	if err == nil || errors.As(err, &rej) {
@@ -342,12 +342,12 @@ func TestSnapshotStateIsVersionsOnly(t *testing.T) {
 	c := e.claim(0)
 	row := func(id string) projection.Row { return projection.Row{"id": id, "big": int64(len(id))} }
 	keys := []string{"n1", "n2", "gone", "absent"}
-	e.mustCommit(&c, 1, partition.Changes{Upserts: []partition.RowWrite{
+	e.mustCommit(&c, 1, sinks.Changes{Upserts: []sinks.RowWrite{
 		{Key: "n1", Version: 3, Row: row("n1")}, {Key: "n2", Version: 1, Row: row("n2")}, {Key: "gone", Version: 1, Row: row("gone")},
 	}})
-	e.mustCommit(&c, 2, partition.Changes{Deletes: []partition.RowDelete{{Key: "gone", Version: 2}}})
+	e.mustCommit(&c, 2, sinks.Changes{Deletes: []sinks.RowDelete{{Key: "gone", Version: 2}}})
 
-	check := func(from string, st partition.State, n2 int64) {
+	check := func(from string, st sinks.State, n2 int64) {
 		t.Helper()
 		if want := map[string]int64{"n1": 3, "n2": n2, "gone": 2}; !reflect.DeepEqual(st.Versions, want) {
 			t.Errorf("%s: versions %v, want %v", from, st.Versions, want)
@@ -370,9 +370,9 @@ func TestSnapshotStateIsVersionsOnly(t *testing.T) {
 	// plans on the cache; each moves n2 on by the update of an existing
 	// row.
 	for i, from := range []string{"a batch reading Postgres", "a batch planned on the cache"} {
-		st, err := e.planOnce(c, int64(3+i), keys, func(st partition.State) partition.Changes {
+		st, err := e.planOnce(c, int64(3+i), keys, func(st sinks.State) sinks.Changes {
 			v := st.Versions["n2"] + 1
-			return partition.Changes{Upserts: []partition.RowWrite{{Key: "n2", Version: v, Row: projection.Row{"id": "n2", "big": 100 * v}}}}
+			return sinks.Changes{Upserts: []sinks.RowWrite{{Key: "n2", Version: v, Row: projection.Row{"id": "n2", "big": 100 * v}}}}
 		})
 		if err != nil {
 			t.Fatalf("%s: %v", from, err)
@@ -391,16 +391,16 @@ func TestSnapshotStateIsVersionsOnly(t *testing.T) {
 func TestCacheStatsCountHitsAndMisses(t *testing.T) {
 	e := newEnv(t, demoProjection(t))
 	c := e.claim(0)
-	write := func(st partition.State, keys ...string) partition.Changes {
-		var ch partition.Changes
+	write := func(st sinks.State, keys ...string) sinks.Changes {
+		var ch sinks.Changes
 		for _, k := range keys {
 			ch.Upserts = append(ch.Upserts, upsert(k, st.Versions[k]+1, "o", 1))
 		}
 		return ch
 	}
-	commit := func(end int64, keys partition.Keys) {
+	commit := func(end int64, keys sinks.Keys) {
 		t.Helper()
-		err := e.sink.CommitBatch(e.ctx, c, end, keys, func(st partition.State) (partition.Changes, error) {
+		err := e.sink.CommitBatch(e.ctx, c, end, keys, func(st sinks.State) (sinks.Changes, error) {
 			return write(st, keys.All...), nil
 		})
 		if err != nil {
@@ -412,11 +412,11 @@ func TestCacheStatsCountHitsAndMisses(t *testing.T) {
 	if _, err := e.db.Pool.Exec(e.ctx, `INSERT INTO accounts (account_id, owner, balance, version) VALUES ('old', 'x', 1, 3)`); err != nil {
 		t.Fatal(err)
 	}
-	commit(1, partition.Keys{All: []string{"old", "new"}, New: []string{"new"}}) // old read, new assumed
+	commit(1, sinks.Keys{All: []string{"old", "new"}, New: []string{"new"}}) // old read, new assumed
 	if got := e.sink.CacheStats(); got.Hits != 0 || got.Misses != 1 || got.Entries != 2 || got.Bytes <= 0 {
 		t.Fatalf("after the first batch: %+v, want 0 hits, 1 miss, 2 entries", got)
 	}
-	commit(2, partition.Keys{All: []string{"old", "new"}})
+	commit(2, sinks.Keys{All: []string{"old", "new"}})
 	if got := e.sink.CacheStats(); got.Hits != 2 || got.Misses != 1 {
 		t.Errorf("after the second batch: %+v, want 2 hits, 1 miss", got)
 	}
@@ -432,15 +432,15 @@ func TestCacheKeptWhileMostAggregatesAreNew(t *testing.T) {
 	next := 0
 	for b := int64(1); b <= 130; b++ { // 200 wanted lookups a batch: past the 20,000 of a hit-rate window
 		old := seen[max(0, len(seen)-200):]
-		keys := partition.Keys{All: slices.Clone(old)}
+		keys := sinks.Keys{All: slices.Clone(old)}
 		for range 800 {
 			k := "n" + strconv.Itoa(next)
 			next++
 			keys.All, keys.New = append(keys.All, k), append(keys.New, k)
 		}
 		before := e.sink.CacheStats()
-		err := e.sink.CommitBatch(e.ctx, c, b, keys, func(st partition.State) (partition.Changes, error) {
-			var ch partition.Changes
+		err := e.sink.CommitBatch(e.ctx, c, b, keys, func(st sinks.State) (sinks.Changes, error) {
+			var ch sinks.Changes
 			for _, k := range keys.All {
 				ch.Upserts = append(ch.Upserts, upsert(k, st.Versions[k]+1, "o", 1))
 			}
@@ -464,14 +464,14 @@ func TestCacheKeptWhileMostAggregatesAreNew(t *testing.T) {
 func TestPeek(t *testing.T) {
 	e := newEnv(t, demoProjection(t))
 	c := e.claim(0)
-	if _, err := e.planOnce(c, 1, []string{"a1", "a2"}, func(partition.State) partition.Changes {
-		return partition.Changes{Upserts: []partition.RowWrite{upsert("a1", 2, "ann", 10), upsert("a2", 1, "bob", 20)}}
+	if _, err := e.planOnce(c, 1, []string{"a1", "a2"}, func(sinks.State) sinks.Changes {
+		return sinks.Changes{Upserts: []sinks.RowWrite{upsert("a1", 2, "ann", 10), upsert("a2", 1, "bob", 20)}}
 	}); err != nil {
 		t.Fatal(err)
 	}
 	c.NextOffset = 1
 	e.sink.Forget(e.tp) // as after a restart: nothing cached
-	keys := partition.Keys{All: []string{"a1", "a2", "new"}, New: []string{"new"}}
+	keys := sinks.Keys{All: []string{"a1", "a2", "new"}, New: []string{"new"}}
 	start := e.sink.CacheStats()
 	peeked, err := e.sink.Peek(e.ctx, c, keys)
 	if err != nil {
@@ -488,10 +488,10 @@ func TestPeek(t *testing.T) {
 		t.Errorf("%d aggregates read from Postgres, want a1 and a2 (new is assumed new)", before.Misses)
 	}
 	before := e.sink.CacheStats()
-	var planned partition.State
-	err = e.sink.CommitBatch(e.ctx, c, 2, partition.Keys{All: []string{"a1", "a2"}, Planned: true}, func(st partition.State) (partition.Changes, error) {
+	var planned sinks.State
+	err = e.sink.CommitBatch(e.ctx, c, 2, sinks.Keys{All: []string{"a1", "a2"}, Planned: true}, func(st sinks.State) (sinks.Changes, error) {
 		planned = st
-		return partition.Changes{Upserts: []partition.RowWrite{upsert("a1", 3, "ann", 11)}}, nil
+		return sinks.Changes{Upserts: []sinks.RowWrite{upsert("a1", 3, "ann", 11)}}, nil
 	})
 	if err != nil {
 		t.Fatal(err)
@@ -519,16 +519,16 @@ func TestPlannedCommitOfACachedAggregateAssumedNew(t *testing.T) {
 	}
 	c.NextOffset = 1
 	errStale := errors.New("planned on another state")
-	keys := partition.Keys{All: []string{"x", "y"}, New: []string{"x", "y"}, Planned: true}
-	var last partition.State
-	err := e.sink.CommitBatch(e.ctx, c, 2, keys, func(st partition.State) (partition.Changes, error) {
+	keys := sinks.Keys{All: []string{"x", "y"}, New: []string{"x", "y"}, Planned: true}
+	var last sinks.State
+	err := e.sink.CommitBatch(e.ctx, c, 2, keys, func(st sinks.State) (sinks.Changes, error) {
 		last = st
 		for _, k := range keys.All {
 			if st.Versions[k] != 0 || st.Rows[k] != nil {
-				return partition.Changes{}, fmt.Errorf("%s found at v%d: %w", k, st.Versions[k], errStale)
+				return sinks.Changes{}, fmt.Errorf("%s found at v%d: %w", k, st.Versions[k], errStale)
 			}
 		}
-		return partition.Changes{Upserts: []partition.RowWrite{upsert("x", 1, "again", 5), upsert("y", 1, "new", 1)}}, nil
+		return sinks.Changes{Upserts: []sinks.RowWrite{upsert("x", 1, "again", 5), upsert("y", 1, "new", 1)}}, nil
 	})
 	if !errors.Is(err, errStale) || last.Versions["x"] != 1 {
 		t.Fatalf("commit: %v, last planned on x at v%d; want the plan to find x at v1 and refuse", err, last.Versions["x"])

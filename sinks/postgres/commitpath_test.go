@@ -11,7 +11,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/projector-dev/projector/internal/testenv"
-	"github.com/projector-dev/projector/partition"
+	"github.com/projector-dev/projector/sinks"
 	"github.com/projector-dev/projector/sinks/postgres"
 )
 
@@ -33,22 +33,22 @@ func smallPool(t *testing.T, url string, conns int32) *pgxpool.Pool {
 }
 
 // claimAll claims partitions 0 to n-1 of e's topic from offset 0.
-func (e *env) claimAll(n int) []partition.Claim {
+func (e *env) claimAll(n int) []sinks.Claim {
 	e.t.Helper()
-	tps := make([]partition.TP, n)
+	tps := make([]sinks.TP, n)
 	for i := range tps {
-		tps[i] = partition.TP{Topic: e.p.Topic, Partition: int32(i)}
+		tps[i] = sinks.TP{Topic: e.p.Topic, Partition: int32(i)}
 	}
 	cs, err := e.offs.Claim(e.ctx, tps)
 	if err != nil {
 		e.t.Fatalf("claim: %v", err)
 	}
-	claims := make([]partition.Claim, len(cs))
+	claims := make([]sinks.Claim, len(cs))
 	for i, c := range cs {
 		if err := e.offs.Init(e.ctx, c, 0); err != nil {
 			e.t.Fatalf("init: %v", err)
 		}
-		claims[i] = partition.Claim{TP: c.TP, Epoch: c.Epoch, NextOffset: 0, Since: c.At}
+		claims[i] = sinks.Claim{TP: c.TP, Epoch: c.Epoch, NextOffset: 0, Since: c.At}
 	}
 	return claims
 }
@@ -87,10 +87,10 @@ func TestConflictsOnEveryConnectionAtOnce(t *testing.T) {
 	var wg sync.WaitGroup
 	for i, c := range claims {
 		key := fmt.Sprintf("dup-%d", c.Partition)
-		g := &gatedPlan{want: []partition.RowWrite{upsert(key, 1, "again", 99)}}
+		g := &gatedPlan{want: []sinks.RowWrite{upsert(key, 1, "again", 99)}}
 		plans[i] = g
 		first := true
-		plan := func(st partition.State) (partition.Changes, error) {
+		plan := func(st sinks.State) (sinks.Changes, error) {
 			if first {
 				first = false
 				mu.Lock()
@@ -106,7 +106,7 @@ func TestConflictsOnEveryConnectionAtOnce(t *testing.T) {
 			return g.plan(st)
 		}
 		wg.Go(func() {
-			errs[i] = sink.CommitBatch(ctx, c, 1, partition.Keys{All: []string{key}, New: []string{key}}, plan)
+			errs[i] = sink.CommitBatch(ctx, c, 1, sinks.Keys{All: []string{key}, New: []string{key}}, plan)
 		})
 	}
 	wg.Wait()
@@ -142,8 +142,8 @@ func TestCommitReplyLost(t *testing.T) {
 	ctx := t.Context()
 
 	proxy.DropCommitReplies(1, false)
-	g := &gatedPlan{want: []partition.RowWrite{upsert("a", 1, "ann", 10)}}
-	keys := partition.Keys{All: []string{"a"}, New: []string{"a"}}
+	g := &gatedPlan{want: []sinks.RowWrite{upsert("a", 1, "ann", 10)}}
+	keys := sinks.Keys{All: []string{"a"}, New: []string{"a"}}
 	if err := sink.CommitBatch(ctx, c, 5, keys, g.plan); err != nil {
 		t.Fatalf("a commit whose reply was lost: %v (tried again as a worker would: %v)", err, sink.CommitBatch(ctx, c, 5, keys, g.plan))
 	}
@@ -154,8 +154,8 @@ func TestCommitReplyLost(t *testing.T) {
 	c.NextOffset = 5
 
 	// The next batch goes on from there, and sees what the lost one wrote.
-	g = &gatedPlan{want: []partition.RowWrite{upsert("a", 2, "ann", 20)}}
-	if err := sink.CommitBatch(ctx, c, 6, partition.Keys{All: []string{"a"}}, g.plan); err != nil {
+	g = &gatedPlan{want: []sinks.RowWrite{upsert("a", 2, "ann", 20)}}
+	if err := sink.CommitBatch(ctx, c, 6, sinks.Keys{All: []string{"a"}}, g.plan); err != nil {
 		t.Fatalf("the batch after: %v", err)
 	}
 	if len(g.calls) != 1 || g.calls[0].Versions["a"] != 1 {
@@ -166,10 +166,10 @@ func TestCommitReplyLost(t *testing.T) {
 
 	t.Run("whether it landed cannot be read at once", func(t *testing.T) {
 		proxy.DropCommitReplies(1, true)
-		g := &gatedPlan{want: []partition.RowWrite{upsert("a", 3, "ann", 30), upsert("b", 1, "bob", 1)}}
-		keys := partition.Keys{All: []string{"a", "b"}, New: []string{"b"}}
+		g := &gatedPlan{want: []sinks.RowWrite{upsert("a", 3, "ann", 30), upsert("b", 1, "bob", 1)}}
+		keys := sinks.Keys{All: []string{"a", "b"}, New: []string{"b"}}
 		err := sink.CommitBatch(ctx, c, 9, keys, g.plan)
-		if err == nil || errors.Is(err, partition.ErrFenced) {
+		if err == nil || errors.Is(err, sinks.ErrFenced) {
 			t.Fatalf("with Postgres out of reach after the lost reply: %v, want an error to retry on", err)
 		}
 		proxy.Accept()
@@ -190,8 +190,8 @@ func TestCommitReplyLost(t *testing.T) {
 
 	t.Run("tried again by a sink that did not see it", func(t *testing.T) {
 		proxy.DropCommitReplies(1, true)
-		g := &gatedPlan{want: []partition.RowWrite{upsert("a", 4, "ann", 40)}}
-		keys := partition.Keys{All: []string{"a"}}
+		g := &gatedPlan{want: []sinks.RowWrite{upsert("a", 4, "ann", 40)}}
+		keys := sinks.Keys{All: []string{"a"}}
 		if err := sink.CommitBatch(ctx, c, 12, keys, g.plan); err == nil {
 			t.Fatal("with Postgres out of reach after the lost reply: no error")
 		}

@@ -9,7 +9,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 
-	"github.com/projector-dev/projector/partition"
+	"github.com/projector-dev/projector/sinks"
 )
 
 // A COMMIT whose reply never arrives (the connection broke after it was
@@ -27,7 +27,7 @@ type storedOffset struct {
 
 // landed reports whether the row is what a commit of claim up to end
 // leaves.
-func (st storedOffset) landed(claim partition.Claim, end int64) bool {
+func (st storedOffset) landed(claim sinks.Claim, end int64) bool {
 	return st.epoch == claim.Epoch && st.next != nil && *st.next == end
 }
 
@@ -39,7 +39,7 @@ const storedOffsetSQL = `SELECT owner_epoch, next_offset FROM projector_offsets
 
 func readStored(ctx context.Context, q interface {
 	QueryRow(context.Context, string, ...any) pgx.Row
-}, identity string, tp partition.TP, lock bool) (storedOffset, error) {
+}, identity string, tp sinks.TP, lock bool) (storedOffset, error) {
 	sql := storedOffsetSQL
 	if lock {
 		sql += " FOR SHARE"
@@ -63,9 +63,9 @@ func outcomeUnknown(err error) bool {
 // commitLanded reads whether the commit of claim's batch up to end
 // landed. It waits for a connection and the row at most acquireTimeout,
 // even once ctx has ended: a stopping worker still learns what it did.
-// It returns partition.ErrFenced when a newer owner has claimed the
+// It returns sinks.ErrFenced when a newer owner has claimed the
 // partition.
-func (s *Sink) commitLanded(ctx context.Context, claim partition.Claim, end int64) (bool, error) {
+func (s *Sink) commitLanded(ctx context.Context, claim sinks.Claim, end int64) (bool, error) {
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), s.acquireTimeout)
 	defer cancel()
 	conn, err := acquire(ctx, s.pool, s.acquireTimeout)
@@ -78,7 +78,7 @@ func (s *Sink) commitLanded(ctx context.Context, claim partition.Claim, end int6
 		return false, err
 	}
 	if st.epoch != claim.Epoch {
-		return false, partition.ErrFenced
+		return false, sinks.ErrFenced
 	}
 	return st.landed(claim, end), nil
 }
@@ -88,7 +88,7 @@ func (s *Sink) commitLanded(ctx context.Context, claim partition.Claim, end int6
 // it first.
 type unsureCommits struct {
 	mu   sync.Mutex
-	ends map[partition.TP]unsureCommit
+	ends map[sinks.TP]unsureCommit
 }
 
 type unsureCommit struct {
@@ -96,18 +96,18 @@ type unsureCommit struct {
 }
 
 // note records that claim's commit up to end may have landed.
-func (u *unsureCommits) note(claim partition.Claim, end int64) {
+func (u *unsureCommits) note(claim sinks.Claim, end int64) {
 	u.mu.Lock()
 	defer u.mu.Unlock()
 	if u.ends == nil {
-		u.ends = map[partition.TP]unsureCommit{}
+		u.ends = map[sinks.TP]unsureCommit{}
 	}
 	u.ends[claim.TP] = unsureCommit{epoch: claim.Epoch, start: claim.NextOffset, end: end}
 }
 
 // take removes and returns the end of claim's unsure commit, if the last
 // one noted is of this claim from the same offset.
-func (u *unsureCommits) take(claim partition.Claim) (int64, bool) {
+func (u *unsureCommits) take(claim sinks.Claim) (int64, bool) {
 	u.mu.Lock()
 	defer u.mu.Unlock()
 	c, ok := u.ends[claim.TP]
@@ -118,7 +118,7 @@ func (u *unsureCommits) take(claim partition.Claim) (int64, bool) {
 	return c.end, c.epoch == claim.Epoch && c.start == claim.NextOffset
 }
 
-func (u *unsureCommits) forget(tp partition.TP) {
+func (u *unsureCommits) forget(tp sinks.TP) {
 	u.mu.Lock()
 	defer u.mu.Unlock()
 	delete(u.ends, tp)

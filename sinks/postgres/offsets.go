@@ -11,7 +11,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
-	"github.com/projector-dev/projector/partition"
+	"github.com/projector-dev/projector/sinks"
 )
 
 // Offsets stores the next offset of every partition a consumer identity
@@ -21,25 +21,18 @@ type Offsets struct {
 	identity string
 }
 
+var _ sinks.Offsets = (*Offsets)(nil)
+
 // NewOffsets returns the offset store of identity. Each call waits at most
 // DefaultAcquireTimeout for a connection of pool.
 func NewOffsets(pool *pgxpool.Pool, identity string) *Offsets {
 	return &Offsets{pool: pool, identity: identity}
 }
 
-// Claimed is the result of claiming one partition. NextOffset is nil when
-// nothing was ever stored for it.
-type Claimed struct {
-	partition.TP
-	Epoch      int64
-	NextOffset *int64
-	At         time.Time // once Postgres had stored the claim
-}
-
 // Claim takes ownership of partitions: it bumps each one's owner epoch,
 // which fences every earlier owner, and returns where to resume. All
 // partitions are claimed in one statement.
-func (o *Offsets) Claim(ctx context.Context, tps []partition.TP) ([]Claimed, error) {
+func (o *Offsets) Claim(ctx context.Context, tps []sinks.TP) ([]sinks.Claimed, error) {
 	topics := make([]string, len(tps))
 	parts := make([]int32, len(tps))
 	for i, tp := range tps {
@@ -60,8 +53,8 @@ func (o *Offsets) Claim(ctx context.Context, tps []partition.TP) ([]Claimed, err
 	if err != nil {
 		return nil, fmt.Errorf("claim %d partitions: %w", len(tps), err)
 	}
-	out, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (Claimed, error) {
-		var c Claimed
+	out, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (sinks.Claimed, error) {
+		var c sinks.Claimed
 		return c, r.Scan(&c.Topic, &c.Partition, &c.Epoch, &c.NextOffset)
 	})
 	if err != nil {
@@ -75,8 +68,8 @@ func (o *Offsets) Claim(ctx context.Context, tps []partition.TP) ([]Claimed, err
 }
 
 // Init sets the first offset of a claimed partition that had none stored.
-// It returns partition.ErrFenced when a newer owner exists.
-func (o *Offsets) Init(ctx context.Context, c Claimed, next int64) error {
+// It returns sinks.ErrFenced when a newer owner exists.
+func (o *Offsets) Init(ctx context.Context, c sinks.Claimed, next int64) error {
 	conn, err := acquire(ctx, o.pool, DefaultAcquireTimeout)
 	if err != nil {
 		return fmt.Errorf("store first offset of %s/%d: %w", c.Topic, c.Partition, err)
@@ -89,7 +82,7 @@ func (o *Offsets) Init(ctx context.Context, c Claimed, next int64) error {
 		return fmt.Errorf("store first offset of %s/%d: %w", c.Topic, c.Partition, err)
 	}
 	if tag.RowsAffected() == 0 {
-		return partition.ErrFenced
+		return sinks.ErrFenced
 	}
 	return nil
 }
@@ -97,7 +90,7 @@ func (o *Offsets) Init(ctx context.Context, c Claimed, next int64) error {
 // InitAll sets the first offsets of claimed partitions that had none
 // stored, firsts[i] for claims[i], in one statement. It returns the
 // partitions it set: one left out has a newer owner.
-func (o *Offsets) InitAll(ctx context.Context, claims []Claimed, firsts []int64) ([]partition.TP, error) {
+func (o *Offsets) InitAll(ctx context.Context, claims []sinks.Claimed, firsts []int64) ([]sinks.TP, error) {
 	topics := make([]string, len(claims))
 	parts := make([]int32, len(claims))
 	epochs := make([]int64, len(claims))
@@ -117,8 +110,8 @@ func (o *Offsets) InitAll(ctx context.Context, claims []Claimed, firsts []int64)
 	if err != nil {
 		return nil, fmt.Errorf("store first offsets of %d partitions: %w", len(claims), err)
 	}
-	out, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (partition.TP, error) {
-		var tp partition.TP
+	out, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (sinks.TP, error) {
+		var tp sinks.TP
 		return tp, r.Scan(&tp.Topic, &tp.Partition)
 	})
 	if err != nil {
@@ -132,10 +125,10 @@ func (o *Offsets) InitAll(ctx context.Context, claims []Claimed, firsts []int64)
 // succeeds only if the newest epoch is the reset's, so that a member that
 // claimed the partition after the reset is never fenced by it. ok is
 // false when there is nothing to adopt.
-func (o *Offsets) Adopt(ctx context.Context, tp partition.TP, mine int64) (c Claimed, ok bool, err error) {
+func (o *Offsets) Adopt(ctx context.Context, tp sinks.TP, mine int64) (c sinks.Claimed, ok bool, err error) {
 	conn, err := acquire(ctx, o.pool, DefaultAcquireTimeout)
 	if err != nil {
-		return Claimed{}, false, fmt.Errorf("adopt the reset offset of %s/%d: %w", tp.Topic, tp.Partition, err)
+		return sinks.Claimed{}, false, fmt.Errorf("adopt the reset offset of %s/%d: %w", tp.Topic, tp.Partition, err)
 	}
 	defer conn.Release()
 	err = conn.QueryRow(ctx, `UPDATE projector_offsets AS o SET owner_epoch = o.owner_epoch + 1, updated_at = now()
@@ -144,10 +137,10 @@ func (o *Offsets) Adopt(ctx context.Context, tp partition.TP, mine int64) (c Cla
 			WHERE a.identity = o.identity AND a.topic = o.topic AND a.partition = o.partition AND a.owner_epoch = o.owner_epoch)
 		RETURNING o.owner_epoch, o.next_offset`, o.identity, tp.Topic, tp.Partition, mine).Scan(&c.Epoch, &c.NextOffset)
 	if errors.Is(err, pgx.ErrNoRows) {
-		return Claimed{}, false, nil
+		return sinks.Claimed{}, false, nil
 	}
 	if err != nil {
-		return Claimed{}, false, fmt.Errorf("adopt the reset offset of %s/%d: %w", tp.Topic, tp.Partition, err)
+		return sinks.Claimed{}, false, fmt.Errorf("adopt the reset offset of %s/%d: %w", tp.Topic, tp.Partition, err)
 	}
 	c.TP, c.At = tp, time.Now()
 	return c, true, nil
@@ -155,7 +148,7 @@ func (o *Offsets) Adopt(ctx context.Context, tp partition.TP, mine int64) (c Cla
 
 // Stored is one partition's stored position.
 type Stored struct {
-	partition.TP
+	sinks.TP
 	NextOffset *int64
 	Epoch      int64
 }
@@ -179,7 +172,7 @@ func (o *Offsets) List(ctx context.Context) ([]Stored, error) {
 
 // Reset is one partition's stored offset as an operator moved it.
 type Reset struct {
-	partition.TP
+	sinks.TP
 	OldOffset *int64 // nil: nothing was stored
 	NewOffset int64
 	Epoch     int64 // the new owner epoch
@@ -190,7 +183,7 @@ type Reset struct {
 // with detail). Each partition's owner epoch is bumped, as a claim would
 // bump it: a member running the partition is fenced at its next commit
 // instead of writing its own position over the new one.
-func (o *Offsets) Reset(ctx context.Context, actor, detail string, to map[partition.TP]int64) ([]Reset, error) {
+func (o *Offsets) Reset(ctx context.Context, actor, detail string, to map[sinks.TP]int64) ([]Reset, error) {
 	topics := make([]string, 0, len(to))
 	parts := make([]int32, 0, len(to))
 	nexts := make([]int64, 0, len(to))
@@ -207,8 +200,8 @@ func (o *Offsets) Reset(ctx context.Context, actor, detail string, to map[partit
 		if err != nil {
 			return err
 		}
-		old := map[partition.TP]*int64{}
-		var tp partition.TP
+		old := map[sinks.TP]*int64{}
+		var tp sinks.TP
 		var next *int64
 		if _, err := pgx.ForEachRow(rows, []any{&tp.Topic, &tp.Partition, &next}, func() error {
 			old[tp] = next

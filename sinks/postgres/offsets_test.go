@@ -4,7 +4,7 @@ import (
 	"testing"
 
 	"github.com/projector-dev/projector/internal/testenv"
-	"github.com/projector-dev/projector/partition"
+	"github.com/projector-dev/projector/sinks"
 	"github.com/projector-dev/projector/sinks/postgres"
 )
 
@@ -20,13 +20,13 @@ func TestOffsetsResetAndAdopt(t *testing.T) {
 		t.Fatal(err)
 	}
 	offs := postgres.NewOffsets(db.Pool, "ident")
-	tp0, tp1, tp2 := partition.TP{Topic: "t", Partition: 0}, partition.TP{Topic: "t", Partition: 1}, partition.TP{Topic: "t", Partition: 2}
-	first, err := offs.Claim(ctx, []partition.TP{tp0, tp1, tp2})
+	tp0, tp1, tp2 := sinks.TP{Topic: "t", Partition: 0}, sinks.TP{Topic: "t", Partition: 1}, sinks.TP{Topic: "t", Partition: 2}
+	first, err := offs.Claim(ctx, []sinks.TP{tp0, tp1, tp2})
 	if err != nil {
 		t.Fatal(err)
 	}
 	// tp2 is claimed by a newer owner before its first offset is stored.
-	if _, err := offs.Claim(ctx, []partition.TP{tp2}); err != nil {
+	if _, err := offs.Claim(ctx, []sinks.TP{tp2}); err != nil {
 		t.Fatal(err)
 	}
 	set, err := offs.InitAll(ctx, first, []int64{10, 20, 30})
@@ -41,7 +41,7 @@ func TestOffsetsResetAndAdopt(t *testing.T) {
 	if _, ok, err := offs.Adopt(ctx, tp0, 1); ok || err != nil {
 		t.Errorf("Adopt without a reset = %v, %v; want nothing to adopt", ok, err)
 	}
-	resets, err := offs.Reset(ctx, "alice", "--to-offset 5", map[partition.TP]int64{tp0: 5, tp1: 5})
+	resets, err := offs.Reset(ctx, "alice", "--to-offset 5", map[sinks.TP]int64{tp0: 5, tp1: 5})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -56,7 +56,7 @@ func TestOffsetsResetAndAdopt(t *testing.T) {
 	}
 	// It takes tp0 up again; tp1 was claimed by another member after the
 	// reset, which the reset must not fence again.
-	if _, err := offs.Claim(ctx, []partition.TP{tp1}); err != nil {
+	if _, err := offs.Claim(ctx, []sinks.TP{tp1}); err != nil {
 		t.Fatal(err)
 	}
 	c, ok, err := offs.Adopt(ctx, tp0, 1)
@@ -78,7 +78,7 @@ func TestOffsetsResetAndAdopt(t *testing.T) {
 	}
 }
 
-func contains(tps []partition.TP, tp partition.TP) bool {
+func contains(tps []sinks.TP, tp sinks.TP) bool {
 	for _, x := range tps {
 		if x == tp {
 			return true

@@ -8,14 +8,14 @@ import (
 
 	"github.com/jackc/pgx/v5/pgxpool"
 
-	"github.com/projector-dev/projector/partition"
+	"github.com/projector-dev/projector/sinks"
 	"github.com/projector-dev/projector/sinks/postgres"
 )
 
 // oneConnectionSink is a sink of e's projection, with the cache off, on a
 // pool of one connection, whose prepared statements keep the plans
 // Postgres settles on; commit commits a batch of changes through it.
-func oneConnectionSink(t *testing.T, e *env) (*pgxpool.Pool, func(c *partition.Claim, end int64, ch partition.Changes, keys, parked []string)) {
+func oneConnectionSink(t *testing.T, e *env) (*pgxpool.Pool, func(c *sinks.Claim, end int64, ch sinks.Changes, keys, parked []string)) {
 	t.Helper()
 	cfg, err := pgxpool.ParseConfig(e.db.URL)
 	if err != nil {
@@ -29,9 +29,9 @@ func oneConnectionSink(t *testing.T, e *env) (*pgxpool.Pool, func(c *partition.C
 	t.Cleanup(pool.Close)
 	s := postgres.NewSink(pool, identity, e.p, "")
 	s.SetStateCache(0, 0) // every batch reads its rows
-	commit := func(c *partition.Claim, end int64, ch partition.Changes, keys, parked []string) {
+	commit := func(c *sinks.Claim, end int64, ch sinks.Changes, keys, parked []string) {
 		t.Helper()
-		err := s.CommitBatch(e.ctx, *c, end, partition.Keys{All: keys, Parked: parked}, func(partition.State) (partition.Changes, error) { return ch, nil })
+		err := s.CommitBatch(e.ctx, *c, end, sinks.Keys{All: keys, Parked: parked}, func(sinks.State) (sinks.Changes, error) { return ch, nil })
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -76,7 +76,7 @@ func TestPlansProbeTheIndexAfterTheTableGrew(t *testing.T) {
 	e := newEnv(t, demoProjection(t))
 	pool, commit := oneConnectionSink(t, e)
 	c := e.claim(0)
-	var seed partition.Changes
+	var seed sinks.Changes
 	for i := range 60 {
 		seed.Upserts = append(seed.Upserts, upsert(fmt.Sprintf("acc-%02d", i), 1, "ann", 1))
 	}
@@ -89,7 +89,7 @@ func TestPlansProbeTheIndexAfterTheTableGrew(t *testing.T) {
 	end := int64(2)
 	for v := int64(2); v <= 8; v++ {
 		keys := []string{"acc-01", "acc-02", "acc-03"}
-		var ch partition.Changes
+		var ch sinks.Changes
 		for _, k := range keys {
 			ch.Upserts = append(ch.Upserts, upsert(k, v, "ann", v))
 		}
@@ -102,7 +102,7 @@ func TestPlansProbeTheIndexAfterTheTableGrew(t *testing.T) {
 	}
 	before := tableReads(t, e, pool, "accounts", "n_tup_upd", 7*3)
 	keys := []string{"acc-04", "acc-05", "acc-06"}
-	var ch partition.Changes
+	var ch sinks.Changes
 	for _, k := range keys {
 		ch.Upserts = append(ch.Upserts, upsert(k, 2, "cy", 2))
 	}
@@ -124,20 +124,20 @@ func TestParkedPlansProbeTheKeyAfterTheTableGrew(t *testing.T) {
 	e := newEnv(t, demoProjection(t))
 	pool, commit := oneConnectionSink(t, e)
 	c := e.claim(0)
-	event := func(key string, v int64) partition.StoredEvent {
-		return partition.StoredEvent{Key: key, Version: v, Offset: v, Value: []byte("v")}
+	event := func(key string, v int64) sinks.StoredEvent {
+		return sinks.StoredEvent{Key: key, Version: v, Offset: v, Value: []byte("v")}
 	}
 	// Each batch parks an event and unparks the one parked before, having
 	// read the parked events of its aggregate.
-	commit(&c, 1, partition.Changes{Park: []partition.StoredEvent{event("p", 1)}}, nil, nil)
+	commit(&c, 1, sinks.Changes{Park: []sinks.StoredEvent{event("p", 1)}}, nil, nil)
 	if _, err := e.db.Pool.Exec(e.ctx, `ANALYZE projector_parked`); err != nil {
 		t.Fatal(err)
 	}
 	end := int64(2)
 	for v := int64(2); v <= 9; v++ {
-		commit(&c, end, partition.Changes{
-			Park:   []partition.StoredEvent{event("p", v)},
-			Unpark: []partition.ParkedRef{{Key: "p", Version: v - 1}},
+		commit(&c, end, sinks.Changes{
+			Park:   []sinks.StoredEvent{event("p", v)},
+			Unpark: []sinks.ParkedRef{{Key: "p", Version: v - 1}},
 		}, []string{"p"}, []string{"p"})
 		end++
 	}
@@ -146,9 +146,9 @@ func TestParkedPlansProbeTheKeyAfterTheTableGrew(t *testing.T) {
 		t.Fatal(err)
 	}
 	before := tableReads(t, e, pool, "projector_parked", "n_tup_del", 8)
-	commit(&c, end, partition.Changes{
-		Park:   []partition.StoredEvent{event("p", 10)},
-		Unpark: []partition.ParkedRef{{Key: "p", Version: 9}},
+	commit(&c, end, sinks.Changes{
+		Park:   []sinks.StoredEvent{event("p", 10)},
+		Unpark: []sinks.ParkedRef{{Key: "p", Version: 9}},
 	}, []string{"p"}, []string{"p"})
 	if n := tableReads(t, e, pool, "projector_parked", "n_tup_del", 9) - before; n >= 50000 {
 		t.Errorf("the batch read %d parked events: its statements went through the partition's parked events instead of finding its aggregate's", n)
@@ -169,16 +169,16 @@ func TestDeadLetterPlansProbeTheKeyAfterTheTableGrew(t *testing.T) {
 	e := newEnv(t, demoProjection(t))
 	pool, commit := oneConnectionSink(t, e)
 	c := e.claim(0)
-	dead := func(off int64) partition.DeadLetter {
-		return partition.DeadLetter{Offset: off, Value: []byte("x"), Err: "bad", Class: "decode", Attempts: 1}
+	dead := func(off int64) sinks.DeadLetter {
+		return sinks.DeadLetter{Offset: off, Value: []byte("x"), Err: "bad", Class: "decode", Attempts: 1}
 	}
-	commit(&c, 1, partition.Changes{DeadLetters: []partition.DeadLetter{dead(0)}}, nil, nil)
+	commit(&c, 1, sinks.Changes{DeadLetters: []sinks.DeadLetter{dead(0)}}, nil, nil)
 	if _, err := e.db.Pool.Exec(e.ctx, `ANALYZE projector_dead_letters`); err != nil {
 		t.Fatal(err)
 	}
 	end := int64(2)
 	for ; end <= 9; end++ {
-		commit(&c, end, partition.Changes{DeadLetters: []partition.DeadLetter{dead(end - 1)}}, nil, nil)
+		commit(&c, end, sinks.Changes{DeadLetters: []sinks.DeadLetter{dead(end - 1)}}, nil, nil)
 	}
 	// Looked up while the table is small: this scan's statistics may be
 	// reported late, and must not count as the batch's reads.
@@ -194,7 +194,7 @@ func TestDeadLetterPlansProbeTheKeyAfterTheTableGrew(t *testing.T) {
 	// Two new dead letters, one replayed that failed again, one resolved.
 	replayed := dead(1)
 	replayed.ReplayOf = first + 1
-	commit(&c, end, partition.Changes{DeadLetters: []partition.DeadLetter{dead(end - 1), replayed}, Resolved: []int64{first}}, nil, nil)
+	commit(&c, end, sinks.Changes{DeadLetters: []sinks.DeadLetter{dead(end - 1), replayed}, Resolved: []int64{first}}, nil, nil)
 	if n := tableReads(t, e, pool, "projector_dead_letters", "n_tup_ins", 9+50000+1) - before; n >= 50000 {
 		t.Errorf("the batch read %d dead letters: its statements went through all of them instead of finding the ones they write", n)
 	}

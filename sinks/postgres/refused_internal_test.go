@@ -8,7 +8,7 @@ import (
 
 	"github.com/jackc/pgx/v5/pgconn"
 
-	"github.com/projector-dev/projector/partition"
+	"github.com/projector-dev/projector/sinks"
 )
 
 // Only errors that say the statement itself does not fit the database
@@ -35,7 +35,7 @@ func TestRefusedStatementClasses(t *testing.T) {
 		{"25006", false}, // read-only transaction: a standby, until failover ends
 	} {
 		err := refused(fmt.Errorf("write batch: %w", &pgconn.PgError{Code: tc.code}))
-		if got := errors.Is(err, partition.ErrBadStatement); got != tc.want {
+		if got := errors.Is(err, sinks.ErrBadStatement); got != tc.want {
 			t.Errorf("SQLSTATE %s: marked as a refused statement %v, want %v (%v)", tc.code, got, tc.want, err)
 		}
 		var pg *pgconn.PgError
@@ -43,7 +43,7 @@ func TestRefusedStatementClasses(t *testing.T) {
 			t.Errorf("SQLSTATE %s: Postgres's error no longer found in %v", tc.code, err)
 		}
 	}
-	if err := refused(io.ErrUnexpectedEOF); errors.Is(err, partition.ErrBadStatement) {
+	if err := refused(io.ErrUnexpectedEOF); errors.Is(err, sinks.ErrBadStatement) {
 		t.Errorf("a broken connection marked as a refused statement: %v", err)
 	}
 	if refused(nil) != nil {

@@ -7,8 +7,8 @@ import (
 	"testing"
 
 	"github.com/projector-dev/projector/internal/testenv"
-	"github.com/projector-dev/projector/partition"
 	"github.com/projector-dev/projector/projection"
+	"github.com/projector-dev/projector/sinks"
 	"github.com/projector-dev/projector/sinks/postgres"
 )
 
@@ -133,13 +133,13 @@ func TestMigrateResolvesTypeNames(t *testing.T) {
 	c := e.claim(0)
 	row := projection.Row{"id": "k1", "at": "2026-01-02T03:04:05.123456Z", "email": "ann@example.com",
 		"amount": "12.345", "n": int64(7), "ratio": 0.5, "flag": true, "tags": "{a,b}"}
-	e.mustCommit(&c, 1, partition.Changes{Upserts: []partition.RowWrite{{Key: "k1", Version: 1, Row: row}}})
+	e.mustCommit(&c, 1, sinks.Changes{Upserts: []sinks.RowWrite{{Key: "k1", Version: 1, Row: row}}})
 	if n := e.count(`SELECT count(*) FROM typed WHERE id = 'k1' AND at = '2026-01-02T03:04:05.123Z' AND email = 'ann@example.com'
 		AND amount = 12.35 AND n = 7 AND ratio = 0.5 AND flag AND tags = '{a,b}' AND version = 1`); n != 1 {
 		t.Errorf("row k1 not stored as written (at rounded to milliseconds, amount to cents)")
 	}
 	row = projection.Row{"id": "k1", "at": nil, "email": "bob@example.com", "amount": nil, "n": int64(8), "ratio": nil, "flag": false, "tags": nil}
-	e.mustCommit(&c, 2, partition.Changes{Upserts: []partition.RowWrite{{Key: "k1", Version: 2, Row: row}}})
+	e.mustCommit(&c, 2, sinks.Changes{Upserts: []sinks.RowWrite{{Key: "k1", Version: 2, Row: row}}})
 	if n := e.count(`SELECT count(*) FROM typed WHERE id = 'k1' AND email = 'bob@example.com' AND n = 8 AND NOT flag AND version = 2`); n != 1 {
 		t.Errorf("row k1 not updated")
 	}
@@ -242,7 +242,7 @@ func TestMigrateChecksDefaults(t *testing.T) {
 		}
 		e := newEnvOn(t, p, db)
 		c := e.claim(0)
-		e.mustCommit(&c, 1, partition.Changes{Upserts: []partition.RowWrite{{Key: "a", Version: 1, Row: row}}})
+		e.mustCommit(&c, 1, sinks.Changes{Upserts: []sinks.RowWrite{{Key: "a", Version: 1, Row: row}}})
 		if n := e.count(`SELECT count(*) FROM acc WHERE id = 'a' AND since = '2026-01-01T00:00:00Z' AND balance = 15 AND rate = 1.5`); n != 1 {
 			t.Error("the first row does not hold the defaults")
 		}

@@ -5,18 +5,21 @@ import (
 	"errors"
 	"fmt"
 	"regexp"
+	"slices"
 	"strings"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/projector-dev/projector/deadletters"
 	"github.com/projector-dev/projector/projection"
 )
 
 // migrationLock serialises schema changes of replicas starting together.
 const migrationLock = 0x70726f6a // "proj"
 
-// engineDDL creates the engine's own tables. Every statement is idempotent.
+// engineDDL creates the engine's own tables but the dead letters' (see
+// deadletters.Schema). Every statement is idempotent.
 var engineDDL = []string{
 	`CREATE TABLE IF NOT EXISTS projector_offsets (
 		identity    text        NOT NULL,
@@ -63,66 +66,6 @@ var engineDDL = []string{
 		parked_at  timestamptz NOT NULL DEFAULT now(),
 		PRIMARY KEY (identity, topic, partition, key, version)
 	)`,
-	`CREATE TABLE IF NOT EXISTS projector_dead_letters (
-		id          bigserial   PRIMARY KEY,
-		identity    text        NOT NULL,
-		projection  text        NOT NULL,
-		topic       text        NOT NULL,
-		partition   integer     NOT NULL,
-		"offset"    bigint      NOT NULL,
-		record_key  bytea,
-		value       bytea,
-		headers     jsonb       NOT NULL DEFAULT '[]',
-		record_time timestamptz,
-		error       text        NOT NULL,
-		attempts    integer     NOT NULL DEFAULT 1,
-		first_seen  timestamptz NOT NULL DEFAULT now(),
-		last_seen   timestamptz NOT NULL DEFAULT now(),
-		UNIQUE (identity, topic, partition, "offset")
-	)`,
-	// Dead-letter lifecycle: what kind of failure, where the record came
-	// from, and whether an operator replayed or resolved it.
-	//
-	// This and the index below run only when missing: ALTER TABLE and
-	// CREATE INDEX lock the table even when there is nothing to do, and a
-	// replica starting while a transaction holds the table open (a frozen
-	// member's) would wait, with every member's writes queued behind it.
-	`DO $$ BEGIN
-		IF (SELECT count(*) FROM pg_attribute WHERE attrelid = 'projector_dead_letters'::regclass AND NOT attisdropped
-		    AND attname IN ('error_class', 'schema_id', 'trace_id', 'status', 'replays', 'replayed_at', 'resolved_at')) < 7 THEN
-			ALTER TABLE projector_dead_letters
-				ADD COLUMN IF NOT EXISTS error_class text NOT NULL DEFAULT 'decode',
-				ADD COLUMN IF NOT EXISTS schema_id   integer,
-				ADD COLUMN IF NOT EXISTS trace_id    text,
-				ADD COLUMN IF NOT EXISTS status      text NOT NULL DEFAULT 'open',
-				ADD COLUMN IF NOT EXISTS replays     integer NOT NULL DEFAULT 0,
-				ADD COLUMN IF NOT EXISTS replayed_at timestamptz,
-				ADD COLUMN IF NOT EXISTS resolved_at timestamptz;
-		END IF;
-	END $$`,
-	`DO $$ BEGIN
-		IF to_regclass('projector_dead_letters_open') IS NULL THEN
-			CREATE INDEX IF NOT EXISTS projector_dead_letters_open
-				ON projector_dead_letters (projection, first_seen) WHERE status = 'open';
-		END IF;
-	END $$`,
-	// Every replay and purge, who did it and what it touched.
-	`CREATE TABLE IF NOT EXISTS projector_dlq_audit (
-		id        bigserial   PRIMARY KEY,
-		at        timestamptz NOT NULL DEFAULT now(),
-		actor     text        NOT NULL,
-		action    text        NOT NULL,
-		filter    jsonb       NOT NULL DEFAULT '{}',
-		entry_ids bigint[]    NOT NULL DEFAULT '{}',
-		detail    text        NOT NULL DEFAULT ''
-	)`,
-	// Dead letters waiting to be published to the dead-letter topic,
-	// written in the same transaction as the dead letter itself.
-	`CREATE TABLE IF NOT EXISTS projector_dlq_outbox (
-		dead_letter_id bigint      PRIMARY KEY REFERENCES projector_dead_letters (id) ON DELETE CASCADE,
-		topic          text        NOT NULL,
-		created_at     timestamptz NOT NULL DEFAULT now()
-	)`,
 }
 
 // ErrTableMismatch reports a projection whose table exists with other
@@ -145,7 +88,7 @@ func Migrate(ctx context.Context, pool *pgxpool.Pool, projections ...*projection
 		if err := resolve(ctx, tx, projections); err != nil {
 			return err
 		}
-		for _, stmt := range engineDDL {
+		for _, stmt := range slices.Concat(engineDDL, deadletters.Schema()) {
 			if _, err := tx.Exec(ctx, stmt); err != nil {
 				return fmt.Errorf("migrate: %w", err)
 			}

@@ -14,8 +14,9 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 
-	"github.com/projector-dev/projector/partition"
+	"github.com/projector-dev/projector/deadletters"
 	"github.com/projector-dev/projector/projection"
+	"github.com/projector-dev/projector/sinks"
 )
 
 // Sink writes one projection's rows and the partition offsets of one
@@ -51,21 +52,10 @@ type Sink struct {
 	sql statements
 }
 
-// CacheStats describes a sink's state cache: what it holds now and, since
-// the sink was made, how many of the aggregates its batches needed were
-// found in it (Hits) and read from Postgres (Misses), per attempt of a
-// batch (one planned again counts again). Aggregates first seen in their
-// batch are planned as new and are neither.
-type CacheStats struct {
-	Entries      int
-	Bytes        int64 // as counted against --state-cache-bytes
-	Hits, Misses int64
-}
-
 // CacheStats reports the state cache's contents and hit counts.
-func (s *Sink) CacheStats() CacheStats {
+func (s *Sink) CacheStats() sinks.CacheStats {
 	entries, bytes := s.cache.usage()
-	return CacheStats{Entries: entries, Bytes: bytes, Hits: s.hits.Load(), Misses: s.misses.Load()}
+	return sinks.CacheStats{Entries: entries, Bytes: bytes, Hits: s.hits.Load(), Misses: s.misses.Load()}
 }
 
 // TombstoneChecks reports, since the sink was made, how many rows of
@@ -87,8 +77,11 @@ type statements struct {
 }
 
 var (
-	_ partition.Sink   = (*Sink)(nil)
-	_ partition.Peeker = (*Sink)(nil)
+	_ sinks.Sink              = (*Sink)(nil)
+	_ sinks.Peeker            = (*Sink)(nil)
+	_ sinks.Forgetter         = (*Sink)(nil)
+	_ sinks.CacheReporter     = (*Sink)(nil)
+	_ sinks.TombstoneReporter = (*Sink)(nil)
 )
 
 // NewSink prepares the statements of projection p for identity. Call
@@ -135,7 +128,7 @@ var presentRow = projection.Row{}
 
 // Forget drops what the sink keeps in memory about a partition; call it
 // when the partition is revoked.
-func (s *Sink) Forget(tp partition.TP) {
+func (s *Sink) Forget(tp sinks.TP) {
 	s.cache.drop(tp)
 	s.tombs.forget(tp)
 	s.unsure.forget(tp)
@@ -147,7 +140,7 @@ func (s *Sink) Forget(tp partition.TP) {
 var errStaleState = errors.New("an aggregate's row in Postgres is not what the batch was planned on (was the table written by something else?); retrying from Postgres")
 
 // errNotNew reports a batch planned assuming that its new aggregates (see
-// partition.Keys.New) are unknown to Postgres when one of them is not, or
+// sinks.Keys.New) are unknown to Postgres when one of them is not, or
 // when the plan does more with one of them than insert its row (which is
 // where the assumption is verified); the batch is planned again from the
 // state Postgres holds. Neither says anything of the cached aggregates: an
@@ -325,66 +318,27 @@ const (
 		SELECT $1, u.key, u.version FROM unnest($2::text[], $3::bigint[]) AS u(key, version)
 		ON CONFLICT (table_name, key) DO UPDATE SET version = excluded.version, deleted_at = now()
 		WHERE projector_tombstones.version < excluded.version`
-	// deadLetterSQL stores dead letters. A replayed record that failed
-	// again ($15 names the entry it replays) reopens that entry of this
-	// identity with one more attempt instead of adding one (found by its
-	// id alone, see resolvedSQL: planned on few dead letters, a join read
-	// all of them for every batch once they had grown); otherwise, and
-	// when that entry is gone, a new entry is added. With a dead-letter
-	// topic configured ($16 not empty) new entries are queued for
-	// publishing in the same transaction.
-	deadLetterSQL = `WITH u AS (
-		SELECT * FROM unnest($5::bigint[], $6::bytea[], $7::bytea[], $8::jsonb[], $9::timestamptz[], $10::text[],
-		                     $11::text[], $12::int[], $13::int[], $14::text[], $15::bigint[])
-		  AS u(off, rkey, value, headers, ts, err, class, attempts, schema_id, trace_id, replay_of)
-	), reopened AS (
-		UPDATE projector_dead_letters d
-		SET attempts = d.attempts + 1, last_seen = now(), error = r.err, error_class = r.class, status = 'open'
-		FROM (SELECT u.off, u.err, u.class, t.tid FROM u
-		      CROSS JOIN LATERAL (SELECT t.ctid AS tid FROM projector_dead_letters t WHERE t.id = u.replay_of LIMIT 1) t) r
-		WHERE d.ctid = r.tid AND d.identity = $1 AND d.status <> 'purged'
-		RETURNING r.off
-	), dl AS (
-		INSERT INTO projector_dead_letters AS d
-		(identity, projection, topic, partition, "offset", record_key, value, headers, record_time, error,
-		 error_class, attempts, schema_id, trace_id)
-		SELECT $1, $2, $3, $4, u.off, u.rkey, u.value, u.headers, u.ts, u.err, u.class, u.attempts, u.schema_id, u.trace_id
-		FROM u WHERE u.off NOT IN (SELECT off FROM reopened)
-		ON CONFLICT (identity, topic, partition, "offset")
-		DO UPDATE SET last_seen = now(), attempts = d.attempts + 1, error = excluded.error, error_class = excluded.error_class
-		RETURNING d.id)
-	INSERT INTO projector_dlq_outbox (dead_letter_id, topic)
-	SELECT id, $16 FROM dl WHERE $16 <> ''
-	ON CONFLICT (dead_letter_id) DO NOTHING`
-	// resolvedSQL, as the reopening above, finds each dead letter by its
-	// id alone (LATERAL ... LIMIT 1), then checks the rest: with the
-	// identity's conditions beside it, Postgres could take the index that
-	// starts with the identity and read all of its dead letters.
-	resolvedSQL = `UPDATE projector_dead_letters d SET status = 'resolved', resolved_at = now()
-		FROM unnest($1::bigint[]) AS r(id)
-		CROSS JOIN LATERAL (SELECT t.ctid AS tid FROM projector_dead_letters t WHERE t.id = r.id LIMIT 1) t
-		WHERE d.ctid = t.tid AND d.identity = $2 AND d.status NOT IN ('resolved', 'purged')`
 	advanceSQL = `UPDATE projector_offsets SET next_offset = $1, updated_at = now()
 		WHERE identity = $2 AND topic = $3 AND partition = $4 AND owner_epoch = $5 AND next_offset = $6`
 )
 
-// CommitBatch implements partition.Sink. When Postgres refuses a row (a
+// CommitBatch implements sinks.Sink. When Postgres refuses a row (a
 // data error, SQLSTATE classes 22, 23 and 54), the batch is run again with
 // each row under its own savepoint to find the refused ones, which are
-// returned as *partition.RejectedRows. When it refuses a statement itself
-// (see refused), the error is marked partition.ErrBadStatement.
-func (s *Sink) CommitBatch(ctx context.Context, claim partition.Claim, end int64, keys partition.Keys, plan func(partition.State) (partition.Changes, error)) error {
+// returned as *sinks.RejectedRows. When it refuses a statement itself
+// (see refused), the error is marked sinks.ErrBadStatement.
+func (s *Sink) CommitBatch(ctx context.Context, claim sinks.Claim, end int64, keys sinks.Keys, plan func(sinks.State) (sinks.Changes, error)) error {
 	return refused(s.commitBatch(ctx, claim, end, keys, plan))
 }
 
-func (s *Sink) commitBatch(ctx context.Context, claim partition.Claim, end int64, keys partition.Keys, plan func(partition.State) (partition.Changes, error)) error {
+func (s *Sink) commitBatch(ctx context.Context, claim sinks.Claim, end int64, keys sinks.Keys, plan func(sinks.State) (sinks.Changes, error)) error {
 	if unsure, ok := s.unsure.take(claim); ok {
 		// The last attempt's COMMIT went out and its reply never came: if
 		// it landed, the batch is done, as that attempt planned it (plan
 		// is not called again).
 		landed, err := s.commitLanded(ctx, claim, unsure)
 		if err != nil {
-			if !errors.Is(err, partition.ErrFenced) {
+			if !errors.Is(err, sinks.ErrFenced) {
 				s.unsure.note(claim, unsure)
 			}
 			return fmt.Errorf("read whether the last commit landed: %w", err)
@@ -448,7 +402,7 @@ func (s *Sink) keyConflict(ctx context.Context, err error) bool {
 	return name == pg.ConstraintName
 }
 
-// refused marks err with partition.ErrBadStatement when Postgres refused
+// refused marks err with sinks.ErrBadStatement when Postgres refused
 // the sink's statement itself rather than a row or the moment: SQLSTATE
 // classes 42 (a table, column, type or function missing or different, a
 // privilege missing), 0A (a feature not supported), 26 (a prepared
@@ -461,7 +415,7 @@ func refused(err error) error {
 	}
 	switch pg.Code[:2] {
 	case "42", "0A", "26", "3F":
-		return fmt.Errorf("%w: %w", partition.ErrBadStatement, err)
+		return fmt.Errorf("%w: %w", sinks.ErrBadStatement, err)
 	}
 	return err
 }
@@ -482,16 +436,16 @@ func rowLevel(err error) bool {
 
 // commit runs the batch transaction. With assume, the aggregates of
 // keys.New that are not cached are planned as new instead of read (see
-// partition.Keys); with isolate, every row is written under its own
+// sinks.Keys); with isolate, every row is written under its own
 // savepoint.
-func (s *Sink) commit(ctx context.Context, claim partition.Claim, end int64, keys partition.Keys, plan func(partition.State) (partition.Changes, error), assume, isolate bool) error {
+func (s *Sink) commit(ctx context.Context, claim sinks.Claim, end int64, keys sinks.Keys, plan func(sinks.State) (sinks.Changes, error), assume, isolate bool) error {
 	tx, err := begin(ctx, s.pool, s.acquireTimeout, pgx.TxOptions{})
 	if err != nil {
 		return err
 	}
 	defer tx.Rollback(context.WithoutCancel(ctx)) //nolint:errcheck // a no-op after commit
 
-	state := partition.State{
+	state := sinks.State{
 		Rows:     make(map[string]projection.Row, len(keys.All)),
 		Versions: make(map[string]int64, len(keys.All)),
 	}
@@ -582,7 +536,7 @@ func (s *Sink) commit(ctx context.Context, claim partition.Claim, end int64, key
 			s.cache.drop(claim.TP) // planned again on what that attempt wrote: not worth keeping
 			return nil
 		}
-		return partition.ErrFenced
+		return sinks.ErrFenced
 	}
 	// A row the plan expected to update but Postgres kept (it holds that
 	// version or a newer one, or no longer exists) means the state came
@@ -601,7 +555,7 @@ func (s *Sink) commit(ctx context.Context, claim partition.Claim, end int64, key
 		}
 		landed, perr := s.commitLanded(ctx, claim, end)
 		if perr != nil {
-			if !errors.Is(perr, partition.ErrFenced) {
+			if !errors.Is(perr, sinks.ErrFenced) {
 				s.unsure.note(claim, end)
 			}
 			return fmt.Errorf("commit: %w; its reply was lost, and whether it landed will be read before the batch is tried again (%w)", err, perr)
@@ -628,7 +582,7 @@ func (s *Sink) commit(ctx context.Context, claim partition.Claim, end int64, key
 
 // splitNew splits misses, some of all, into the keys to read and those of
 // newKeys, which are assumed new; assumed is only built when wanted. Both
-// lists are in the order of all (see partition.Keys), so one pass over it
+// lists are in the order of all (see sinks.Keys), so one pass over it
 // splits them without a set of either; lists in another order are split
 // by a set of newKeys.
 func splitNew(all, misses, newKeys []string, wantAssumed bool) (read []string, assumed map[string]bool) {
@@ -683,7 +637,7 @@ func splitNew(all, misses, newKeys []string, wantAssumed bool) (read []string, a
 // with dead letters (one may stem from a fold of an assumed aggregate's
 // event that would have been stale: the batch is planned again from
 // Postgres).
-func onlyInserts(ch partition.Changes, assumed map[string]bool) error {
+func onlyInserts(ch sinks.Changes, assumed map[string]bool) error {
 	if len(ch.DeadLetters) > 0 {
 		return errNotNew
 	}
@@ -715,8 +669,8 @@ type upsertGroups struct{ existing, absent, assumed int }
 
 // groupUpserts returns upserts reordered into upsertGroups: the rows that
 // exist (those in rows) first, those of assumed aggregates last.
-func groupUpserts(upserts []partition.RowWrite, rows map[string]projection.Row, assumed map[string]bool) ([]partition.RowWrite, upsertGroups) {
-	group := func(w partition.RowWrite) int {
+func groupUpserts(upserts []sinks.RowWrite, rows map[string]projection.Row, assumed map[string]bool) ([]sinks.RowWrite, upsertGroups) {
+	group := func(w sinks.RowWrite) int {
 		if _, ok := rows[w.Key]; ok {
 			return 0
 		}
@@ -732,7 +686,7 @@ func groupUpserts(upserts []partition.RowWrite, rows map[string]projection.Row, 
 		n[groups[i]]++
 	}
 	next := [3]int{0, n[0], n[0] + n[1]}
-	out := make([]partition.RowWrite, len(upserts))
+	out := make([]sinks.RowWrite, len(upserts))
 	for i, w := range upserts {
 		out[next[groups[i]]] = w
 		next[groups[i]]++
@@ -743,9 +697,9 @@ func groupUpserts(upserts []partition.RowWrite, rows map[string]projection.Row, 
 // storedRows returns rows as a load from Postgres would return them (see
 // projection.Column.Stored), reusing those already in that form. With only
 // not nil, the other rows are known to be in that form already.
-func (s *Sink) storedRows(rows []partition.RowWrite, only []int) ([]partition.RowWrite, error) {
+func (s *Sink) storedRows(rows []sinks.RowWrite, only []int) ([]sinks.RowWrite, error) {
 	out, copied := rows, false
-	check := func(yield func(int, partition.RowWrite) bool) {
+	check := func(yield func(int, sinks.RowWrite) bool) {
 		if only == nil {
 			for i, w := range rows {
 				if !yield(i, w) {
@@ -806,11 +760,11 @@ func sameStored(st, v any) bool {
 }
 
 // isolateUpserts writes each row under its own savepoint and returns the
-// rows Postgres refused as *partition.RejectedRows.
-func (s *Sink) isolateUpserts(ctx context.Context, tx pgx.Tx, rows []partition.RowWrite) error {
+// rows Postgres refused as *sinks.RejectedRows.
+func (s *Sink) isolateUpserts(ctx context.Context, tx pgx.Tx, rows []sinks.RowWrite) error {
 	rejected := map[string]string{}
 	for _, w := range rows {
-		args, err := s.upsertArgs([]partition.RowWrite{w}, 0, nil)
+		args, err := s.upsertArgs([]sinks.RowWrite{w}, 0, nil)
 		if err != nil {
 			return err
 		}
@@ -832,13 +786,13 @@ func (s *Sink) isolateUpserts(ctx context.Context, tx pgx.Tx, rows []partition.R
 		}
 	}
 	if len(rejected) > 0 {
-		return &partition.RejectedRows{Keys: rejected}
+		return &sinks.RejectedRows{Keys: rejected}
 	}
 	return nil
 }
 
 // load reads the state of keys and the parked events of parkedKeys into st.
-func (s *Sink) load(ctx context.Context, tx pgx.Tx, tp partition.TP, keys, parkedKeys []string, st *partition.State) error {
+func (s *Sink) load(ctx context.Context, tx pgx.Tx, tp sinks.TP, keys, parkedKeys []string, st *sinks.State) error {
 	if len(keys) == 0 && len(parkedKeys) == 0 {
 		return nil
 	}
@@ -904,7 +858,7 @@ func (s *Sink) load(ctx context.Context, tx pgx.Tx, tp partition.TP, keys, parke
 		b.Queue(parkedLoadSQL, s.identity, tp.Topic, tp.Partition, parkedKeys).Query(func(rows pgx.Rows) error {
 			for rows.Next() {
 				var (
-					ev      partition.StoredEvent
+					ev      sinks.StoredEvent
 					headers []byte
 					ts      *time.Time
 				)
@@ -935,7 +889,7 @@ type writeCounts struct{ updated, insertedNew int64 }
 // queueChanges queues the batch's writes, the upserts grouped as g says.
 // Rows not in the form a load returns are listed in inexact (see
 // storedRows).
-func (s *Sink) queueChanges(b *pgx.Batch, tp partition.TP, ch partition.Changes, g upsertGroups, inexact *[]int) (*writeCounts, error) {
+func (s *Sink) queueChanges(b *pgx.Batch, tp sinks.TP, ch sinks.Changes, g upsertGroups, inexact *[]int) (*writeCounts, error) {
 	counts := new(writeCounts)
 	if len(ch.Deletes) > 0 {
 		keys := make([]string, len(ch.Deletes))
@@ -1004,53 +958,15 @@ func (s *Sink) queueChanges(b *pgx.Batch, tp partition.TP, ch partition.Changes,
 		}
 		b.Queue(parkSQL, s.identity, s.p.Name, tp.Topic, tp.Partition, keys, versions, offsets, rkeys, values, headers, times)
 	}
-	s.queueDeadLetters(b, tp, ch.DeadLetters)
-	if len(ch.Resolved) > 0 {
-		b.Queue(resolvedSQL, ch.Resolved, s.identity)
-	}
+	deadletters.QueueWrite(b, s.identity, s.p.Name, tp, ch.DeadLetters, s.dlqTopic)
+	deadletters.QueueResolved(b, s.identity, ch.Resolved)
 	return counts, nil
-}
-
-func (s *Sink) queueDeadLetters(b *pgx.Batch, tp partition.TP, dls []partition.DeadLetter) {
-	n := len(dls)
-	if n == 0 {
-		return
-	}
-	var (
-		offsets   = make([]int64, n)
-		rkeys     = make([][]byte, n)
-		values    = make([][]byte, n)
-		headers   = make([]string, n)
-		times     = make([]*time.Time, n)
-		errs      = make([]string, n)
-		classes   = make([]string, n)
-		attempts  = make([]int32, n)
-		schemaIDs = make([]*int32, n)
-		traces    = make([]*string, n)
-		replays   = make([]*int64, n)
-	)
-	for i, d := range dls {
-		offsets[i], rkeys[i], values[i], errs[i], classes[i] = d.Offset, d.RecordKey, d.Value, d.Err, d.Class
-		headers[i], times[i], attempts[i] = headersJSON(d.Headers), timeOrNil(d.Timestamp), int32(max(1, d.Attempts))
-		if d.SchemaID > 0 {
-			v := int32(d.SchemaID)
-			schemaIDs[i] = &v
-		}
-		if d.TraceID != "" {
-			traces[i] = &d.TraceID
-		}
-		if d.ReplayOf > 0 {
-			replays[i] = &d.ReplayOf
-		}
-	}
-	b.Queue(deadLetterSQL, s.identity, s.p.Name, tp.Topic, tp.Partition, offsets, rkeys, values, headers, times, errs,
-		classes, attempts, schemaIDs, traces, replays, s.dlqTopic)
 }
 
 // upsertArgs renders rows as one array per column plus the versions. When
 // inexact is not nil, the rows holding a value not of its column kind's Go
 // type (or keys that are not columns) are listed in it.
-func (s *Sink) upsertArgs(rows []partition.RowWrite, base int, inexact *[]int) ([]any, error) {
+func (s *Sink) upsertArgs(rows []sinks.RowWrite, base int, inexact *[]int) ([]any, error) {
 	cols := make([]column, len(s.p.Columns))
 	for i, c := range s.p.Columns {
 		cols[i] = newColumn(c, i == 0, len(rows))
@@ -1077,8 +993,8 @@ func (s *Sink) upsertArgs(rows []partition.RowWrite, base int, inexact *[]int) (
 	return append(args, versions), nil
 }
 
-// Parked implements partition.Sink.
-func (s *Sink) Parked(ctx context.Context, tp partition.TP) (map[string]partition.ParkedInfo, error) {
+// Parked implements sinks.Sink.
+func (s *Sink) Parked(ctx context.Context, tp sinks.TP) (map[string]sinks.ParkedInfo, error) {
 	conn, err := acquire(ctx, s.pool, s.acquireTimeout)
 	if err != nil {
 		return nil, refused(fmt.Errorf("list parked aggregates of %s/%d: %w", tp.Topic, tp.Partition, err))
@@ -1090,11 +1006,11 @@ func (s *Sink) Parked(ctx context.Context, tp partition.TP) (map[string]partitio
 		return nil, refused(fmt.Errorf("list parked aggregates of %s/%d: %w", tp.Topic, tp.Partition, err))
 	}
 	defer rows.Close()
-	out := map[string]partition.ParkedInfo{}
+	out := map[string]sinks.ParkedInfo{}
 	for rows.Next() {
 		var (
 			key  string
-			info partition.ParkedInfo
+			info sinks.ParkedInfo
 		)
 		if err := rows.Scan(&key, &info.Count, &info.Since); err != nil {
 			return nil, refused(fmt.Errorf("list parked aggregates of %s/%d: %w", tp.Topic, tp.Partition, err))
@@ -1107,26 +1023,26 @@ func (s *Sink) Parked(ctx context.Context, tp partition.TP) (map[string]partitio
 	return out, nil
 }
 
-// Load implements partition.Sink.
-func (s *Sink) Load(ctx context.Context, tp partition.TP, keys []string) (partition.State, error) {
+// Load implements sinks.Sink.
+func (s *Sink) Load(ctx context.Context, tp sinks.TP, keys []string) (sinks.State, error) {
 	tx, err := begin(ctx, s.pool, s.acquireTimeout, pgx.TxOptions{AccessMode: pgx.ReadOnly})
 	if err != nil {
-		return partition.State{}, err
+		return sinks.State{}, err
 	}
 	defer tx.Rollback(context.WithoutCancel(ctx)) //nolint:errcheck // read-only
-	st := partition.State{Rows: map[string]projection.Row{}, Versions: map[string]int64{}}
+	st := sinks.State{Rows: map[string]projection.Row{}, Versions: map[string]int64{}}
 	err = s.load(ctx, tx, tp, keys, keys, &st)
 	return st, refused(err)
 }
 
-// Peek implements partition.Peeker: the state of keys as a batch loads it,
+// Peek implements sinks.Peeker: the state of keys as a batch loads it,
 // from the state cache where it holds them and from Postgres otherwise,
 // outside a transaction. Aggregates of keys.New that the cache does not
 // hold are not read: the commit that writes them verifies that they are
 // new. What is read is cached, as it is committed and only the
 // partition's owner writes it.
-func (s *Sink) Peek(ctx context.Context, claim partition.Claim, keys partition.Keys) (partition.State, error) {
-	st := partition.State{
+func (s *Sink) Peek(ctx context.Context, claim sinks.Claim, keys sinks.Keys) (sinks.State, error) {
+	st := sinks.State{
 		Rows:     make(map[string]projection.Row, len(keys.All)),
 		Versions: make(map[string]int64, len(keys.All)),
 	}
@@ -1145,11 +1061,11 @@ func (s *Sink) Peek(ctx context.Context, claim partition.Claim, keys partition.K
 	}
 	tx, err := begin(ctx, s.pool, s.acquireTimeout, pgx.TxOptions{AccessMode: pgx.ReadOnly})
 	if err != nil {
-		return partition.State{}, err
+		return sinks.State{}, err
 	}
 	defer tx.Rollback(context.WithoutCancel(ctx)) //nolint:errcheck // read-only
 	if err := s.load(ctx, tx, claim.TP, read, keys.Parked, &st); err != nil {
-		return partition.State{}, refused(err)
+		return sinks.State{}, refused(err)
 	}
 	if caching {
 		s.cache.store(claim, read, st, nil, nil)
@@ -1158,7 +1074,7 @@ func (s *Sink) Peek(ctx context.Context, claim partition.Claim, keys partition.K
 }
 
 // ParkedKeys lists the aggregates of the partition with parked events.
-func (s *Sink) ParkedKeys(ctx context.Context, tp partition.TP) ([]string, error) {
+func (s *Sink) ParkedKeys(ctx context.Context, tp sinks.TP) ([]string, error) {
 	conn, err := acquire(ctx, s.pool, s.acquireTimeout)
 	if err != nil {
 		return nil, fmt.Errorf("list parked aggregates of %s/%d: %w", tp.Topic, tp.Partition, err)
@@ -1175,7 +1091,7 @@ func (s *Sink) ParkedKeys(ctx context.Context, tp partition.TP) ([]string, error
 	return keys, nil
 }
 
-func headersJSON(hs []partition.Header) string {
+func headersJSON(hs []sinks.Header) string {
 	if len(hs) == 0 {
 		return "[]"
 	}

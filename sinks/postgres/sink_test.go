@@ -16,10 +16,11 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
+	"github.com/projector-dev/projector/deadletters"
 	"github.com/projector-dev/projector/internal/demo"
 	"github.com/projector-dev/projector/internal/testenv"
-	"github.com/projector-dev/projector/partition"
 	"github.com/projector-dev/projector/projection"
+	"github.com/projector-dev/projector/sinks"
 	"github.com/projector-dev/projector/sinks/postgres"
 )
 
@@ -78,7 +79,7 @@ type env struct {
 	p    *projection.Projection
 	offs *postgres.Offsets
 	sink *postgres.Sink
-	tp   partition.TP
+	tp   sinks.TP
 }
 
 func newEnv(t *testing.T, p *projection.Projection) *env {
@@ -97,15 +98,15 @@ func newEnvOn(t *testing.T, p *projection.Projection, db *testenv.DB) *env {
 		t: t, ctx: ctx, db: db, p: p,
 		offs: postgres.NewOffsets(db.Pool, identity),
 		sink: postgres.NewSink(db.Pool, identity, p, ""),
-		tp:   partition.TP{Topic: p.Topic, Partition: 0},
+		tp:   sinks.TP{Topic: p.Topic, Partition: 0},
 	}
 }
 
 // claim claims the partition, storing start as its first offset when it
 // has none.
-func (e *env) claim(start int64) partition.Claim {
+func (e *env) claim(start int64) sinks.Claim {
 	e.t.Helper()
-	cs, err := e.offs.Claim(e.ctx, []partition.TP{e.tp})
+	cs, err := e.offs.Claim(e.ctx, []sinks.TP{e.tp})
 	if err != nil || len(cs) != 1 {
 		e.t.Fatalf("claim: %v, %v", cs, err)
 	}
@@ -114,16 +115,16 @@ func (e *env) claim(start int64) partition.Claim {
 		if err := e.offs.Init(e.ctx, c, start); err != nil {
 			e.t.Fatalf("init: %v", err)
 		}
-		return partition.Claim{TP: c.TP, Epoch: c.Epoch, NextOffset: start, Since: c.At}
+		return sinks.Claim{TP: c.TP, Epoch: c.Epoch, NextOffset: start, Since: c.At}
 	}
-	return partition.Claim{TP: c.TP, Epoch: c.Epoch, NextOffset: *c.NextOffset, Since: c.At}
+	return sinks.Claim{TP: c.TP, Epoch: c.Epoch, NextOffset: *c.NextOffset, Since: c.At}
 }
 
-func (e *env) commit(c partition.Claim, end int64, ch partition.Changes) error {
-	return e.sink.CommitBatch(e.ctx, c, end, partition.Keys{}, func(partition.State) (partition.Changes, error) { return ch, nil })
+func (e *env) commit(c sinks.Claim, end int64, ch sinks.Changes) error {
+	return e.sink.CommitBatch(e.ctx, c, end, sinks.Keys{}, func(sinks.State) (sinks.Changes, error) { return ch, nil })
 }
 
-func (e *env) mustCommit(c *partition.Claim, end int64, ch partition.Changes) {
+func (e *env) mustCommit(c *sinks.Claim, end int64, ch sinks.Changes) {
 	e.t.Helper()
 	if err := e.commit(*c, end, ch); err != nil {
 		e.t.Fatalf("commit: %v", err)
@@ -133,15 +134,15 @@ func (e *env) mustCommit(c *partition.Claim, end int64, ch partition.Changes) {
 
 // load reads the state of keys through CommitBatch's plan callback with an
 // empty batch that leaves the offset where it is.
-func (e *env) load(c partition.Claim, keys, parkedKeys []string) partition.State {
+func (e *env) load(c sinks.Claim, keys, parkedKeys []string) sinks.State {
 	e.t.Helper()
 	var (
-		st     partition.State
+		st     sinks.State
 		called bool
 	)
-	err := e.sink.CommitBatch(e.ctx, c, c.NextOffset, partition.Keys{All: keys, Parked: parkedKeys}, func(s partition.State) (partition.Changes, error) {
+	err := e.sink.CommitBatch(e.ctx, c, c.NextOffset, sinks.Keys{All: keys, Parked: parkedKeys}, func(s sinks.State) (sinks.Changes, error) {
 		st, called = s, true
-		return partition.Changes{}, nil
+		return sinks.Changes{}, nil
 	})
 	if err != nil || !called {
 		e.t.Fatalf("load: err %v, plan called %v", err, called)
@@ -214,8 +215,8 @@ func accountRow(id, owner string, balance int64) projection.Row {
 	return projection.Row{"account_id": id, "owner": owner, "balance": balance, "opened_at": nil}
 }
 
-func upsert(id string, version int64, owner string, balance int64) partition.RowWrite {
-	return partition.RowWrite{Key: id, Version: version, Row: accountRow(id, owner, balance)}
+func upsert(id string, version int64, owner string, balance int64) sinks.RowWrite {
+	return sinks.RowWrite{Key: id, Version: version, Row: accountRow(id, owner, balance)}
 }
 
 func TestMigrateCreatesTables(t *testing.T) {
@@ -263,7 +264,7 @@ func TestMigrateCreatesTables(t *testing.T) {
 	}
 	// The existing table was kept, not recreated.
 	c := e.claim(0)
-	e.mustCommit(&c, 1, partition.Changes{Upserts: []partition.RowWrite{upsert("a1", 1, "ann", 1)}})
+	e.mustCommit(&c, 1, sinks.Changes{Upserts: []sinks.RowWrite{upsert("a1", 1, "ann", 1)}})
 	if err := postgres.Migrate(e.ctx, e.db.Pool, p, typed); err != nil {
 		t.Fatal(err)
 	}
@@ -318,8 +319,8 @@ func TestMigrateKeyInByteOrder(t *testing.T) {
 		if p.Columns[0].Type == "bigint" {
 			key = "42"
 		}
-		e.mustCommit(&c, 1, partition.Changes{Upserts: []partition.RowWrite{{Key: key, Version: 1, Row: projection.Row{"id": key, "note": "n"}}}})
-		e.mustCommit(&c, 2, partition.Changes{Upserts: []partition.RowWrite{{Key: key, Version: 2, Row: projection.Row{"id": key, "note": "m"}}}})
+		e.mustCommit(&c, 1, sinks.Changes{Upserts: []sinks.RowWrite{{Key: key, Version: 1, Row: projection.Row{"id": key, "note": "n"}}}})
+		e.mustCommit(&c, 2, sinks.Changes{Upserts: []sinks.RowWrite{{Key: key, Version: 2, Row: projection.Row{"id": key, "note": "m"}}}})
 		var note string
 		if err := db.Pool.QueryRow(ctx, fmt.Sprintf(`SELECT note FROM %s WHERE id = $1::%s`, p.Table, p.Columns[0].Type), key).Scan(&note); err != nil || note != "m" {
 			t.Errorf("%s: note %q, %v; want the second write", p.Table, note, err)
@@ -516,10 +517,10 @@ func TestMigrateSchemaQualifiedTable(t *testing.T) {
 		}
 	}
 	e := &env{t: t, ctx: ctx, db: db, p: p, offs: postgres.NewOffsets(db.Pool, identity),
-		sink: postgres.NewSink(db.Pool, identity, p, ""), tp: partition.TP{Topic: p.Topic}}
+		sink: postgres.NewSink(db.Pool, identity, p, ""), tp: sinks.TP{Topic: p.Topic}}
 	c := e.claim(0)
-	e.mustCommit(&c, 2, partition.Changes{Upserts: []partition.RowWrite{upsert("a1", 1, "ann", 5), upsert("a2", 1, "bob", 6)}})
-	e.mustCommit(&c, 3, partition.Changes{Deletes: []partition.RowDelete{{Key: "a2", Version: 2}}})
+	e.mustCommit(&c, 2, sinks.Changes{Upserts: []sinks.RowWrite{upsert("a1", 1, "ann", 5), upsert("a2", 1, "bob", 6)}})
+	e.mustCommit(&c, 3, sinks.Changes{Deletes: []sinks.RowDelete{{Key: "a2", Version: 2}}})
 	if n := e.count(`SELECT count(*) FROM things WHERE account_id = 'a1' AND balance = 5 AND version = 1`); n != 1 {
 		t.Errorf("a1 rows = %d, want 1", n)
 	}
@@ -536,12 +537,12 @@ func TestOffsets(t *testing.T) {
 		t.Fatal(err)
 	}
 	offs := postgres.NewOffsets(db.Pool, identity)
-	tp0, tp1 := partition.TP{Topic: "t", Partition: 0}, partition.TP{Topic: "t", Partition: 1}
+	tp0, tp1 := sinks.TP{Topic: "t", Partition: 0}, sinks.TP{Topic: "t", Partition: 1}
 
 	if list, err := offs.List(ctx); err != nil || len(list) != 0 {
 		t.Fatalf("List before any claim = %v, %v; want none", list, err)
 	}
-	cs, err := offs.Claim(ctx, []partition.TP{tp1, tp0})
+	cs, err := offs.Claim(ctx, []sinks.TP{tp1, tp0})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -550,7 +551,7 @@ func TestOffsets(t *testing.T) {
 	}
 	sort.Slice(cs, func(i, j int) bool { return cs[i].Partition < cs[j].Partition })
 	for i, c := range cs {
-		if c.TP != (partition.TP{Topic: "t", Partition: int32(i)}) || c.Epoch != 1 || c.NextOffset != nil {
+		if c.TP != (sinks.TP{Topic: "t", Partition: int32(i)}) || c.Epoch != 1 || c.NextOffset != nil {
 			t.Errorf("first claim %d = %+v (next %s), want epoch 1 and no offset", i, c, ptrString(c.NextOffset))
 		}
 	}
@@ -561,7 +562,7 @@ func TestOffsets(t *testing.T) {
 		t.Fatalf("Init: %v", err)
 	}
 
-	again, err := offs.Claim(ctx, []partition.TP{tp0})
+	again, err := offs.Claim(ctx, []sinks.TP{tp0})
 	if err != nil || len(again) != 1 {
 		t.Fatalf("second claim: %v, %v", again, err)
 	}
@@ -569,7 +570,7 @@ func TestOffsets(t *testing.T) {
 		t.Errorf("second claim = %+v (next %s), want epoch 2 and offset 100", again[0], ptrString(again[0].NextOffset))
 	}
 	// The first owner's epoch is stale now.
-	if err := offs.Init(ctx, cs[0], 5); !errors.Is(err, partition.ErrFenced) {
+	if err := offs.Init(ctx, cs[0], 5); !errors.Is(err, sinks.ErrFenced) {
 		t.Errorf("Init with a stale epoch = %v, want ErrFenced", err)
 	}
 
@@ -589,7 +590,7 @@ func TestOffsets(t *testing.T) {
 
 	// Another identity has positions of its own.
 	other := postgres.NewOffsets(db.Pool, "other")
-	oc, err := other.Claim(ctx, []partition.TP{tp0})
+	oc, err := other.Claim(ctx, []sinks.TP{tp0})
 	if err != nil || len(oc) != 1 || oc[0].Epoch != 1 || oc[0].NextOffset != nil {
 		t.Errorf("other identity's claim = %+v, %v; want epoch 1 and no offset", oc, err)
 	}
@@ -613,7 +614,7 @@ func TestCommitBatchUpsertRoundTrip(t *testing.T) {
 			"name": "", "at": at.Add(-time.Hour), "data": []byte{},
 		}},
 	}
-	var ups []partition.RowWrite
+	var ups []sinks.RowWrite
 	rows := map[string]projection.Row{}
 	for _, ev := range events {
 		row, err := p.Fold(nil, ev)
@@ -621,15 +622,15 @@ func TestCommitBatchUpsertRoundTrip(t *testing.T) {
 			t.Fatal(err)
 		}
 		rows[ev.Key] = row
-		ups = append(ups, partition.RowWrite{Key: ev.Key, Version: ev.Version, Row: row})
+		ups = append(ups, sinks.RowWrite{Key: ev.Key, Version: ev.Version, Row: row})
 	}
 
 	c := e.claim(10)
-	err := e.sink.CommitBatch(e.ctx, c, 13, partition.Keys{All: []string{"k1", "k2", "k3"}}, func(st partition.State) (partition.Changes, error) {
+	err := e.sink.CommitBatch(e.ctx, c, 13, sinks.Keys{All: []string{"k1", "k2", "k3"}}, func(st sinks.State) (sinks.Changes, error) {
 		if len(st.Rows) != 0 || len(st.Versions) != 0 || len(st.Parked) != 0 {
 			t.Errorf("state of new aggregates = %+v, want empty", st)
 		}
-		return partition.Changes{Upserts: ups}, nil
+		return sinks.Changes{Upserts: ups}, nil
 	})
 	if err != nil {
 		t.Fatal(err)
@@ -679,7 +680,7 @@ func TestCommitBatchUpsertRoundTrip(t *testing.T) {
 
 	// Loading gives the rows back in Row form; writing them back unchanged
 	// keeps every value.
-	err = e.sink.CommitBatch(e.ctx, c, 14, partition.Keys{All: []string{"k1", "k2", "k3", "absent"}}, func(st partition.State) (partition.Changes, error) {
+	err = e.sink.CommitBatch(e.ctx, c, 14, sinks.Keys{All: []string{"k1", "k2", "k3", "absent"}}, func(st sinks.State) (sinks.Changes, error) {
 		if want := map[string]int64{"k1": 1, "k2": 2, "k3": 3}; !reflect.DeepEqual(st.Versions, want) {
 			t.Errorf("versions = %v, want %v", st.Versions, want)
 		}
@@ -708,7 +709,7 @@ func TestCommitBatchUpsertRoundTrip(t *testing.T) {
 				t.Errorf("%s.at loaded as %#v, want the instant %v (err %v)", id, got["at"], want["at"], err)
 			}
 		}
-		return partition.Changes{Upserts: []partition.RowWrite{
+		return sinks.Changes{Upserts: []sinks.RowWrite{
 			{Key: "k1", Version: 4, Row: st.Rows["k1"]},
 			{Key: "k3", Version: 5, Row: st.Rows["k3"]},
 		}}, nil
@@ -758,18 +759,18 @@ func TestCommitBatchTimestamptzForms(t *testing.T) {
 	}
 	c := e.claim(0)
 	for round := range 2 { // insert, then update with every form moved to another row
-		var ups []partition.RowWrite
+		var ups []sinks.RowWrite
 		for i, k := range keys {
 			v := forms[(i+round)%len(forms)]
-			ups = append(ups, partition.RowWrite{Key: k, Version: int64(round + 1), Row: projection.Row{"id": k, "at": v}})
+			ups = append(ups, sinks.RowWrite{Key: k, Version: int64(round + 1), Row: projection.Row{"id": k, "at": v}})
 		}
 		// The keys are read first: the second round updates rows known
 		// to exist (the statement that differs from the first round's).
-		err := e.sink.CommitBatch(e.ctx, c, int64(round+1), partition.Keys{All: keys}, func(st partition.State) (partition.Changes, error) {
+		err := e.sink.CommitBatch(e.ctx, c, int64(round+1), sinks.Keys{All: keys}, func(st sinks.State) (sinks.Changes, error) {
 			if len(st.Rows) != round*len(keys) {
 				t.Errorf("round %d: %d rows exist, want %d", round, len(st.Rows), round*len(keys))
 			}
-			return partition.Changes{Upserts: ups}, nil
+			return sinks.Changes{Upserts: ups}, nil
 		})
 		if err != nil {
 			t.Fatalf("round %d: %v", round, err)
@@ -807,7 +808,7 @@ func TestCommitBatchBigintKey(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	e.mustCommit(&c, 1, partition.Changes{Upserts: []partition.RowWrite{
+	e.mustCommit(&c, 1, sinks.Changes{Upserts: []sinks.RowWrite{
 		{Key: "42", Version: 1, Row: row},
 		{Key: "7", Version: 1, Row: projection.Row{"id": int64(7), "note": "seven"}},
 	}})
@@ -815,7 +816,7 @@ func TestCommitBatchBigintKey(t *testing.T) {
 	if !reflect.DeepEqual(st.Rows["42"], projection.Row{"id": int64(42), "note": "hi"}) || st.Versions["42"] != 1 || len(st.Rows) != 2 {
 		t.Errorf("state = %+v, want rows 42 and 7", st)
 	}
-	e.mustCommit(&c, 2, partition.Changes{Deletes: []partition.RowDelete{{Key: "42", Version: 2}}})
+	e.mustCommit(&c, 2, sinks.Changes{Deletes: []sinks.RowDelete{{Key: "42", Version: 2}}})
 	if n := e.count(`SELECT count(*) FROM numbered`); n != 1 {
 		t.Errorf("%d rows after deleting 42, want 1", n)
 	}
@@ -828,8 +829,8 @@ func TestCommitBatchBigintKey(t *testing.T) {
 func TestCommitBatchDeleteKeepsVersion(t *testing.T) {
 	e := newEnv(t, demoProjection(t))
 	c := e.claim(0)
-	e.mustCommit(&c, 2, partition.Changes{Upserts: []partition.RowWrite{upsert("a1", 1, "ann", 10), upsert("a2", 2, "bob", 20)}})
-	e.mustCommit(&c, 3, partition.Changes{Deletes: []partition.RowDelete{{Key: "a1", Version: 4}}})
+	e.mustCommit(&c, 2, sinks.Changes{Upserts: []sinks.RowWrite{upsert("a1", 1, "ann", 10), upsert("a2", 2, "bob", 20)}})
+	e.mustCommit(&c, 3, sinks.Changes{Deletes: []sinks.RowDelete{{Key: "a1", Version: 4}}})
 	if _, ok := e.account("a1"); ok {
 		t.Error("a1 still has a row after its delete")
 	}
@@ -850,34 +851,34 @@ func TestCommitBatchDeleteKeepsVersion(t *testing.T) {
 	}
 
 	// An older delete does not lower the tombstone's version.
-	e.mustCommit(&c, 4, partition.Changes{Deletes: []partition.RowDelete{{Key: "a1", Version: 3}}})
+	e.mustCommit(&c, 4, sinks.Changes{Deletes: []sinks.RowDelete{{Key: "a1", Version: 3}}})
 	if st := e.load(c, []string{"a1"}, nil); st.Versions["a1"] != 4 {
 		t.Errorf("a1's version after an older delete = %d, want 4", st.Versions["a1"])
 	}
 
 	// The aggregate can come back with a newer version.
-	e.mustCommit(&c, 5, partition.Changes{Upserts: []partition.RowWrite{upsert("a1", 5, "ann2", 1)}})
+	e.mustCommit(&c, 5, sinks.Changes{Upserts: []sinks.RowWrite{upsert("a1", 5, "ann2", 1)}})
 	st = e.load(c, []string{"a1"}, nil)
 	if st.Versions["a1"] != 5 || !reflect.DeepEqual(st.Rows["a1"], accountRow("a1", "ann2", 1)) {
 		t.Errorf("recreated a1 = %v v%d, want its new row at v5", st.Rows["a1"], st.Versions["a1"])
 	}
 
 	// A later delete raises the tombstone.
-	e.mustCommit(&c, 6, partition.Changes{Deletes: []partition.RowDelete{{Key: "a1", Version: 6}}})
+	e.mustCommit(&c, 6, sinks.Changes{Deletes: []sinks.RowDelete{{Key: "a1", Version: 6}}})
 	if st := e.load(c, []string{"a1"}, nil); st.Versions["a1"] != 6 || st.Rows["a1"] != nil {
 		t.Errorf("a1 after the second delete = %v v%d, want no row at v6", st.Rows["a1"], st.Versions["a1"])
 	}
 
 	// Whatever the row holds, the version reported is never below the
 	// tombstone's.
-	e.mustCommit(&c, 7, partition.Changes{Upserts: []partition.RowWrite{upsert("a1", 3, "late", 3)}})
+	e.mustCommit(&c, 7, sinks.Changes{Upserts: []sinks.RowWrite{upsert("a1", 3, "late", 3)}})
 	if st := e.load(c, []string{"a1"}, nil); st.Versions["a1"] != 6 {
 		t.Errorf("a1's version with a tombstone at v6 and a row at v3 = %d, want 6", st.Versions["a1"])
 	}
 }
 
-func sortParked(evs []partition.StoredEvent) {
-	slices.SortFunc(evs, func(a, b partition.StoredEvent) int {
+func sortParked(evs []sinks.StoredEvent) {
+	slices.SortFunc(evs, func(a, b sinks.StoredEvent) int {
 		if c := strings.Compare(a.Key, b.Key); c != 0 {
 			return c
 		}
@@ -888,13 +889,13 @@ func sortParked(evs []partition.StoredEvent) {
 func TestCommitBatchParked(t *testing.T) {
 	e := newEnv(t, demoProjection(t))
 	ts := time.Date(2026, 1, 2, 3, 4, 5, 678000, time.UTC)
-	e1 := partition.StoredEvent{Key: "a1", Version: 3, Offset: 10, RecordKey: []byte("a1"), Value: []byte{0, 1, 2, 0xff},
-		Headers: []partition.Header{{Key: "trace", Value: []byte("abc")}, {Key: "bin", Value: []byte{0, 0xff}}}, Timestamp: ts}
-	e2 := partition.StoredEvent{Key: "a1", Version: 4, Offset: 11, Value: []byte("x")}
-	e3 := partition.StoredEvent{Key: "a2", Version: 2, Offset: 12, RecordKey: []byte("a2"), Value: []byte("y"), Timestamp: ts}
+	e1 := sinks.StoredEvent{Key: "a1", Version: 3, Offset: 10, RecordKey: []byte("a1"), Value: []byte{0, 1, 2, 0xff},
+		Headers: []sinks.Header{{Key: "trace", Value: []byte("abc")}, {Key: "bin", Value: []byte{0, 0xff}}}, Timestamp: ts}
+	e2 := sinks.StoredEvent{Key: "a1", Version: 4, Offset: 11, Value: []byte("x")}
+	e3 := sinks.StoredEvent{Key: "a2", Version: 2, Offset: 12, RecordKey: []byte("a2"), Value: []byte("y"), Timestamp: ts}
 
 	c := e.claim(10)
-	e.mustCommit(&c, 13, partition.Changes{Park: []partition.StoredEvent{e1, e2, e3}})
+	e.mustCommit(&c, 13, sinks.Changes{Park: []sinks.StoredEvent{e1, e2, e3}})
 	keys, err := e.sink.ParkedKeys(e.ctx, e.tp)
 	if err != nil {
 		t.Fatal(err)
@@ -906,8 +907,8 @@ func TestCommitBatchParked(t *testing.T) {
 	// Parked events belong to the identity and the partition.
 	for _, other := range []struct {
 		identity string
-		tp       partition.TP
-	}{{"other", e.tp}, {identity, partition.TP{Topic: e.tp.Topic, Partition: 1}}} {
+		tp       sinks.TP
+	}{{"other", e.tp}, {identity, sinks.TP{Topic: e.tp.Topic, Partition: 1}}} {
 		keys, err := postgres.NewSink(e.db.Pool, other.identity, e.p, "").ParkedKeys(e.ctx, other.tp)
 		if err != nil || len(keys) != 0 {
 			t.Errorf("ParkedKeys of %s %v = %v, %v; want none", other.identity, other.tp, keys, err)
@@ -935,14 +936,14 @@ func TestCommitBatchParked(t *testing.T) {
 	// Parking the same version again keeps the first copy.
 	dup := e1
 	dup.Offset, dup.Value = 99, []byte("other")
-	e.mustCommit(&c, 14, partition.Changes{Park: []partition.StoredEvent{dup}})
+	e.mustCommit(&c, 14, sinks.Changes{Park: []sinks.StoredEvent{dup}})
 	st = e.load(c, nil, []string{"a1", "a2"})
 	sortParked(st.Parked)
 	if len(st.Parked) != 3 || st.Parked[0].Offset != 10 || !bytes.Equal(st.Parked[0].Value, e1.Value) {
 		t.Errorf("after parking a duplicate: %+v, want the 3 originals", st.Parked)
 	}
 
-	e.mustCommit(&c, 15, partition.Changes{Unpark: []partition.ParkedRef{{Key: "a1", Version: 3}}})
+	e.mustCommit(&c, 15, sinks.Changes{Unpark: []sinks.ParkedRef{{Key: "a1", Version: 3}}})
 	st = e.load(c, nil, []string{"a1"})
 	if len(st.Parked) != 1 || st.Parked[0].Version != 4 {
 		t.Errorf("after unparking a1 v3: %+v, want only a1 v4", st.Parked)
@@ -951,7 +952,7 @@ func TestCommitBatchParked(t *testing.T) {
 	if slices.Sort(keys); err != nil || !reflect.DeepEqual(keys, []string{"a1", "a2"}) {
 		t.Errorf("ParkedKeys = %v, %v; want [a1 a2]", keys, err)
 	}
-	e.mustCommit(&c, 16, partition.Changes{Unpark: []partition.ParkedRef{{Key: "a1", Version: 4}, {Key: "a2", Version: 2}}})
+	e.mustCommit(&c, 16, sinks.Changes{Unpark: []sinks.ParkedRef{{Key: "a1", Version: 4}, {Key: "a2", Version: 2}}})
 	keys, err = e.sink.ParkedKeys(e.ctx, e.tp)
 	if err != nil || len(keys) != 0 {
 		t.Errorf("ParkedKeys after unparking all = %v, %v; want none", keys, err)
@@ -965,13 +966,13 @@ func TestCommitBatchParked(t *testing.T) {
 func TestCommitBatchDeadLetters(t *testing.T) {
 	e := newEnv(t, demoProjection(t))
 	ts := time.Date(2026, 1, 2, 3, 4, 5, 6000, time.UTC)
-	headers := []partition.Header{{Key: "h", Value: []byte("v")}, {Key: "b", Value: []byte{0xff, 0}}}
+	headers := []sinks.Header{{Key: "h", Value: []byte("v")}, {Key: "b", Value: []byte{0xff, 0}}}
 	c := e.claim(0)
-	e.mustCommit(&c, 9, partition.Changes{DeadLetters: []partition.DeadLetter{
+	e.mustCommit(&c, 9, sinks.Changes{DeadLetters: []sinks.DeadLetter{
 		{Offset: 7, RecordKey: []byte("a1"), Value: []byte{0xde, 0xad}, Headers: headers, Timestamp: ts, Err: "boom"},
 		{Offset: 8, Err: "no key, no value"},
 	}})
-	dls, err := postgres.ListDeadLetters(e.ctx, e.db.Pool, postgres.DeadLetterFilter{})
+	dls, err := deadletters.List(e.ctx, e.db.Pool, deadletters.Filter{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -991,10 +992,10 @@ func TestCommitBatchDeadLetters(t *testing.T) {
 	first := dls[0]
 
 	// The same offset again counts an attempt instead of adding a row.
-	e.mustCommit(&c, 10, partition.Changes{DeadLetters: []partition.DeadLetter{
+	e.mustCommit(&c, 10, sinks.Changes{DeadLetters: []sinks.DeadLetter{
 		{Offset: 7, RecordKey: []byte("a1"), Value: []byte{0xde, 0xad}, Headers: headers, Timestamp: ts, Err: "boom again"},
 	}})
-	dls, err = postgres.ListDeadLetters(e.ctx, e.db.Pool, postgres.DeadLetterFilter{})
+	dls, err = deadletters.List(e.ctx, e.db.Pool, deadletters.Filter{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -1010,17 +1011,17 @@ func TestCommitBatchDeadLetters(t *testing.T) {
 	}
 
 	for _, tc := range []struct {
-		f    postgres.DeadLetterFilter
+		f    deadletters.Filter
 		want int
 	}{
-		{postgres.DeadLetterFilter{Identity: identity}, 2},
-		{postgres.DeadLetterFilter{Identity: "other"}, 0},
-		{postgres.DeadLetterFilter{Projection: "accounts", Topic: demo.Topic}, 2},
-		{postgres.DeadLetterFilter{Projection: "other"}, 0},
-		{postgres.DeadLetterFilter{Topic: "other"}, 0},
-		{postgres.DeadLetterFilter{Limit: 1}, 1},
+		{deadletters.Filter{Identity: identity}, 2},
+		{deadletters.Filter{Identity: "other"}, 0},
+		{deadletters.Filter{Projection: "accounts", Topic: demo.Topic}, 2},
+		{deadletters.Filter{Projection: "other"}, 0},
+		{deadletters.Filter{Topic: "other"}, 0},
+		{deadletters.Filter{Limit: 1}, 1},
 	} {
-		got, err := postgres.ListDeadLetters(e.ctx, e.db.Pool, tc.f)
+		got, err := deadletters.List(e.ctx, e.db.Pool, tc.f)
 		if err != nil || len(got) != tc.want {
 			t.Errorf("ListDeadLetters(%+v) = %d rows, %v; want %d", tc.f, len(got), err, tc.want)
 		}
@@ -1046,35 +1047,35 @@ func (e *env) nothingWritten(offset int64) {
 	e.wantOffset(offset)
 }
 
-func fullBatch(id string) partition.Changes {
-	return partition.Changes{
-		Upserts:     []partition.RowWrite{upsert(id, 1, "ann", 10)},
-		Deletes:     []partition.RowDelete{{Key: id + "-gone", Version: 2}},
-		Park:        []partition.StoredEvent{{Key: id, Version: 3, Offset: 1, Value: []byte("p")}},
-		DeadLetters: []partition.DeadLetter{{Offset: 2, Err: "bad"}},
+func fullBatch(id string) sinks.Changes {
+	return sinks.Changes{
+		Upserts:     []sinks.RowWrite{upsert(id, 1, "ann", 10)},
+		Deletes:     []sinks.RowDelete{{Key: id + "-gone", Version: 2}},
+		Park:        []sinks.StoredEvent{{Key: id, Version: 3, Offset: 1, Value: []byte("p")}},
+		DeadLetters: []sinks.DeadLetter{{Offset: 2, Err: "bad"}},
 	}
 }
 
 func TestCommitBatchFenced(t *testing.T) {
 	e := newEnv(t, demoProjection(t))
-	first, err := e.offs.Claim(e.ctx, []partition.TP{e.tp})
+	first, err := e.offs.Claim(e.ctx, []sinks.TP{e.tp})
 	if err != nil {
 		t.Fatal(err)
 	}
 	if err := e.offs.Init(e.ctx, first[0], 0); err != nil {
 		t.Fatal(err)
 	}
-	second, err := e.offs.Claim(e.ctx, []partition.TP{e.tp})
+	second, err := e.offs.Claim(e.ctx, []sinks.TP{e.tp})
 	if err != nil {
 		t.Fatal(err)
 	}
 	if first[0].Epoch != 1 || second[0].Epoch != 2 {
 		t.Fatalf("epochs = %d, %d; want 1, 2", first[0].Epoch, second[0].Epoch)
 	}
-	stale := partition.Claim{TP: e.tp, Epoch: 1, NextOffset: 0}
-	owner := partition.Claim{TP: e.tp, Epoch: 2, NextOffset: 0}
+	stale := sinks.Claim{TP: e.tp, Epoch: 1, NextOffset: 0}
+	owner := sinks.Claim{TP: e.tp, Epoch: 2, NextOffset: 0}
 
-	if err := e.commit(stale, 5, fullBatch("a1")); !errors.Is(err, partition.ErrFenced) {
+	if err := e.commit(stale, 5, fullBatch("a1")); !errors.Is(err, sinks.ErrFenced) {
 		t.Fatalf("commit with the stale epoch = %v, want ErrFenced", err)
 	}
 	e.nothingWritten(0)
@@ -1084,7 +1085,7 @@ func TestCommitBatchFenced(t *testing.T) {
 
 	wrongStart := owner
 	wrongStart.NextOffset = 3
-	if err := e.commit(wrongStart, 5, fullBatch("a1")); !errors.Is(err, partition.ErrFenced) {
+	if err := e.commit(wrongStart, 5, fullBatch("a1")); !errors.Is(err, sinks.ErrFenced) {
 		t.Fatalf("commit from the wrong offset = %v, want ErrFenced", err)
 	}
 	e.nothingWritten(0)
@@ -1099,7 +1100,7 @@ func TestCommitBatchFenced(t *testing.T) {
 
 	// The stale owner stays fenced, even from the current offset.
 	stale.NextOffset = 5
-	if err := e.commit(stale, 6, partition.Changes{Upserts: []partition.RowWrite{upsert("a1", 2, "mallory", 0)}}); !errors.Is(err, partition.ErrFenced) {
+	if err := e.commit(stale, 6, sinks.Changes{Upserts: []sinks.RowWrite{upsert("a1", 2, "mallory", 0)}}); !errors.Is(err, sinks.ErrFenced) {
 		t.Errorf("stale owner from the current offset = %v, want ErrFenced", err)
 	}
 	if a, _ := e.account("a1"); a.version != 1 || *a.owner != "ann" {
@@ -1108,13 +1109,13 @@ func TestCommitBatchFenced(t *testing.T) {
 	e.wantOffset(5)
 
 	// A partition never initialised has no offset to move from.
-	tp1 := partition.TP{Topic: e.tp.Topic, Partition: 1}
-	cs, err := e.offs.Claim(e.ctx, []partition.TP{tp1})
+	tp1 := sinks.TP{Topic: e.tp.Topic, Partition: 1}
+	cs, err := e.offs.Claim(e.ctx, []sinks.TP{tp1})
 	if err != nil {
 		t.Fatal(err)
 	}
-	err = e.commit(partition.Claim{TP: tp1, Epoch: cs[0].Epoch, NextOffset: 0}, 1, partition.Changes{Upserts: []partition.RowWrite{upsert("b1", 1, "b", 1)}})
-	if !errors.Is(err, partition.ErrFenced) {
+	err = e.commit(sinks.Claim{TP: tp1, Epoch: cs[0].Epoch, NextOffset: 0}, 1, sinks.Changes{Upserts: []sinks.RowWrite{upsert("b1", 1, "b", 1)}})
+	if !errors.Is(err, sinks.ErrFenced) {
 		t.Errorf("commit on an uninitialised partition = %v, want ErrFenced", err)
 	}
 	if _, ok := e.account("b1"); ok {
@@ -1127,7 +1128,7 @@ func TestCommitBatchPlanErrorRollsBack(t *testing.T) {
 	c := e.claim(0)
 	boom := errors.New("boom")
 	called := false
-	err := e.sink.CommitBatch(e.ctx, c, 5, partition.Keys{All: []string{"a1"}, Parked: []string{"a1"}}, func(partition.State) (partition.Changes, error) {
+	err := e.sink.CommitBatch(e.ctx, c, 5, sinks.Keys{All: []string{"a1"}, Parked: []string{"a1"}}, func(sinks.State) (sinks.Changes, error) {
 		called = true
 		return fullBatch("a1"), boom
 	})
@@ -1137,7 +1138,7 @@ func TestCommitBatchPlanErrorRollsBack(t *testing.T) {
 	e.nothingWritten(0)
 
 	// The offset did not move: the batch can be committed again from 0.
-	e.mustCommit(&c, 5, partition.Changes{Upserts: []partition.RowWrite{upsert("a1", 1, "ann", 10)}})
+	e.mustCommit(&c, 5, sinks.Changes{Upserts: []sinks.RowWrite{upsert("a1", 1, "ann", 10)}})
 	if a, ok := e.account("a1"); !ok || a.version != 1 {
 		t.Errorf("a1 = %+v (present %v) after the retried batch", a, ok)
 	}
@@ -1149,18 +1150,18 @@ func TestCommitBatchWriteErrorRollsBack(t *testing.T) {
 
 	// A value the sink cannot encode fails the batch before anything runs.
 	bad := fullBatch("a1")
-	bad.Upserts = append(bad.Upserts, partition.RowWrite{Key: "a2", Version: 1, Row: projection.Row{"account_id": "a2", "balance": struct{}{}}})
+	bad.Upserts = append(bad.Upserts, sinks.RowWrite{Key: "a2", Version: 1, Row: projection.Row{"account_id": "a2", "balance": struct{}{}}})
 	err := e.commit(c, 5, bad)
-	if err == nil || errors.Is(err, partition.ErrFenced) || !strings.Contains(err.Error(), `"a2"`) || !strings.Contains(err.Error(), "balance") {
+	if err == nil || errors.Is(err, sinks.ErrFenced) || !strings.Contains(err.Error(), `"a2"`) || !strings.Contains(err.Error(), "balance") {
 		t.Errorf("commit of an unencodable value = %v, want an error naming the aggregate and column", err)
 	}
 	e.nothingWritten(0)
 
 	// A value Postgres refuses fails the whole transaction.
 	bad = fullBatch("a1")
-	bad.Upserts = append(bad.Upserts, partition.RowWrite{Key: "a2", Version: 1, Row: projection.Row{"account_id": "a2", "opened_at": "not a time"}})
+	bad.Upserts = append(bad.Upserts, sinks.RowWrite{Key: "a2", Version: 1, Row: projection.Row{"account_id": "a2", "opened_at": "not a time"}})
 	err = e.commit(c, 5, bad)
-	if err == nil || errors.Is(err, partition.ErrFenced) {
+	if err == nil || errors.Is(err, sinks.ErrFenced) {
 		t.Errorf("commit of a value Postgres refuses = %v, want a write error", err)
 	}
 	e.nothingWritten(0)
@@ -1169,11 +1170,11 @@ func TestCommitBatchWriteErrorRollsBack(t *testing.T) {
 func TestCommitBatchNeverMovesBackwards(t *testing.T) {
 	e := newEnv(t, demoProjection(t))
 	c := e.claim(0)
-	e.mustCommit(&c, 1, partition.Changes{Upserts: []partition.RowWrite{upsert("a1", 5, "ann", 50)}})
+	e.mustCommit(&c, 1, sinks.Changes{Upserts: []sinks.RowWrite{upsert("a1", 5, "ann", 50)}})
 	// An older version, then the same version: neither replaces the row,
 	// but the batches commit and move the offset.
-	e.mustCommit(&c, 2, partition.Changes{Upserts: []partition.RowWrite{upsert("a1", 3, "old", 30), upsert("a2", 1, "bob", 1)}})
-	e.mustCommit(&c, 3, partition.Changes{Upserts: []partition.RowWrite{upsert("a1", 5, "same", 55)}})
+	e.mustCommit(&c, 2, sinks.Changes{Upserts: []sinks.RowWrite{upsert("a1", 3, "old", 30), upsert("a2", 1, "bob", 1)}})
+	e.mustCommit(&c, 3, sinks.Changes{Upserts: []sinks.RowWrite{upsert("a1", 5, "same", 55)}})
 	if a, ok := e.account("a1"); !ok || a.version != 5 || *a.owner != "ann" || *a.balance != 50 {
 		t.Errorf("a1 = %+v (owner %v, balance %v), want version 5 by ann with 50", a, deref(a.owner), deref(a.balance))
 	}
@@ -1182,7 +1183,7 @@ func TestCommitBatchNeverMovesBackwards(t *testing.T) {
 	}
 	e.wantOffset(3)
 	// A newer version does replace it.
-	e.mustCommit(&c, 4, partition.Changes{Upserts: []partition.RowWrite{upsert("a1", 6, "newer", 60)}})
+	e.mustCommit(&c, 4, sinks.Changes{Upserts: []sinks.RowWrite{upsert("a1", 6, "newer", 60)}})
 	if a, _ := e.account("a1"); a.version != 6 || *a.owner != "newer" || *a.balance != 60 {
 		t.Errorf("a1 = %+v, want version 6 by newer with 60", a)
 	}

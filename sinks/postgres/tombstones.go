@@ -9,7 +9,7 @@ import (
 	"github.com/bits-and-blooms/bloom/v3"
 	"github.com/jackc/pgx/v5"
 
-	"github.com/projector-dev/projector/partition"
+	"github.com/projector-dev/projector/sinks"
 )
 
 // DefaultTombstoneFilterKeys is the most tombstones of a table a sink
@@ -21,7 +21,7 @@ const DefaultTombstoneFilterKeys = 1_000_000
 const tombstoneFalsePositives = 0.01
 
 // tombstoneFilter rules out tombstones, so that the rows of aggregates
-// assumed new (see partition.Keys.New) are inserted without probing
+// assumed new (see sinks.Keys.New) are inserted without probing
 // projector_tombstones for each one, a third of what inserting such a row
 // cost Postgres.
 //
@@ -43,7 +43,7 @@ type tombstoneFilter struct {
 	read  *bloom.BloomFilter
 	since time.Time // when that read began
 	over  bool      // the table held more than max
-	parts map[partition.TP]*partTombstones
+	parts map[sinks.TP]*partTombstones
 }
 
 // ownDeletes is how many of its own deletes a partition keeps beside the
@@ -99,11 +99,11 @@ func (p *partTombstones) spill() {
 }
 
 func newTombstoneFilter(table string, max int) *tombstoneFilter {
-	return &tombstoneFilter{table: table, max: max, parts: map[partition.TP]*partTombstones{}}
+	return &tombstoneFilter{table: table, max: max, parts: map[sinks.TP]*partTombstones{}}
 }
 
 // part returns the partition's filter under claim. Call with mu held.
-func (f *tombstoneFilter) part(claim partition.Claim) *partTombstones {
+func (f *tombstoneFilter) part(claim sinks.Claim) *partTombstones {
 	p := f.parts[claim.TP]
 	if p == nil || p.epoch != claim.Epoch {
 		since := claim.Since
@@ -119,7 +119,7 @@ func (f *tombstoneFilter) part(claim partition.Claim) *partTombstones {
 // rule removes from assumed the aggregates that surely have no
 // tombstone; the others keep being probed. It reads the table's
 // tombstones (through q) when no read since the partition's claim has.
-func (f *tombstoneFilter) rule(ctx context.Context, q pgx.Tx, claim partition.Claim, assumed map[string]bool) error {
+func (f *tombstoneFilter) rule(ctx context.Context, q pgx.Tx, claim sinks.Claim, assumed map[string]bool) error {
 	if f.max <= 0 || len(assumed) == 0 {
 		return nil
 	}
@@ -179,7 +179,7 @@ func (f *tombstoneFilter) load(ctx context.Context, q pgx.Tx) error {
 // without a filter yet that has noted ownDeletes deletes forgets those of
 // the earlier ones and asks for a read of the table that begins after
 // them instead.
-func (f *tombstoneFilter) deleted(claim partition.Claim, deletes []partition.RowDelete) {
+func (f *tombstoneFilter) deleted(claim sinks.Claim, deletes []sinks.RowDelete) {
 	if f.max <= 0 || len(deletes) == 0 {
 		return
 	}
@@ -198,7 +198,7 @@ func (f *tombstoneFilter) deleted(claim partition.Claim, deletes []partition.Row
 }
 
 // forget drops a partition's filter, when it is revoked.
-func (f *tombstoneFilter) forget(tp partition.TP) {
+func (f *tombstoneFilter) forget(tp sinks.TP) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	delete(f.parts, tp)

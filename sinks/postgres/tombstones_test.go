@@ -10,7 +10,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
-	"github.com/projector-dev/projector/partition"
+	"github.com/projector-dev/projector/sinks"
 	"github.com/projector-dev/projector/sinks/postgres"
 )
 
@@ -76,13 +76,13 @@ func tracedSink(t *testing.T, e *env) (*postgres.Sink, *probeCounter) {
 
 // commitNew commits v1 rows of keys as a batch of aggregates first seen
 // in it, and returns the plan's calls.
-func commitNew(t *testing.T, e *env, s *postgres.Sink, c *partition.Claim, end int64, keys ...string) *gatedPlan {
+func commitNew(t *testing.T, e *env, s *postgres.Sink, c *sinks.Claim, end int64, keys ...string) *gatedPlan {
 	t.Helper()
 	g := &gatedPlan{}
 	for _, k := range keys {
 		g.want = append(g.want, upsert(k, 1, "new "+k, 1))
 	}
-	if err := s.CommitBatch(e.ctx, *c, end, partition.Keys{All: keys, New: keys}, g.plan); err != nil {
+	if err := s.CommitBatch(e.ctx, *c, end, sinks.Keys{All: keys, New: keys}, g.plan); err != nil {
 		t.Fatal(err)
 	}
 	c.NextOffset = end
@@ -100,8 +100,8 @@ func TestTombstoneFilter(t *testing.T) {
 	for i, k := range []string{"gone-before", "kept"} {
 		commitNew(t, e, other, &c, int64(i+1), k)
 	}
-	if err := other.CommitBatch(e.ctx, c, 3, partition.Keys{All: []string{"gone-before"}}, func(partition.State) (partition.Changes, error) {
-		return partition.Changes{Deletes: []partition.RowDelete{{Key: "gone-before", Version: 2}}}, nil
+	if err := other.CommitBatch(e.ctx, c, 3, sinks.Keys{All: []string{"gone-before"}}, func(sinks.State) (sinks.Changes, error) {
+		return sinks.Changes{Deletes: []sinks.RowDelete{{Key: "gone-before", Version: 2}}}, nil
 	}); err != nil {
 		t.Fatal(err)
 	}
@@ -132,8 +132,8 @@ func TestTombstoneFilter(t *testing.T) {
 	}
 
 	// So is one the partition writes itself, before it commits.
-	if err := s.CommitBatch(e.ctx, c, 6, partition.Keys{All: []string{"fresh-1"}}, func(partition.State) (partition.Changes, error) {
-		return partition.Changes{Deletes: []partition.RowDelete{{Key: "fresh-1", Version: 2}}}, nil
+	if err := s.CommitBatch(e.ctx, c, 6, sinks.Keys{All: []string{"fresh-1"}}, func(sinks.State) (sinks.Changes, error) {
+		return sinks.Changes{Deletes: []sinks.RowDelete{{Key: "fresh-1", Version: 2}}}, nil
 	}); err != nil {
 		t.Fatal(err)
 	}
@@ -168,8 +168,8 @@ func TestTombstoneFilterRereadOnClaim(t *testing.T) {
 	probes.take()
 
 	o := e.claim(1) // another member owns the partition for a while
-	if err := other.CommitBatch(e.ctx, o, 2, partition.Keys{All: []string{"a"}}, func(partition.State) (partition.Changes, error) {
-		return partition.Changes{Deletes: []partition.RowDelete{{Key: "a", Version: 2}}}, nil
+	if err := other.CommitBatch(e.ctx, o, 2, sinks.Keys{All: []string{"a"}}, func(sinks.State) (sinks.Changes, error) {
+		return sinks.Changes{Deletes: []sinks.RowDelete{{Key: "a", Version: 2}}}, nil
 	}); err != nil {
 		t.Fatal(err)
 	}
@@ -193,10 +193,10 @@ func TestTombstoneFilterOverFull(t *testing.T) {
 	c := e.claim(0)
 	gone := []string{"a", "b", "c", "d"} // the filter reads at most three
 	commitNew(t, e, s, &c, 1, gone...)
-	if err := s.CommitBatch(e.ctx, c, 2, partition.Keys{All: gone}, func(partition.State) (partition.Changes, error) {
-		var ch partition.Changes
+	if err := s.CommitBatch(e.ctx, c, 2, sinks.Keys{All: gone}, func(sinks.State) (sinks.Changes, error) {
+		var ch sinks.Changes
 		for _, k := range gone {
-			ch.Deletes = append(ch.Deletes, partition.RowDelete{Key: k, Version: 2})
+			ch.Deletes = append(ch.Deletes, sinks.RowDelete{Key: k, Version: 2})
 		}
 		return ch, nil
 	}); err != nil {
@@ -228,27 +228,27 @@ func TestTombstoneFilterOverFull(t *testing.T) {
 func TestTombstoneFilterAfterManyDeletes(t *testing.T) {
 	e := newEnv(t, demoProjection(t))
 	s, _ := tracedSink(t, e)
-	tps := []partition.TP{{Topic: e.tp.Topic, Partition: 0}, {Topic: e.tp.Topic, Partition: 1}}
+	tps := []sinks.TP{{Topic: e.tp.Topic, Partition: 0}, {Topic: e.tp.Topic, Partition: 1}}
 	cs, err := e.offs.Claim(e.ctx, tps)
 	if err != nil {
 		t.Fatal(err)
 	}
-	claims := make([]partition.Claim, len(cs))
+	claims := make([]sinks.Claim, len(cs))
 	for i, c := range cs {
 		if err := e.offs.Init(e.ctx, c, 0); err != nil {
 			t.Fatal(err)
 		}
-		claims[i] = partition.Claim{TP: c.TP, Epoch: c.Epoch, Since: c.At}
+		claims[i] = sinks.Claim{TP: c.TP, Epoch: c.Epoch, Since: c.At}
 	}
 	p, q := &claims[0], &claims[1]
 	commitNew(t, e, s, q, 1, "q-1") // the other partition reads the (empty) tombstones first
 
-	del := func(c *partition.Claim, end int64, keys []string) {
+	del := func(c *sinks.Claim, end int64, keys []string) {
 		t.Helper()
-		err := s.CommitBatch(e.ctx, *c, end, partition.Keys{All: keys}, func(partition.State) (partition.Changes, error) {
-			var ch partition.Changes
+		err := s.CommitBatch(e.ctx, *c, end, sinks.Keys{All: keys}, func(sinks.State) (sinks.Changes, error) {
+			var ch sinks.Changes
 			for _, k := range keys {
-				ch.Deletes = append(ch.Deletes, partition.RowDelete{Key: k, Version: 2})
+				ch.Deletes = append(ch.Deletes, sinks.RowDelete{Key: k, Version: 2})
 			}
 			return ch, nil
 		})

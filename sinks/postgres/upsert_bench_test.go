@@ -10,14 +10,14 @@ import (
 	"github.com/jackc/pgx/v5/pgtype"
 
 	"github.com/projector-dev/projector/internal/demo"
-	"github.com/projector-dev/projector/partition"
 	"github.com/projector-dev/projector/projection"
+	"github.com/projector-dev/projector/sinks"
 )
 
 // benchRows returns n rows of the demo's accounts fold projection as the
 // fold leaves them (opened_at in text form, as Column.Convert holds a
 // timestamptz).
-func benchRows(b *testing.B, n int) (*Sink, []partition.RowWrite) {
+func benchRows(b *testing.B, n int) (*Sink, []sinks.RowWrite) {
 	b.Helper()
 	projs, err := projection.Parse(demo.Projections, ".")
 	if err != nil {
@@ -25,10 +25,10 @@ func benchRows(b *testing.B, n int) (*Sink, []partition.RowWrite) {
 	}
 	s := NewSink(nil, "bench", projs[0], "")
 	at := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC).Format(time.RFC3339Nano)
-	rows := make([]partition.RowWrite, n)
+	rows := make([]sinks.RowWrite, n)
 	for i := range rows {
 		key := fmt.Sprintf("acc-%07d", i)
-		rows[i] = partition.RowWrite{Key: key, Version: int64(i%20 + 1), Row: projection.Row{
+		rows[i] = sinks.RowWrite{Key: key, Version: int64(i%20 + 1), Row: projection.Row{
 			"account_id": key, "owner": fmt.Sprintf("owner %d", i), "balance": int64(i * 37), "opened_at": at,
 		}}
 	}
@@ -128,12 +128,12 @@ func BenchmarkUpsertArgs(b *testing.B) {
 func BenchmarkQueueChanges(b *testing.B) {
 	const n = 1000
 	s, rows := benchRows(b, n)
-	var dels []partition.RowDelete
+	var dels []sinks.RowDelete
 	for i := 0; i < n/20; i++ {
-		dels = append(dels, partition.RowDelete{Key: fmt.Sprintf("acc-x%06d", i), Version: 7})
+		dels = append(dels, sinks.RowDelete{Key: fmt.Sprintf("acc-x%06d", i), Version: 7})
 	}
-	ch := partition.Changes{Upserts: rows, Deletes: dels}
-	tp := partition.TP{Topic: demo.Topic, Partition: 3}
+	ch := sinks.Changes{Upserts: rows, Deletes: dels}
+	tp := sinks.TP{Topic: demo.Topic, Partition: 3}
 	b.ReportAllocs()
 	perRow(b, n, func() {
 		batch := &pgx.Batch{}

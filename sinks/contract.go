@@ -1,4 +1,4 @@
-package partition
+package sinks
 
 import (
 	"context"
@@ -58,10 +58,6 @@ type State struct {
 	Versions map[string]int64
 	// Parked holds the events parked earlier for the requested keys.
 	Parked []StoredEvent
-	// known holds, for a window's batch, the window's aggregates at the
-	// index of the batch's keys, in place of Rows and Versions: the plan
-	// finds each by index rather than by hashing its key twice more.
-	known []*windowAgg
 }
 
 // RowWrite is a row to insert or replace.

@@ -1,4 +1,4 @@
-package postgres_test
+package deadletters_test
 
 import (
 	"bytes"
@@ -11,8 +11,9 @@ import (
 
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/projector-dev/projector/deadletters"
 	"github.com/projector-dev/projector/internal/testenv"
-	"github.com/projector-dev/projector/partition"
+	"github.com/projector-dev/projector/sinks"
 	"github.com/projector-dev/projector/sinks/postgres"
 )
 
@@ -61,7 +62,7 @@ func dlInsert(t *testing.T, pool *pgxpool.Pool, r dlRow) int64 {
 	return id
 }
 
-func dlIDs(ds []postgres.DeadLetter) []int64 {
+func dlIDs(ds []deadletters.Entry) []int64 {
 	out := make([]int64, len(ds))
 	for i, d := range ds {
 		out[i] = d.ID
@@ -82,43 +83,48 @@ func TestDeadLetterFilters(t *testing.T) {
 
 	for _, tc := range []struct {
 		name string
-		f    postgres.DeadLetterFilter
+		f    deadletters.Filter
 		want []int64
 	}{
-		{"all", postgres.DeadLetterFilter{}, []int64{a, b, c, d, e}},
-		{"identity", postgres.DeadLetterFilter{Identity: "second"}, []int64{d}},
-		{"projection", postgres.DeadLetterFilter{Projection: "accounts"}, []int64{a, b, d, e}},
-		{"topic", postgres.DeadLetterFilter{Topic: "other.events"}, []int64{c}},
-		{"key", postgres.DeadLetterFilter{Key: "acc-1"}, []int64{a, c}},
-		{"error class", postgres.DeadLetterFilter{ErrorClass: "fold"}, []int64{b}},
-		{"status open", postgres.DeadLetterFilter{Status: "open"}, []int64{a, c}},
-		{"status purged", postgres.DeadLetterFilter{Status: "purged"}, []int64{e}},
-		{"since", postgres.DeadLetterFilter{Since: now.Add(-36 * time.Hour)}, []int64{c, d, e}},
-		{"until", postgres.DeadLetterFilter{Until: now.Add(-36 * time.Hour)}, []int64{a, b}},
-		{"range", postgres.DeadLetterFilter{Since: now.Add(-60 * time.Hour), Until: now.Add(-time.Hour)}, []int64{b, c}},
-		{"ids", postgres.DeadLetterFilter{IDs: []int64{e, a, 999999}}, []int64{a, e}},
-		{"empty ids match nothing", postgres.DeadLetterFilter{IDs: []int64{}}, []int64{}},
-		{"combined", postgres.DeadLetterFilter{Projection: "accounts", Status: "open", Key: "acc-1"}, []int64{a}},
-		{"limit", postgres.DeadLetterFilter{Limit: 2}, []int64{a, b}},
-		{"no match", postgres.DeadLetterFilter{Key: "nope"}, []int64{}},
+		{"all", deadletters.Filter{}, []int64{a, b, c, d, e}},
+		{"identity", deadletters.Filter{Identity: "second"}, []int64{d}},
+		{"projection", deadletters.Filter{Projection: "accounts"}, []int64{a, b, d, e}},
+		{"topic", deadletters.Filter{Topic: "other.events"}, []int64{c}},
+		{"key", deadletters.Filter{Key: "acc-1"}, []int64{a, c}},
+		{"error class", deadletters.Filter{ErrorClass: "fold"}, []int64{b}},
+		{"status open", deadletters.Filter{Status: "open"}, []int64{a, c}},
+		{"status purged", deadletters.Filter{Status: "purged"}, []int64{e}},
+		{"since", deadletters.Filter{Since: now.Add(-36 * time.Hour)}, []int64{c, d, e}},
+		{"until", deadletters.Filter{Until: now.Add(-36 * time.Hour)}, []int64{a, b}},
+		{"range", deadletters.Filter{Since: now.Add(-60 * time.Hour), Until: now.Add(-time.Hour)}, []int64{b, c}},
+		{"ids", deadletters.Filter{IDs: []int64{e, a, 999999}}, []int64{a, e}},
+		{"empty ids match nothing", deadletters.Filter{IDs: []int64{}}, []int64{}},
+		{"combined", deadletters.Filter{Projection: "accounts", Status: "open", Key: "acc-1"}, []int64{a}},
+		{"limit", deadletters.Filter{Limit: 2}, []int64{a, b}},
+		{"no match", deadletters.Filter{Key: "nope"}, []int64{}},
 	} {
-		got, err := postgres.ListDeadLetters(ctx, pool, tc.f)
+		got, err := deadletters.List(ctx, pool, tc.f)
 		if err != nil {
 			t.Fatalf("%s: %v", tc.name, err)
 		}
 		if !slices.Equal(dlIDs(got), tc.want) {
-			t.Errorf("%s: ListDeadLetters = %v, want %v", tc.name, dlIDs(got), tc.want)
+			t.Errorf("%s: List = %v, want %v", tc.name, dlIDs(got), tc.want)
 		}
-		ids, err := postgres.DeadLetterIDs(ctx, pool, tc.f)
+		ids, err := deadletters.IDs(ctx, pool, tc.f)
 		if err != nil {
 			t.Fatalf("%s: %v", tc.name, err)
 		}
 		if !slices.Equal(ids, tc.want) && !(len(ids) == 0 && len(tc.want) == 0) {
-			t.Errorf("%s: DeadLetterIDs = %v, want %v", tc.name, ids, tc.want)
+			t.Errorf("%s: IDs = %v, want %v", tc.name, ids, tc.want)
+		}
+		if tc.f.Limit == 0 {
+			if n, err := deadletters.Count(ctx, pool, tc.f); err != nil || n != int64(len(tc.want)) {
+				t.Errorf("%s: Count = %d, %v; want %d", tc.name, n, err, len(tc.want))
+			}
 		}
 	}
-	if _, err := postgres.ListDeadLetters(ctx, pool, postgres.DeadLetterFilter{Status: "closed"}); err == nil {
-		t.Error("ListDeadLetters accepted status closed")
+	if _, err := deadletters.List(ctx, pool, deadletters.Filter{Status: "closed"}); err == nil {
+		t.Error("List accepted status closed")
 	}
 }
 
@@ -126,7 +132,7 @@ func TestGetDeadLetterReturnsEveryField(t *testing.T) {
 	pool := dlDB(t)
 	ctx := context.Background()
 	at := time.Date(2025, 3, 4, 5, 6, 7, 0, time.UTC)
-	headers := []partition.Header{{Key: "traceparent", Value: []byte("00-abc-def-01")}, {Key: "bin", Value: []byte{0xff, 0}}}
+	headers := []sinks.Header{{Key: "traceparent", Value: []byte("00-abc-def-01")}, {Key: "bin", Value: []byte{0xff, 0}}}
 	hs, _ := json.Marshal(headers)
 	var id int64
 	err := pool.QueryRow(ctx, `INSERT INTO projector_dead_letters
@@ -137,7 +143,7 @@ func TestGetDeadLetterReturnsEveryField(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	d, err := postgres.GetDeadLetter(ctx, pool, id)
+	d, err := deadletters.Get(ctx, pool, id)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -147,7 +153,7 @@ func TestGetDeadLetterReturnsEveryField(t *testing.T) {
 		d.Status != "resolved" || d.Replays != 1 || d.RecordTime == nil || !d.RecordTime.Equal(at) ||
 		d.ReplayedAt == nil || !d.ReplayedAt.Equal(at) || d.ResolvedAt == nil || !d.ResolvedAt.Equal(at) ||
 		d.FirstSeen.IsZero() || d.LastSeen.IsZero() {
-		t.Errorf("GetDeadLetter = %+v", d)
+		t.Errorf("Get = %+v", d)
 	}
 	if len(d.Headers) != 2 || d.Headers[1].Key != "bin" || !bytes.Equal(d.Headers[1].Value, []byte{0xff, 0}) {
 		t.Errorf("headers = %v, want %v", d.Headers, headers)
@@ -155,19 +161,19 @@ func TestGetDeadLetterReturnsEveryField(t *testing.T) {
 
 	// A record without key or value keeps them null.
 	bare := dlInsert(t, pool, dlRow{offset: 43})
-	d, err = postgres.GetDeadLetter(ctx, pool, bare)
+	d, err = deadletters.Get(ctx, pool, bare)
 	if err != nil {
 		t.Fatal(err)
 	}
 	if !d.KeyNull || d.RecordKey() != nil || d.Value != nil || d.SchemaID != nil || d.TraceID != "" || d.Status != "open" {
 		t.Errorf("bare dead letter = %+v", d)
 	}
-	if d, err := postgres.GetDeadLetter(ctx, pool, dlInsert(t, pool, dlRow{offset: 44, key: []byte{}})); err != nil || d.KeyNull || d.RecordKey() == nil {
+	if d, err := deadletters.Get(ctx, pool, dlInsert(t, pool, dlRow{offset: 44, key: []byte{}})); err != nil || d.KeyNull || d.RecordKey() == nil {
 		t.Errorf("empty key: KeyNull %v, RecordKey %#v, err %v; want an empty, non-null key", d.KeyNull, d.RecordKey(), err)
 	}
 
-	if _, err := postgres.GetDeadLetter(ctx, pool, 987654); !errors.Is(err, postgres.ErrNoDeadLetter) {
-		t.Errorf("GetDeadLetter(absent) error = %v, want ErrNoDeadLetter", err)
+	if _, err := deadletters.Get(ctx, pool, 987654); !errors.Is(err, deadletters.ErrNoDeadLetter) {
+		t.Errorf("Get(absent) error = %v, want ErrNoDeadLetter", err)
 	}
 }
 
@@ -178,21 +184,21 @@ func TestMarkReplayed(t *testing.T) {
 	b := dlInsert(t, pool, dlRow{offset: 2})
 	p := dlInsert(t, pool, dlRow{offset: 3, status: "purged"})
 	for round := 1; round <= 2; round++ {
-		if err := postgres.MarkReplayed(ctx, pool, []int64{a, p}); err != nil {
+		if err := deadletters.MarkReplayed(ctx, pool, []int64{a, p}); err != nil {
 			t.Fatal(err)
 		}
-		d, _ := postgres.GetDeadLetter(ctx, pool, a)
+		d, _ := deadletters.Get(ctx, pool, a)
 		if d.Status != "replayed" || d.Replays != round || d.ReplayedAt == nil {
 			t.Errorf("after %d marks: status %s, replays %d, replayed_at %v", round, d.Status, d.Replays, d.ReplayedAt)
 		}
 	}
-	if d, _ := postgres.GetDeadLetter(ctx, pool, b); d.Status != "open" || d.Replays != 0 || d.ReplayedAt != nil {
+	if d, _ := deadletters.Get(ctx, pool, b); d.Status != "open" || d.Replays != 0 || d.ReplayedAt != nil {
 		t.Errorf("unmarked entry changed: %+v", d)
 	}
-	if d, _ := postgres.GetDeadLetter(ctx, pool, p); d.Status != "purged" || d.Replays != 0 {
+	if d, _ := deadletters.Get(ctx, pool, p); d.Status != "purged" || d.Replays != 0 {
 		t.Errorf("purged entry marked replayed: %+v", d)
 	}
-	if err := postgres.MarkReplayed(ctx, pool, nil); err != nil {
+	if err := deadletters.MarkReplayed(ctx, pool, nil); err != nil {
 		t.Errorf("MarkReplayed(nil) = %v", err)
 	}
 }
@@ -209,10 +215,10 @@ func TestPurgeDeadLetters(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	if n, err := postgres.PurgeDeadLetters(ctx, pool, postgres.DeadLetterFilter{ErrorClass: "fold", Limit: 2}); err != nil || n != 2 {
+	if n, err := deadletters.Purge(ctx, pool, deadletters.Filter{ErrorClass: "fold", Limit: 2}); err != nil || n != 2 {
 		t.Fatalf("purge fold, limit 2 = %d, %v; want 2", n, err)
 	}
-	left, _ := postgres.ListDeadLetters(ctx, pool, postgres.DeadLetterFilter{})
+	left, _ := deadletters.List(ctx, pool, deadletters.Filter{})
 	if !slices.Equal(dlIDs(left), []int64{c, d}) {
 		t.Fatalf("left %v, want %v (the oldest two purged)", dlIDs(left), []int64{c, d})
 	}
@@ -226,13 +232,13 @@ func TestPurgeDeadLetters(t *testing.T) {
 	if rows.Err() != nil || !slices.Equal(outbox, []int64{d}) {
 		t.Errorf("outbox holds %v, want %v: the purged entry's row goes with it", outbox, []int64{d})
 	}
-	if n, err := postgres.PurgeDeadLetters(ctx, pool, postgres.DeadLetterFilter{IDs: []int64{}}); err != nil || n != 0 {
+	if n, err := deadletters.Purge(ctx, pool, deadletters.Filter{IDs: []int64{}}); err != nil || n != 0 {
 		t.Errorf("purge with empty IDs = %d, %v; want 0", n, err)
 	}
-	if n, err := postgres.PurgeDeadLetters(ctx, pool, postgres.DeadLetterFilter{Status: "bogus"}); err == nil {
+	if n, err := deadletters.Purge(ctx, pool, deadletters.Filter{Status: "bogus"}); err == nil {
 		t.Errorf("purge with status bogus = %d, nil; want an error", n)
 	}
-	if n, err := postgres.PurgeDeadLetters(ctx, pool, postgres.DeadLetterFilter{}); err != nil || n != 2 {
+	if n, err := deadletters.Purge(ctx, pool, deadletters.Filter{}); err != nil || n != 2 {
 		t.Errorf("purge all = %d, %v; want 2", n, err)
 	}
 }
@@ -240,14 +246,14 @@ func TestPurgeDeadLetters(t *testing.T) {
 func TestAuditLog(t *testing.T) {
 	pool := dlDB(t)
 	ctx := context.Background()
-	f := postgres.DeadLetterFilter{Projection: "accounts", Status: "open", Since: time.Date(2025, 1, 2, 3, 4, 5, 0, time.UTC)}
-	if err := postgres.Audit(ctx, pool, "alice", postgres.AuditReplay, f, []int64{3, 4}, "produced 2 of 2"); err != nil {
+	f := deadletters.Filter{Projection: "accounts", Status: "open", Since: time.Date(2025, 1, 2, 3, 4, 5, 0, time.UTC)}
+	if err := deadletters.Audit(ctx, pool, "alice", deadletters.AuditReplay, f, []int64{3, 4}, "produced 2 of 2"); err != nil {
 		t.Fatal(err)
 	}
-	if err := postgres.Audit(ctx, pool, "bob", postgres.AuditPurge, nil, nil, ""); err != nil {
+	if err := deadletters.Audit(ctx, pool, "bob", deadletters.AuditPurge, nil, nil, ""); err != nil {
 		t.Fatal(err)
 	}
-	all, err := postgres.ListAudit(ctx, pool, 0)
+	all, err := deadletters.ListAudit(ctx, pool, 0)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -262,11 +268,11 @@ func TestAuditLog(t *testing.T) {
 		alice.Detail != "produced 2 of 2" || alice.At.IsZero() {
 		t.Errorf("oldest entry = %+v", alice)
 	}
-	var back postgres.DeadLetterFilter
+	var back deadletters.Filter
 	if err := json.Unmarshal(alice.Filter, &back); err != nil || back.Projection != "accounts" || back.Status != "open" || !back.Since.Equal(f.Since) {
 		t.Errorf("audited filter %s decodes to %+v (%v)", alice.Filter, back, err)
 	}
-	if limited, _ := postgres.ListAudit(ctx, pool, 1); len(limited) != 1 || limited[0].Actor != "bob" {
+	if limited, _ := deadletters.ListAudit(ctx, pool, 1); len(limited) != 1 || limited[0].Actor != "bob" {
 		t.Errorf("ListAudit(1) = %+v, want the newest entry", limited)
 	}
 }
@@ -274,7 +280,7 @@ func TestAuditLog(t *testing.T) {
 func TestDeadLetterDepthByProjection(t *testing.T) {
 	pool := dlDB(t)
 	ctx := context.Background()
-	if got, err := postgres.DepthByProjection(ctx, pool, ""); err != nil || len(got) != 0 {
+	if got, err := deadletters.Depth(ctx, pool, ""); err != nil || len(got) != 0 {
 		t.Fatalf("empty: %v, %v", got, err)
 	}
 	dlInsert(t, pool, dlRow{offset: 1})
@@ -282,11 +288,11 @@ func TestDeadLetterDepthByProjection(t *testing.T) {
 	dlInsert(t, pool, dlRow{offset: 3, status: "replayed"})
 	dlInsert(t, pool, dlRow{offset: 4, projection: "ledger"})
 	dlInsert(t, pool, dlRow{offset: 5, projection: "closed", status: "resolved"})
-	got, err := postgres.DepthByProjection(ctx, pool, "")
+	got, err := deadletters.Depth(ctx, pool, "")
 	if err != nil {
 		t.Fatal(err)
 	}
 	if len(got) != 2 || got["accounts"] != 2 || got["ledger"] != 1 {
-		t.Errorf("DepthByProjection = %v, want accounts:2 ledger:1", got)
+		t.Errorf("Depth = %v, want accounts:2 ledger:1", got)
 	}
 }

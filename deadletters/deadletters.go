@@ -1,4 +1,4 @@
-package postgres
+package deadletters
 
 import (
 	"context"
@@ -11,7 +11,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
-	"github.com/projector-dev/projector/partition"
+	"github.com/projector-dev/projector/sinks"
 )
 
 // Dead-letter statuses (projector_dead_letters.status).
@@ -34,8 +34,8 @@ var Statuses = []string{StatusOpen, StatusReplayed, StatusResolved, StatusPurged
 // ErrNoDeadLetter reports a dead-letter id that does not exist.
 var ErrNoDeadLetter = errors.New("no such dead letter")
 
-// DeadLetter is one stored dead letter.
-type DeadLetter struct {
+// Entry is one stored dead letter.
+type Entry struct {
 	ID         int64  `json:"id"`
 	Identity   string `json:"identity"`
 	Projection string `json:"projection"`
@@ -48,33 +48,33 @@ type DeadLetter struct {
 	// an empty one).
 	KeyNull bool `json:"key_null,omitempty"`
 	// Value is the record value, nil for a record without one.
-	Value      []byte             `json:"value"`
-	Headers    []partition.Header `json:"headers"`
-	RecordTime *time.Time         `json:"record_time,omitempty"`
-	Error      string             `json:"error"`
-	ErrorClass string             `json:"error_class"`
-	SchemaID   *int               `json:"schema_id,omitempty"`
-	TraceID    string             `json:"trace_id,omitempty"`
-	Status     string             `json:"status"`
-	Attempts   int                `json:"attempts"`
-	Replays    int                `json:"replays"`
-	FirstSeen  time.Time          `json:"first_seen"`
-	LastSeen   time.Time          `json:"last_seen"`
-	ReplayedAt *time.Time         `json:"replayed_at,omitempty"`
-	ResolvedAt *time.Time         `json:"resolved_at,omitempty"`
+	Value      []byte         `json:"value"`
+	Headers    []sinks.Header `json:"headers"`
+	RecordTime *time.Time     `json:"record_time,omitempty"`
+	Error      string         `json:"error"`
+	ErrorClass string         `json:"error_class"`
+	SchemaID   *int           `json:"schema_id,omitempty"`
+	TraceID    string         `json:"trace_id,omitempty"`
+	Status     string         `json:"status"`
+	Attempts   int            `json:"attempts"`
+	Replays    int            `json:"replays"`
+	FirstSeen  time.Time      `json:"first_seen"`
+	LastSeen   time.Time      `json:"last_seen"`
+	ReplayedAt *time.Time     `json:"replayed_at,omitempty"`
+	ResolvedAt *time.Time     `json:"resolved_at,omitempty"`
 }
 
 // RecordKey is the record key as produced: nil for a record without one.
-func (d DeadLetter) RecordKey() []byte {
+func (d Entry) RecordKey() []byte {
 	if d.KeyNull {
 		return nil
 	}
 	return []byte(d.Key)
 }
 
-// DeadLetterFilter narrows the dead letters a function looks at; zero
+// Filter narrows the dead letters a function looks at; zero
 // fields match everything. The JSON form is what the audit log records.
-type DeadLetterFilter struct {
+type Filter struct {
 	// IDs, when not nil, keeps only these ids; an empty non-nil slice
 	// matches nothing.
 	IDs        []int64   `json:"ids,omitempty"`
@@ -87,7 +87,7 @@ type DeadLetterFilter struct {
 	Since      time.Time `json:"since,omitzero"`        // first_seen at or after
 	Until      time.Time `json:"until,omitzero"`        // first_seen before
 	// Limit caps how many entries are returned or purged, oldest first.
-	// ListDeadLetters uses 1000 when it is not positive; the other
+	// List uses 1000 when it is not positive; the other
 	// functions then have no cap.
 	Limit int `json:"limit,omitempty"`
 }
@@ -104,7 +104,7 @@ func ValidStatus(s string) bool {
 
 // where returns the filter's WHERE clause (without the keyword) and its
 // arguments, numbered from $1.
-func (f DeadLetterFilter) where() (string, []any, error) {
+func (f Filter) where() (string, []any, error) {
 	var (
 		conds []string
 		args  []any
@@ -153,9 +153,9 @@ const deadLetterColumns = `id, identity, projection, topic, partition, "offset",
 	headers, record_time, error, error_class, schema_id, coalesce(trace_id, ''), status, attempts, replays,
 	first_seen, last_seen, replayed_at, resolved_at`
 
-func scanDeadLetter(r pgx.CollectableRow) (DeadLetter, error) {
+func scanEntry(r pgx.CollectableRow) (Entry, error) {
 	var (
-		d       DeadLetter
+		d       Entry
 		key     []byte
 		headers []byte
 	)
@@ -171,8 +171,8 @@ func scanDeadLetter(r pgx.CollectableRow) (DeadLetter, error) {
 	return d, nil
 }
 
-// ListDeadLetters returns the dead letters matching f, oldest first.
-func ListDeadLetters(ctx context.Context, pool *pgxpool.Pool, f DeadLetterFilter) ([]DeadLetter, error) {
+// List returns the dead letters matching f, oldest first.
+func List(ctx context.Context, pool *pgxpool.Pool, f Filter) ([]Entry, error) {
 	if f.Limit <= 0 {
 		f.Limit = 1000
 	}
@@ -186,16 +186,16 @@ func ListDeadLetters(ctx context.Context, pool *pgxpool.Pool, f DeadLetterFilter
 	if err != nil {
 		return nil, fmt.Errorf("list dead letters: %w", err)
 	}
-	out, err := pgx.CollectRows(rows, scanDeadLetter)
+	out, err := pgx.CollectRows(rows, scanEntry)
 	if err != nil {
 		return nil, fmt.Errorf("list dead letters: %w", err)
 	}
 	return out, nil
 }
 
-// DeadLetterIDs returns the ids of the dead letters matching f, oldest
+// IDs returns the ids of the dead letters matching f, oldest
 // first, without loading the records; f.Limit caps them when positive.
-func DeadLetterIDs(ctx context.Context, pool *pgxpool.Pool, f DeadLetterFilter) ([]int64, error) {
+func IDs(ctx context.Context, pool *pgxpool.Pool, f Filter) ([]int64, error) {
 	where, args, err := f.where()
 	if err != nil {
 		return nil, fmt.Errorf("list dead-letter ids: %w", err)
@@ -216,19 +216,32 @@ func DeadLetterIDs(ctx context.Context, pool *pgxpool.Pool, f DeadLetterFilter) 
 	return ids, nil
 }
 
-// GetDeadLetter returns one dead letter; the error wraps ErrNoDeadLetter
+// Count counts the dead letters matching f (f.Limit aside).
+func Count(ctx context.Context, pool *pgxpool.Pool, f Filter) (int64, error) {
+	where, args, err := f.where()
+	if err != nil {
+		return 0, fmt.Errorf("count dead letters: %w", err)
+	}
+	var n int64
+	if err := pool.QueryRow(ctx, `SELECT count(*) FROM projector_dead_letters WHERE `+where, args...).Scan(&n); err != nil {
+		return 0, fmt.Errorf("count dead letters: %w", err)
+	}
+	return n, nil
+}
+
+// Get returns one dead letter; the error wraps ErrNoDeadLetter
 // when there is none with that id.
-func GetDeadLetter(ctx context.Context, pool *pgxpool.Pool, id int64) (DeadLetter, error) {
+func Get(ctx context.Context, pool *pgxpool.Pool, id int64) (Entry, error) {
 	rows, err := pool.Query(ctx, `SELECT `+deadLetterColumns+` FROM projector_dead_letters WHERE id = $1`, id)
 	if err != nil {
-		return DeadLetter{}, fmt.Errorf("dead letter %d: %w", id, err)
+		return Entry{}, fmt.Errorf("dead letter %d: %w", id, err)
 	}
-	d, err := pgx.CollectExactlyOneRow(rows, scanDeadLetter)
+	d, err := pgx.CollectExactlyOneRow(rows, scanEntry)
 	if errors.Is(err, pgx.ErrNoRows) {
-		return DeadLetter{}, fmt.Errorf("dead letter %d: %w", id, ErrNoDeadLetter)
+		return Entry{}, fmt.Errorf("dead letter %d: %w", id, ErrNoDeadLetter)
 	}
 	if err != nil {
-		return DeadLetter{}, fmt.Errorf("dead letter %d: %w", id, err)
+		return Entry{}, fmt.Errorf("dead letter %d: %w", id, err)
 	}
 	return d, nil
 }
@@ -249,10 +262,10 @@ func MarkReplayed(ctx context.Context, pool *pgxpool.Pool, ids []int64) error {
 	return nil
 }
 
-// PurgeDeadLetters deletes the dead letters matching f (f.Limit, when
+// Purge deletes the dead letters matching f (f.Limit, when
 // positive, caps them, oldest first) and returns how many it deleted.
 // Their rows waiting in the dead-letter topic outbox go with them.
-func PurgeDeadLetters(ctx context.Context, pool *pgxpool.Pool, f DeadLetterFilter) (int64, error) {
+func Purge(ctx context.Context, pool *pgxpool.Pool, f Filter) (int64, error) {
 	where, args, err := f.where()
 	if err != nil {
 		return 0, fmt.Errorf("purge dead letters: %w", err)
@@ -336,9 +349,9 @@ func ListAudit(ctx context.Context, pool *pgxpool.Pool, limit int) ([]AuditEntry
 	return out, nil
 }
 
-// DepthByProjection counts the open dead letters of each projection that
+// Depth counts the open dead letters of each projection that
 // has any, for one identity ("" for all).
-func DepthByProjection(ctx context.Context, pool *pgxpool.Pool, identity string) (map[string]int64, error) {
+func Depth(ctx context.Context, pool *pgxpool.Pool, identity string) (map[string]int64, error) {
 	rows, err := pool.Query(ctx, `SELECT projection, count(*) FROM projector_dead_letters
 		WHERE status = 'open' AND ($1 = '' OR identity = $1) GROUP BY projection`, identity)
 	if err != nil {

@@ -1,0 +1,115 @@
+package deadletters
+
+import (
+	"encoding/json"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/projector-dev/projector/sinks"
+)
+
+const (
+	// writeSQL stores dead letters. A replayed record that failed
+	// again ($15 names the entry it replays) reopens that entry of this
+	// identity with one more attempt instead of adding one (found by its
+	// id alone, see resolvedSQL: planned on few dead letters, a join read
+	// all of them for every batch once they had grown); otherwise, and
+	// when that entry is gone, a new entry is added. With a dead-letter
+	// topic configured ($16 not empty) new entries are queued for
+	// publishing in the same transaction.
+	writeSQL = `WITH u AS (
+		SELECT * FROM unnest($5::bigint[], $6::bytea[], $7::bytea[], $8::jsonb[], $9::timestamptz[], $10::text[],
+		                     $11::text[], $12::int[], $13::int[], $14::text[], $15::bigint[])
+		  AS u(off, rkey, value, headers, ts, err, class, attempts, schema_id, trace_id, replay_of)
+	), reopened AS (
+		UPDATE projector_dead_letters d
+		SET attempts = d.attempts + 1, last_seen = now(), error = r.err, error_class = r.class, status = 'open'
+		FROM (SELECT u.off, u.err, u.class, t.tid FROM u
+		      CROSS JOIN LATERAL (SELECT t.ctid AS tid FROM projector_dead_letters t WHERE t.id = u.replay_of LIMIT 1) t) r
+		WHERE d.ctid = r.tid AND d.identity = $1 AND d.status <> 'purged'
+		RETURNING r.off
+	), dl AS (
+		INSERT INTO projector_dead_letters AS d
+		(identity, projection, topic, partition, "offset", record_key, value, headers, record_time, error,
+		 error_class, attempts, schema_id, trace_id)
+		SELECT $1, $2, $3, $4, u.off, u.rkey, u.value, u.headers, u.ts, u.err, u.class, u.attempts, u.schema_id, u.trace_id
+		FROM u WHERE u.off NOT IN (SELECT off FROM reopened)
+		ON CONFLICT (identity, topic, partition, "offset")
+		DO UPDATE SET last_seen = now(), attempts = d.attempts + 1, error = excluded.error, error_class = excluded.error_class
+		RETURNING d.id)
+	INSERT INTO projector_dlq_outbox (dead_letter_id, topic)
+	SELECT id, $16 FROM dl WHERE $16 <> ''
+	ON CONFLICT (dead_letter_id) DO NOTHING`
+	// resolvedSQL, as the reopening above, finds each dead letter by its
+	// id alone (LATERAL ... LIMIT 1), then checks the rest: with the
+	// identity's conditions beside it, Postgres could take the index that
+	// starts with the identity and read all of its dead letters.
+	resolvedSQL = `UPDATE projector_dead_letters d SET status = 'resolved', resolved_at = now()
+		FROM unnest($1::bigint[]) AS r(id)
+		CROSS JOIN LATERAL (SELECT t.ctid AS tid FROM projector_dead_letters t WHERE t.id = r.id LIMIT 1) t
+		WHERE d.ctid = t.tid AND d.identity = $2 AND d.status NOT IN ('resolved', 'purged')`
+)
+
+// QueueWrite queues on b, a batch's transaction, the statement that
+// stores the dead letters of one partition of a projection of identity.
+// With dlqTopic set, every new one is also queued in the outbox for
+// publishing to that topic.
+func QueueWrite(b *pgx.Batch, identity, projection string, tp sinks.TP, dls []sinks.DeadLetter, dlqTopic string) {
+	n := len(dls)
+	if n == 0 {
+		return
+	}
+	var (
+		offsets   = make([]int64, n)
+		rkeys     = make([][]byte, n)
+		values    = make([][]byte, n)
+		headers   = make([]string, n)
+		times     = make([]*time.Time, n)
+		errs      = make([]string, n)
+		classes   = make([]string, n)
+		attempts  = make([]int32, n)
+		schemaIDs = make([]*int32, n)
+		traces    = make([]*string, n)
+		replays   = make([]*int64, n)
+	)
+	for i, d := range dls {
+		offsets[i], rkeys[i], values[i], errs[i], classes[i] = d.Offset, d.RecordKey, d.Value, d.Err, d.Class
+		headers[i], times[i], attempts[i] = headersJSON(d.Headers), timeOrNil(d.Timestamp), int32(max(1, d.Attempts))
+		if d.SchemaID > 0 {
+			v := int32(d.SchemaID)
+			schemaIDs[i] = &v
+		}
+		if d.TraceID != "" {
+			traces[i] = &d.TraceID
+		}
+		if d.ReplayOf > 0 {
+			replays[i] = &d.ReplayOf
+		}
+	}
+	b.Queue(writeSQL, identity, projection, tp.Topic, tp.Partition, offsets, rkeys, values, headers, times, errs,
+		classes, attempts, schemaIDs, traces, replays, dlqTopic)
+}
+
+// QueueResolved queues on b the statement that marks as resolved the
+// dead letters of identity whose replayed record has now applied.
+func QueueResolved(b *pgx.Batch, identity string, ids []int64) {
+	if len(ids) > 0 {
+		b.Queue(resolvedSQL, ids, identity)
+	}
+}
+
+func headersJSON(hs []sinks.Header) string {
+	if len(hs) == 0 {
+		return "[]"
+	}
+	b, _ := json.Marshal(hs) // cannot fail: strings and byte slices
+	return string(b)
+}
+
+func timeOrNil(t time.Time) *time.Time {
+	if t.IsZero() {
+		return nil
+	}
+	return &t
+}

@@ -1,0 +1,83 @@
+package sinks
+
+import (
+	"context"
+	"time"
+
+	"github.com/projector-dev/projector/projection"
+)
+
+// Target is what one sink serves: one projection of one consumer
+// identity, with the engine's options for it. A rebuild would ask for a
+// second sink of the same projection under another identity (its own
+// table, offsets and parked events) while the first keeps serving.
+type Target struct {
+	Identity   string
+	Projection *projection.Projection
+	// DLQTopic, when set, is the Kafka topic dead letters are also
+	// published to: the sink queues each new one for it in the batch's
+	// transaction.
+	DLQTopic string
+	// StateCacheRows and StateCacheBytes bound how much of its
+	// aggregates' state the sink may keep in memory between batches (0:
+	// the sink's default; negative: none).
+	StateCacheRows  int
+	StateCacheBytes int64
+}
+
+// Claimed is the result of claiming one partition. NextOffset is nil when
+// nothing was ever stored for it.
+type Claimed struct {
+	TP
+	Epoch      int64
+	NextOffset *int64
+	At         time.Time // once the store had stored the claim
+}
+
+// Offsets stores the next offset of every partition one consumer identity
+// owns, and the owner epoch that fences its older owners.
+type Offsets interface {
+	// Claim takes ownership of partitions: it bumps each one's owner
+	// epoch, which fences every earlier owner, and returns where to
+	// resume.
+	Claim(ctx context.Context, tps []TP) ([]Claimed, error)
+	// InitAll sets the first offsets of claimed partitions that had none
+	// stored, firsts[i] for claims[i]. It returns the partitions it set:
+	// one left out has a newer owner.
+	InitAll(ctx context.Context, claims []Claimed, firsts []int64) ([]TP, error)
+	// Adopt claims a partition again after an operator reset its stored
+	// offset while this member, at epoch mine, owned it. ok is false when
+	// there is nothing to adopt.
+	Adopt(ctx context.Context, tp TP, mine int64) (c Claimed, ok bool, err error)
+}
+
+// Forgetter is a Sink that keeps state of a partition's aggregates in
+// memory: it drops that state once the partition has left this member,
+// since its next owner may change the rows.
+type Forgetter interface {
+	Forget(tp TP)
+}
+
+// CacheStats describes a sink's state cache: what it holds now and, since
+// the sink was made, how many of the aggregates its batches needed were
+// found in it (Hits) and read from the database (Misses), per attempt of
+// a batch (one planned again counts again). Aggregates first seen in
+// their batch are planned as new and are neither.
+type CacheStats struct {
+	Entries      int
+	Bytes        int64 // as counted against the state cache's byte bound
+	Hits, Misses int64
+}
+
+// CacheReporter is a Sink with a state cache whose use the engine exports
+// as metrics.
+type CacheReporter interface {
+	CacheStats() CacheStats
+}
+
+// TombstoneReporter is a Sink that says how it checked that aggregates
+// assumed new had no tombstone: ruled out in memory, or probed in the
+// database.
+type TombstoneReporter interface {
+	TombstoneChecks() (ruledOut, probed int64)
+}
