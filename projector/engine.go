@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"log/slog"
 	"maps"
-	"math/rand/v2"
 	"slices"
 	"strconv"
 	"strings"
@@ -23,6 +22,7 @@ import (
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/projector-dev/projector/dlqpublish"
+	"github.com/projector-dev/projector/internal/backoff"
 	"github.com/projector-dev/projector/partition"
 	"github.com/projector-dev/projector/projection"
 	"github.com/projector-dev/projector/repair"
@@ -537,7 +537,7 @@ func (e *Engine) claim(ctx context.Context, offsets map[string]map[int32]kgo.Off
 		return offsets, nil
 	}
 	var claims []postgres.Claimed
-	err := retry(ctx, e.log, "claim partitions", func() (err error) {
+	err := retry(ctx, e.log, e.retryPolicy(), "claim partitions", func() (err error) {
 		claims, err = e.offsets.Claim(ctx, tps)
 		return err
 	})
@@ -592,7 +592,7 @@ func (e *Engine) startOffsets(ctx context.Context, claims []postgres.Claimed) (m
 		list = e.adm.ListEndOffsets
 	}
 	firsts := make([]int64, len(fresh))
-	err := retry(ctx, e.log, "resolve start offsets", func() error {
+	err := retry(ctx, e.log, e.retryPolicy(), "resolve start offsets", func() error {
 		res, err := list(ctx, names...)
 		if err != nil {
 			return fmt.Errorf("list %s offsets of %d partitions: %w", e.cfg.StartFrom, len(fresh), err)
@@ -613,7 +613,7 @@ func (e *Engine) startOffsets(ctx context.Context, claims []postgres.Claimed) (m
 		return nil, err
 	}
 	var stored []partition.TP
-	err = retry(ctx, e.log, "store start offsets", func() (err error) {
+	err = retry(ctx, e.log, e.retryPolicy(), "store start offsets", func() (err error) {
 		stored, err = e.offsets.InitAll(ctx, fresh, firsts)
 		return err
 	})
@@ -1109,10 +1109,16 @@ func (e *Engine) Ready(ctx context.Context) map[string]error {
 // Client is the engine's Kafka client (for admin calls; do not poll it).
 func (e *Engine) Client() *kgo.Client { return e.cl }
 
-// retry runs fn with exponential backoff and full jitter until it
-// succeeds or ctx ends.
-func retry(ctx context.Context, log *slog.Logger, what string, fn func() error) error {
-	const base, ceiling = 100 * time.Millisecond, 10 * time.Second
+// retryPolicy is the backoff of the engine's own database work (claims,
+// start offsets): the partitions' --retry-base and --retry-cap, so that one
+// setting governs every retry against Postgres.
+func (e *Engine) retryPolicy() backoff.Policy {
+	return backoff.Policy{Base: e.cfg.Partition.RetryBase, Cap: e.cfg.Partition.RetryCap}
+}
+
+// retry runs fn with p's backoff between attempts until it succeeds or
+// ctx ends.
+func retry(ctx context.Context, log *slog.Logger, p backoff.Policy, what string, fn func() error) error {
 	for attempt := 0; ; attempt++ {
 		err := fn()
 		if err == nil || errors.Is(err, partition.ErrFenced) {
@@ -1121,11 +1127,7 @@ func retry(ctx context.Context, log *slog.Logger, what string, fn func() error) 
 		if ctx.Err() != nil {
 			return fmt.Errorf("%s: %w", what, err)
 		}
-		limit := ceiling
-		if attempt < 20 {
-			limit = min(ceiling, base<<attempt)
-		}
-		delay := time.Duration(rand.Int64N(int64(limit) + 1))
+		delay := p.Delay(attempt)
 		log.Warn("transient failure; retrying", "what", what, "attempt", attempt+1, "delay", delay, "err", err)
 		select {
 		case <-ctx.Done():

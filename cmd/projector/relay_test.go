@@ -321,6 +321,8 @@ func TestRelayFlags(t *testing.T) {
 		{[]string{"relay", "--brokers", "b", "--shards", "0"}, "--shards"},
 		{[]string{"relay", "--brokers", "b", "--poll-interval", "0s"}, "--poll-interval"},
 		{[]string{"relay", "--brokers", "b", "--retention", "0s"}, "--retention"},
+		{[]string{"relay", "--brokers", "b", "--retry-base", "0s"}, "--retry-base"},
+		{[]string{"relay", "--brokers", "b", "--retry-base", "1s", "--retry-cap", "100ms"}, "--retry-cap"},
 		{[]string{"relay", "--brokers", "b", "--database-url", "postgres://postgres@127.0.0.1:1/test?connect_timeout=2"}, "cannot connect to PostgreSQL"},
 	} {
 		var out bytes.Buffer
