@@ -65,7 +65,8 @@ type Config struct {
 	// "earliest" (default) or "latest".
 	StartFrom string
 	// Partition tunes the partition workers (batch size and wait, buffer,
-	// retry backoff).
+	// retry backoff); its RetryBase and RetryCap also pace the engine's
+	// retries of claims and start offsets.
 	Partition partition.Config
 	// StateCacheRows is how many aggregates' rows each projection keeps in
 	// memory, so that a batch reads from Postgres only the aggregates it
