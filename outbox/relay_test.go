@@ -975,3 +975,28 @@ func (b *syncBuffer) String() string {
 	defer b.mu.Unlock()
 	return b.b.String()
 }
+
+// TestRetryConfig: a backoff that cannot work is refused with the field
+// named; zero values take the defaults.
+func TestRetryConfig(t *testing.T) {
+	e := setup(t)
+	for _, tc := range []struct {
+		cfg  outbox.Config
+		want string // "" accepts the config
+	}{
+		{outbox.Config{}, ""},
+		{outbox.Config{RetryBase: time.Second, RetryCap: time.Minute}, ""},
+		{outbox.Config{RetryBase: -time.Second}, "Config.RetryBase"},
+		{outbox.Config{RetryCap: -time.Second}, "Config.RetryCap"},
+		{outbox.Config{RetryBase: time.Minute, RetryCap: time.Second}, "Config.RetryCap"},
+	} {
+		tc.cfg.Client = e.client(t)
+		_, err := outbox.New(e.db.Pool, tc.cfg)
+		switch {
+		case tc.want == "" && err != nil:
+			t.Errorf("RetryBase %v, RetryCap %v: %v, want it accepted", tc.cfg.RetryBase, tc.cfg.RetryCap, err)
+		case tc.want != "" && (err == nil || !strings.Contains(err.Error(), tc.want)):
+			t.Errorf("RetryBase %v, RetryCap %v: %v, want an error naming %s", tc.cfg.RetryBase, tc.cfg.RetryCap, err, tc.want)
+		}
+	}
+}
