@@ -2,7 +2,6 @@ package deadletters_test
 
 import (
 	"bytes"
-	"context"
 	"encoding/json"
 	"errors"
 	"slices"
@@ -30,7 +29,7 @@ type dlRow struct {
 func dlDB(t *testing.T) *pgxpool.Pool {
 	t.Helper()
 	db := testenv.NewDB(t)
-	if err := postgres.Migrate(context.Background(), db.Pool); err != nil {
+	if err := postgres.Migrate(t.Context(), db.Pool); err != nil {
 		t.Fatalf("migrate: %v", err)
 	}
 	return db.Pool
@@ -52,7 +51,7 @@ func dlInsert(t *testing.T, pool *pgxpool.Pool, r dlRow) int64 {
 		r.firstSeen = time.Now()
 	}
 	var id int64
-	err := pool.QueryRow(context.Background(), `INSERT INTO projector_dead_letters
+	err := pool.QueryRow(t.Context(), `INSERT INTO projector_dead_letters
 		(identity, projection, topic, partition, "offset", record_key, value, error, error_class, status, first_seen, last_seen)
 		VALUES ($1, $2, $3, 0, $4, $5, $6, 'boom', $7, $8, $9, $9) RETURNING id`,
 		r.identity, r.projection, r.topic, r.offset, r.key, r.value, r.class, r.status, r.firstSeen).Scan(&id)
@@ -72,7 +71,7 @@ func dlIDs(ds []deadletters.Entry) []int64 {
 
 func TestDeadLetterFilters(t *testing.T) {
 	pool := dlDB(t)
-	ctx := context.Background()
+	ctx := t.Context()
 	now := time.Now()
 	day := 24 * time.Hour
 	a := dlInsert(t, pool, dlRow{offset: 1, key: []byte("acc-1"), firstSeen: now.Add(-3 * day)})
@@ -130,7 +129,7 @@ func TestDeadLetterFilters(t *testing.T) {
 
 func TestGetDeadLetterReturnsEveryField(t *testing.T) {
 	pool := dlDB(t)
-	ctx := context.Background()
+	ctx := t.Context()
 	at := time.Date(2025, 3, 4, 5, 6, 7, 0, time.UTC)
 	headers := []sinks.Header{{Key: "traceparent", Value: []byte("00-abc-def-01")}, {Key: "bin", Value: []byte{0xff, 0}}}
 	hs, _ := json.Marshal(headers)
@@ -179,7 +178,7 @@ func TestGetDeadLetterReturnsEveryField(t *testing.T) {
 
 func TestMarkReplayed(t *testing.T) {
 	pool := dlDB(t)
-	ctx := context.Background()
+	ctx := t.Context()
 	a := dlInsert(t, pool, dlRow{offset: 1})
 	b := dlInsert(t, pool, dlRow{offset: 2})
 	p := dlInsert(t, pool, dlRow{offset: 3, status: "purged"})
@@ -205,7 +204,7 @@ func TestMarkReplayed(t *testing.T) {
 
 func TestPurgeDeadLetters(t *testing.T) {
 	pool := dlDB(t)
-	ctx := context.Background()
+	ctx := t.Context()
 	a := dlInsert(t, pool, dlRow{offset: 1, class: "fold"})
 	_ = dlInsert(t, pool, dlRow{offset: 2, class: "fold"})
 	c := dlInsert(t, pool, dlRow{offset: 3, class: "fold"})
@@ -245,7 +244,7 @@ func TestPurgeDeadLetters(t *testing.T) {
 
 func TestAuditLog(t *testing.T) {
 	pool := dlDB(t)
-	ctx := context.Background()
+	ctx := t.Context()
 	f := deadletters.Filter{Projection: "accounts", Status: "open", Since: time.Date(2025, 1, 2, 3, 4, 5, 0, time.UTC)}
 	if err := deadletters.Audit(ctx, pool, "alice", deadletters.AuditReplay, f, []int64{3, 4}, "produced 2 of 2"); err != nil {
 		t.Fatal(err)
@@ -279,7 +278,7 @@ func TestAuditLog(t *testing.T) {
 
 func TestDeadLetterDepthByProjection(t *testing.T) {
 	pool := dlDB(t)
-	ctx := context.Background()
+	ctx := t.Context()
 	if got, err := deadletters.Depth(ctx, pool, ""); err != nil || len(got) != 0 {
 		t.Fatalf("empty: %v, %v", got, err)
 	}

@@ -54,7 +54,7 @@ func insert(t *testing.T, pool *pgxpool.Pool, d dead) int64 {
 		hs, _ = json.Marshal(d.headers)
 	}
 	var id int64
-	err := pool.QueryRow(context.Background(), `INSERT INTO projector_dead_letters
+	err := pool.QueryRow(t.Context(), `INSERT INTO projector_dead_letters
 		(identity, projection, topic, partition, "offset", record_key, value, headers, error, error_class)
 		VALUES ($1, $2, $3, $4, $5, $6, $7, $8::jsonb, $9, $10) RETURNING id`,
 		d.identity, d.projection, srcTopic, d.partition, d.offset, d.key, d.value, string(hs), d.err, d.class).Scan(&id)
@@ -62,7 +62,7 @@ func insert(t *testing.T, pool *pgxpool.Pool, d dead) int64 {
 		t.Fatalf("insert dead letter: %v", err)
 	}
 	if d.outbox {
-		if _, err := pool.Exec(context.Background(), `INSERT INTO projector_dlq_outbox (dead_letter_id, topic) VALUES ($1, $2)`, id, dlqTopic); err != nil {
+		if _, err := pool.Exec(t.Context(), `INSERT INTO projector_dlq_outbox (dead_letter_id, topic) VALUES ($1, $2)`, id, dlqTopic); err != nil {
 			t.Fatalf("insert outbox row: %v", err)
 		}
 	}
@@ -72,7 +72,7 @@ func insert(t *testing.T, pool *pgxpool.Pool, d dead) int64 {
 func setup(t *testing.T, partitions int) (*testenv.DB, *kfake.Cluster) {
 	t.Helper()
 	db := testenv.NewDB(t)
-	if err := postgres.Migrate(context.Background(), db.Pool); err != nil {
+	if err := postgres.Migrate(t.Context(), db.Pool); err != nil {
 		t.Fatalf("migrate: %v", err)
 	}
 	return db, testenv.Kafka(t, srcTopic, partitions, kfake.SeedTopics(2, dlqTopic))
@@ -92,7 +92,7 @@ func client(t *testing.T, c *kfake.Cluster, opts ...kgo.Opt) *kgo.Client {
 func consume(t *testing.T, c *kfake.Cluster, topic string, want int) []*kgo.Record {
 	t.Helper()
 	cl := client(t, c, kgo.ConsumeTopics(topic), kgo.ConsumeResetOffset(kgo.NewOffset().AtStart()))
-	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	ctx, cancel := context.WithTimeout(t.Context(), 20*time.Second)
 	defer cancel()
 	var out []*kgo.Record
 	for len(out) < want {
@@ -109,7 +109,7 @@ func consume(t *testing.T, c *kfake.Cluster, topic string, want int) []*kgo.Reco
 // endOffsets sums the log-end offsets of topic: how many records it holds.
 func endOffsets(t *testing.T, c *kfake.Cluster, topic string) int64 {
 	t.Helper()
-	ends, err := kadm.NewClient(client(t, c)).ListEndOffsets(context.Background(), topic)
+	ends, err := kadm.NewClient(client(t, c)).ListEndOffsets(t.Context(), topic)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -134,7 +134,7 @@ func header(r *kgo.Record, key string) (string, int) {
 func outboxCount(t *testing.T, pool *pgxpool.Pool) int {
 	t.Helper()
 	var n int
-	if err := pool.QueryRow(context.Background(), `SELECT count(*) FROM projector_dlq_outbox`).Scan(&n); err != nil {
+	if err := pool.QueryRow(t.Context(), `SELECT count(*) FROM projector_dlq_outbox`).Scan(&n); err != nil {
 		t.Fatal(err)
 	}
 	return n
@@ -146,7 +146,7 @@ func outboxCount(t *testing.T, pool *pgxpool.Pool) int {
 // outbox ends empty.
 func TestPublishCopiesDeadLettersToTheTopic(t *testing.T) {
 	db, c := setup(t, 3)
-	ctx := context.Background()
+	ctx := t.Context()
 
 	bin := []byte{0xff, 0x00, 0xfe}
 	special := []dead{
@@ -177,13 +177,12 @@ func TestPublishCopiesDeadLettersToTheTopic(t *testing.T) {
 	rctx, cancel := context.WithCancel(ctx)
 	done := make(chan error, 1)
 	go func() { done <- pub.Run(rctx) }()
-	deadline := time.Now().Add(20 * time.Second)
-	for outboxCount(t, db.Pool) > 0 {
-		if time.Now().After(deadline) {
-			t.Fatalf("outbox still holds %d rows", outboxCount(t, db.Pool))
+	testenv.WaitFor(t, 20*time.Second, func() error {
+		if n := outboxCount(t, db.Pool); n > 0 {
+			return fmt.Errorf("outbox still holds %d rows", n)
 		}
-		time.Sleep(20 * time.Millisecond)
-	}
+		return nil
+	})
 	cancel()
 	if err := <-done; err != nil {
 		t.Fatalf("Run returned %v after cancel, want nil", err)
@@ -268,7 +267,7 @@ func TestPublishCopiesDeadLettersToTheTopic(t *testing.T) {
 func TestPublishersTakeTurns(t *testing.T) {
 	db, c := setup(t, 1)
 	const n = 3 * dlqpublish.BatchSize
-	if _, err := db.Pool.Exec(context.Background(), `
+	if _, err := db.Pool.Exec(t.Context(), `
 		WITH d AS (
 			INSERT INTO projector_dead_letters (identity, projection, topic, partition, "offset", record_key, value, error)
 			SELECT 'ident', 'accounts', $1, 0, g, convert_to('k-' || g, 'UTF8'), '\x00'::bytea, 'e'
@@ -284,11 +283,11 @@ func TestPublishersTakeTurns(t *testing.T) {
 		wg.Go(func() {
 			for {
 				var left int
-				if err := db.Pool.QueryRow(context.Background(), `SELECT count(*) FROM projector_dlq_outbox`).Scan(&left); err != nil || left == 0 {
+				if err := db.Pool.QueryRow(t.Context(), `SELECT count(*) FROM projector_dlq_outbox`).Scan(&left); err != nil || left == 0 {
 					errs <- err
 					return
 				}
-				if _, err := pub.PublishBatch(context.Background()); err != nil {
+				if _, err := pub.PublishBatch(t.Context()); err != nil {
 					errs <- err
 					return
 				}
@@ -316,7 +315,7 @@ func replayClient(t *testing.T, c *kfake.Cluster) *kgo.Client {
 // and exactly one sinks.ReplayHeader, and is counted and marked replayed.
 func TestReplayProducesTheOriginalRecord(t *testing.T) {
 	db, c := setup(t, 3)
-	ctx := context.Background()
+	ctx := t.Context()
 	ds := []dead{
 		{partition: 2, offset: 5, key: []byte("acc-9"), value: []byte{0, 0, 0, 0, 1, 0x10, 0x20},
 			headers: []sinks.Header{{Key: "a", Value: []byte("1")}, {Key: sinks.ReplayHeader, Value: []byte("12345")}, {Key: "bin", Value: []byte{0x80, 0x81}}},
@@ -390,7 +389,7 @@ func TestReplayProducesTheOriginalRecord(t *testing.T) {
 
 func TestReplayRefusesPurgedEntries(t *testing.T) {
 	db, c := setup(t, 1)
-	ctx := context.Background()
+	ctx := t.Context()
 	insert(t, db.Pool, dead{offset: 1, key: []byte("a"), value: []byte("v"), err: "e"})
 	insert(t, db.Pool, dead{offset: 2, key: []byte("b"), value: []byte("v"), err: "e"})
 	if _, err := db.Pool.Exec(ctx, `UPDATE projector_dead_letters SET status = 'purged' WHERE "offset" = 2`); err != nil {
@@ -418,11 +417,11 @@ func TestReplayIsRateLimited(t *testing.T) {
 	for i := range 10 {
 		insert(t, db.Pool, dead{offset: int64(i), key: []byte(fmt.Sprint("k", i)), value: []byte("v"), err: "e"})
 	}
-	entries, err := deadletters.List(context.Background(), db.Pool, deadletters.Filter{})
+	entries, err := deadletters.List(t.Context(), db.Pool, deadletters.Filter{})
 	if err != nil {
 		t.Fatal(err)
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), 1100*time.Millisecond)
+	ctx, cancel := context.WithTimeout(t.Context(), 1100*time.Millisecond)
 	defer cancel()
 	n, err := dlqpublish.Replay(ctx, db.Pool, replayClient(t, c), entries, 4)
 	if err == nil {
@@ -434,7 +433,7 @@ func TestReplayIsRateLimited(t *testing.T) {
 	if got := endOffsets(t, c, srcTopic); got != int64(n) {
 		t.Errorf("%d records on the topic, Replay reported %d", got, n)
 	}
-	replayed, err := deadletters.List(context.Background(), db.Pool, deadletters.Filter{Status: deadletters.StatusReplayed})
+	replayed, err := deadletters.List(t.Context(), db.Pool, deadletters.Filter{Status: deadletters.StatusReplayed})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -17,6 +17,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kgo"
 	"github.com/twmb/franz-go/pkg/sr"
 
+	"github.com/projector-dev/projector/internal/backoff"
 	"github.com/projector-dev/projector/schemas"
 )
 
@@ -64,6 +65,11 @@ type Config struct {
 	// deleted and rows blocked by an unencodable value are retried
 	// (default 1m).
 	CleanupInterval time.Duration
+	// RetryBase and RetryCap bound the exponential backoff with full
+	// jitter after a failed round or database session: the delay before
+	// retry n is random in [0, min(RetryCap, RetryBase·2^n)] (defaults
+	// 100ms and 30s, as projector run's --retry-base and --retry-cap).
+	RetryBase, RetryCap time.Duration
 	// Logger receives the relay's logs (default slog.Default()).
 	Logger *slog.Logger
 	// Registerer receives the relay's metrics (default: a private
@@ -107,6 +113,12 @@ func (c *Config) validate() error {
 	}
 	if c.CleanupInterval <= 0 {
 		c.CleanupInterval = DefaultCleanupInterval
+	}
+	if c.RetryBase < 0 {
+		return fmt.Errorf("outbox: Config.RetryBase %s: must not be negative", c.RetryBase)
+	}
+	if c.RetryCap < 0 || (c.RetryCap > 0 && c.RetryCap < c.RetryBase) {
+		return fmt.Errorf("outbox: Config.RetryCap %s: want at least Config.RetryBase %s", c.RetryCap, c.RetryBase)
 	}
 	if c.Logger == nil {
 		c.Logger = slog.Default()
@@ -166,7 +178,7 @@ func (r *Relay) Run(ctx context.Context) error {
 		if time.Since(start) > time.Minute {
 			attempt = 0
 		}
-		d := backoff(attempt)
+		d := r.retryDelay(attempt)
 		r.log.Error("outbox relay: database session ended; its shards are released", "err", err, "retry_in", d)
 		if !sleep(ctx, d) {
 			return nil
@@ -270,7 +282,7 @@ func (r *Relay) session(ctx context.Context) (err error) {
 				if ctx.Err() != nil {
 					return ctx.Err()
 				}
-				d := backoff(failures)
+				d := r.retryDelay(failures)
 				failures++
 				r.log.Warn("outbox relay: publishing failed; the rows stay unpublished and are retried", "err", err, "retry_in", d)
 				if !sleep(ctx, d) {
@@ -653,14 +665,10 @@ func ShardOwners(ctx context.Context, pool *pgxpool.Pool) (map[int]int32, error)
 	return out, nil
 }
 
-// backoff is the delay before retry attempt n (0-based): full jitter in
-// [0, min(30s, 100ms·2^n)], at least 50ms.
-func backoff(n int) time.Duration {
-	ceiling := 30 * time.Second
-	if n < 9 {
-		ceiling = min(ceiling, 100*time.Millisecond<<n)
-	}
-	return max(50*time.Millisecond, rand.N(ceiling+1))
+// retryDelay is the delay before retry attempt n (0-based), with the
+// backoff every retry of projector uses.
+func (r *Relay) retryDelay(n int) time.Duration {
+	return backoff.Policy{Base: r.cfg.RetryBase, Cap: r.cfg.RetryCap}.Delay(n)
 }
 
 func sleep(ctx context.Context, d time.Duration) bool {

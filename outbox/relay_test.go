@@ -40,14 +40,14 @@ type env struct {
 func setup(t *testing.T) *env {
 	t.Helper()
 	db := testenv.NewDB(t)
-	if err := outbox.Migrate(context.Background(), db.Pool); err != nil {
+	if err := outbox.Migrate(t.Context(), db.Pool); err != nil {
 		t.Fatalf("migrate: %v", err)
 	}
-	if err := outbox.Migrate(context.Background(), db.Pool); err != nil {
+	if err := outbox.Migrate(t.Context(), db.Pool); err != nil {
 		t.Fatalf("migrate again: %v", err)
 	}
 	_, reg := testenv.Registry(t)
-	if _, err := demo.RegisterSchemas(context.Background(), reg); err != nil {
+	if _, err := demo.RegisterSchemas(t.Context(), reg); err != nil {
 		t.Fatal(err)
 	}
 	return &env{db: db, kafka: testenv.Kafka(t, topic, 4), reg: reg}
@@ -84,7 +84,7 @@ func (e *env) relay(t *testing.T, cfg outbox.Config) (*outbox.Relay, *prometheus
 	if err != nil {
 		t.Fatal(err)
 	}
-	ctx, cancel := context.WithCancel(context.Background())
+	ctx, cancel := context.WithCancel(t.Context())
 	done := make(chan error, 1)
 	go func() { done <- r.Run(ctx) }()
 	var once sync.Once
@@ -100,22 +100,11 @@ func (e *env) relay(t *testing.T, cfg outbox.Config) (*outbox.Relay, *prometheus
 	return r, reg, stop
 }
 
-func waitFor(t *testing.T, what string, timeout time.Duration, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(timeout)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out after %s waiting for %s", timeout, what)
-		}
-		time.Sleep(5 * time.Millisecond)
-	}
-}
-
 // readAll returns every record of the topic, in offset order per
 // partition.
 func (e *env) readAll(t *testing.T) []*kgo.Record {
 	t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	ctx, cancel := context.WithTimeout(t.Context(), 30*time.Second)
 	defer cancel()
 	admin := kadm.NewClient(e.client(t))
 	ends, err := admin.ListEndOffsets(ctx, topic)
@@ -169,7 +158,7 @@ func event(id string, version int64) outbox.Event {
 func count(t *testing.T, e *env, where string) int {
 	t.Helper()
 	var n int
-	if err := e.db.Pool.QueryRow(context.Background(), `SELECT count(*) FROM projector_outbox WHERE `+where).Scan(&n); err != nil {
+	if err := e.db.Pool.QueryRow(t.Context(), `SELECT count(*) FROM projector_outbox WHERE `+where).Scan(&n); err != nil {
 		t.Fatal(err)
 	}
 	return n
@@ -178,17 +167,17 @@ func count(t *testing.T, e *env, where string) int {
 // TestAtomicity: events appended in a transaction that rolls back leave no
 // row and are never published; those of one that commits are.
 func TestAtomicity(t *testing.T) {
-	ctx := context.Background()
+	ctx := t.Context()
 	e := setup(t)
 	r, _, _ := e.relay(t, outbox.Config{PollInterval: 100 * time.Millisecond})
-	waitFor(t, "the relay ready", 10*time.Second, func() bool {
+	testenv.WaitFor(t, 10*time.Second, testenv.Holds("the relay ready", func() bool {
 		for _, err := range r.Ready(ctx) {
 			if err != nil {
 				return false
 			}
 		}
 		return true
-	})
+	}))
 
 	tx, err := e.db.Pool.Begin(ctx)
 	if err != nil {
@@ -209,7 +198,7 @@ func TestAtomicity(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	waitFor(t, "both committed events published", 10*time.Second, func() bool { return count(t, e, "published_at IS NOT NULL") == 2 })
+	testenv.WaitFor(t, 10*time.Second, testenv.Holds("both committed events published", func() bool { return count(t, e, "published_at IS NOT NULL") == 2 }))
 	recs := e.readAll(t)
 	var got []string
 	for _, r := range recs {
@@ -246,7 +235,7 @@ func mustHeader(t *testing.T, r *kgo.Record, key string) string {
 // content-type; and that its traceparent carries the trace id of the
 // context the event was appended with.
 func TestCloudEventsAndTrace(t *testing.T) {
-	ctx := context.Background()
+	ctx := t.Context()
 	e := setup(t)
 	e.relay(t, outbox.Config{PollInterval: 100 * time.Millisecond})
 
@@ -261,7 +250,7 @@ func TestCloudEventsAndTrace(t *testing.T) {
 	if err := outbox.AppendPool(tctx, e.db.Pool, ev, plain); err != nil {
 		t.Fatal(err)
 	}
-	waitFor(t, "published", 10*time.Second, func() bool { return count(t, e, "published_at IS NOT NULL") == 2 })
+	testenv.WaitFor(t, 10*time.Second, testenv.Holds("published", func() bool { return count(t, e, "published_at IS NOT NULL") == 2 }))
 	recs := e.readAll(t)
 	if len(recs) != 2 {
 		t.Fatalf("%d records, want 2", len(recs))
@@ -305,7 +294,7 @@ func TestCloudEventsAndTrace(t *testing.T) {
 	if err := outbox.AppendPool(ctx, e.db.Pool, event("acc-untraced", 1)); err != nil {
 		t.Fatal(err)
 	}
-	waitFor(t, "published", 10*time.Second, func() bool { return count(t, e, "published_at IS NOT NULL") == 3 })
+	testenv.WaitFor(t, 10*time.Second, testenv.Holds("published", func() bool { return count(t, e, "published_at IS NOT NULL") == 3 }))
 	for _, r := range e.readAll(t) {
 		if string(r.Key) == "acc-untraced" {
 			checkCloudEvent(t, r)
@@ -364,12 +353,12 @@ func checkCloudEvent(t *testing.T, r *kgo.Record) {
 // TestNotifyLatency: with a 5s PollInterval, a committed event is
 // published within a bound far below it, through LISTEN/NOTIFY.
 func TestNotifyLatency(t *testing.T) {
-	ctx := context.Background()
+	ctx := t.Context()
 	e := setup(t)
 	_, reg, _ := e.relay(t, outbox.Config{PollInterval: 5 * time.Second})
-	waitFor(t, "the relay owns every shard", 10*time.Second, func() bool {
+	testenv.WaitFor(t, 10*time.Second, testenv.Holds("the relay owns every shard", func() bool {
 		return gauge(t, reg, "projector_outbox_shards_owned") == outbox.DefaultShards
-	})
+	}))
 
 	cl := e.client(t, kgo.ConsumeTopics(topic), kgo.ConsumeResetOffset(kgo.NewOffset().AtStart()))
 	seen := make(chan string, 1000)
@@ -434,7 +423,7 @@ func gauge(t *testing.T, g prometheus.Gatherer, name string) float64 {
 // Rows wait, a row is marked published only once its record is in Kafka,
 // and everything is published after the broker heals.
 func TestBrokerUnavailable(t *testing.T) {
-	ctx := context.Background()
+	ctx := t.Context()
 	e := setup(t)
 	// The producer retries quickly (franz-go waits up to 5s for fresh
 	// metadata by default), so both kinds of refusal are exercised.
@@ -453,7 +442,7 @@ func TestBrokerUnavailable(t *testing.T) {
 		}
 	}
 	appendAll(1, 6)
-	waitFor(t, "first events published", 10*time.Second, func() bool { return count(t, e, "published_at IS NULL") == 0 })
+	testenv.WaitFor(t, 10*time.Second, testenv.Holds("first events published", func() bool { return count(t, e, "published_at IS NULL") == 0 }))
 
 	heal := time.Now().Add(10 * time.Second)
 	notLeader := e.kafka.Fault(kfake.Fault{Keys: []kmsg.Key{kmsg.Produce}, Topic: topic, Err: kerr.NotLeaderForPartition, Count: -1,
@@ -463,35 +452,43 @@ func TestBrokerUnavailable(t *testing.T) {
 		When: func(kmsg.Request) bool { return time.Now().Before(heal) }})
 	defer timedOut.Remove()
 	appendAll(6, 21) // while the broker is down
-	time.Sleep(time.Second)
-	published, samples := count(t, e, "published_at IS NOT NULL"), 0
-	for {
+	testenv.WaitFor(t, 10*time.Second, func() error {
+		if notLeader.Hits() == 0 {
+			return errors.New("no produce request refused yet")
+		}
+		return nil
+	})
+	// Until the broker heals, sampled every half second: nothing more is
+	// marked published and every new row stays pending.
+	published, samples, next := count(t, e, "published_at IS NOT NULL"), 0, time.Now()
+	testenv.WaitFor(t, 30*time.Second, func() error {
+		if time.Now().Before(next) {
+			return fmt.Errorf("the broker refuses produce requests for another %v", time.Until(heal))
+		}
+		next = time.Now().Add(500 * time.Millisecond)
 		checkMarkedSubsetOfKafka(t, e)
 		n, pending := count(t, e, "published_at IS NOT NULL"), count(t, e, "published_at IS NULL")
 		if time.Now().After(heal) {
-			break // this sample may have seen the broker healed
+			return nil // this sample may have seen the broker healed
 		}
 		samples++
 		if n != published {
-			t.Fatalf("%d rows marked published while every produce fails (%d a second into the outage)", n, published)
+			t.Fatalf("%d rows marked published while every produce fails (%d when the first was refused)", n, published)
 		}
 		if pending != 15*20 {
 			t.Fatalf("%d rows pending during the outage, want %d", pending, 15*20)
 		}
-		time.Sleep(500 * time.Millisecond)
-	}
+		return fmt.Errorf("the broker refuses produce requests for another %v", time.Until(heal))
+	})
 	if samples < 5 {
 		t.Errorf("only %d samples during the outage", samples)
-	}
-	for time.Now().Before(heal) {
-		time.Sleep(50 * time.Millisecond)
 	}
 	notLeader.Remove()
 	timedOut.Remove()
 	if notLeader.Hits() == 0 || timedOut.Hits() == 0 {
 		t.Fatalf("produce requests faulted: %d NOT_LEADER_FOR_PARTITION, %d REQUEST_TIMED_OUT; want both", notLeader.Hits(), timedOut.Hits())
 	}
-	waitFor(t, "everything published after healing", 60*time.Second, func() bool { return count(t, e, "published_at IS NULL") == 0 })
+	testenv.WaitFor(t, 60*time.Second, testenv.Holds("everything published after healing", func() bool { return count(t, e, "published_at IS NULL") == 0 }))
 	checkMarkedSubsetOfKafka(t, e)
 	recs := e.readAll(t)
 	checkOrder(t, recs, 20*20)
@@ -509,7 +506,7 @@ func TestBrokerUnavailable(t *testing.T) {
 // Kafka (marks are read first: a row marked before is acknowledged before).
 func checkMarkedSubsetOfKafka(t *testing.T, e *env) {
 	t.Helper()
-	rows, err := e.db.Pool.Query(context.Background(), `SELECT id FROM projector_outbox WHERE published_at IS NOT NULL`)
+	rows, err := e.db.Pool.Query(t.Context(), `SELECT id FROM projector_outbox WHERE published_at IS NOT NULL`)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -601,7 +598,7 @@ func varint(b []byte) (int64, int) {
 // aggregate's later events, not other aggregates; once the row is fixed
 // and retried, the aggregate continues in order.
 func TestBlockedValue(t *testing.T) {
-	ctx := context.Background()
+	ctx := t.Context()
 	e := setup(t)
 	_, reg, _ := e.relay(t, outbox.Config{PollInterval: 50 * time.Millisecond, CleanupInterval: 200 * time.Millisecond})
 	bad := event("acc-bad", 2)
@@ -612,9 +609,9 @@ func TestBlockedValue(t *testing.T) {
 	if err := outbox.AppendPool(ctx, e.db.Pool, event("acc-good", 2)); err != nil {
 		t.Fatal(err)
 	}
-	waitFor(t, "the good aggregate and acc-bad v1 published", 10*time.Second, func() bool {
+	testenv.WaitFor(t, 10*time.Second, testenv.Holds("the good aggregate and acc-bad v1 published", func() bool {
 		return count(t, e, "published_at IS NOT NULL") == 3 && count(t, e, "error IS NOT NULL") == 1
-	})
+	}))
 	var errText string
 	if err := e.db.Pool.QueryRow(ctx, `SELECT error FROM projector_outbox WHERE error IS NOT NULL`).Scan(&errText); err != nil {
 		t.Fatal(err)
@@ -622,7 +619,7 @@ func TestBlockedValue(t *testing.T) {
 	if !strings.Contains(errText, "version") {
 		t.Errorf("blocked row's error %q does not name the field", errText)
 	}
-	waitFor(t, "projector_outbox_blocked 1", 5*time.Second, func() bool { return gauge(t, reg, "projector_outbox_blocked") == 1 })
+	testenv.WaitFor(t, 5*time.Second, testenv.Holds("projector_outbox_blocked 1", func() bool { return gauge(t, reg, "projector_outbox_blocked") == 1 }))
 	if count(t, e, "aggregate_id = 'acc-bad' AND version = 3 AND published_at IS NULL") != 1 {
 		t.Fatal("acc-bad v3 was published past the blocked v2")
 	}
@@ -630,29 +627,35 @@ func TestBlockedValue(t *testing.T) {
 	if _, err := e.db.Pool.Exec(ctx, `UPDATE projector_outbox SET value = jsonb_set(value, '{version}', '2') WHERE error IS NOT NULL`); err != nil {
 		t.Fatal(err)
 	}
-	waitFor(t, "acc-bad published after the fix", 10*time.Second, func() bool { return count(t, e, "published_at IS NULL") == 0 })
+	testenv.WaitFor(t, 10*time.Second, testenv.Holds("acc-bad published after the fix", func() bool { return count(t, e, "published_at IS NULL") == 0 }))
 	checkOrder(t, e.readAll(t), 5)
 }
 
 // TestRetention: published rows are deleted after Retention, unpublished
 // ones never.
 func TestRetention(t *testing.T) {
-	ctx := context.Background()
+	ctx := t.Context()
 	e := setup(t)
-	e.relay(t, outbox.Config{PollInterval: 50 * time.Millisecond, Retention: 300 * time.Millisecond, CleanupInterval: 100 * time.Millisecond})
+	const retention = 2 * time.Second
+	e.relay(t, outbox.Config{PollInterval: 50 * time.Millisecond, Retention: retention, CleanupInterval: 100 * time.Millisecond})
 	if err := outbox.AppendPool(ctx, e.db.Pool, event("acc-r", 1), event("acc-r", 2)); err != nil {
 		t.Fatal(err)
 	}
-	waitFor(t, "published", 10*time.Second, func() bool { return count(t, e, "published_at IS NOT NULL") == 2 })
-	waitFor(t, "deleted after retention", 10*time.Second, func() bool { return count(t, e, "true") == 0 })
+	testenv.WaitFor(t, 10*time.Second, testenv.Holds("published", func() bool { return count(t, e, "published_at IS NOT NULL") == 2 }))
 	// An unpublished row (a topic the broker does not know keeps it
-	// pending) stays.
+	// pending), written while the published ones wait out their
+	// retention, outlives the cleanup that deletes them.
 	ev := event("acc-r", 3)
 	ev.Topic, ev.Value, ev.Payload = "no.such.topic", nil, []byte{0, 0, 0, 0, 1}
 	if err := outbox.AppendPool(ctx, e.db.Pool, ev); err != nil {
 		t.Fatal(err)
 	}
-	time.Sleep(time.Second)
+	if n := count(t, e, "published_at IS NOT NULL"); n != 2 {
+		t.Fatalf("%d published rows left within %v of publishing, want 2", n, retention)
+	}
+	testenv.WaitFor(t, 10*time.Second, testenv.Holds("published rows deleted after retention", func() bool {
+		return count(t, e, "published_at IS NOT NULL") == 0
+	}))
 	if n := count(t, e, "published_at IS NULL"); n != 1 {
 		t.Errorf("%d unpublished rows, want the one for the missing topic", n)
 	}
@@ -661,7 +664,7 @@ func TestRetention(t *testing.T) {
 // TestReplicasShareShards: two relays split the shards; when one stops,
 // the other takes them all; events are published in order throughout.
 func TestReplicasShareShards(t *testing.T) {
-	ctx := context.Background()
+	ctx := t.Context()
 	e := setup(t)
 	cfg := outbox.Config{PollInterval: 50 * time.Millisecond, BatchSize: 20}
 	_, _, stopA := e.relay(t, cfg)
@@ -695,18 +698,26 @@ func TestReplicasShareShards(t *testing.T) {
 		}
 		return per
 	}
-	waitFor(t, "two relays with 8 shards each", 10*time.Second, func() bool {
+	testenv.WaitFor(t, 10*time.Second, testenv.Holds("two relays with 8 shards each", func() bool {
 		per := owners()
 		return len(per) == 2 && slices.Equal(sortedValues(per), []int{8, 8})
-	})
+	}))
 	stopA()
-	waitFor(t, "the remaining relay owns all 16 shards", 10*time.Second, func() bool {
+	testenv.WaitFor(t, 10*time.Second, testenv.Holds("the remaining relay owns all 16 shards", func() bool {
 		return gauge(t, regB, "projector_outbox_shards_owned") == 16 && len(owners()) == 1
+	}))
+	// The writer goes on until the remaining relay has published some of
+	// what was written after the handover.
+	handover := gauge(t, regB, "projector_outbox_published_total")
+	testenv.WaitFor(t, 20*time.Second, func() error {
+		if n := gauge(t, regB, "projector_outbox_published_total"); n < handover+4*aggs {
+			return fmt.Errorf("relay B published %v events since it owns every shard, want %d", n-handover, 4*aggs)
+		}
+		return nil
 	})
-	time.Sleep(200 * time.Millisecond)
 	cancel()
 	writer.Wait()
-	waitFor(t, "all published", 20*time.Second, func() bool { return count(t, e, "published_at IS NULL") == 0 })
+	testenv.WaitFor(t, 20*time.Second, testenv.Holds("all published", func() bool { return count(t, e, "published_at IS NULL") == 0 }))
 	checkOrder(t, e.readAll(t), count(t, e, "true"))
 }
 
@@ -720,25 +731,35 @@ func sortedValues(m map[int32]int) []int {
 }
 
 // TestShardCountMismatch: a relay started with another shard count than
-// the running one refuses to own shards, and the running one keeps
-// publishing.
+// the running one refuses to own shards, and once it is gone the running
+// one publishes everything in order.
 func TestShardCountMismatch(t *testing.T) {
-	ctx := context.Background()
+	ctx := t.Context()
 	e := setup(t)
 	_, regA, _ := e.relay(t, outbox.Config{PollInterval: 50 * time.Millisecond})
-	waitFor(t, "relay A owning all shards", 10*time.Second, func() bool { return gauge(t, regA, "projector_outbox_shards_owned") == 16 })
-	_, regB, stopB := e.relay(t, outbox.Config{PollInterval: 50 * time.Millisecond, Shards: 8, Logger: slog.New(slog.DiscardHandler)})
+	testenv.WaitFor(t, 10*time.Second, testenv.Holds("relay A owning all shards", func() bool { return gauge(t, regA, "projector_outbox_shards_owned") == 16 }))
+	var logsB syncBuffer
+	_, regB, stopB := e.relay(t, outbox.Config{PollInterval: 50 * time.Millisecond, Shards: 8, Logger: slog.New(slog.NewTextHandler(&logsB, nil))})
 	for v := int64(1); v <= 10; v++ {
 		if err := outbox.AppendPool(ctx, e.db.Pool, event("acc-m", v)); err != nil {
 			t.Fatal(err)
 		}
+	}
+	// Relay B sees relay A and refuses, without ever owning a shard.
+	testenv.WaitFor(t, 20*time.Second, func() error {
 		if got := gauge(t, regB, "projector_outbox_shards_owned"); got != 0 {
 			t.Fatalf("relay B (8 shards) owns %v shards beside relay A (16 shards)", got)
 		}
-		time.Sleep(100 * time.Millisecond)
+		if !strings.Contains(logsB.String(), "relays with another shard count run on this outbox") {
+			return errors.New("relay B has not yet noticed relay A's shard count")
+		}
+		return nil
+	})
+	if got := gauge(t, regB, "projector_outbox_shards_owned"); got != 0 {
+		t.Fatalf("relay B (8 shards) owns %v shards beside relay A (16 shards)", got)
 	}
 	stopB()
-	waitFor(t, "all published by relay A", 20*time.Second, func() bool { return count(t, e, "published_at IS NULL") == 0 })
+	testenv.WaitFor(t, 20*time.Second, testenv.Holds("all published by relay A", func() bool { return count(t, e, "published_at IS NULL") == 0 }))
 	checkOrder(t, e.readAll(t), 10)
 }
 
@@ -747,7 +768,7 @@ func TestShardCountMismatch(t *testing.T) {
 // appends: the relay reconnects, takes its shards again, and every event
 // is published in order.
 func TestPostgresRestart(t *testing.T) {
-	ctx := context.Background()
+	ctx := t.Context()
 	srv := testenv.StartPostgres(t)
 	pool, err := pgxpool.New(ctx, srv.URL)
 	if err != nil {
@@ -790,17 +811,17 @@ func TestPostgresRestart(t *testing.T) {
 	})
 	published := func() float64 { return gauge(t, reg, "projector_outbox_published_total") }
 	for i, at := range []float64{500, 1500} {
-		waitFor(t, fmt.Sprintf("%v events published", at), time.Minute, func() bool { return published() >= at })
+		testenv.WaitFor(t, time.Minute, testenv.Holds(fmt.Sprintf("%v events published", at), func() bool { return published() >= at }))
 		srv.Restart(t)
 		t.Logf("restart %d after %v events published", i+1, published())
 	}
-	waitFor(t, "publishing after the restarts", time.Minute, func() bool { return published() >= 2500 })
+	testenv.WaitFor(t, time.Minute, testenv.Holds("publishing after the restarts", func() bool { return published() >= 2500 }))
 	stop()
 	wg.Wait()
-	waitFor(t, "all published", time.Minute, func() bool {
+	testenv.WaitFor(t, time.Minute, testenv.Holds("all published", func() bool {
 		var pending int
 		return pool.QueryRow(ctx, `SELECT count(*) FROM projector_outbox WHERE published_at IS NULL`).Scan(&pending) == nil && pending == 0
-	})
+	}))
 	checkOrder(t, e.readAll(t), written)
 }
 
@@ -810,13 +831,13 @@ func TestMigrateConcurrently(t *testing.T) {
 	var wg sync.WaitGroup
 	for range 4 {
 		wg.Go(func() {
-			if err := outbox.Migrate(context.Background(), db.Pool); err != nil {
+			if err := outbox.Migrate(t.Context(), db.Pool); err != nil {
 				t.Error(err)
 			}
 		})
 	}
 	wg.Wait()
-	if err := outbox.AppendPool(context.Background(), db.Pool, event("acc-1", 1)); err != nil {
+	if err := outbox.AppendPool(t.Context(), db.Pool, event("acc-1", 1)); err != nil {
 		t.Fatal(err)
 	}
 }
@@ -824,7 +845,7 @@ func TestMigrateConcurrently(t *testing.T) {
 // TestAppendValidation: an event missing what the record needs is refused
 // and nothing of the call is written.
 func TestAppendValidation(t *testing.T) {
-	ctx := context.Background()
+	ctx := t.Context()
 	e := setup(t)
 	good := event("acc-v", 1)
 	for _, tc := range []struct {
@@ -864,7 +885,7 @@ func TestAppendValidation(t *testing.T) {
 // appended first, then one relay publishes them all. Run with
 // -benchtime=100000x for a stable figure.
 func BenchmarkRelay(b *testing.B) {
-	ctx := context.Background()
+	ctx := b.Context()
 	db := testenv.NewDB(b)
 	if err := outbox.Migrate(ctx, db.Pool); err != nil {
 		b.Fatal(err)
@@ -935,4 +956,47 @@ func BenchmarkRelay(b *testing.B) {
 	cancel()
 	<-done
 	b.ReportMetric(float64(b.N)/elapsed.Seconds(), "events/s")
+}
+
+// syncBuffer is a log sink a running relay writes while the test reads.
+type syncBuffer struct {
+	mu sync.Mutex
+	b  strings.Builder
+}
+
+func (b *syncBuffer) Write(p []byte) (int, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.b.Write(p)
+}
+
+func (b *syncBuffer) String() string {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.b.String()
+}
+
+// TestRetryConfig: a backoff that cannot work is refused with the field
+// named; zero values take the defaults.
+func TestRetryConfig(t *testing.T) {
+	e := setup(t)
+	for _, tc := range []struct {
+		cfg  outbox.Config
+		want string // "" accepts the config
+	}{
+		{outbox.Config{}, ""},
+		{outbox.Config{RetryBase: time.Second, RetryCap: time.Minute}, ""},
+		{outbox.Config{RetryBase: -time.Second}, "Config.RetryBase"},
+		{outbox.Config{RetryCap: -time.Second}, "Config.RetryCap"},
+		{outbox.Config{RetryBase: time.Minute, RetryCap: time.Second}, "Config.RetryCap"},
+	} {
+		tc.cfg.Client = e.client(t)
+		_, err := outbox.New(e.db.Pool, tc.cfg)
+		switch {
+		case tc.want == "" && err != nil:
+			t.Errorf("RetryBase %v, RetryCap %v: %v, want it accepted", tc.cfg.RetryBase, tc.cfg.RetryCap, err)
+		case tc.want != "" && (err == nil || !strings.Contains(err.Error(), tc.want)):
+			t.Errorf("RetryBase %v, RetryCap %v: %v, want an error naming %s", tc.cfg.RetryBase, tc.cfg.RetryCap, err, tc.want)
+		}
+	}
 }

@@ -91,7 +91,7 @@ func TestHotAggregateCollapsesToOneRowWrite(t *testing.T) {
 	w := NewWorker(Config{}, "g", sinks.Claim{TP: sinks.TP{Topic: demo.Topic}}, p, sink, dec, nil, idleFetcher{},
 		slog.New(slog.DiscardHandler), NewMetrics(reg))
 	w.gaps.aggs = map[string]*gap{}
-	if err := w.process(context.Background(), recs); err != nil {
+	if err := w.process(t.Context(), recs); err != nil {
 		t.Fatal(err)
 	}
 

@@ -1,7 +1,6 @@
 package partition
 
 import (
-	"context"
 	"log/slog"
 	"sync"
 	"testing"
@@ -10,6 +9,8 @@ import (
 	"github.com/projector-dev/projector/sinks"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/twmb/franz-go/pkg/kgo"
+
+	"github.com/projector-dev/projector/internal/testenv"
 )
 
 // slowFetcher is a fetcher whose pause takes effect only when the test
@@ -68,7 +69,7 @@ func TestFetchingResumesWhenABatchEmptiesTheBufferDuringAPause(t *testing.T) {
 	// are ordered), then let the pause complete.
 	got := make(chan job, 1)
 	go func() {
-		j, _ := w.nextBatch(context.Background(), nil)
+		j, _ := w.nextBatch(t.Context(), nil)
 		got <- j
 	}()
 	var j job
@@ -91,12 +92,7 @@ func TestFetchingResumesWhenABatchEmptiesTheBufferDuringAPause(t *testing.T) {
 	// The next fill pauses fetching again (the release stays open).
 	go w.Push(recs, 8)
 	<-f.entered
-	for deadline := time.Now().Add(5 * time.Second); !f.isPaused(); {
-		if time.Now().After(deadline) {
-			t.Fatal("a full buffer did not pause fetching")
-		}
-		time.Sleep(time.Millisecond)
-	}
+	testenv.WaitFor(t, 5*time.Second, testenv.Holds("a full buffer to pause fetching", f.isPaused))
 }
 
 // A new worker resumes fetching of its partition, whatever an earlier
@@ -143,19 +139,19 @@ func TestShareBoundsBatchAndBuffer(t *testing.T) {
 		t.Fatalf("%d pauses with 4 records buffered, share 3: want 1", f.paused)
 	}
 	resumed := f.resumed // the new worker's own resume
-	j, _ := w.nextBatch(context.Background(), nil)
+	j, _ := w.nextBatch(t.Context(), nil)
 	if len(j.recs) != 3 {
 		t.Fatalf("batch of %d records, want the share's 3", len(j.recs))
 	}
 	if f.resumed != resumed {
 		t.Fatal("fetching resumed with 1 record buffered: not below half of the share's 3")
 	}
-	if j, _ = w.nextBatch(context.Background(), nil); len(j.recs) != 1 || f.resumed != resumed+1 {
+	if j, _ = w.nextBatch(t.Context(), nil); len(j.recs) != 1 || f.resumed != resumed+1 {
 		t.Fatalf("batch of %d records, %d resumes: want the last record and fetching resumed", len(j.recs), f.resumed-resumed)
 	}
 	share = 50 // fewer partitions now: the whole bound applies
 	w.Push(recs(60), -1)
-	j, _ = w.nextBatch(context.Background(), nil)
+	j, _ = w.nextBatch(t.Context(), nil)
 	if len(j.recs) != 50 {
 		t.Fatalf("batch of %d records with a share of 50, want 50", len(j.recs))
 	}

@@ -1,7 +1,6 @@
 package partition
 
 import (
-	"context"
 	"fmt"
 	"io"
 	"log/slog"
@@ -41,7 +40,7 @@ func demoCodec(tb testing.TB) (*projection.Projection, *demo.Encoder, Decoder) {
 	if err != nil {
 		tb.Fatal(err)
 	}
-	enc, err := demo.RegisterSchemas(context.Background(), cl)
+	enc, err := demo.RegisterSchemas(tb.Context(), cl)
 	if err != nil {
 		tb.Fatal(err)
 	}
@@ -98,7 +97,7 @@ func (bb *benchBatch) items(b *testing.B) []*item {
 		items[i] = new(item)
 		recordItem(items[i], r)
 	}
-	if err := bb.w.decodeAll(context.Background(), items); err != nil {
+	if err := bb.w.decodeAll(b.Context(), items); err != nil {
 		b.Fatal(err)
 	}
 	return items
@@ -127,7 +126,7 @@ func BenchmarkPlan(b *testing.B) {
 	bb := newBenchBatch(b)
 	items := bb.items(b)
 	keys := batchKeys(items, func(string) bool { return false }, nil)
-	ctx := context.Background()
+	ctx := b.Context()
 	ch, out, err := bb.w.plan(ctx, items, keys.All, bb.state, nil, map[string]string{}, false)
 	if err != nil || out.applied != benchBatchSize || len(ch.Upserts) != 200 {
 		b.Fatalf("plan: %v, %d applied, %d upserts", err, out.applied, len(ch.Upserts))
@@ -154,7 +153,7 @@ func BenchmarkDecodeItems(b *testing.B) {
 func BenchmarkBatchGoSide(b *testing.B) {
 	bb := newBenchBatch(b)
 	bb.items(b)
-	ctx := context.Background()
+	ctx := b.Context()
 	b.ReportAllocs()
 	perEvent(b, benchBatchSize, func() {
 		items := bb.items(b)

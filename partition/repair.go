@@ -4,10 +4,10 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"math/rand/v2"
 	"sync"
 	"time"
 
+	"github.com/projector-dev/projector/internal/backoff"
 	"github.com/projector-dev/projector/projection"
 	"github.com/projector-dev/projector/repair"
 	"github.com/projector-dev/projector/sinks"
@@ -112,7 +112,7 @@ func (g *gaps) failed(key string, base, ceiling time.Duration) int {
 	}
 	a.inFlight, a.outage = false, 0
 	a.attempts++
-	a.nextTry = time.Now().Add(jitter(a.attempts, base, ceiling))
+	a.nextTry = time.Now().Add(backoff.Policy{Base: base, Cap: ceiling}.Delay(a.attempts))
 	return a.attempts
 }
 
@@ -128,17 +128,8 @@ func (g *gaps) unavailable(key string, base, ceiling time.Duration) int {
 	}
 	a.inFlight = false
 	a.outage++
-	a.nextTry = time.Now().Add(jitter(a.outage, base, ceiling))
+	a.nextTry = time.Now().Add(backoff.Policy{Base: base, Cap: ceiling}.Delay(a.outage))
 	return a.outage
-}
-
-// jitter is the full-jitter backoff after attempt failures in a row.
-func jitter(attempt int, base, ceiling time.Duration) time.Duration {
-	limit := ceiling
-	if attempt < 30 {
-		limit = min(ceiling, base<<attempt)
-	}
-	return time.Duration(rand.Int64N(int64(limit) + 1))
 }
 
 func (g *gaps) release(key string) {

@@ -15,6 +15,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/projector-dev/projector/internal/demo"
+	"github.com/projector-dev/projector/internal/testenv"
 	"github.com/projector-dev/projector/projection"
 	"github.com/projector-dev/projector/sinks"
 )
@@ -216,14 +217,8 @@ func applyWindow(t *testing.T, w *Worker, recs []*kgo.Record) {
 	t.Helper()
 	w.Push(recs, -1)
 	done := make(chan error, 1)
-	go func() { done <- w.Run(context.Background()) }()
-	deadline := time.Now().Add(10 * time.Second)
-	for w.Status().NextOffset < recs[len(recs)-1].Offset+1 {
-		if time.Now().After(deadline) {
-			t.Fatalf("stored next offset %d after 10s, want %d", w.Status().NextOffset, recs[len(recs)-1].Offset+1)
-		}
-		time.Sleep(time.Millisecond)
-	}
+	go func() { done <- w.Run(t.Context()) }()
+	waitStored(t, w, int(recs[len(recs)-1].Offset+1))
 	w.Stop()
 	if err := <-done; err != nil {
 		t.Fatal(err)
@@ -284,7 +279,7 @@ func TestWindowReplaysOnStaleState(t *testing.T) {
 	first := recs[:3*accounts]
 	for len(first) > 0 {
 		n := min(batch, len(first))
-		if err := w.process(context.Background(), first[:n]); err != nil {
+		if err := w.process(t.Context(), first[:n]); err != nil {
 			t.Fatal(err)
 		}
 		first = first[n:]
@@ -695,7 +690,7 @@ func checkAccounts(t *testing.T, sink *memSink, events []demo.Event) {
 func runWorker(t *testing.T, w *Worker) func() {
 	t.Helper()
 	done := make(chan error, 1)
-	go func() { done <- w.Run(context.Background()) }()
+	go func() { done <- w.Run(t.Context()) }()
 	return func() {
 		w.Stop()
 		if err := <-done; err != nil {
@@ -721,31 +716,26 @@ func runHeld(t *testing.T, sink *memSink, w *Worker, recs []*kgo.Record) {
 // waitTaken waits until w has taken every record pushed to it.
 func waitTaken(t *testing.T, w *Worker) {
 	t.Helper()
-	deadline := time.Now().Add(10 * time.Second)
-	for {
+	testenv.WaitFor(t, 10*time.Second, func() error {
 		w.mu.Lock()
 		n := len(w.queue)
 		w.mu.Unlock()
-		if n == 0 {
-			return
+		if n != 0 {
+			return fmt.Errorf("%d records still queued", n)
 		}
-		if time.Now().After(deadline) {
-			t.Fatalf("%d records still queued after 10s", n)
-		}
-		time.Sleep(time.Millisecond)
-	}
+		return nil
+	})
 }
 
 // waitStored waits until w has committed up to offset next.
 func waitStored(t *testing.T, w *Worker, next int) {
 	t.Helper()
-	deadline := time.Now().Add(10 * time.Second)
-	for w.Status().NextOffset < int64(next) {
-		if time.Now().After(deadline) {
-			t.Fatalf("stored next offset %d after 10s, want %d", w.Status().NextOffset, next)
+	testenv.WaitFor(t, 10*time.Second, func() error {
+		if got := w.Status().NextOffset; got < int64(next) {
+			return fmt.Errorf("stored next offset %d, want %d", got, next)
 		}
-		time.Sleep(time.Millisecond)
-	}
+		return nil
+	})
 }
 
 // A Go fold reads events' Fields: a worker whose decoder could decode
@@ -779,7 +769,7 @@ func TestGoFoldGetsFieldsMaps(t *testing.T) {
 			}
 			recs = append(recs, &kgo.Record{Key: []byte(ev.AccountID), Value: value, Offset: int64(i)})
 		}
-		if err := w.process(context.Background(), recs); err != nil {
+		if err := w.process(t.Context(), recs); err != nil {
 			t.Fatal(err)
 		}
 		if goFold && maps != len(events) {

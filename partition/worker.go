@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"log/slog"
-	"math/rand/v2"
 	"strconv"
 	"sync"
 	"sync/atomic"
@@ -14,6 +13,7 @@ import (
 	"go.opentelemetry.io/otel/trace"
 	"golang.org/x/time/rate"
 
+	"github.com/projector-dev/projector/internal/backoff"
 	"github.com/projector-dev/projector/projection"
 	"github.com/projector-dev/projector/sinks"
 )
@@ -728,11 +728,7 @@ func (w *Worker) backoffUnless(ctx context.Context, attempt int, what string, ca
 		w.metrics.backoff.WithLabelValues(w.group, w.claim.Topic, strconv.Itoa(int(w.claim.Partition))).Set(1)
 	}
 	quiet := w.refusedBy(what, cause)
-	limit := w.cfg.RetryCap
-	if attempt < 30 {
-		limit = min(w.cfg.RetryCap, w.cfg.RetryBase<<attempt)
-	}
-	delay := time.Duration(rand.Int64N(int64(limit) + 1))
+	delay := backoff.Policy{Base: w.cfg.RetryBase, Cap: w.cfg.RetryCap}.Delay(attempt)
 	w.metrics.retries.WithLabelValues(w.group, w.claim.Topic, strconv.Itoa(int(w.claim.Partition)), reasonOf(cause)).Inc()
 	if quiet {
 		delay = w.cfg.RetryCap // halted: said once, tried now and then

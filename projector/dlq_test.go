@@ -11,6 +11,7 @@ import (
 	"github.com/projector-dev/projector/deadletters"
 	"github.com/projector-dev/projector/dlqpublish"
 	"github.com/projector-dev/projector/internal/demo"
+	"github.com/projector-dev/projector/internal/testenv"
 	"github.com/projector-dev/projector/projector"
 	"github.com/projector-dev/projector/schemas"
 	"github.com/projector-dev/projector/sinks"
@@ -23,7 +24,7 @@ import (
 // is resolved; replaying it again changes nothing; the garbage record
 // fails again and reopens its own entry instead of adding one.
 func TestDeadLetterLifecycle(t *testing.T) {
-	ctx := context.Background()
+	ctx := t.Context()
 	f := faultSetup(t, demo.Options{Aggregates: 1, MeanEvents: 1}, 1)
 	cl := f.kafkaClient(t)
 	if _, err := kadm.NewClient(cl).CreateTopic(ctx, 1, 1, nil, "accounts.dlq"); err != nil {
@@ -52,10 +53,10 @@ func TestDeadLetterLifecycle(t *testing.T) {
 	run(t, f.engine(t, "lifecycle", projector.Config{Partition: cfg, DLQTopic: "accounts.dlq"}))
 
 	var dls []deadletters.Entry
-	waitFor(t, "two dead letters", 30*time.Second, func() bool {
+	testenv.WaitFor(t, 30*time.Second, testenv.Holds("two dead letters", func() bool {
 		dls, err = deadletters.List(ctx, f.db.Pool, deadletters.Filter{Identity: "lifecycle"})
 		return err == nil && len(dls) == 2
-	})
+	}))
 	byKey := map[string]deadletters.Entry{}
 	for _, d := range dls {
 		byKey[d.Key] = d
@@ -98,20 +99,20 @@ func TestDeadLetterLifecycle(t *testing.T) {
 	if _, err := dlqpublish.Replay(ctx, f.db.Pool, cl, []deadletters.Entry{late, junk}, 0); err != nil {
 		t.Fatal(err)
 	}
-	waitFor(t, "the replayed late-2 to apply and junk-1 to fail again", 30*time.Second, func() bool {
+	testenv.WaitFor(t, 30*time.Second, testenv.Holds("the replayed late-2 to apply and junk-1 to fail again", func() bool {
 		l, err1 := deadletters.Get(ctx, f.db.Pool, late.ID)
 		j, err2 := deadletters.Get(ctx, f.db.Pool, junk.ID)
 		return err1 == nil && err2 == nil && l.Status == deadletters.StatusResolved && j.Status == deadletters.StatusOpen && j.Attempts == 2
-	})
+	}))
 	// Replaying the applied one again changes nothing.
 	late, _ = deadletters.Get(ctx, f.db.Pool, late.ID)
 	if _, err := dlqpublish.Replay(ctx, f.db.Pool, cl, []deadletters.Entry{late}, 0); err != nil {
 		t.Fatal(err)
 	}
-	waitFor(t, "the second replay to be consumed", 30*time.Second, func() bool {
+	testenv.WaitFor(t, 30*time.Second, testenv.Holds("the second replay to be consumed", func() bool {
 		l, err := deadletters.Get(ctx, f.db.Pool, late.ID)
 		return err == nil && l.Status == deadletters.StatusResolved && l.Replays == 2
-	})
+	}))
 	var version int64
 	var n int
 	if err := f.db.Pool.QueryRow(ctx, `SELECT version FROM accounts WHERE account_id = 'late-2'`).Scan(&version); err != nil || version != 1 {

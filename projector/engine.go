@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"log/slog"
 	"maps"
-	"math/rand/v2"
 	"slices"
 	"strconv"
 	"strings"
@@ -23,6 +22,7 @@ import (
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/projector-dev/projector/dlqpublish"
+	"github.com/projector-dev/projector/internal/backoff"
 	"github.com/projector-dev/projector/partition"
 	"github.com/projector-dev/projector/projection"
 	"github.com/projector-dev/projector/repair"
@@ -68,7 +68,8 @@ type Config struct {
 	// "earliest" (default) or "latest".
 	StartFrom string
 	// Partition tunes the partition workers (batch size and wait, buffer,
-	// retry backoff).
+	// retry backoff); its RetryBase and RetryCap also pace the engine's
+	// retries of claims and start offsets.
 	Partition partition.Config
 	// StateCacheRows is how many aggregates' rows each projection keeps in
 	// memory, so that a batch reads from Postgres only the aggregates it
@@ -584,7 +585,7 @@ func (e *Engine) claim(ctx context.Context, offsets map[string]map[int32]kgo.Off
 		return offsets, nil
 	}
 	var claims []sinks.Claimed
-	err := retry(ctx, e.log, "claim partitions", func() (err error) {
+	err := retry(ctx, e.log, e.retryPolicy(), "claim partitions", func() (err error) {
 		claims, err = e.gen.offsets.Claim(ctx, tps)
 		return err
 	})
@@ -639,7 +640,7 @@ func (e *Engine) startOffsets(ctx context.Context, claims []sinks.Claimed) (map[
 		list = e.adm.ListEndOffsets
 	}
 	firsts := make([]int64, len(fresh))
-	err := retry(ctx, e.log, "resolve start offsets", func() error {
+	err := retry(ctx, e.log, e.retryPolicy(), "resolve start offsets", func() error {
 		res, err := list(ctx, names...)
 		if err != nil {
 			return fmt.Errorf("list %s offsets of %d partitions: %w", e.cfg.StartFrom, len(fresh), err)
@@ -660,7 +661,7 @@ func (e *Engine) startOffsets(ctx context.Context, claims []sinks.Claimed) (map[
 		return nil, err
 	}
 	var stored []sinks.TP
-	err = retry(ctx, e.log, "store start offsets", func() (err error) {
+	err = retry(ctx, e.log, e.retryPolicy(), "store start offsets", func() (err error) {
 		stored, err = e.gen.offsets.InitAll(ctx, fresh, firsts)
 		return err
 	})
@@ -1156,10 +1157,16 @@ func (e *Engine) Ready(ctx context.Context) map[string]error {
 // Client is the engine's Kafka client (for admin calls; do not poll it).
 func (e *Engine) Client() *kgo.Client { return e.cl }
 
-// retry runs fn with exponential backoff and full jitter until it
-// succeeds or ctx ends.
-func retry(ctx context.Context, log *slog.Logger, what string, fn func() error) error {
-	const base, ceiling = 100 * time.Millisecond, 10 * time.Second
+// retryPolicy is the backoff of the engine's own database work (claims,
+// start offsets): the partitions' --retry-base and --retry-cap, so that one
+// setting governs every retry against Postgres.
+func (e *Engine) retryPolicy() backoff.Policy {
+	return backoff.Policy{Base: e.cfg.Partition.RetryBase, Cap: e.cfg.Partition.RetryCap}
+}
+
+// retry runs fn with p's backoff between attempts until it succeeds or
+// ctx ends.
+func retry(ctx context.Context, log *slog.Logger, p backoff.Policy, what string, fn func() error) error {
 	for attempt := 0; ; attempt++ {
 		err := fn()
 		if err == nil || errors.Is(err, sinks.ErrFenced) {
@@ -1168,11 +1175,7 @@ func retry(ctx context.Context, log *slog.Logger, what string, fn func() error) 
 		if ctx.Err() != nil {
 			return fmt.Errorf("%s: %w", what, err)
 		}
-		limit := ceiling
-		if attempt < 20 {
-			limit = min(ceiling, base<<attempt)
-		}
-		delay := time.Duration(rand.Int64N(int64(limit) + 1))
+		delay := p.Delay(attempt)
 		log.Warn("transient failure; retrying", "what", what, "attempt", attempt+1, "delay", delay, "err", err)
 		select {
 		case <-ctx.Done():

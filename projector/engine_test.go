@@ -66,7 +66,7 @@ func (b *bundle) engine(t *testing.T, identity string, cfg projector.Config) *pr
 
 // run runs e until the returned stop is called; stop waits for Run to end.
 func run(t *testing.T, e *projector.Engine) (stop func()) {
-	ctx, cancel := context.WithCancel(context.Background())
+	ctx, cancel := context.WithCancel(t.Context())
 	done := make(chan error, 1)
 	go func() { done <- e.Run(ctx) }()
 	var stopped bool
@@ -86,7 +86,7 @@ func run(t *testing.T, e *projector.Engine) (stop func()) {
 
 func (b *bundle) verify(t *testing.T, identity string) {
 	t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	ctx, cancel := context.WithTimeout(t.Context(), 2*time.Minute)
 	defer cancel()
 	if err := demo.WaitCommitted(ctx, b.db.Pool, identity, demo.Topic, b.end, nil); err != nil {
 		t.Fatal(err)
@@ -101,7 +101,7 @@ func (b *bundle) verify(t *testing.T, identity string) {
 // checkCounts compares the parked events and dead letters with the fold.
 func checkCounts(t *testing.T, pool *pgxpool.Pool, identity string, exp demo.Expected) {
 	t.Helper()
-	ctx := context.Background()
+	ctx := t.Context()
 	var parked, dead int
 	if err := pool.QueryRow(ctx, `SELECT count(*) FROM projector_parked WHERE identity = $1`, identity).Scan(&parked); err != nil {
 		t.Fatal(err)
@@ -134,12 +134,12 @@ func TestGoFold(t *testing.T) {
 	opts.Aggregates = 1000
 	b := setup(t, opts, 4)
 	p := balances()
-	if err := postgres.Migrate(context.Background(), b.db.Pool, p); err != nil {
+	if err := postgres.Migrate(t.Context(), b.db.Pool, p); err != nil {
 		t.Fatal(err)
 	}
 	b.projs = []*projection.Projection{p}
 	run(t, b.engine(t, "gofold", projector.Config{}))
-	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	ctx, cancel := context.WithTimeout(t.Context(), time.Minute)
 	defer cancel()
 	if err := demo.WaitCommitted(ctx, b.db.Pool, "gofold", demo.Topic, b.end, nil); err != nil {
 		t.Fatal(err)
@@ -190,7 +190,7 @@ projections:
 	if err != nil {
 		t.Fatal(err)
 	}
-	ctx := context.Background()
+	ctx := t.Context()
 	if err := postgres.Migrate(ctx, b.db.Pool, projs...); err != nil {
 		t.Fatal(err)
 	}
@@ -244,7 +244,7 @@ projections:
 // the aborted events must never apply and the stored offsets must still
 // reach the end of every partition.
 func TestAbortedTransactionsNeverApply(t *testing.T) {
-	ctx := context.Background()
+	ctx := t.Context()
 	opts := demo.DefaultOptions()
 	opts.Aggregates = 1000
 	b := setup(t, opts, 3)

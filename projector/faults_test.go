@@ -31,18 +31,6 @@ import (
 	"github.com/projector-dev/projector/sinks/postgres"
 )
 
-// waitFor polls cond until it holds or the deadline passes.
-func waitFor(t *testing.T, what string, timeout time.Duration, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(timeout)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out waiting for %s", what)
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
-}
-
 // faultBundle is a bundle whose registry can be taken down.
 type faultBundle struct {
 	*bundle
@@ -52,7 +40,7 @@ type faultBundle struct {
 
 func faultSetup(t *testing.T, opts demo.Options, partitions int) *faultBundle {
 	t.Helper()
-	ctx := context.Background()
+	ctx := t.Context()
 	f := &faultBundle{bundle: &bundle{db: testenv.NewDB(t), kafka: testenv.Kafka(t, demo.Topic, partitions)}}
 	f.fake, f.reg = testenv.Registry(t)
 	f.fake.Intercept(func(w http.ResponseWriter, _ *http.Request) bool {
@@ -78,7 +66,7 @@ func faultSetup(t *testing.T, opts demo.Options, partitions int) *faultBundle {
 
 func (b *bundle) produce(t *testing.T, records []demo.Record) {
 	t.Helper()
-	ctx := context.Background()
+	ctx := t.Context()
 	prod, err := kgo.NewClient(kgo.SeedBrokers(b.kafka.ListenAddrs()...))
 	if err != nil {
 		t.Fatal(err)
@@ -95,7 +83,7 @@ func (b *bundle) produce(t *testing.T, records []demo.Record) {
 func deadLetters(t *testing.T, pool *pgxpool.Pool) int {
 	t.Helper()
 	var n int
-	if err := pool.QueryRow(context.Background(), `SELECT count(*) FROM projector_dead_letters`).Scan(&n); err != nil {
+	if err := pool.QueryRow(t.Context(), `SELECT count(*) FROM projector_dead_letters`).Scan(&n); err != nil {
 		t.Fatal(err)
 	}
 	return n
@@ -125,20 +113,20 @@ func TestRegistryOutage(t *testing.T) {
 	cfg.UnreadyAfter = 200 * time.Millisecond
 	e := f.engine(t, "outage", projector.Config{Partition: cfg, Registerer: reg})
 	run(t, e)
-	waitFor(t, "retries while the registry is down", 20*time.Second, func() bool {
+	testenv.WaitFor(t, 20*time.Second, testenv.Holds("retries while the registry is down", func() bool {
 		return counter(t, reg, "projector_retries_total") >= 10
-	})
-	waitFor(t, "/readyz to report the partitions backing off", 20*time.Second, func() bool {
-		err := e.Ready(context.Background())["partitions"]
+	}))
+	testenv.WaitFor(t, 20*time.Second, testenv.Holds("/readyz to report the partitions backing off", func() bool {
+		err := e.Ready(t.Context())["partitions"]
 		return err != nil && strings.Contains(err.Error(), "backing off since")
-	})
+	}))
 	if got := gauge(t, reg, "projector_backoff_active"); got < 1 {
 		t.Errorf("projector_backoff_active = %v while the registry is down, want at least 1", got)
 	}
 	if n := deadLetters(t, f.db.Pool); n != 0 {
 		t.Fatalf("%d dead letters while the registry was down", n)
 	}
-	if n, _, err := demo.Committed(context.Background(), f.db.Pool, "outage", demo.Topic, f.end); err != nil || n != 0 {
+	if n, _, err := demo.Committed(t.Context(), f.db.Pool, "outage", demo.Topic, f.end); err != nil || n != 0 {
 		t.Fatalf("committed %d records while nothing could be decoded (err %v)", n, err)
 	}
 	f.down.Store(false)
@@ -147,9 +135,9 @@ func TestRegistryOutage(t *testing.T) {
 	f.down.Store(true)
 	retries := counter(t, reg, "projector_retries_total")
 	f.produce(t, f.records[half:])
-	waitFor(t, "retries in the second outage", 20*time.Second, func() bool {
+	testenv.WaitFor(t, 20*time.Second, testenv.Holds("retries in the second outage", func() bool {
 		return counter(t, reg, "projector_retries_total") >= retries+10
-	})
+	}))
 	f.down.Store(false)
 	f.verify(t, "outage")
 }
@@ -168,7 +156,7 @@ func (b *bundle) verifyPart(t *testing.T, identity string, records []demo.Record
 // connections over and over while it commits; batches retry and the table
 // still equals the fold.
 func TestPostgresConnectionsTerminated(t *testing.T) {
-	ctx := context.Background()
+	ctx := t.Context()
 	opts := demo.DefaultOptions()
 	opts.Aggregates = 1500
 	b := setup(t, opts, 3)
@@ -200,24 +188,28 @@ func TestPostgresConnectionsTerminated(t *testing.T) {
 		t.Fatal(err)
 	}
 	run(t, e)
-	killed := 0
-	for killed < 30 {
+	// The victim's connections are terminated whenever it made progress
+	// since the last time, so the faults spread over the stream.
+	killed, last := 0, int64(-1)
+	testenv.WaitFor(t, 2*time.Minute, func() error {
 		n, done, err := demo.Committed(ctx, b.db.Pool, "terminated", demo.Topic, b.end)
 		if err != nil {
 			t.Fatal(err)
 		}
-		if done {
-			break
+		if done || killed >= 30 {
+			return nil
 		}
-		var k int
-		if err := b.db.Pool.QueryRow(ctx, `SELECT count(*) FROM (SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE application_name = $1) t`,
-			"projector-victim-"+b.db.Schema).Scan(&k); err != nil {
-			t.Fatal(err)
+		if n != last {
+			last = n
+			var k int
+			if err := b.db.Pool.QueryRow(ctx, `SELECT count(*) FROM (SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE application_name = $1) t`,
+				"projector-victim-"+b.db.Schema).Scan(&k); err != nil {
+				t.Fatal(err)
+			}
+			killed += k
 		}
-		killed += k
-		_ = n
-		time.Sleep(30 * time.Millisecond)
-	}
+		return fmt.Errorf("%d records committed, %d connections terminated", n, killed)
+	})
 	if killed == 0 {
 		t.Fatal("no connection was terminated: the test did not inject the fault")
 	}
@@ -234,7 +226,7 @@ func TestPostgresConnectionsTerminated(t *testing.T) {
 // with their class (their successors park); the late schema applies; the
 // rest of each batch commits untouched.
 func TestPoisonKinds(t *testing.T) {
-	ctx := context.Background()
+	ctx := t.Context()
 	opts := demo.DefaultOptions()
 	opts.Aggregates = 500
 	f := faultSetup(t, opts, 2)
@@ -305,9 +297,9 @@ func TestPoisonKinds(t *testing.T) {
 	cfg := fastRetry
 	cfg.MaxRecordBytes, cfg.MaxAttempts = 20_000, 20
 	run(t, f.engine(t, "poison", projector.Config{Partition: cfg, Registerer: reg}))
-	waitFor(t, "a retry for the unknown schema id", 20*time.Second, func() bool {
+	testenv.WaitFor(t, 20*time.Second, testenv.Holds("a retry for the unknown schema id", func() bool {
 		return counter(t, reg, "projector_retries_total") > 0
-	})
+	}))
 	f.fake.SeedSchema(demo.Topic+"-value", 99, lateID, ids.Schema)
 
 	wctx, cancel := context.WithTimeout(ctx, time.Minute)
@@ -354,7 +346,7 @@ func TestPoisonKinds(t *testing.T) {
 // TestParkedEventsSurviveRestart parks v3 behind a missing v2, restarts the
 // member, then sends v2: v2 and v3 apply.
 func TestParkedEventsSurviveRestart(t *testing.T) {
-	ctx := context.Background()
+	ctx := t.Context()
 	opts := demo.DefaultOptions()
 	opts.Aggregates = 50
 	b := setup(t, opts, 2)
@@ -394,7 +386,7 @@ func TestParkedEventsSurviveRestart(t *testing.T) {
 // retention would, while no member runs. By default the partition halts,
 // visibly; with OnOffsetLost skip it continues from the log start.
 func TestOffsetLost(t *testing.T) {
-	ctx := context.Background()
+	ctx := t.Context()
 	f := faultSetup(t, demo.Options{Aggregates: 1, MeanEvents: 1}, 1)
 	opened := func(from, to int) []demo.Record {
 		var out []demo.Record
@@ -421,10 +413,10 @@ func TestOffsetLost(t *testing.T) {
 	reg := prometheus.NewRegistry()
 	e := f.engine(t, "lost", projector.Config{Registerer: reg})
 	stop = run(t, e)
-	waitFor(t, "the partition to halt", 20*time.Second, func() bool {
+	testenv.WaitFor(t, 20*time.Second, testenv.Holds("the partition to halt", func() bool {
 		ws := e.Workers()
 		return len(ws) == 1 && ws[0].Halted != ""
-	})
+	}))
 	if err := e.Ready(ctx)["partitions"]; err == nil || !strings.Contains(err.Error(), "halted") || !strings.Contains(err.Error(), "--on-offset-lost=skip") {
 		t.Errorf("/readyz partitions check: %v, want it to say the partition halted and how to continue", err)
 	}
@@ -458,7 +450,7 @@ func gauge(t *testing.T, g prometheus.Gatherer, name string) float64 { return co
 // REQUEST_TIMED_OUT): nothing may be dead-lettered or skipped, and after
 // the broker heals the table equals the fold.
 func TestBrokerFetchErrors(t *testing.T) {
-	ctx := context.Background()
+	ctx := t.Context()
 	opts := demo.DefaultOptions()
 	opts.Aggregates = 800
 	f := faultSetup(t, opts, 3)
@@ -467,10 +459,10 @@ func TestBrokerFetchErrors(t *testing.T) {
 
 	e := f.engine(t, "broker", projector.Config{})
 	run(t, e)
-	waitFor(t, "some progress", 20*time.Second, func() bool {
+	testenv.WaitFor(t, 20*time.Second, testenv.Holds("some progress", func() bool {
 		n, _, _ := demo.Committed(ctx, f.db.Pool, "broker", demo.Topic, f.end)
 		return n > 0
-	})
+	}))
 	heal := time.Now().Add(10 * time.Second)
 	until := func(kmsg.Request) bool { return time.Now().Before(heal) }
 	h := f.kafka.Fault(
@@ -480,9 +472,12 @@ func TestBrokerFetchErrors(t *testing.T) {
 	)
 	f.produce(t, f.records[half:])
 	before, _, _ := demo.Committed(ctx, f.db.Pool, "broker", demo.Topic, f.end)
-	for time.Now().Before(heal) {
-		time.Sleep(100 * time.Millisecond)
-	}
+	testenv.WaitFor(t, time.Minute, func() error {
+		if left := time.Until(heal); left > 0 {
+			return fmt.Errorf("the broker fails fetches for another %v", left)
+		}
+		return nil
+	})
 	h.Remove()
 	if h.Hits() == 0 {
 		t.Fatal("no fetch was faulted: the test injected nothing")
@@ -494,7 +489,7 @@ func TestBrokerFetchErrors(t *testing.T) {
 // TestPostgresRestart restarts a private Postgres twice (fast shutdown:
 // connections cut, open transactions rolled back) while batches commit.
 func TestPostgresRestart(t *testing.T) {
-	ctx := context.Background()
+	ctx := t.Context()
 	srv := testenv.StartPostgres(t)
 	opts := demo.DefaultOptions()
 	opts.Aggregates = 1500
@@ -516,10 +511,10 @@ func TestPostgresRestart(t *testing.T) {
 	run(t, f.engine(t, "restart", projector.Config{Partition: cfg, Registerer: reg}))
 	total := int64(len(f.records))
 	for i, at := range []int64{total / 4, total / 2} {
-		waitFor(t, fmt.Sprintf("%d records committed", at), time.Minute, func() bool {
+		testenv.WaitFor(t, time.Minute, testenv.Holds(fmt.Sprintf("%d records committed", at), func() bool {
 			n, _, err := demo.Committed(ctx, pool, "restart", demo.Topic, f.end)
 			return err == nil && n >= at
-		})
+		}))
 		srv.Restart(t)
 		t.Logf("restart %d after %d records", i+1, at)
 	}
@@ -542,13 +537,13 @@ func TestRevokeDuringBackoff(t *testing.T) {
 	slow := partition.Config{RetryBase: 2 * time.Second, RetryCap: time.Minute, ClassifyDecode: projector.ClassifyDecode}
 	regA := prometheus.NewRegistry()
 	stopA := run(t, f.engine(t, "revoke", projector.Config{Partition: slow, RevokeTimeout: time.Minute, Registerer: regA}))
-	waitFor(t, "member a to back off with long delays", 30*time.Second, func() bool {
+	testenv.WaitFor(t, 30*time.Second, testenv.Holds("member a to back off with long delays", func() bool {
 		return counter(t, regA, "projector_retries_total") >= 8 // two rounds per partition: delays now up to 8s
-	})
+	}))
 	b := f.engine(t, "revoke", projector.Config{Partition: slow, RevokeTimeout: time.Minute})
 	joined := time.Now()
 	stopB := run(t, b)
-	waitFor(t, "member b to get partitions", 20*time.Second, func() bool { return len(b.Workers()) > 0 })
+	testenv.WaitFor(t, 20*time.Second, testenv.Holds("member b to get partitions", func() bool { return len(b.Workers()) > 0 }))
 	t.Logf("member b got partitions %.1fs after joining", time.Since(joined).Seconds())
 
 	// Both back off for up to a minute now; a member with short delays

@@ -1,6 +1,7 @@
 package projector_test
 
 import (
+	"fmt"
 	"io"
 	"net/http"
 	"net/http/httptest"
@@ -13,6 +14,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/testutil/promlint"
 
 	"github.com/projector-dev/projector/internal/demo"
+	"github.com/projector-dev/projector/internal/testenv"
 	"github.com/projector-dev/projector/partition"
 	"github.com/projector-dev/projector/projection"
 	"github.com/projector-dev/projector/projector"
@@ -66,20 +68,16 @@ func TestHTTPSurface(t *testing.T) {
 	run(t, e)
 	b.verify(t, "http")
 
-	deadline := time.Now().Add(20 * time.Second)
-	for {
+	testenv.WaitFor(t, 20*time.Second, func() error {
 		code, body := get(t, srv.URL+"/readyz?verbose")
-		if code == http.StatusOK {
-			if !strings.Contains(body, "[+] group ok") || !strings.Contains(body, "[+] postgres ok") {
-				t.Errorf("/readyz?verbose does not list its checks: %q", body)
-			}
-			break
+		if code != http.StatusOK {
+			return fmt.Errorf("/readyz not ready: %d %q", code, body)
 		}
-		if time.Now().After(deadline) {
-			t.Fatalf("/readyz never became ready: %d %q", code, body)
+		if !strings.Contains(body, "[+] group ok") || !strings.Contains(body, "[+] postgres ok") {
+			t.Errorf("/readyz?verbose does not list its checks: %q", body)
 		}
-		time.Sleep(50 * time.Millisecond)
-	}
+		return nil
+	})
 
 	_, metrics := get(t, srv.URL+"/metrics")
 	for _, name := range []string{

@@ -1,7 +1,7 @@
 package projector_test
 
 import (
-	"context"
+	"fmt"
 	"testing"
 	"time"
 
@@ -9,6 +9,7 @@ import (
 	dto "github.com/prometheus/client_model/go"
 
 	"github.com/projector-dev/projector/internal/demo"
+	"github.com/projector-dev/projector/internal/testenv"
 	"github.com/projector-dev/projector/partition"
 	"github.com/projector-dev/projector/projector"
 	"github.com/projector-dev/projector/sinks"
@@ -72,7 +73,7 @@ func TestRebalancesWhileBatchesAreOpen(t *testing.T) {
 // counted, its workers stop, and a later member finishes the stream from
 // the stored offsets without applying anything twice.
 func TestFencedOwnerStops(t *testing.T) {
-	ctx := context.Background()
+	ctx := t.Context()
 	opts := demo.DefaultOptions()
 	opts.Aggregates = 500
 	b := setup(t, opts, 3)
@@ -85,24 +86,23 @@ func TestFencedOwnerStops(t *testing.T) {
 		Registerer: reg,
 	})
 	stop := run(t, e)
-	deadline := time.Now().Add(30 * time.Second)
-	for len(e.Workers()) < 3 {
-		if time.Now().After(deadline) {
-			t.Fatal("the member never started its three workers")
+	testenv.WaitFor(t, 30*time.Second, func() error {
+		if n := len(e.Workers()); n < 3 {
+			return fmt.Errorf("the member runs %d workers, want 3", n)
 		}
-		time.Sleep(10 * time.Millisecond)
-	}
+		return nil
+	})
 	offsets := postgres.NewOffsets(b.db.Pool, "fence")
 	tps := []sinks.TP{{Topic: demo.Topic, Partition: 0}, {Topic: demo.Topic, Partition: 1}, {Topic: demo.Topic, Partition: 2}}
 	if _, err := offsets.Claim(ctx, tps); err != nil {
 		t.Fatal(err)
 	}
-	for len(e.Workers()) > 0 {
-		if time.Now().After(deadline) {
-			t.Fatalf("fenced workers did not stop: %d still run", len(e.Workers()))
+	testenv.WaitFor(t, 30*time.Second, func() error {
+		if n := len(e.Workers()); n > 0 {
+			return fmt.Errorf("fenced workers did not stop: %d still run", n)
 		}
-		time.Sleep(10 * time.Millisecond)
-	}
+		return nil
+	})
 	if got := counter(t, reg, "projector_fenced_batches_total"); got != 3 {
 		t.Errorf("fenced batches: got %v, want 3", got)
 	}

@@ -14,6 +14,7 @@ import (
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/projector-dev/projector/internal/demo"
+	"github.com/projector-dev/projector/internal/testenv"
 	"github.com/projector-dev/projector/outbox"
 	"github.com/projector-dev/projector/partition"
 	"github.com/projector-dev/projector/projector"
@@ -24,7 +25,7 @@ import (
 // linked to that producer span, with messaging attributes, and the
 // Postgres commit is its child.
 func TestBatchSpansLinkToProducers(t *testing.T) {
-	ctx := context.Background()
+	ctx := t.Context()
 	f := faultSetup(t, demo.Options{Aggregates: 1, MeanEvents: 1}, 1)
 	producerTrace, _ := trace.TraceIDFromHex("4bf92f3577b34da6a3ce929d0e0e4736")
 	produceTraced(t, f, producerTrace.String(), producerTrace.String())
@@ -36,7 +37,7 @@ func TestBatchSpansLinkToProducers(t *testing.T) {
 	f.verify(t, "traced")
 
 	var process, commit *tracetest.SpanStub
-	waitFor(t, "the batch spans", 10*time.Second, func() bool {
+	testenv.WaitFor(t, 10*time.Second, testenv.Holds("the batch spans", func() bool {
 		for _, s := range spans.GetSpans() {
 			switch s.Name {
 			case "process " + demo.Topic:
@@ -46,7 +47,7 @@ func TestBatchSpansLinkToProducers(t *testing.T) {
 			}
 		}
 		return process != nil && commit != nil
-	})
+	}))
 	if process.SpanKind != trace.SpanKindConsumer {
 		t.Errorf("process span kind %v, want consumer", process.SpanKind)
 	}
@@ -82,7 +83,7 @@ func TestBatchSpansLinkToProducers(t *testing.T) {
 // traced request; after the relay publishes it, the projector's process
 // span links to that request's trace.
 func TestTraceAcrossOutbox(t *testing.T) {
-	ctx := context.Background()
+	ctx := t.Context()
 	f := faultSetup(t, demo.Options{Aggregates: 1, MeanEvents: 1}, 1)
 	if err := outbox.Migrate(ctx, f.db.Pool); err != nil {
 		t.Fatal(err)
@@ -118,7 +119,7 @@ func TestTraceAcrossOutbox(t *testing.T) {
 	tp := sdktrace.NewTracerProvider(sdktrace.WithSyncer(spans))
 	defer tp.Shutdown(ctx) //nolint:errcheck // in-memory
 	run(t, f.engine(t, "outboxed", projector.Config{TracerProvider: tp}))
-	waitFor(t, "a process span linked to the request's trace", 30*time.Second, func() bool {
+	testenv.WaitFor(t, 30*time.Second, testenv.Holds("a process span linked to the request's trace", func() bool {
 		for _, s := range spans.GetSpans() {
 			for _, l := range s.Links {
 				if s.Name == "process "+demo.Topic && l.SpanContext.TraceID() == requestTrace && l.SpanContext.SpanID() == requestSpan {
@@ -127,7 +128,7 @@ func TestTraceAcrossOutbox(t *testing.T) {
 			}
 		}
 		return false
-	})
+	}))
 	var owner string
 	if err := f.db.Pool.QueryRow(ctx, `SELECT owner FROM accounts WHERE account_id = 'outboxed-1'`).Scan(&owner); err != nil || owner != "o" {
 		t.Errorf("outboxed-1: owner %q (err %v), want o", owner, err)
@@ -138,7 +139,7 @@ func TestTraceAcrossOutbox(t *testing.T) {
 // one record, from two producer traces: the one transaction covering both
 // is one "process" span linked to both producers, counting both records.
 func TestTransactionSpanLinksEveryBatch(t *testing.T) {
-	ctx := context.Background()
+	ctx := t.Context()
 	f := faultSetup(t, demo.Options{Aggregates: 1, MeanEvents: 1}, 1)
 	traces := []string{"4bf92f3577b34da6a3ce929d0e0e4736", "5cf92f3577b34da6a3ce929d0e0e4737"}
 	produceTraced(t, f, traces...)
@@ -154,14 +155,14 @@ func TestTransactionSpanLinksEveryBatch(t *testing.T) {
 		t.Fatalf("%.0f batches in %.0f transactions: want both in one", batches, commits)
 	}
 	var process *tracetest.SpanStub
-	waitFor(t, "the transaction's span", 10*time.Second, func() bool {
+	testenv.WaitFor(t, 10*time.Second, testenv.Holds("the transaction's span", func() bool {
 		for _, s := range spans.GetSpans() {
 			if s.Name == "process "+demo.Topic {
 				process = &s
 			}
 		}
 		return process != nil
-	})
+	}))
 	linked := map[string]bool{}
 	for _, l := range process.Links {
 		linked[l.SpanContext.TraceID().String()] = true
@@ -182,7 +183,7 @@ func TestTransactionSpanLinksEveryBatch(t *testing.T) {
 // traceparent of the producer trace given for it.
 func produceTraced(t *testing.T, f *faultBundle, traces ...string) {
 	t.Helper()
-	ctx := context.Background()
+	ctx := t.Context()
 	records := []demo.Record{
 		{Key: "traced-1", Event: demo.Event{AccountID: "traced-1", Version: 1, Type: "AccountOpened", Owner: "o"}},
 		{Key: "traced-1", Event: demo.Event{AccountID: "traced-1", Version: 2, Type: "Deposited", Amount: 3}},

@@ -313,7 +313,7 @@ func TestSQLTransient(t *testing.T) {
 		if err != nil {
 			t.Fatalf("begin: %v", err)
 		}
-		defer tx.Rollback(context.Background())
+		defer tx.Rollback(t.Context())
 		if _, err := tx.Exec(t.Context(), `SELECT pg_advisory_xact_lock(hashtext(current_schema()))`); err != nil {
 			t.Fatalf("lock: %v", err)
 		}

@@ -1,7 +1,6 @@
 package schemas_test
 
 import (
-	"context"
 	"fmt"
 	"strings"
 	"testing"
@@ -22,7 +21,7 @@ import (
 // One op is one event.
 func BenchmarkDecodeBenchValue(b *testing.B) {
 	cl := registry(b)
-	ctx := context.Background()
+	ctx := b.Context()
 	ss, err := cl.CreateSchema(ctx, "bench-value", sr.Schema{Schema: bench.WriterSchema, Type: sr.TypeAvro})
 	if err != nil {
 		b.Fatal(err)
@@ -72,7 +71,7 @@ func BenchmarkDecodeBenchValue(b *testing.B) {
 // `projector run` decodes for declarative projections).
 func BenchmarkDecodeWide(b *testing.B) {
 	cl := registry(b)
-	ctx := context.Background()
+	ctx := b.Context()
 	var fields []string
 	value := map[string]any{}
 	for i := range 30 {

@@ -54,7 +54,7 @@ func newEnv(tb testing.TB) *env {
 	if err != nil {
 		tb.Fatal(err)
 	}
-	ids, err := Register(context.Background(), cl, subject, demo["account_event"], demo["account_event_v2"])
+	ids, err := Register(tb.Context(), cl, subject, demo["account_event"], demo["account_event_v2"])
 	if err != nil {
 		tb.Fatal(err)
 	}
@@ -127,7 +127,7 @@ func checkV1Fields(t *testing.T, rec map[string]any) {
 
 func mustDecode(t *testing.T, d *Decoder, value []byte) (map[string]any, int) {
 	t.Helper()
-	rec, id, err := d.Decode(context.Background(), value)
+	rec, id, err := d.Decode(t.Context(), value)
 	if err != nil {
 		t.Fatalf("Decode: %v", err)
 	}
@@ -235,7 +235,7 @@ func TestMalformed(t *testing.T) {
 		"short":     good[:4],
 		"bad magic": bad,
 	} {
-		_, _, err := d.Decode(context.Background(), v)
+		_, _, err := d.Decode(t.Context(), v)
 		if !errors.Is(err, ErrMalformed) || !IsTerminal(err) {
 			t.Errorf("%s: err = %v, want ErrMalformed", name, err)
 		}
@@ -247,7 +247,7 @@ func TestUnknownSchema(t *testing.T) {
 	d := NewDecoder(e.cl, e.v1)
 	const id = 4242
 	value := wire(t, id, e.v1, event())
-	rec, gotID, err := d.Decode(context.Background(), value)
+	rec, gotID, err := d.Decode(t.Context(), value)
 	if !errors.Is(err, ErrUnknownSchema) || !IsTerminal(err) || rec != nil {
 		t.Fatalf("Decode = %v, %v, want ErrUnknownSchema", rec, err)
 	}
@@ -281,7 +281,7 @@ func TestUndecodable(t *testing.T) {
 		"bad union":      append(append([]byte{}, header...), 0x02, 'a', 0x06, 0x02, 'x', 0x0a, 0x00, 0x00),
 	}
 	for name, v := range cases {
-		rec, _, err := d.Decode(context.Background(), v)
+		rec, _, err := d.Decode(t.Context(), v)
 		if !errors.Is(err, ErrUndecodable) || !IsTerminal(err) || rec != nil {
 			t.Errorf("%s: Decode = %v, %v, want ErrUndecodable", name, rec, err)
 		}
@@ -314,7 +314,7 @@ func (c *countingRegistry) SchemaByID(ctx context.Context, id int) (sr.Schema, e
 
 func TestIncompatible(t *testing.T) {
 	e := newEnv(t)
-	ids, err := Register(context.Background(), e.cl, "other-value", incompatibleText)
+	ids, err := Register(t.Context(), e.cl, "other-value", incompatibleText)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -326,7 +326,7 @@ func TestIncompatible(t *testing.T) {
 	reg := &countingRegistry{reg: e.cl}
 	d := NewDecoder(reg, e.v1)
 	for range 2 {
-		rec, _, err := d.Decode(context.Background(), value)
+		rec, _, err := d.Decode(t.Context(), value)
 		if !errors.Is(err, ErrIncompatible) || !IsTerminal(err) || rec != nil {
 			t.Fatalf("Decode = %v, %v, want ErrIncompatible", rec, err)
 		}
@@ -359,7 +359,7 @@ func TestIncompatibleKinds(t *testing.T) {
 		id++
 		e.fake.SeedSchema("kinds-"+name, 1, id, s)
 		value := []byte{0, 0, 0, byte(id >> 8), byte(id), 0}
-		_, _, err := NewDecoder(e.cl, e.v1).Decode(context.Background(), value)
+		_, _, err := NewDecoder(e.cl, e.v1).Decode(t.Context(), value)
 		if !errors.Is(err, ErrIncompatible) {
 			t.Errorf("%s: err = %v, want ErrIncompatible", name, err)
 		}
@@ -371,7 +371,7 @@ func TestRecursiveWriterWithoutReader(t *testing.T) {
 	text := `{"type":"record","name":"Node","fields":[
 		{"name":"v","type":"long"},
 		{"name":"next","type":["null","Node"],"default":null}]}`
-	ids, err := Register(context.Background(), e.cl, "nodes-value", text)
+	ids, err := Register(t.Context(), e.cl, "nodes-value", text)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -397,7 +397,7 @@ func TestConcurrentLookupsCollapse(t *testing.T) {
 	for range n {
 		wg.Go(func() {
 			<-start
-			rec, _, err := d.Decode(context.Background(), value)
+			rec, _, err := d.Decode(t.Context(), value)
 			if err == nil && rec["account_id"] != "acc-1" {
 				err = errors.New("wrong record")
 			}
@@ -449,13 +449,13 @@ func TestRegistryUnreachable(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	_, _, err = NewDecoder(cl, e.v1).Decode(context.Background(), wire(t, e.v1ID, e.v1, event()))
+	_, _, err = NewDecoder(cl, e.v1).Decode(t.Context(), wire(t, e.v1ID, e.v1, event()))
 	checkTransient(t, err)
 
 	// A closed srfake behaves the same.
 	d := NewDecoder(e.cl, e.v1)
 	e.fake.Close()
-	_, _, err = d.Decode(context.Background(), wire(t, e.v1ID, e.v1, event()))
+	_, _, err = d.Decode(t.Context(), wire(t, e.v1ID, e.v1, event()))
 	checkTransient(t, err)
 }
 
@@ -469,7 +469,7 @@ func TestRegistryServerError(t *testing.T) {
 	})
 	d := NewDecoder(e.cl, e.v1)
 	value := wire(t, e.v1ID, e.v1, event())
-	_, _, err := d.Decode(context.Background(), value)
+	_, _, err := d.Decode(t.Context(), value)
 	checkTransient(t, err)
 
 	// Transient failures are not cached.
@@ -484,7 +484,7 @@ func TestTransientNotCached(t *testing.T) {
 	reg.fail.Store(1)
 	d := NewDecoder(reg, e.v1)
 	value := wire(t, e.v1ID, e.v1, event())
-	_, _, err := d.Decode(context.Background(), value)
+	_, _, err := d.Decode(t.Context(), value)
 	checkTransient(t, err)
 	if !errors.Is(err, errFlaky) {
 		t.Errorf("err = %v does not wrap the registry's error", err)
@@ -499,7 +499,7 @@ func TestTransientNotCached(t *testing.T) {
 func TestCanceledContext(t *testing.T) {
 	e := newEnv(t)
 	d := NewDecoder(e.cl, e.v1)
-	ctx, cancel := context.WithCancel(context.Background())
+	ctx, cancel := context.WithCancel(t.Context())
 	cancel()
 	_, _, err := d.Decode(ctx, wire(t, e.v1ID, e.v1, event()))
 	checkTransient(t, err)
@@ -514,7 +514,7 @@ func TestCallerGivingUpDoesNotFailOthers(t *testing.T) {
 	d := NewDecoder(reg, e.v1)
 	value := wire(t, e.v1ID, e.v1, event())
 
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Millisecond)
+	ctx, cancel := context.WithTimeout(t.Context(), 10*time.Millisecond)
 	defer cancel()
 	_, _, err := d.Decode(ctx, value) // starts the lookup, gives up early
 	if !errors.Is(err, context.DeadlineExceeded) || IsTerminal(err) {
@@ -557,7 +557,7 @@ const richText = `{
 
 func TestDecodedTypes(t *testing.T) {
 	e := newEnv(t)
-	ids, err := Register(context.Background(), e.cl, "rich-value", richText)
+	ids, err := Register(t.Context(), e.cl, "rich-value", richText)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -689,7 +689,7 @@ func TestAppendWire(t *testing.T) {
 
 func FuzzDecode(f *testing.F) {
 	e := newEnv(f)
-	ids, err := Register(context.Background(), e.cl, "other-value", incompatibleText)
+	ids, err := Register(f.Context(), e.cl, "other-value", incompatibleText)
 	if err != nil {
 		f.Fatal(err)
 	}
@@ -717,7 +717,7 @@ func FuzzDecode(f *testing.F) {
 	decoders := []*Decoder{NewDecoder(e.cl, e.v1), NewDecoder(e.cl, e.v2), NewDecoder(e.cl, nil)}
 	f.Fuzz(func(t *testing.T, value []byte) {
 		for _, d := range decoders {
-			rec, _, err := d.Decode(context.Background(), value)
+			rec, _, err := d.Decode(t.Context(), value)
 			if (err == nil) == (rec == nil) {
 				t.Fatalf("Decode(%x) = %v, %v: want exactly one of record and error", value, rec, err)
 			}
@@ -742,7 +742,7 @@ func BenchmarkDecode(b *testing.B) {
 	} {
 		b.Run(bc.name, func(b *testing.B) {
 			d := NewDecoder(e.cl, bc.reader)
-			ctx := context.Background()
+			ctx := b.Context()
 			if _, _, err := d.Decode(ctx, bc.value); err != nil { // warm the cache
 				b.Fatal(err)
 			}

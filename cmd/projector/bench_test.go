@@ -35,7 +35,7 @@ func TestBenchSmoke(t *testing.T) {
 	}
 	t.Cleanup(func() { benchSpawn = old })
 
-	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+	ctx, cancel := context.WithTimeout(t.Context(), 5*time.Minute)
 	defer cancel()
 	var stdout, stderr bytes.Buffer
 	err := Main(ctx, []string{"bench", "--events", "20000", "--aggregates", "2000", "--batch-max-records", "1000",

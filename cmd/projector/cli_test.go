@@ -23,7 +23,7 @@ import (
 // TestDemo runs a smaller demo end to end: it must verify its own result,
 // and its dead letters must be listed by `dlq list --json`.
 func TestDemo(t *testing.T) {
-	ctx := context.Background()
+	ctx := t.Context()
 	schema := fmt.Sprintf("t_demo_%x", rand.Uint32())
 	admin, err := pgxpool.New(ctx, testenv.DatabaseURL())
 	if err != nil {
@@ -116,7 +116,7 @@ func TestBadInputStopsWithAClearMessage(t *testing.T) {
 		{[]string{"offsets", "reset", "--topic", "t", "--to-earliest", "--partitions", "1,1"}, "--partitions"},
 	} {
 		var out bytes.Buffer
-		err := Main(context.Background(), tc.args, &out, &out)
+		err := Main(t.Context(), tc.args, &out, &out)
 		if err == nil || !strings.Contains(err.Error(), tc.want) {
 			t.Errorf("projector %s: got error %v, want one naming %q", strings.Join(tc.args, " "), err, tc.want)
 		}

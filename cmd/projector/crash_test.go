@@ -46,7 +46,7 @@ func TestMain(m *testing.M) {
 // child is a projector process started from this test binary.
 type child struct {
 	cmd    *exec.Cmd
-	stderr *bytes.Buffer
+	stderr *syncBuffer // written by the process while the test reads it
 	done   chan error
 }
 
@@ -58,7 +58,7 @@ func startChild(t *testing.T, args ...string) *child {
 	}
 	cmd := exec.Command(os.Args[0], "-test.run=^$")
 	cmd.Env = append(os.Environ(), childEnv+"="+string(raw))
-	c := &child{cmd: cmd, stderr: &bytes.Buffer{}, done: make(chan error, 1)}
+	c := &child{cmd: cmd, stderr: &syncBuffer{}, done: make(chan error, 1)}
 	cmd.Stderr = c.stderr
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)
@@ -84,7 +84,7 @@ func (c *child) kill(t *testing.T) {
 // mid-stream and restarts it; the final table must equal the reference
 // fold, with every parked event and poison pill stored exactly once.
 func TestCrashRecovery(t *testing.T) {
-	ctx := context.Background()
+	ctx := t.Context()
 	db := testenv.NewDB(t)
 	cluster := testenv.Kafka(t, demo.Topic, 6)
 	reg, regClient := testenv.Registry(t)
@@ -134,26 +134,23 @@ func TestCrashRecovery(t *testing.T) {
 	var last int64
 	for kills := 0; kills < 4; kills++ {
 		c := startChild(t, args...)
-		deadline, cancel := context.WithTimeout(ctx, time.Minute)
 		target := last + total/8
-		for {
-			n, done, err := demo.Committed(deadline, db.Pool, "crash", demo.Topic, end)
+		testenv.WaitFor(t, time.Minute, func() error {
+			select {
+			case err := <-c.done:
+				t.Fatalf("projector exited early: %v\n%s", err, c.stderr)
+			default:
+			}
+			n, done, err := demo.Committed(ctx, db.Pool, "crash", demo.Topic, end)
 			if err != nil {
 				t.Fatal(err)
 			}
 			if n >= target || done {
 				last = n
-				break
+				return nil
 			}
-			select {
-			case <-deadline.Done():
-				t.Fatalf("no progress to %d committed records (at %d); child stderr:\n%s", target, n, c.stderr)
-			case err := <-c.done:
-				t.Fatalf("projector exited early: %v\n%s", err, c.stderr)
-			case <-time.After(20 * time.Millisecond):
-			}
-		}
-		cancel()
+			return fmt.Errorf("no progress to %d committed records (at %d); child stderr:\n%s", target, n, c.stderr)
+		})
 		c.kill(t)
 		t.Logf("kill %d at %d of %d records committed", kills+1, last, total)
 	}

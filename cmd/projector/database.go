@@ -7,7 +7,6 @@ import (
 	"flag"
 	"fmt"
 	"log/slog"
-	"math/rand/v2"
 	"net/url"
 	"os"
 	"regexp"
@@ -18,6 +17,7 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/projector-dev/projector/internal/backoff"
 	"github.com/projector-dev/projector/repair"
 )
 
@@ -220,6 +220,22 @@ func (s slots) allowed() int {
 	return s.max - s.reserved
 }
 
+// registerRetry registers --retry-base and --retry-cap, the one backoff of
+// every retry a command makes (partitions, claims, gap repair, startup,
+// the outbox relay).
+func registerRetry(fs *flag.FlagSet, base, ceiling *time.Duration) {
+	fs.DurationVar(base, "retry-base", defaultRetryBase, "base of the exponential backoff after a transient failure (PROJECTOR_RETRY_BASE)")
+	fs.DurationVar(ceiling, "retry-cap", defaultRetryCap, "cap of the exponential backoff; each delay is random in [0, min(cap, base·2^attempt)] (PROJECTOR_RETRY_CAP)")
+}
+
+// validateRetry checks the values of --retry-base and --retry-cap.
+func validateRetry(base, ceiling time.Duration) error {
+	if base <= 0 || ceiling < base {
+		return fmt.Errorf("--retry-base %s, --retry-cap %s: want 0 < base <= cap", base, ceiling)
+	}
+	return nil
+}
+
 // startup runs a command's first database work: it retries what fails
 // for a reason that passes (the server unreachable, restarting, failing
 // over, out of connection slots) with exponential backoff and full jitter,
@@ -253,11 +269,7 @@ func (s startup) do(ctx context.Context, step string, fn func(context.Context) e
 			return s.gaveUp(ctx, attempt, cmp.Or(last, err))
 		}
 		last = err
-		limit := s.cap
-		if attempt < 30 {
-			limit = min(s.cap, s.base<<(attempt-1))
-		}
-		delay := time.Duration(rand.Int64N(int64(limit) + 1))
+		delay := backoff.Policy{Base: s.base, Cap: s.cap}.Delay(attempt - 1)
 		if s.log != nil {
 			s.log.Warn("PostgreSQL not ready at startup; retrying", "step", step, "attempt", attempt, "delay", delay, "err", err)
 		}

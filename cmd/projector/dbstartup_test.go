@@ -2,7 +2,6 @@ package main
 
 import (
 	"bytes"
-	"context"
 	"errors"
 	"fmt"
 	"io"
@@ -40,12 +39,12 @@ func terminate(t *testing.T, url string) *terminator {
 	k.wg.Add(1)
 	go func() {
 		defer k.wg.Done()
-		defer conn.Close(context.Background())
+		defer conn.Close(t.Context())
 		tick := time.NewTicker(5 * time.Millisecond)
 		defer tick.Stop()
 		for {
 			var n int64
-			if err := conn.QueryRow(context.Background(), `SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity
+			if err := conn.QueryRow(t.Context(), `SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity
 				WHERE pid <> pg_backend_pid() AND backend_type = 'client backend'`).Scan(&n); err == nil {
 				k.mu.Lock()
 				k.n += n

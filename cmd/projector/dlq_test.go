@@ -37,7 +37,7 @@ type dlqEnv struct {
 
 func newDLQEnv(t *testing.T) *dlqEnv {
 	t.Helper()
-	ctx := context.Background()
+	ctx := t.Context()
 	e := &dlqEnv{t: t, db: testenv.NewDB(t), ids: map[string]int64{}}
 	if err := postgres.Migrate(ctx, e.db.Pool); err != nil {
 		t.Fatalf("migrate: %v", err)
@@ -75,7 +75,7 @@ func (e *dlqEnv) insert(name, identity, projection string, part int32, offset in
 		hs, _ = json.Marshal(headers)
 	}
 	var id int64
-	err := e.db.Pool.QueryRow(context.Background(), `INSERT INTO projector_dead_letters
+	err := e.db.Pool.QueryRow(e.t.Context(), `INSERT INTO projector_dead_letters
 		(identity, projection, topic, partition, "offset", record_key, value, headers, error, error_class, status, first_seen, last_seen)
 		VALUES ($1, $2, $3, $4, $5, $6, $7, $8::jsonb, $9, $10, $11, $12, $12) RETURNING id`,
 		identity, projection, demo.Topic, part, offset, []byte(key), value, string(hs), errText, class, status, firstSeen).Scan(&id)
@@ -91,7 +91,7 @@ func (e *dlqEnv) id(name string) string { return strconv.FormatInt(e.ids[name], 
 func (e *dlqEnv) run(args ...string) (string, error) {
 	e.t.Helper()
 	var out, errs bytes.Buffer
-	err := Main(context.Background(), append(args, "--database-url", e.db.URL), &out, &errs)
+	err := Main(e.t.Context(), append(args, "--database-url", e.db.URL), &out, &errs)
 	return out.String(), err
 }
 
@@ -120,7 +120,7 @@ func (e *dlqEnv) listIDs(args ...string) []int64 {
 
 func (e *dlqEnv) audit() []deadletters.AuditEntry {
 	e.t.Helper()
-	a, err := deadletters.ListAudit(context.Background(), e.db.Pool, 0)
+	a, err := deadletters.ListAudit(e.t.Context(), e.db.Pool, 0)
 	if err != nil {
 		e.t.Fatal(err)
 	}
@@ -134,7 +134,7 @@ func (e *dlqEnv) produced() int64 {
 		e.t.Fatal(err)
 	}
 	defer cl.Close()
-	ends, err := kadm.NewClient(cl).ListEndOffsets(context.Background(), demo.Topic)
+	ends, err := kadm.NewClient(cl).ListEndOffsets(e.t.Context(), demo.Topic)
 	if err != nil {
 		e.t.Fatal(err)
 	}
@@ -145,7 +145,7 @@ func (e *dlqEnv) produced() int64 {
 
 func dlqStatus(t *testing.T, pool *pgxpool.Pool, id int64) deadletters.Entry {
 	t.Helper()
-	d, err := deadletters.Get(context.Background(), pool, id)
+	d, err := deadletters.Get(t.Context(), pool, id)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -322,7 +322,7 @@ func TestDLQReplay(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer cl.Close()
-	ctx, cancel := context.WithTimeout(context.Background(), 15*time.Second)
+	ctx, cancel := context.WithTimeout(t.Context(), 15*time.Second)
 	defer cancel()
 	var recs []*kgo.Record
 	for len(recs) == 0 && ctx.Err() == nil {

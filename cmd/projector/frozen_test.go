@@ -120,7 +120,7 @@ func TestFrozenOwnerDoesNotBlockTheNewOwner(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer holder.Close(context.Background())
+	defer holder.Close(t.Context())
 	if _, err := holder.Exec(ctx, `SELECT pg_advisory_lock($1)`, key); err != nil {
 		t.Fatal(err)
 	}

@@ -100,7 +100,7 @@ func (e *offsetsEnv) engine(reg prometheus.Registerer) (eng *projector.Engine, s
 	if err != nil {
 		e.t.Fatal(err)
 	}
-	ctx, cancel := context.WithCancel(context.Background())
+	ctx, cancel := context.WithCancel(e.t.Context())
 	done := make(chan error, 1)
 	go func() { done <- eng.Run(ctx) }()
 	var stopped bool

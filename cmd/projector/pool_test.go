@@ -51,7 +51,7 @@ func withMaxConnections(t *testing.T, srv *testenv.PGServer, n int) {
 		t.Fatal(err)
 	}
 	_, err = conn.Exec(t.Context(), fmt.Sprintf("ALTER SYSTEM SET max_connections = %d", n))
-	conn.Close(context.Background())
+	conn.Close(t.Context())
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -85,7 +85,7 @@ func TestTooManyClients(t *testing.T) {
 			t.Errorf("error tells to start a PostgreSQL that runs: %v", err)
 		}
 		for _, c := range held {
-			c.Close(context.Background())
+			c.Close(t.Context())
 		}
 	})
 
@@ -104,7 +104,7 @@ func TestTooManyClients(t *testing.T) {
 		var held []*pgx.Conn
 		defer func() {
 			for _, c := range held {
-				c.Close(context.Background())
+				c.Close(t.Context())
 			}
 		}()
 		for range 5 {
@@ -128,7 +128,7 @@ func TestTooManyClients(t *testing.T) {
 			}
 		}
 		for _, c := range held {
-			c.Close(context.Background())
+			c.Close(t.Context())
 		}
 		held = nil
 		e.verify(t, "crowded", time.Minute, r.out)

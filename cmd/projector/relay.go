@@ -23,6 +23,8 @@ type relayFlags struct {
 	pollInterval    time.Duration
 	retention       time.Duration
 	cleanupInterval time.Duration
+	retryBase       time.Duration
+	retryCap        time.Duration
 }
 
 func relayCommand(_, stderr io.Writer) *ffcli.Command {
@@ -70,6 +72,8 @@ func relayCommand(_, stderr io.Writer) *ffcli.Command {
 				Shards:          f.shards,
 				Retention:       f.retention,
 				CleanupInterval: f.cleanupInterval,
+				RetryBase:       f.retryBase,
+				RetryCap:        f.retryCap,
 				Logger:          log,
 				Registerer:      metrics,
 			}
@@ -100,6 +104,7 @@ func (f *relayFlags) register(fs *flag.FlagSet) {
 	fs.DurationVar(&f.pollInterval, "poll-interval", outbox.DefaultPollInterval, "how often to look for rows without a notification and to rebalance shards among replicas (PROJECTOR_POLL_INTERVAL)")
 	fs.DurationVar(&f.retention, "retention", outbox.DefaultRetention, "how long published rows are kept before they are deleted; negative keeps them (PROJECTOR_RETENTION)")
 	fs.DurationVar(&f.cleanupInterval, "cleanup-interval", outbox.DefaultCleanupInterval, "how often published rows past --retention are deleted and blocked rows retried (PROJECTOR_CLEANUP_INTERVAL)")
+	registerRetry(fs, &f.retryBase, &f.retryCap)
 }
 
 func (f *relayFlags) validate() error {
@@ -118,5 +123,5 @@ func (f *relayFlags) validate() error {
 	if f.cleanupInterval <= 0 {
 		return fmt.Errorf("--cleanup-interval %s: must be positive", f.cleanupInterval)
 	}
-	return nil
+	return validateRetry(f.retryBase, f.retryCap)
 }

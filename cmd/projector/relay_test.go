@@ -35,7 +35,7 @@ type committedEvent struct {
 // may be, and every aggregate's versions must first appear in order
 // 1, 2, 3 … (a repeated version, a crash's republished batch, is allowed).
 func TestRelayCrashOrder(t *testing.T) {
-	ctx := context.Background()
+	ctx := t.Context()
 	db := testenv.NewDB(t)
 	cluster := testenv.Kafka(t, demo.Topic, 6)
 	reg, regClient := testenv.Registry(t)
@@ -127,8 +127,10 @@ func TestRelayCrashOrder(t *testing.T) {
 	}
 	waitUntil := func(what string, timeout time.Duration, cond func() bool) {
 		t.Helper()
-		deadline := time.Now().Add(timeout)
-		for !cond() {
+		testenv.WaitFor(t, timeout, func() error {
+			if cond() {
+				return nil
+			}
 			for i, c := range relays {
 				select {
 				case err := <-c.done:
@@ -136,11 +138,8 @@ func TestRelayCrashOrder(t *testing.T) {
 				default:
 				}
 			}
-			if time.Now().After(deadline) {
-				t.Fatalf("timed out waiting for %s; relay stderr:\n%s\n---\n%s", what, relays[0].stderr, relays[1].stderr)
-			}
-			time.Sleep(10 * time.Millisecond)
-		}
+			return fmt.Errorf("%s; relay stderr:\n%s\n---\n%s", what, relays[0].stderr, relays[1].stderr)
+		})
 	}
 	// Both processes share the shards before the first kill.
 	waitUntil("both relays owning 8 shards each", 20*time.Second, func() bool {
@@ -321,10 +320,12 @@ func TestRelayFlags(t *testing.T) {
 		{[]string{"relay", "--brokers", "b", "--shards", "0"}, "--shards"},
 		{[]string{"relay", "--brokers", "b", "--poll-interval", "0s"}, "--poll-interval"},
 		{[]string{"relay", "--brokers", "b", "--retention", "0s"}, "--retention"},
+		{[]string{"relay", "--brokers", "b", "--retry-base", "0s"}, "--retry-base"},
+		{[]string{"relay", "--brokers", "b", "--retry-base", "1s", "--retry-cap", "100ms"}, "--retry-cap"},
 		{[]string{"relay", "--brokers", "b", "--database-url", "postgres://postgres@127.0.0.1:1/test?connect_timeout=2"}, "cannot connect to PostgreSQL"},
 	} {
 		var out bytes.Buffer
-		err := Main(context.Background(), tc.args, &out, &out)
+		err := Main(t.Context(), tc.args, &out, &out)
 		if err == nil || !strings.Contains(err.Error(), tc.want) {
 			t.Errorf("projector %s: got error %v, want one naming %q", strings.Join(tc.args, " "), err, tc.want)
 		}

@@ -21,6 +21,7 @@ import (
 	"go.opentelemetry.io/otel/trace"
 	"golang.org/x/sync/errgroup"
 
+	"github.com/projector-dev/projector/internal/backoff"
 	"github.com/projector-dev/projector/partition"
 	"github.com/projector-dev/projector/projection"
 	"github.com/projector-dev/projector/projector"
@@ -30,8 +31,8 @@ import (
 
 // The backoff after a transient failure, at run time and at startup.
 const (
-	defaultRetryBase = 100 * time.Millisecond
-	defaultRetryCap  = 30 * time.Second
+	defaultRetryBase = backoff.DefaultBase
+	defaultRetryCap  = backoff.DefaultCap
 )
 
 type runFlags struct {
@@ -212,8 +213,7 @@ func (f *runFlags) register(fs *flag.FlagSet) {
 	fs.StringVar(&f.instanceID, "instance-id", "", "static group membership id, e.g. the pod name of a StatefulSet; Kafka's group.instance.id (PROJECTOR_INSTANCE_ID)")
 	fs.IntVar(&f.maxAttempts, "max-attempts", 5, "attempts for an error that may succeed on retry (unknown schema id, fold error) before the record is dead-lettered (PROJECTOR_MAX_ATTEMPTS)")
 	fs.IntVar(&f.maxRecordBytes, "max-record-bytes", 1<<20, "records with a larger value are dead-lettered (PROJECTOR_MAX_RECORD_BYTES)")
-	fs.DurationVar(&f.retryBase, "retry-base", defaultRetryBase, "base of the exponential backoff after a transient failure (PROJECTOR_RETRY_BASE)")
-	fs.DurationVar(&f.retryCap, "retry-cap", defaultRetryCap, "cap of the exponential backoff; each delay is random in [0, min(cap, base·2^attempt)] (PROJECTOR_RETRY_CAP)")
+	registerRetry(fs, &f.retryBase, &f.retryCap)
 	fs.DurationVar(&f.unreadyAfter, "unready-after", 30*time.Second, "a partition backing off longer than this makes /readyz fail (PROJECTOR_UNREADY_AFTER)")
 	fs.DurationVar(&f.stallAfter, "stall-after", partition.DefaultStallAfter, "a partition with records to apply that commits nothing for this long is stalled: an error line, projector_partition_stalled, and /livez fails so that the member is restarted (PROJECTOR_STALL_AFTER)")
 	fs.StringVar(&f.dlqTopic, "dlq-topic", "", "also publish dead letters to this Kafka topic, with Kafka Connect's __connect.errors.* headers (PROJECTOR_DLQ_TOPIC)")
@@ -247,8 +247,8 @@ func (f *runFlags) validate() error {
 	if f.maxRecordBytes < 1 {
 		return fmt.Errorf("--max-record-bytes %d: must be at least 1", f.maxRecordBytes)
 	}
-	if f.retryBase <= 0 || f.retryCap < f.retryBase {
-		return fmt.Errorf("--retry-base %s, --retry-cap %s: want 0 < base <= cap", f.retryBase, f.retryCap)
+	if err := validateRetry(f.retryBase, f.retryCap); err != nil {
+		return err
 	}
 	if f.stallAfter <= f.retryCap {
 		return fmt.Errorf("--stall-after %s: must be longer than --retry-cap %s, or a partition waiting out one backoff would count as stalled", f.stallAfter, f.retryCap)

@@ -2,7 +2,6 @@ package main
 
 import (
 	"bytes"
-	"context"
 	"errors"
 	"os"
 	"path/filepath"
@@ -61,7 +60,7 @@ func TestSIGTERMCommitsPlannedBatches(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer locker.Close(context.Background())
+	defer locker.Close(t.Context())
 	lock, err := locker.Begin(ctx)
 	if err != nil {
 		t.Fatal(err)

@@ -2,7 +2,6 @@ package bench
 
 import (
 	"bytes"
-	"context"
 	"maps"
 	"testing"
 
@@ -32,7 +31,7 @@ func TestAppendValueMatchesRegistryEncoder(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	ss, err := cl.CreateSchema(context.Background(), "t-value", sr.Schema{Schema: WriterSchema, Type: sr.TypeAvro})
+	ss, err := cl.CreateSchema(t.Context(), "t-value", sr.Schema{Schema: WriterSchema, Type: sr.TypeAvro})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -70,7 +69,7 @@ func TestAppendValueMatchesRegistryEncoder(t *testing.T) {
 			if size >= 200 && len(got) < size-2 || size >= 200 && len(got) > size+1 {
 				t.Fatalf("size %d: value of %d bytes", size, len(got))
 			}
-			rec, _, err := dec.Decode(context.Background(), got)
+			rec, _, err := dec.Decode(t.Context(), got)
 			if err != nil {
 				t.Fatal(err)
 			}

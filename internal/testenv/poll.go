@@ -1,6 +1,7 @@
 package testenv
 
 import (
+	"errors"
 	"testing"
 	"time"
 )
@@ -25,5 +26,17 @@ func WaitFor(t testing.TB, timeout time.Duration, cond func() error) {
 			t.Fatalf("still waiting after %v: %v", timeout, err)
 		}
 		<-tick.C
+	}
+}
+
+// Holds adapts a condition that can only say yes or no to WaitFor; the
+// error names what was awaited. Prefer a condition that returns what it
+// saw instead, so that a timeout says why.
+func Holds(what string, cond func() bool) func() error {
+	return func() error {
+		if cond() {
+			return nil
+		}
+		return errors.New(what + ": not yet")
 	}
 }

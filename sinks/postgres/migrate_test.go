@@ -31,7 +31,7 @@ func TestMigrateWaitsForNoTransaction(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer tx.Rollback(context.Background()) //nolint:errcheck // ends the test's hold
+	defer tx.Rollback(t.Context()) //nolint:errcheck // ends the test's hold
 	if _, err := tx.Exec(ctx, `LOCK TABLE projector_offsets, projector_tombstones, projector_parked, projector_dead_letters,
 		projector_dlq_audit, projector_dlq_outbox, `+pgx.Identifier{p.Table}.Sanitize()+` IN ROW EXCLUSIVE MODE`); err != nil {
 		t.Fatal(err)

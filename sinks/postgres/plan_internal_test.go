@@ -1,7 +1,6 @@
 package postgres
 
 import (
-	"context"
 	"regexp"
 	"strconv"
 	"strings"
@@ -18,7 +17,7 @@ import (
 // rows are found by probing the key's index rather than by hashing the
 // table (see planIndexProbes).
 func TestRowStatementPlans(t *testing.T) {
-	ctx := context.Background()
+	ctx := t.Context()
 	ps, err := projection.Parse(demo.Projections, ".")
 	if err != nil {
 		t.Fatal(err)

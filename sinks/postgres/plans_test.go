@@ -2,12 +2,14 @@ package postgres_test
 
 import (
 	"fmt"
-	"github.com/jackc/pgx/v5"
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5"
+
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/projector-dev/projector/internal/testenv"
 	"github.com/projector-dev/projector/sinks"
 	"github.com/projector-dev/projector/sinks/postgres"
 )
@@ -45,8 +47,7 @@ func oneConnectionSink(t *testing.T, e *env) (*pgxpool.Pool, func(c *sinks.Claim
 // counted by column changes of pg_stat_user_tables).
 func tableReads(t *testing.T, e *env, pool *pgxpool.Pool, table, changes string, n int64) (rows int64) {
 	t.Helper()
-	deadline := time.Now().Add(20 * time.Second)
-	for {
+	testenv.WaitFor(t, 20*time.Second, func() error {
 		// A transaction on the sink's connection has it report its
 		// statistics, at most once a second.
 		if _, err := pool.Exec(e.ctx, `SELECT 1`); err != nil {
@@ -57,14 +58,12 @@ func tableReads(t *testing.T, e *env, pool *pgxpool.Pool, table, changes string,
 			FROM pg_stat_user_tables WHERE relid = $1::regclass`, changes), table).Scan(&rows, &got); err != nil {
 			t.Fatal(err)
 		}
-		if got >= n {
-			return rows
+		if got < n {
+			return fmt.Errorf("%s: %d of %d changes reported", table, got, n)
 		}
-		if time.Now().After(deadline) {
-			t.Fatalf("%s: %d of %d changes reported after 20s", table, got, n)
-		}
-		time.Sleep(50 * time.Millisecond)
-	}
+		return nil
+	})
+	return rows
 }
 
 // A batch's statements keep probing the key's index after the table has

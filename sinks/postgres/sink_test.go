@@ -90,7 +90,7 @@ func newEnv(t *testing.T, p *projection.Projection) *env {
 // newEnvOn is newEnv on db.
 func newEnvOn(t *testing.T, p *projection.Projection, db *testenv.DB) *env {
 	t.Helper()
-	ctx := context.Background()
+	ctx := t.Context()
 	if err := postgres.Migrate(ctx, db.Pool, p); err != nil {
 		t.Fatalf("migrate: %v", err)
 	}
@@ -278,7 +278,7 @@ func TestMigrateCreatesTables(t *testing.T) {
 // keys of other types keep the database's defaults, and rows of every such
 // key are inserted and then updated by it.
 func TestMigrateKeyInByteOrder(t *testing.T) {
-	ctx := context.Background()
+	ctx := t.Context()
 	db := testenv.NewDB(t)
 	yaml := func(name, keyType string) *projection.Projection {
 		return parseOne(t, fmt.Sprintf(`projections:
@@ -333,7 +333,7 @@ func TestMigrateKeyInByteOrder(t *testing.T) {
 // existing table takes a fillfactor its projection sets but keeps its own
 // when the projection leaves it to the default.
 func TestMigrateFillfactor(t *testing.T) {
-	ctx := context.Background()
+	ctx := t.Context()
 	db := testenv.NewDB(t)
 	byDefault := demoProjection(t)
 	dense := parseOne(t, `projections:
@@ -442,7 +442,7 @@ func TestUpdatesStayOnTheirPage(t *testing.T) {
 }
 
 func TestMigrateAcceptsEquivalentTable(t *testing.T) {
-	ctx := context.Background()
+	ctx := t.Context()
 	db := testenv.NewDB(t)
 	// Type aliases and extra columns are fine.
 	if _, err := db.Pool.Exec(ctx, `CREATE TABLE accounts (
@@ -480,7 +480,7 @@ func TestMigrateRefusesMismatch(t *testing.T) {
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
-			ctx := context.Background()
+			ctx := t.Context()
 			db := testenv.NewDB(t)
 			if _, err := db.Pool.Exec(ctx, tc.ddl); err != nil {
 				t.Fatal(err)
@@ -504,7 +504,7 @@ func TestMigrateRefusesMismatch(t *testing.T) {
 }
 
 func TestMigrateSchemaQualifiedTable(t *testing.T) {
-	ctx := context.Background()
+	ctx := t.Context()
 	db := testenv.NewDB(t)
 	p := demoProjection(t)
 	p.Table = db.Schema + ".things"
@@ -531,7 +531,7 @@ func TestMigrateSchemaQualifiedTable(t *testing.T) {
 }
 
 func TestOffsets(t *testing.T) {
-	ctx := context.Background()
+	ctx := t.Context()
 	db := testenv.NewDB(t)
 	if err := postgres.Migrate(ctx, db.Pool); err != nil {
 		t.Fatal(err)
