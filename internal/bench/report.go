@@ -13,7 +13,7 @@ import (
 	"github.com/projector-dev/projector/sinks/postgres"
 )
 
-// Report is what `projector bench` prints, as a table or as JSON.
+// Report is what `projector-bench` prints, as a table or as JSON.
 type Report struct {
 	Settings  Settings   `json:"settings"`
 	Rows      []*Row     `json:"rows"`
@@ -304,7 +304,7 @@ func (r *Report) finish() {
 	}
 	target("engine fold vs watermill", "≥ 25×", vsWM, 25, "%.1f×", why)
 	flat := Target{Name: "engine RSS flat over 10,000,000 events", Want: "flat",
-		Got: "not measured: run projector bench --events 10000000 --modes engine-fold"}
+		Got: "not measured: run projector-bench --events 10000000 --modes engine-fold"}
 	if fold != nil && r.Settings.Events >= 10_000_000 && len(fold.RSSQuartilesMB) == 4 {
 		q := fold.RSSQuartilesMB
 		growth := q[3] / q[0]
@@ -319,7 +319,7 @@ func (r *Report) finish() {
 		r.Scaling[i].ceiling()
 	}
 	scale := Target{Name: "engine fold cost per event, most/fewest aggregates", Want: "≤ 1.5×",
-		Got: "not measured: run projector bench --aggregates 10000,100000,1000000 --modes engine-fold"}
+		Got: "not measured: run projector-bench --aggregates 10000,100000,1000000 --modes engine-fold"}
 	if n := len(r.Scaling); n > 1 && r.Scaling[0].EventsPerSec > 0 && r.Scaling[n-1].EventsPerSec > 0 {
 		growth := r.Scaling[0].EventsPerSec / r.Scaling[n-1].EventsPerSec
 		scale.Got = fmt.Sprintf("×%.2f (%s → %s aggregates)", growth, group(int64(r.Scaling[0].Aggregates)), group(int64(r.Scaling[n-1].Aggregates)))
@@ -351,7 +351,7 @@ func (r *Report) Table(w io.Writer) error {
 	if s.Reorder > 0 {
 		reordered = fmt.Sprintf(", %g%% of each account's events after its next", 100*s.Reorder)
 	}
-	fmt.Fprintf(w, "projector bench: %s events over %s aggregates (%s, %s with events%s), %d partitions, Avro values of %.0f bytes on average\n",
+	fmt.Fprintf(w, "projector-bench: %s events over %s aggregates (%s, %s with events%s), %d partitions, Avro values of %.0f bytes on average\n",
 		group(int64(s.Events)), group(int64(s.Aggregates)), s.Skew, group(int64(s.Distinct)), reordered, s.Partitions, s.ValueBytes)
 	fmt.Fprintf(w, "postgres %s at %s (fsync %s, synchronous_commit %s, shared_buffers %s); kafka: %s; %d CPUs, %s; ",
 		s.Postgres, s.Database, s.Fsync, s.SyncCommit, s.SharedBuffers, s.Kafka, s.CPUs, s.GoVersion)

@@ -29,7 +29,7 @@ import (
 	"github.com/projector-dev/projector/partition"
 )
 
-// Config is one `projector bench` invocation.
+// Config is one `projector-bench` invocation.
 type Config struct {
 	Events int
 	// Aggregates lists stream sizes: the first gets every row of the
@@ -79,7 +79,7 @@ type Config struct {
 	KeepSchemas bool
 	LogLevel    string
 	// Spawn returns the command that starts a child running the given
-	// arguments of this program (`bench --worker <spec>`).
+	// arguments of this program (`--worker <spec>`).
 	Spawn func(args []string) *exec.Cmd
 	// Log receives progress lines; ChildStderr the children's logs.
 	Log         io.Writer
@@ -591,7 +591,7 @@ func (b *bench) runChild(ctx context.Context, spec WorkerSpec, during func(ctx c
 	if err != nil {
 		return nil, err
 	}
-	cmd := b.cfg.Spawn([]string{"bench", "--worker", string(raw)})
+	cmd := b.cfg.Spawn([]string{"--worker", string(raw)})
 	if cmd.Env == nil {
 		cmd.Env = os.Environ()
 	}
