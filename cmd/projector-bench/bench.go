@@ -68,7 +68,7 @@ func (f *benchFlags) register(fs *flag.FlagSet) {
 	fs.StringVar(&f.aggregates, "aggregates", "100000", "accounts the events spread over; a comma list (10000,100000,1000000) adds an engine events/s and a keyed COPY limit per size (scaling)")
 	fs.IntVar(&f.partitions, "partitions", 12, "partitions of the topic")
 	fs.StringVar(&f.skew, "skew", "uniform", "which account each event belongs to: uniform, or zipf (hot accounts: many events of one account per batch)")
-	fs.Float64Var(&f.reorder, "reorder", 0, "share of each account's events that arrive after its next one, parked until their gap fills (engine and limit modes only)")
+	fs.Float64Var(&f.reorder, "reorder", 0, "share of each account's events that arrive after its next one, parked until their gap fills (not with the transaction-per-event consumers, naive and watermill)")
 	fs.IntVar(&f.valueBytes, "value-bytes", 200, "size of each Avro value (the writer schema pads the event)")
 	fs.IntVar(&f.runs, "runs", 1, "run every row this many times and report the median")
 	fs.StringVar(&f.modes, "modes", strings.Join(bench.AllModes, ","), "rows to run: "+strings.Join(bench.AllModes, ","))

@@ -31,7 +31,7 @@ func TestBenchSmoke(t *testing.T) {
 	if err != nil {
 		t.Fatalf("projector-bench: %v\n%s\nstderr:\n%s", err, out, stderr.String())
 	}
-	for _, row := range []string{"limit (COPY)", "keyed limit (COPY)", "engine snapshot", "engine fold", "naive (tx/event)", "watermill (tx/event)"} {
+	for _, row := range []string{"limit (COPY)", "keyed limit (COPY)", "engine snapshot", "engine fold", "upsert (batch/poll)", "naive (tx/event)", "watermill (tx/event)"} {
 		line := lineWith(out, row)
 		if line == "" {
 			t.Errorf("no %q row in the table:\n%s", row, out)
@@ -53,12 +53,16 @@ func TestBenchSmoke(t *testing.T) {
 	if got := fresh.FindAllString(out, -1); len(got) != 2 {
 		t.Errorf("want a passed freshness run at 10%% and at 25%%, got %q in:\n%s", got, out)
 	}
-	want := "reference fold: engine snapshot, engine fold, naive (tx/event), watermill (tx/event), freshness (2 runs) equal the reference fold"
+	want := "reference fold: engine snapshot, engine fold, upsert (batch/poll), naive (tx/event), watermill (tx/event), freshness (2 runs) equal the reference fold"
 	if !strings.Contains(out, want) {
 		t.Errorf("missing %q in:\n%s", want, out)
 	}
 	if strings.Contains(out, "FAILED") {
 		t.Errorf("a check failed:\n%s", out)
+	}
+	// The engine's ratio to the upsert peer, in the same run.
+	if !strings.Contains(out, "engine vs the upsert peer, in this run: engine snapshot ") {
+		t.Errorf("no ratio of the engine to the upsert peer in:\n%s", out)
 	}
 	// Each partition's ~1,700 events take at least two batches of at most
 	// 1,000 (as asked above), which one transaction may cover: an
@@ -137,7 +141,7 @@ func TestBenchSmoke(t *testing.T) {
 	// end equal to the reference fold, nothing left parked.
 	stdout.Reset()
 	err = Main(ctx, []string{"--events", "20000", "--aggregates", "2000", "--reorder", "0.1",
-		"--modes", "engine-snapshot,engine-fold", "--batch-max-records", "1000", "--database-url", testenv.DatabaseURL()}, &stdout, &stderr)
+		"--modes", "engine-snapshot,engine-fold,upsert", "--batch-max-records", "1000", "--database-url", testenv.DatabaseURL()}, &stdout, &stderr)
 	out = stdout.String()
 	if err != nil {
 		t.Fatalf("projector-bench, reorder: %v\n%s\nstderr:\n%s", err, out, stderr.String())
@@ -149,6 +153,12 @@ func TestBenchSmoke(t *testing.T) {
 		if line := lineWith(out, row); !strings.HasSuffix(strings.TrimSpace(line), "ok") {
 			t.Errorf("reorder: %s missing or not checked: %q\n%s", row, line, out)
 		}
+	}
+	// The upsert peer takes the reordered stream too; its version guard
+	// drops an event behind a newer one, which every account's last event
+	// survives: the count of accounts that differ is reported, not hidden.
+	if !strings.Contains(out, "upsert (batch/poll): a franz-go group consumer") || !strings.Contains(out, " accounts differ from the reference fold") {
+		t.Errorf("reorder: the upsert peer's mismatch count is not reported:\n%s", out)
 	}
 	// The transaction-per-event consumers cannot take a reordered stream.
 	err = Main(ctx, []string{"--events", "1000", "--reorder", "0.1", "--modes", "engine-fold,naive",

@@ -47,7 +47,7 @@ type Config struct {
 	// cluster in this process.
 	Brokers []string
 	// Modes to run, of ModeLimit, ModeLimitKeyed, ModeEngineSnapshot, ModeEngineFold,
-	// ModeNaive, ModeWatermill and "freshness".
+	// ModeUpsert, ModeNaive, ModeWatermill and "freshness".
 	Modes []string
 	// TimeLimit bounds the naive and Watermill runs: they are measured on
 	// the prefix they commit within it.
@@ -95,7 +95,7 @@ const ModeFreshness = "freshness"
 const DefaultFreshLoad = 0.25
 
 // throughputModes are the rows that measure events/s, in order.
-var throughputModes = []string{ModeLimit, ModeLimitKeyed, ModeEngineSnapshot, ModeEngineFold, ModeNaive, ModeWatermill}
+var throughputModes = []string{ModeLimit, ModeLimitKeyed, ModeEngineSnapshot, ModeEngineFold, ModeUpsert, ModeNaive, ModeWatermill}
 
 // AllModes are the rows of a full run, in order.
 var AllModes = append(slices.Clone(throughputModes), ModeFreshness)
