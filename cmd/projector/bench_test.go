@@ -3,7 +3,11 @@ package main
 import (
 	"bytes"
 	"errors"
+	"go/parser"
+	"go/token"
 	"os/exec"
+	"path/filepath"
+	"strconv"
 	"strings"
 	"testing"
 )
@@ -28,6 +32,30 @@ func TestBinaryLinksNoBenchmarkPeers(t *testing.T) {
 		for _, banned := range []string{"github.com/IBM/sarama", "github.com/ThreeDotsLabs/watermill", "github.com/jcmturner/gokrb5", "github.com/projector-dev/projector/internal/bench"} {
 			if pkg == banned || strings.HasPrefix(pkg, banned+"/") {
 				t.Errorf("projector links %s", pkg)
+			}
+		}
+	}
+}
+
+// The embedded broker and registry are for the commands that run without
+// a Kafka of their own (demo): no other command of the binary reaches them.
+func TestEmbeddedBrokerOnlyBehindDemo(t *testing.T) {
+	files, err := filepath.Glob("*.go")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, name := range files {
+		if strings.HasSuffix(name, "_test.go") || name == "demo.go" {
+			continue
+		}
+		f, err := parser.ParseFile(token.NewFileSet(), name, nil, parser.ImportsOnly)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, imp := range f.Imports {
+			path, _ := strconv.Unquote(imp.Path.Value)
+			if strings.HasSuffix(path, "/kfake") || strings.HasSuffix(path, "/srfake") {
+				t.Errorf("%s imports %s: only the demo runs on an embedded broker and registry", name, path)
 			}
 		}
 	}
