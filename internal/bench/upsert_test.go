@@ -36,6 +36,19 @@ func TestUpsertPeerMismatchesAreCounted(t *testing.T) {
 	if v := r.row(ModeEngineSnapshot).VsUpsert; v == nil || *v != 0.9 {
 		t.Errorf("engine snapshot vs upsert = %v, want 0.9", v)
 	}
+
+	// A ratio the table prints as 1.00× is not called slower.
+	tie := &Report{}
+	tie.add(ModeEngineSnapshot, sample(ModeEngineSnapshot, 998.7, nil), 1000)
+	tie.add(ModeUpsert, sample(ModeUpsert, 1000, nil), 1000)
+	tie.finish()
+	var tieOut bytes.Buffer
+	if err := tie.Table(&tieOut); err != nil {
+		t.Fatal(err)
+	}
+	if line := lineOf(tieOut.String(), "engine vs the upsert peer"); !strings.Contains(line, "engine snapshot 1.00× its events/s;") {
+		t.Errorf("a tie: %q", line)
+	}
 	var out bytes.Buffer
 	if err := r.Table(&out); err != nil {
 		t.Fatal(err)
@@ -125,4 +138,13 @@ func TestSnapshotDiffsCountAccounts(t *testing.T) {
 			t.Errorf("difference %d: %q, want it to start with %q", i, diffs[i], prefix)
 		}
 	}
+}
+
+func lineOf(s, substr string) string {
+	for _, line := range strings.Split(s, "\n") {
+		if strings.Contains(line, substr) {
+			return line
+		}
+	}
+	return ""
 }
