@@ -11,8 +11,9 @@ help: ## List the targets.
 	@awk 'BEGIN {FS = ":.*## "} /^[a-z-]+:.*## / {printf "  %-10s %s\n", $$1, $$2}' $(MAKEFILE_LIST)
 
 .PHONY: build
-build: ## Build bin/projector.
+build: ## Build bin/projector and bin/projector-bench.
 	$(GO) build -o bin/projector ./cmd/projector
+	$(GO) build -o bin/projector-bench ./cmd/projector-bench
 
 .PHONY: demo
 demo: ## Run the demo: embedded broker and registry, real Postgres, verified summary.
@@ -24,11 +25,11 @@ test: ## Run the whole test suite with the race detector, and every Go microbenc
 	$(GO) test -run '^$$' -bench . -benchtime 1x ./...
 
 .PHONY: bench
-bench: ## projector bench: engine vs COPY limit and hand-written consumers (BENCH_FLAGS="--runs 3"); BENCH=go: the Go microbenchmarks.
+bench: ## projector-bench: engine vs COPY limit and hand-written consumers (BENCH_FLAGS="--runs 3"); BENCH=go: the Go microbenchmarks.
 ifeq ($(BENCH),go)
 	$(GO) test -run '^$$' -bench . -benchmem ./...
 else
-	$(GO) run ./cmd/projector bench $(BENCH_FLAGS)
+	$(GO) run ./cmd/projector-bench $(BENCH_FLAGS)
 endif
 
 .PHONY: lint

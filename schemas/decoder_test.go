@@ -50,7 +50,7 @@ func newEnv(tb testing.TB) *env {
 	if err != nil {
 		tb.Fatal(err)
 	}
-	demo, err := Demo()
+	demo, err := fixtures()
 	if err != nil {
 		tb.Fatal(err)
 	}
@@ -132,31 +132,6 @@ func mustDecode(t *testing.T, d *Decoder, value []byte) (map[string]any, int) {
 		t.Fatalf("Decode: %v", err)
 	}
 	return rec, id
-}
-
-func TestDemo(t *testing.T) {
-	demo, err := Demo()
-	if err != nil {
-		t.Fatal(err)
-	}
-	if len(demo) != 2 {
-		t.Errorf("Demo() has %d schemas, want 2", len(demo))
-	}
-	for _, name := range []string{"account_event", "account_event_v2"} {
-		s := parse(t, demo[name]).(*avro.RecordSchema)
-		if s.FullName() != "demo.accounts.AccountEvent" {
-			t.Errorf("%s: name %q", name, s.FullName())
-		}
-	}
-	// v2 must be a compatible evolution of v1 in both directions.
-	v1, v2 := parse(t, demo["account_event"]), parse(t, demo["account_event_v2"])
-	c := avro.NewSchemaCompatibility()
-	if err := c.Compatible(v1, v2); err != nil {
-		t.Errorf("v1 reader, v2 writer: %v", err)
-	}
-	if err := c.Compatible(v2, v1); err != nil {
-		t.Errorf("v2 reader, v1 writer: %v", err)
-	}
 }
 
 func TestRoundTripV1(t *testing.T) {
@@ -260,7 +235,7 @@ func TestUnknownSchema(t *testing.T) {
 	}
 
 	// Not cached negatively: once registered, the id decodes.
-	demo, _ := Demo()
+	demo, _ := fixtures()
 	e.fake.SeedSchema("late-value", 1, id, sr.Schema{Schema: demo["account_event"]})
 	rec, _ = mustDecode(t, d, value)
 	checkV1Fields(t, rec)

@@ -1,6 +1,5 @@
-// Package schemas owns the demo domain's Avro schemas (the .avsc files in
-// this directory, embedded as Files) and the conversion between Confluent
-// wire-format values and Go values through a Schema Registry.
+// Package schemas converts between Confluent wire-format values and Go
+// values through a Schema Registry.
 //
 // Reading: a Decoder takes a value in the Confluent wire format (magic byte
 // 0, a 4-byte big-endian schema id, then Avro binary), fetches the writer

@@ -235,7 +235,7 @@ func TestFlatDecodeMatchesHamba(t *testing.T) {
 // projections usually read, and leaves to hamba/avro what needs
 // resolution.
 func TestFlatDecoderTakesEvents(t *testing.T) {
-	demo, err := Demo()
+	demo, err := fixtures()
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -2,188 +2,72 @@ package main
 
 import (
 	"bytes"
-	"context"
-	"encoding/json"
-	"fmt"
-	"os"
+	"errors"
+	"go/parser"
+	"go/token"
 	"os/exec"
-	"regexp"
+	"path/filepath"
+	"strconv"
 	"strings"
 	"testing"
-	"time"
-
-	"github.com/projector-dev/projector/internal/testenv"
 )
 
-// TestBenchSmoke runs `projector bench` on a small stream: every row must
-// be there and every reference-fold check must pass. No timing is
-// asserted. The benchmark's children are this test binary, started through
-// TestMain like the crash test's.
-func TestBenchSmoke(t *testing.T) {
-	if testing.Short() {
-		t.Skip("starts several child processes")
+// The production binary links the product, not the consumers the
+// benchmark measures it against: their Kafka clients (Sarama, Watermill)
+// and Sarama's Kerberos stack would ship in every image otherwise.
+func TestBinaryLinksNoBenchmarkPeers(t *testing.T) {
+	gobin, err := exec.LookPath("go")
+	if err != nil {
+		t.Skip("no go command to list the binary's packages")
 	}
-	old := benchSpawn
-	benchSpawn = func(args []string) *exec.Cmd {
-		raw, err := json.Marshal(args)
+	out, err := exec.CommandContext(t.Context(), gobin, "list", "-deps", ".").Output()
+	if err != nil {
+		var ee *exec.ExitError
+		if errors.As(err, &ee) {
+			t.Fatalf("go list -deps: %v\n%s", err, ee.Stderr)
+		}
+		t.Fatalf("go list -deps: %v", err)
+	}
+	for _, pkg := range strings.Fields(string(out)) {
+		for _, banned := range []string{"github.com/IBM/sarama", "github.com/ThreeDotsLabs/watermill", "github.com/jcmturner/gokrb5", "github.com/projector-dev/projector/internal/bench"} {
+			if pkg == banned || strings.HasPrefix(pkg, banned+"/") {
+				t.Errorf("projector links %s", pkg)
+			}
+		}
+	}
+}
+
+// The embedded broker and registry are for the commands that run without
+// a Kafka of their own (demo): no other command of the binary reaches them.
+func TestEmbeddedBrokerOnlyBehindDemo(t *testing.T) {
+	files, err := filepath.Glob("*.go")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, name := range files {
+		if strings.HasSuffix(name, "_test.go") || name == "demo.go" {
+			continue
+		}
+		f, err := parser.ParseFile(token.NewFileSet(), name, nil, parser.ImportsOnly)
 		if err != nil {
 			t.Fatal(err)
 		}
-		cmd := exec.Command(os.Args[0], "-test.run=^$")
-		cmd.Env = append(os.Environ(), childEnv+"="+string(raw))
-		return cmd
-	}
-	t.Cleanup(func() { benchSpawn = old })
-
-	ctx, cancel := context.WithTimeout(t.Context(), 5*time.Minute)
-	defer cancel()
-	var stdout, stderr bytes.Buffer
-	err := Main(ctx, []string{"bench", "--events", "20000", "--aggregates", "2000", "--batch-max-records", "1000",
-		"--database-url", testenv.DatabaseURL(), "--time-limit", "4s", "--fresh-for", "2s", "--fresh-load", "10%,0.25"}, &stdout, &stderr)
-	out := stdout.String()
-	if err != nil {
-		t.Fatalf("projector bench: %v\n%s\nstderr:\n%s", err, out, stderr.String())
-	}
-	for _, row := range []string{"limit (COPY)", "keyed limit (COPY)", "engine snapshot", "engine fold", "naive (tx/event)", "watermill (tx/event)"} {
-		line := lineWith(out, row)
-		if line == "" {
-			t.Errorf("no %q row in the table:\n%s", row, out)
-			continue
+		for _, imp := range f.Imports {
+			path, _ := strconv.Unquote(imp.Path.Value)
+			if strings.HasSuffix(path, "/kfake") || strings.HasSuffix(path, "/srfake") {
+				t.Errorf("%s imports %s: only the demo runs on an embedded broker and registry", name, path)
+			}
 		}
-		if strings.Contains(line, "not run") {
-			t.Errorf("%s was not run: %s", row, line)
-		}
-		if !strings.HasSuffix(strings.TrimSpace(line), "ok") {
-			t.Errorf("%s: check did not pass: %s", row, line)
-		}
-	}
-	// A freshness run per arrival rate asked for, each checked, with the
-	// CPU the engine, Postgres and the producer took.
-	if !strings.Contains(out, "freshness (engine fold) by arrival rate") {
-		t.Errorf("no freshness table in:\n%s", out)
-	}
-	fresh := regexp.MustCompile(`(?m)^ +(10|25)%( +[0-9,.]+){6} +[0-9]+ +[0-9.]+ +[0-9.]+ +[0-9.]+ +[0-9.]+ +ok *$`)
-	if got := fresh.FindAllString(out, -1); len(got) != 2 {
-		t.Errorf("want a passed freshness run at 10%% and at 25%%, got %q in:\n%s", got, out)
-	}
-	want := "reference fold: engine snapshot, engine fold, naive (tx/event), watermill (tx/event), freshness (2 runs) equal the reference fold"
-	if !strings.Contains(out, want) {
-		t.Errorf("missing %q in:\n%s", want, out)
-	}
-	if strings.Contains(out, "FAILED") {
-		t.Errorf("a check failed:\n%s", out)
-	}
-	// Each partition's ~1,700 events take at least two batches of at most
-	// 1,000 (as asked above), which one transaction may cover: an
-	// aggregate's row is written once or twice, not once per event.
-	var aggregates, writes int
-	if _, err := fmt.Sscanf(strings.ReplaceAll(after(out, "(uniform, "), ",", ""), "%d", &aggregates); err != nil {
-		t.Errorf("no aggregate count in %q: %v", lineWith(out, "projector bench:"), err)
-	}
-	if _, err := fmt.Sscanf(strings.ReplaceAll(after(out, "engine fold: "), ",", ""), "%d row writes", &writes); err != nil {
-		t.Errorf("no row writes in %q: %v", lineWith(out, "engine fold: "), err)
-	}
-	if writes < aggregates || writes > 2*aggregates {
-		t.Errorf("engine fold wrote %d rows for 20,000 events of %d aggregates, want one or two per aggregate", writes, aggregates)
-	}
-	// Every event consumed was fetched; the count shows refetching.
-	var fetched int
-	if _, err := fmt.Sscanf(strings.ReplaceAll(after(after(out, "engine fold: "), "per event); "), ",", ""), "%d records fetched", &fetched); err != nil {
-		t.Errorf("no records fetched in %q: %v", lineWith(out, "engine fold: "), err)
-	}
-	if fetched < 20000 {
-		t.Errorf("engine fold reports %d records fetched for 20,000 events consumed", fetched)
-	}
-	t.Log("\n" + out)
-
-	// Scaling: every size is run (twice, in rounds) and checked.
-	stdout.Reset()
-	err = Main(ctx, []string{"bench", "--events", "5000", "--aggregates", "500,2000,4000", "--modes", "engine-fold", "--runs", "2",
-		"--database-url", testenv.DatabaseURL()}, &stdout, &stderr)
-	out = stdout.String()
-	if err != nil {
-		t.Fatalf("projector bench, scaling: %v\n%s\nstderr:\n%s", err, out, stderr.String())
-	}
-	for _, size := range []string{"500", "2,000", "4,000"} {
-		line := lineWith(after(out, "scaling (engine fold):"), size+" ")
-		if !strings.HasSuffix(strings.TrimSpace(line), "ok") {
-			t.Errorf("scaling row of %s aggregates missing or not checked: %q\n%s", size, line, out)
-		}
-	}
-	if got := strings.Count(stderr.String(), "run 2/2: scaling"); got != 2 {
-		t.Errorf("%d second-round scaling runs logged, want 2 (the sizes after the first, in rounds):\n%s", got, stderr.String())
-	}
-	// Every size's stream also went through the keyed COPY limit, in every
-	// round, which gives each size its ceiling.
-	if got := strings.Count(stderr.String(), "keyed COPY limit, "); got != 6 {
-		t.Errorf("%d keyed COPY runs logged, want 6 (3 sizes, 2 rounds):\n%s", got, stderr.String())
-	}
-	if !strings.Contains(lineWith(out, "engine fold cost per event"), "keyed COPY's ceiling at 4,000 aggregates: ") {
-		t.Errorf("the scaling target gives no ceiling:\n%s", out)
-	}
-
-	// Hot aggregates: most events belong to a few accounts, whose events
-	// in a batch collapse into one row write each (uniform, above, writes
-	// about half as many rows as events; without the collapse this
-	// stream would write nearly one per event).
-	stdout.Reset()
-	err = Main(ctx, []string{"bench", "--events", "20000", "--aggregates", "2000", "--skew", "zipf", "--modes", "engine-fold",
-		"--batch-max-records", "1000", "--database-url", testenv.DatabaseURL()}, &stdout, &stderr)
-	out = stdout.String()
-	if err != nil {
-		t.Fatalf("projector bench, zipf: %v\n%s\nstderr:\n%s", err, out, stderr.String())
-	}
-	if line := lineWith(out, "engine fold"); !strings.HasSuffix(strings.TrimSpace(line), "ok") {
-		t.Errorf("zipf: engine fold missing or not checked: %q\n%s", line, out)
-	}
-	writes = 0
-	if _, err := fmt.Sscanf(strings.ReplaceAll(after(out, "engine fold: "), ",", ""), "%d row writes", &writes); err != nil {
-		t.Errorf("zipf: no row writes in %q: %v", lineWith(out, "engine fold: "), err)
-	}
-	if writes <= 0 || writes > 20000/4 {
-		t.Errorf("zipf: engine fold wrote %d rows for 20,000 events, want under a quarter as many:\n%s", writes, out)
-	}
-	t.Logf("zipf: %d row writes for 20,000 events", writes)
-
-	// Out of order: a tenth of each account's events arrive after their
-	// next one, which the engine parks until the gap fills; the tables
-	// end equal to the reference fold, nothing left parked.
-	stdout.Reset()
-	err = Main(ctx, []string{"bench", "--events", "20000", "--aggregates", "2000", "--reorder", "0.1",
-		"--modes", "engine-snapshot,engine-fold", "--batch-max-records", "1000", "--database-url", testenv.DatabaseURL()}, &stdout, &stderr)
-	out = stdout.String()
-	if err != nil {
-		t.Fatalf("projector bench, reorder: %v\n%s\nstderr:\n%s", err, out, stderr.String())
-	}
-	if !strings.Contains(out, "10% of each account's events after its next") {
-		t.Errorf("reorder: the header does not say the stream is reordered:\n%s", out)
-	}
-	for _, row := range []string{"engine snapshot", "engine fold"} {
-		if line := lineWith(out, row); !strings.HasSuffix(strings.TrimSpace(line), "ok") {
-			t.Errorf("reorder: %s missing or not checked: %q\n%s", row, line, out)
-		}
-	}
-	// The transaction-per-event consumers cannot take a reordered stream.
-	err = Main(ctx, []string{"bench", "--events", "1000", "--reorder", "0.1", "--modes", "engine-fold,naive",
-		"--database-url", testenv.DatabaseURL()}, &stdout, &stderr)
-	if err == nil || !strings.Contains(err.Error(), "--reorder") || !strings.Contains(err.Error(), "naive") {
-		t.Errorf("reorder with the naive consumer: %v, want a refusal naming --reorder and naive", err)
 	}
 }
 
-// after returns what follows the first occurrence of marker in s.
-func after(s, marker string) string {
-	if i := strings.Index(s, marker); i >= 0 {
-		return s[i+len(marker):]
-	}
-	return ""
-}
-
-func lineWith(s, prefix string) string {
-	for _, line := range strings.Split(s, "\n") {
-		if strings.HasPrefix(strings.TrimSpace(line), prefix) {
-			return line
+// projector bench, whatever its flags, says where the benchmark went.
+func TestBenchSaysWhereItWent(t *testing.T) {
+	var out bytes.Buffer
+	for _, args := range [][]string{{"bench"}, {"bench", "--events", "1000", "--modes", "engine-fold"}} {
+		err := Main(t.Context(), args, &out, &out)
+		if err == nil || !strings.Contains(err.Error(), "projector-bench") || !strings.Contains(err.Error(), "make bench") {
+			t.Errorf("projector %s: %v, want an error naming projector-bench and make bench", strings.Join(args, " "), err)
 		}
 	}
-	return ""
 }

@@ -1,6 +1,6 @@
 // Command projector turns Kafka event streams into versioned read models in
-// PostgreSQL. Subcommands: run, relay, demo, migrate, status, offsets, dlq,
-// bench.
+// PostgreSQL. Subcommands: run, relay, demo, migrate, status, offsets, dlq.
+// The benchmark is the command projector-bench.
 //
 // Every flag can also be set through an environment variable: PROJECTOR_
 // followed by the flag name in upper case with dashes as underscores
@@ -43,6 +43,9 @@ func main() {
 // Main runs the command line args, writing results to stdout and logs and
 // progress to stderr.
 func Main(ctx context.Context, args []string, stdout, stderr io.Writer) error {
+	if benchMoved(args) {
+		return errBenchMoved
+	}
 	root := &ffcli.Command{
 		Name:       "projector",
 		ShortUsage: "projector <subcommand> [flags]",
@@ -55,7 +58,7 @@ func Main(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 			offsetsCommand(stdout, stderr),
 			dlqCommand(stdout, stderr),
 			relayCommand(stdout, stderr),
-			benchCommand(stdout, stderr),
+			benchMovedCommand(),
 		},
 		Exec: func(context.Context, []string) error { return flag.ErrHelp },
 	}

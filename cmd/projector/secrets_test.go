@@ -3,13 +3,11 @@ package main
 import (
 	"bytes"
 	"context"
-	"encoding/json"
 	"fmt"
 	"math/rand/v2"
 	"net/http"
 	"net/url"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"strings"
 	"sync"
@@ -223,47 +221,6 @@ func TestSecretsNeverPrinted(t *testing.T) {
 		noSecret(t, "demo", out)
 	})
 
-	t.Run("bench children", func(t *testing.T) {
-		var (
-			mu   sync.Mutex
-			args [][]string
-		)
-		old := benchSpawn
-		benchSpawn = func(a []string) *exec.Cmd {
-			raw, err := json.Marshal(a)
-			if err != nil {
-				t.Fatal(err)
-			}
-			cmd := exec.Command(os.Args[0], "-test.run=^$")
-			cmd.Env = append(os.Environ(), childEnv+"="+string(raw))
-			mu.Lock()
-			args = append(args, append([]string{os.Args[0], "-test.run=^$"}, a...))
-			mu.Unlock()
-			return cmd
-		}
-		t.Cleanup(func() { benchSpawn = old })
-		u, err := url.Parse(testenv.DatabaseURL())
-		if err != nil {
-			t.Fatal(err)
-		}
-		q := u.Query()
-		q.Set("password", secret)
-		u.RawQuery = q.Encode()
-		out, err := runCaptured(t.Context(), "bench", "--modes", "limit", "--events", "2000", "--aggregates", "200",
-			"--partitions", "2", "--database-url", u.String())
-		if err != nil {
-			t.Fatalf("bench: %v\n%s", err, out)
-		}
-		noSecret(t, "bench", out)
-		mu.Lock()
-		defer mu.Unlock()
-		if len(args) == 0 {
-			t.Fatal("bench started no child")
-		}
-		for _, a := range args {
-			noSecret(t, "a bench child's command line (visible in ps)", strings.Join(a, " "))
-		}
-	})
 }
 
 func smallStream() []demo.Record {

@@ -65,7 +65,7 @@ func Projections(mode, topic string) ([]*projection.Projection, error) {
 // ReaderSchema is the schema the projections read with: the demo's v1
 // AccountEvent.
 func ReaderSchema() (avro.Schema, error) {
-	files, err := schemas.Demo()
+	files, err := demo.Schemas()
 	if err != nil {
 		return nil, err
 	}

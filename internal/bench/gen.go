@@ -1,12 +1,13 @@
 // Package bench measures projector against the ceiling of what Postgres can
 // ingest (COPY) and against the hand-written consumers users write instead
-// (one transaction per event, plain franz-go or Watermill), on one generated
-// stream and one Postgres. It backs `projector bench`.
+// (one multi-row upsert per poll guarded by version; one transaction per
+// event, plain franz-go or Watermill), on one generated stream and one
+// Postgres. It backs `projector-bench`.
 //
 // The orchestrating process owns the broker (an embedded kfake cluster
 // unless real brokers are given), the Schema Registry (srfake), the
 // generated stream and the reference fold; every consumer under test runs
-// in a child process of its own (the same binary, `projector bench
+// in a child process of its own (the same binary, `projector-bench
 // --worker`), so that its CPU time and peak RSS are its own and not the
 // broker's.
 package bench

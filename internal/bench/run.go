@@ -29,7 +29,7 @@ import (
 	"github.com/projector-dev/projector/partition"
 )
 
-// Config is one `projector bench` invocation.
+// Config is one `projector-bench` invocation.
 type Config struct {
 	Events int
 	// Aggregates lists stream sizes: the first gets every row of the
@@ -47,7 +47,7 @@ type Config struct {
 	// cluster in this process.
 	Brokers []string
 	// Modes to run, of ModeLimit, ModeLimitKeyed, ModeEngineSnapshot, ModeEngineFold,
-	// ModeNaive, ModeWatermill and "freshness".
+	// ModeUpsert, ModeNaive, ModeWatermill and "freshness".
 	Modes []string
 	// TimeLimit bounds the naive and Watermill runs: they are measured on
 	// the prefix they commit within it.
@@ -79,7 +79,7 @@ type Config struct {
 	KeepSchemas bool
 	LogLevel    string
 	// Spawn returns the command that starts a child running the given
-	// arguments of this program (`bench --worker <spec>`).
+	// arguments of this program (`--worker <spec>`).
 	Spawn func(args []string) *exec.Cmd
 	// Log receives progress lines; ChildStderr the children's logs.
 	Log         io.Writer
@@ -95,7 +95,7 @@ const ModeFreshness = "freshness"
 const DefaultFreshLoad = 0.25
 
 // throughputModes are the rows that measure events/s, in order.
-var throughputModes = []string{ModeLimit, ModeLimitKeyed, ModeEngineSnapshot, ModeEngineFold, ModeNaive, ModeWatermill}
+var throughputModes = []string{ModeLimit, ModeLimitKeyed, ModeEngineSnapshot, ModeEngineFold, ModeUpsert, ModeNaive, ModeWatermill}
 
 // AllModes are the rows of a full run, in order.
 var AllModes = append(slices.Clone(throughputModes), ModeFreshness)
@@ -591,7 +591,7 @@ func (b *bench) runChild(ctx context.Context, spec WorkerSpec, during func(ctx c
 	if err != nil {
 		return nil, err
 	}
-	cmd := b.cfg.Spawn([]string{"bench", "--worker", string(raw)})
+	cmd := b.cfg.Spawn([]string{"--worker", string(raw)})
 	if cmd.Env == nil {
 		cmd.Env = os.Environ()
 	}

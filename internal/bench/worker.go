@@ -24,8 +24,11 @@ const (
 	ModeLimitKeyed     = "limit-keyed"
 	ModeEngineSnapshot = "engine-snapshot"
 	ModeEngineFold     = "engine-fold"
-	ModeNaive          = "naive"
-	ModeWatermill      = "watermill"
+	// ModeUpsert is the peer a competent engineer writes in a day: one
+	// multi-row upsert per poll, guarded by version (see runUpsert).
+	ModeUpsert    = "upsert"
+	ModeNaive     = "naive"
+	ModeWatermill = "watermill"
 )
 
 // WorkerSpec tells a child process what to run. It travels as JSON in the
@@ -284,6 +287,8 @@ func runMode(ctx context.Context, spec WorkerSpec, s *session, log *slog.Logger,
 		return runLimit(ctx, e, spec.Mode == ModeLimitKeyed)
 	case ModeEngineFold, ModeEngineSnapshot:
 		return runEngine(ctx, e)
+	case ModeUpsert:
+		return runUpsert(ctx, e)
 	case ModeNaive:
 		return runNaive(ctx, e)
 	case ModeWatermill:

@@ -21,7 +21,7 @@ type Encoder struct {
 // RegisterSchemas registers the demo's schemas (v1, then the compatible
 // v2) under the topic's value subject and returns an encoder for them.
 func RegisterSchemas(ctx context.Context, cl *sr.Client) (*Encoder, error) {
-	files, err := schemas.Demo()
+	files, err := Schemas()
 	if err != nil {
 		return nil, err
 	}
