@@ -43,6 +43,14 @@ func main() {
 // Main runs the command line args, writing results to stdout and logs and
 // progress to stderr.
 func Main(ctx context.Context, args []string, stdout, stderr io.Writer) error {
+	// Whatever failed, its message is masked: errors quote URLs and
+	// connection strings.
+	return redact.Error(rootCommand(stdout, stderr).ParseAndRun(ctx, args))
+}
+
+// rootCommand builds the command tree; docs/configuration.md is generated
+// from its flag sets, so that the reference cannot drift from the flags.
+func rootCommand(stdout, stderr io.Writer) *ffcli.Command {
 	root := &ffcli.Command{
 		Name:       "projector",
 		ShortUsage: "projector <subcommand> [flags]",
@@ -61,9 +69,7 @@ func Main(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	}
 	root.FlagSet = flag.NewFlagSet("projector", flag.ContinueOnError)
 	root.FlagSet.SetOutput(stderr)
-	// Whatever failed, its message is masked: errors quote URLs and
-	// connection strings.
-	return redact.Error(root.ParseAndRun(ctx, args))
+	return root
 }
 
 // common are the flags most subcommands share.
