@@ -459,3 +459,73 @@ func namedInCode(doc string) error {
 	}
 	return nil
 }
+
+// markdownLink is a Markdown link's target.
+var markdownLink = regexp.MustCompile(`\]\(([^)\s]+)\)`)
+
+// slug is the anchor GitHub gives a heading.
+func slug(heading string) string {
+	var b strings.Builder
+	for _, r := range strings.ToLower(strings.TrimSpace(heading)) {
+		switch {
+		case r == ' ':
+			b.WriteRune('-')
+		case r == '-' || r == '_' || (r >= 'a' && r <= 'z') || (r >= '0' && r <= '9'):
+			b.WriteRune(r)
+		}
+	}
+	return b.String()
+}
+
+// TestDocLinks: every relative link of the README and of docs/ names a
+// file that exists and, with an anchor, a heading in it, so that pages
+// moved or renamed leave no dead links behind.
+func TestDocLinks(t *testing.T) {
+	root := filepath.Join("..", "..")
+	pages, err := filepath.Glob(filepath.Join(root, "docs", "*.md"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	pages = append(pages, filepath.Join(root, "README.md"), filepath.Join(root, "deploy", "README.md"))
+	anchors := func(path string) map[string]bool {
+		src, err := os.ReadFile(path)
+		if err != nil {
+			return nil
+		}
+		out := map[string]bool{}
+		fence := false
+		for _, line := range strings.Split(string(src), "\n") {
+			if strings.HasPrefix(line, "```") {
+				fence = !fence
+			}
+			if !fence && strings.HasPrefix(line, "#") {
+				out[slug(strings.TrimLeft(line, "#"))] = true
+			}
+		}
+		return out
+	}
+	for _, page := range pages {
+		src, err := os.ReadFile(page)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, m := range markdownLink.FindAllStringSubmatch(string(src), -1) {
+			target := m[1]
+			if strings.Contains(target, "://") || strings.HasPrefix(target, "mailto:") {
+				continue
+			}
+			file, anchor, _ := strings.Cut(target, "#")
+			path := page
+			if file != "" {
+				path = filepath.Join(filepath.Dir(page), file)
+			}
+			if _, err := os.Stat(path); err != nil {
+				t.Errorf("%s: link %s: %v", page, target, err)
+				continue
+			}
+			if anchor != "" && !anchors(path)[anchor] {
+				t.Errorf("%s: link %s: no heading %q in %s", page, target, anchor, path)
+			}
+		}
+	}
+}
