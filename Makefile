@@ -36,3 +36,7 @@ endif
 lint: ## gofmt and go vet.
 	@test -z "$$(gofmt -l .)" || (gofmt -l . && exit 1)
 	$(GO) vet ./...
+
+.PHONY: docs
+docs: ## Regenerate docs/configuration.md and docs/metrics.md from the flags and the metric registry.
+	$(GO) test -count=1 -run 'TestConfigReference|TestMetricsReference' ./cmd/projector -update

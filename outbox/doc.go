@@ -59,8 +59,8 @@
 // ones below it. So replicas share the work and a replica that dies has
 // its shards taken over within about one PollInterval. (Simply trying every
 // shard would let the first replica keep all of them.) All replicas must
-// use the same Shards; a relay that sees another shard count refuses to
-// run.
+// use the same Shards; while relays with different counts run, none of
+// them publishes, and each logs an error, until they agree.
 //
 // Per aggregate the records reach Kafka in version order: a claim starts
 // at the aggregate's lowest unpublished row, every row below it was

@@ -45,11 +45,8 @@ type Fetcher interface {
 // otherwise. A worker that is behind commits many batches in one
 // transaction (DefaultCommitMaxBatches), so how many of an aggregate's
 // events collapse into one row write depends on the transaction rather
-// than the batch; smaller batches hold less memory. On the benchmark
-// stream, with transactions of 80,000 records at most, batches of 2000
-// went as fast as batches of 5000 (410,000–431,000 against 407,000–420,000
-// events/s) for a peak resident set of 282–314 against 316–343 MB; 1000
-// and 3000 went as 2000.
+// than the batch; smaller batches hold less memory, and larger ones did
+// not go faster (see docs/performance.md).
 const DefaultBatchMaxRecords = 2000
 
 // DefaultCommitMaxBatches is how many full batches' worth of records one
@@ -57,12 +54,10 @@ const DefaultBatchMaxRecords = 2000
 // otherwise: an aggregate's events in any of them collapse into one row
 // write (see window.go). A transaction also waits for its batches at most
 // as long as this many batches could each have waited (BatchMaxWait): 2
-// seconds in all by default. While both cores are busy fetching a batch
-// takes longer than BatchMaxWait, and with 16 batches' worth (0.8 seconds)
-// transactions ended on that time, long before their records' bound: on
-// the benchmark stream 0.22 row writes per event, 336,000–343,000 events/s
-// and a peak resident set of 458–469 MB, against 0.13, 407,000–431,000 and
-// 282–343 MB with 40 (batches of 5000 or 2000, two runs each).
+// seconds in all by default. On a busy machine fetching a batch takes
+// longer than BatchMaxWait, and with fewer batches' worth transactions
+// ended on that time, long before their records' bound, writing more rows
+// per event.
 const DefaultCommitMaxBatches = 40
 
 // DefaultStallAfter is how long a worker with records to apply may go
@@ -75,9 +70,7 @@ const DefaultStallAfter = 5 * time.Minute
 // small records (a fetch brings up to 256 KiB of a partition), so that a
 // worker with small batches does not pause on every fetch. Buffering more
 // than a batch did not make the engine faster (it keeps one batch ready
-// while the previous one commits) and cost memory: with batches of 5000, a
-// buffer of two batches per partition took the benchmark's peak resident
-// set from about 340 to 400 MB at the same speed.
+// while the previous one commits) and only cost memory.
 const minBuffered = 4000
 
 // Config tunes a worker. Zero fields take the defaults named.

@@ -439,17 +439,17 @@ func New(cfg Config, decoderOf Decoders) (*Engine, error) {
 		// broker holds up to this long when the other partitions are at
 		// their log end: a partition far behind the others (one holding
 		// hot aggregates) spent most of its time waiting. franz-go's 5s
-		// default left caught-up members idle for seconds at a time;
-		// with the Java consumer's 500ms a benchmark stream with hot
-		// aggregates went at half the speed it goes with 100ms. A member
+		// default left caught-up members idle for seconds at a time, and
+		// the Java consumer's 500ms still held a partition of hot
+		// aggregates behind fetches held open for idle ones. A member
 		// with nothing to fetch sends ten fetches a second per broker.
 		kgo.FetchMaxWait(fetchMaxWait),
 		// A partition paused with a fetch in flight has that fetch's data
 		// dropped and fetched again after it resumes. With franz-go's 1 MiB
 		// per partition a single fetch outgrew a worker's buffer, so nearly
-		// every fetch of a busy partition ended in a pause: 2.6 million
-		// records fetched and decompressed to consume 1 million. 256 KiB
-		// keeps a fetch well inside the buffer (ClientOpts can override).
+		// every fetch of a busy partition ended in a pause, and most records
+		// were fetched and decompressed more than once. 256 KiB keeps a
+		// fetch well inside the buffer (ClientOpts can override).
 		kgo.FetchMaxPartitionBytes(fetchMaxPartitionBytes),
 		kgo.OnPartitionsAssigned(e.assigned),
 		kgo.OnPartitionsRevoked(e.revoked),

@@ -46,6 +46,14 @@ func Main(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	if benchMoved(args) {
 		return errBenchMoved
 	}
+	// Whatever failed, its message is masked: errors quote URLs and
+	// connection strings.
+	return redact.Error(rootCommand(stdout, stderr).ParseAndRun(ctx, args))
+}
+
+// rootCommand builds the command tree; docs/configuration.md is generated
+// from its flag sets, so that the reference cannot drift from the flags.
+func rootCommand(stdout, stderr io.Writer) *ffcli.Command {
 	root := &ffcli.Command{
 		Name:       "projector",
 		ShortUsage: "projector <subcommand> [flags]",
@@ -64,9 +72,7 @@ func Main(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	}
 	root.FlagSet = flag.NewFlagSet("projector", flag.ContinueOnError)
 	root.FlagSet.SetOutput(stderr)
-	// Whatever failed, its message is masked: errors quote URLs and
-	// connection strings.
-	return redact.Error(root.ParseAndRun(ctx, args))
+	return root
 }
 
 // common are the flags most subcommands share.

@@ -2,10 +2,9 @@ package postgres
 
 // arena holds a partition cache's keys and rows in chunks of chunkSize
 // bytes. Appending never moves what it holds: a cache grown as one slice
-// copied everything it held each time it grew (a partition's slice grew
-// some twenty times while a million aggregates were cached from nothing,
-// 3% of the consumer's CPU, and held the old and the new slice at once
-// while copying). Each value lies within one allocation; an offset names a chunk
+// copied everything it held each time it grew, many times while a
+// large cache filled from nothing, and held the old and the new slice at
+// once while copying. Each value lies within one allocation; an offset names a chunk
 // (offset / chunkSize) and a position in it. The first chunk starts at
 // firstChunk bytes and doubles (copied) as it fills, up to chunkSize: a
 // member owning thousands of partitions that each cache a few aggregates

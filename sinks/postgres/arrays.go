@@ -161,8 +161,8 @@ func (k *textColumn) sqlTypes() []string         { return []string{"text[]"} }
 func (k *textColumn) expr(names []string) string { return names[0] + "::" + k.c.Type }
 
 // timeColumn carries a timestamptz column in binary when its value is a
-// time Go reads exactly as Postgres would (Postgres parsing timestamps
-// costs about a microsecond per value), and as text otherwise: a second
+// time Go reads exactly as Postgres would (Postgres parsing a timestamp
+// from text is dear on the hot path), and as text otherwise: a second
 // array holds those values, cast in SQL as every text column is.
 type timeColumn struct {
 	c projection.Column

@@ -168,8 +168,8 @@ var keyTypeRe = regexp.MustCompile(`^(?i)(text|varchar|character varying)\s*(\(\
 // the "C" collation. Keys are identifiers: equality is the same under every
 // deterministic collation, and comparing bytes is what every probe of the
 // key's index does once per tree level. Under the database's default
-// collation (a libc locale) each comparison calls strcoll: the engine's
-// updates and inserts cost Postgres about a tenth more CPU, and an
+// collation (a libc locale) each comparison calls strcoll, which makes
+// the engine's updates and inserts cost Postgres more CPU, and an
 // operating-system upgrade that changes the locale's order can leave the
 // index corrupt, which byte order never does.
 func byteOrderable(typ string) bool { return keyTypeRe.MatchString(strings.TrimSpace(typ)) }

@@ -206,8 +206,7 @@ func rowSQL(p *projection.Projection) statements {
 	// Rows and tombstones are looked up by separate index probes: a join
 	// of both kept in a cached plan degrades with the tombstone count. The
 	// LATERAL ... LIMIT 1 keeps every lookup an index probe: as a plain
-	// join the planner hashes the whole table once it has grown (a batch
-	// of 1,000 keys against 100,000 rows took ten times as long).
+	// join the planner hashes the whole table once it has grown.
 	var st statements
 	st.load = fmt.Sprintf(`SELECT k.key, t.version, %s
 		FROM (SELECT unnest($1::text[]) AS key) AS k
@@ -260,8 +259,8 @@ func rowSQL(p *projection.Projection) statements {
 // arrayRows is a FROM item turning array parameters (params, as SQL
 // expressions) into rows of the columns names, in order. The arrays are
 // unnested in a SELECT list, where they run in lockstep and stream their
-// rows: unnest(a, b, ...) in FROM materialises them first, which took
-// twice as long for arrays of 1,000 rows. Arrays of different lengths pad
+// rows: unnest(a, b, ...) in FROM materialises them first, which is
+// slower. Arrays of different lengths pad
 // the shorter ones with NULLs either way; the sink's arrays have one
 // length.
 func arrayRows(params, names []string) string {
@@ -280,17 +279,14 @@ const (
 	// find rows by key, to nested loops over index probes: with a batch's
 	// keys the planner may otherwise hash a large table, and a plan
 	// Postgres cached once it had analyzed a table while it was tiny read
-	// the whole table once per key after the table had grown (an update of
-	// 3 rows took 125 ms with 200,000 in the table, of 10,000 rows it would
-	// have taken minutes). It opens each batch of statements a transaction
+	// the whole table once per key after the table had grown. It opens each batch of statements a transaction
 	// sends.
 	planIndexProbes = `SELECT set_config('enable_seqscan', 'off', true), set_config('enable_hashjoin', 'off', true), set_config('enable_mergejoin', 'off', true)`
 	// parkedLoadSQL reads each aggregate's parked events through the
 	// primary key (the LATERAL subquery, kept apart by OFFSET 0, runs per
 	// key): written as key = ANY($4), Postgres read all of the partition's
 	// parked events and filtered them, even planned for the values at
-	// hand, once the table had grown since it was last analyzed (50,000
-	// rows read for one key).
+	// hand, once the table had grown since it was last analyzed.
 	parkedLoadSQL = `SELECT p.key, p.version, p."offset", p.record_key, p.value, p.headers, p.record_time
 		FROM unnest($4::text[]) AS k(key)
 		CROSS JOIN LATERAL (SELECT * FROM projector_parked p
@@ -307,7 +303,7 @@ const (
 	// unparkSQL finds each event through the primary key (LATERAL ...
 	// LIMIT 1, as the loads do): as a plain join, planned while the table
 	// was nearly empty, it scanned the parked events once per event
-	// deleted (629 against 9 ms for 700 of 3,000 in psql).
+	// deleted.
 	unparkSQL = `DELETE FROM projector_parked p
 		USING unnest($4::text[], $5::bigint[]) AS u(key, version)
 		CROSS JOIN LATERAL (SELECT t.ctid AS tid FROM projector_parked t

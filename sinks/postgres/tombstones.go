@@ -22,8 +22,8 @@ const tombstoneFalsePositives = 0.01
 
 // tombstoneFilter rules out tombstones, so that the rows of aggregates
 // assumed new (see sinks.Keys.New) are inserted without probing
-// projector_tombstones for each one, a third of what inserting such a row
-// cost Postgres.
+// projector_tombstones for each one, a large part of what inserting such
+// a row cost Postgres.
 //
 // A partition's filter holds every tombstone of the table Postgres held
 // after the partition was claimed, and those the partition wrote since:
