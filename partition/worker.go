@@ -9,6 +9,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
 	"github.com/twmb/franz-go/pkg/kgo"
 	"golang.org/x/time/rate"
 
@@ -91,14 +92,48 @@ type Worker struct {
 	keyWarn rate.Sometimes
 }
 
+// WorkerDeps are what a worker works with besides its Config: the
+// partition it claimed and the parts of the engine it uses.
+type WorkerDeps struct {
+	// Group is the consumer group the worker consumes for (a label of
+	// its metrics and traces).
+	Group string
+	// Claim is the partition and the position the worker starts from.
+	Claim sinks.Claim
+	// Projection is what the partition's records fold into.
+	Projection *projection.Projection
+	// Sink commits each batch with the partition's next offset.
+	Sink sinks.Sink
+	// Decoder decodes record values (a ValuesDecoder decodes batches
+	// into values).
+	Decoder Decoder
+	// Repairer fills gaps when the projection's gap policy is repair;
+	// nil: no repair.
+	Repairer Repairer
+	// Fetcher pauses and resumes fetching of the partition; one that is
+	// also a Rewinder lets a worker that is behind commit several batches
+	// in one transaction.
+	Fetcher Fetcher
+	// Log receives the worker's log lines (nil: discarded).
+	Log *slog.Logger
+	// Metrics are shared by an engine's workers (nil: the worker's own,
+	// registered nowhere).
+	Metrics *Metrics
+}
+
 // NewWorker returns a worker for a claimed partition.
-// repairer may be nil; it is used when the projection's gap policy is
-// repair.
-func NewWorker(cfg Config, group string, claim sinks.Claim, p *projection.Projection, sink sinks.Sink, dec Decoder, repairer Repairer, f Fetcher, log *slog.Logger, m *Metrics) *Worker {
+func NewWorker(cfg Config, d WorkerDeps) *Worker {
 	cfg.defaults()
+	if d.Log == nil {
+		d.Log = slog.New(slog.DiscardHandler)
+	}
+	if d.Metrics == nil {
+		d.Metrics = NewMetrics(prometheus.NewRegistry())
+	}
+	claim, p, sink, dec := d.Claim, d.Projection, d.Sink, d.Decoder
 	w := &Worker{
-		cfg: cfg, group: group, claim: claim, proj: p, sink: sink, dec: dec, fetcher: f, metrics: m, repairer: repairer,
-		log:   log.With("topic", claim.Topic, "partition", claim.Partition, "epoch", claim.Epoch),
+		cfg: cfg, group: d.Group, claim: claim, proj: p, sink: sink, dec: dec, fetcher: d.Fetcher, metrics: d.Metrics, repairer: d.Repairer,
+		log:   d.Log.With("topic", claim.Topic, "partition", claim.Partition, "epoch", claim.Epoch),
 		wake:  make(chan struct{}, 1),
 		skips: make(chan skipRequest),
 		stop:  make(chan struct{}),
