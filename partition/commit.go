@@ -76,6 +76,7 @@ func (w *Worker) committed(end int64, changes sinks.Changes, out outcomes) {
 	w.claim.NextOffset = end
 	w.next.Store(end)
 	w.progress.Store(time.Now().UnixNano())
+	w.notifyCommitted(end, changes)
 	if closed := w.gaps.update(changes.Park, changes.Unpark, time.Now()); closed > 0 {
 		w.metrics.gaps.WithLabelValues(w.proj.Name, "filled").Add(float64(closed))
 	}
@@ -125,4 +126,23 @@ func (w *Worker) commitAs(ctx context.Context, claim sinks.Claim, end int64, key
 		span.SetStatus(codes.Error, err.Error())
 	}
 	return err
+}
+
+// notifyCommitted tells Config.Committed, if set, that a transaction
+// ending before offset end committed changes.
+func (w *Worker) notifyCommitted(end int64, changes sinks.Changes) {
+	if w.cfg.Committed == nil {
+		return
+	}
+	var keys []string
+	if n := len(changes.Upserts) + len(changes.Deletes); n > 0 {
+		keys = make([]string, 0, n)
+		for _, u := range changes.Upserts {
+			keys = append(keys, u.Key)
+		}
+		for _, d := range changes.Deletes {
+			keys = append(keys, d.Key)
+		}
+	}
+	w.cfg.Committed(w.claim.TP, end, keys)
 }

@@ -4,6 +4,8 @@ import (
 	"time"
 
 	"go.opentelemetry.io/otel/trace"
+
+	"github.com/projector-dev/projector/sinks"
 )
 
 // DefaultBatchMaxRecords is the most records one batch holds unless told
@@ -84,6 +86,15 @@ type Config struct {
 	// DefaultStallAfter): whatever holds it up, retried failures or a
 	// call that never returns, the member is better restarted.
 	StallAfter time.Duration
+	// Committed, when set, is called on the worker's goroutine after each
+	// transaction of the partition has committed, never for one rolled
+	// back: tp, the partition's stored next offset after it (every record
+	// before end has taken effect), and the aggregates whose rows it
+	// wrote or deleted (nil: none; the slice is the hook's to keep). It is
+	// where a reader that must see its own writes waits, until end passes
+	// the offset of the event it wrote. It must return quickly: the
+	// partition's next transaction waits for it.
+	Committed func(tp sinks.TP, end int64, keys []string)
 	// Tracer, when set, traces each batch: a "process <topic>" consumer
 	// span linked to every record's producer span, with the Postgres
 	// commit as a child span. Nil: no tracing.

@@ -374,6 +374,7 @@ func (w *Worker) skip(ctx context.Context, req skipRequest) error {
 	if err == nil {
 		w.claim.NextOffset = req.to
 		w.next.Store(req.to)
+		w.notifyCommitted(req.to, sinks.Changes{})
 		w.halted.Store(nil)
 		w.mu.Lock()
 		w.syncFetch()
