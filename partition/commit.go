@@ -5,7 +5,6 @@ import (
 	"errors"
 	"time"
 
-	"github.com/twmb/franz-go/pkg/kgo"
 	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/codes"
 	"go.opentelemetry.io/otel/trace"
@@ -13,17 +12,12 @@ import (
 	"github.com/projector-dev/projector/sinks"
 )
 
-func (w *Worker) process(ctx context.Context, recs []*kgo.Record) (err error) {
-	start := w.claim.NextOffset
-	ctx, span := w.startSpan(ctx, recs)
-	defer endSpan(span, &err)
-	items, end, err := w.items(ctx, recs, start, nil)
-	if err != nil || end <= start {
-		return err
-	}
-
-	keys := batchKeys(items, w.gaps.has, w.keys())
-
+// commitBatch plans the items of a batch of n records inside its own
+// transaction and commits them with the offset end. A transient failure
+// tries again after a backoff; rows Postgres refuses dead-letter their
+// aggregates' events on the next attempt, and a fold that keeps failing
+// dead-letters its event after MaxAttempts.
+func (w *Worker) commitBatch(ctx context.Context, n int, items []*item, end int64, keys sinks.Keys) error {
 	var (
 		out      outcomes
 		changes  sinks.Changes
@@ -41,7 +35,7 @@ func (w *Worker) process(ctx context.Context, recs []*kgo.Record) (err error) {
 		err := w.commitTraced(ctx, end, keys, plan)
 		if err == nil {
 			w.metrics.commitDuration.Observe(time.Since(began).Seconds())
-			w.metrics.batchRecords.Observe(float64(len(recs)))
+			w.metrics.batchRecords.Observe(float64(n))
 			w.metrics.commitBatches.Observe(1)
 			break
 		}

@@ -328,6 +328,21 @@ func (w *Worker) Run(ctx context.Context) error {
 	}
 }
 
+// process applies recs, a batch taken while the worker is not behind, in
+// a transaction of its own: the records are decoded, the batch's
+// aggregates listed, and then planned and committed together.
+func (w *Worker) process(ctx context.Context, recs []*kgo.Record) (err error) {
+	start := w.claim.NextOffset
+	ctx, span := w.startSpan(ctx, recs)
+	defer endSpan(span, &err)
+	items, end, err := w.items(ctx, recs, start, nil)
+	if err != nil || end <= start {
+		return err
+	}
+	keys := batchKeys(items, w.gaps.has, w.keys())
+	return w.commitBatch(ctx, len(recs), items, end, keys)
+}
+
 // job is the worker's next piece of work: a batch of records, a repair
 // answer, or a skip past records deleted by retention.
 type job struct {
