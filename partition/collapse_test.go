@@ -88,8 +88,8 @@ func TestHotAggregateCollapsesToOneRowWrite(t *testing.T) {
 
 	sink := &recordingSink{}
 	reg := prometheus.NewRegistry()
-	w := NewWorker(Config{}, "g", sinks.Claim{TP: sinks.TP{Topic: demo.Topic}}, p, sink, dec, nil, idleFetcher{},
-		slog.New(slog.DiscardHandler), NewMetrics(reg))
+	w := NewWorker(Config{}, WorkerDeps{Group: "g", Claim: sinks.Claim{TP: sinks.TP{Topic: demo.Topic}}, Projection: p, Sink: sink, Decoder: dec,
+		Fetcher: idleFetcher{}, Log: slog.New(slog.DiscardHandler), Metrics: NewMetrics(reg)})
 	w.gaps.aggs = map[string]*gap{}
 	if err := w.process(t.Context(), recs); err != nil {
 		t.Fatal(err)

@@ -6,6 +6,25 @@
 // backoff and full jitter; records that can never apply become dead
 // letters in the same transaction.
 //
+// The files follow one record's path, one stage each:
+//
+//   - intake.go: Push, the buffer, pausing and resuming the partition's
+//     fetching, taking the next batch (and rewinding to apply one again);
+//   - decode.go: a record becomes an item with its aggregate key, version
+//     and fields;
+//   - plan.go: the batch's aggregates, and the plan that gates and folds
+//     each item into the changes a transaction writes;
+//   - commit.go: one batch's transaction, and moving the worker past it
+//     once committed (where Config.Committed is called);
+//   - window.go: a worker that is behind plans several batches into one
+//     transaction, committed while it plans the next;
+//   - retry.go and refused.go: backing off between attempts, and halting
+//     a partition whose statements Postgres refuses.
+//
+// worker.go holds the worker's lifecycle and the loop that drives the
+// stages; config.go its settings; repair.go gap repair; trace.go the
+// batch's spans.
+//
 // It must not join consumer groups or talk to Postgres directly: the
 // engine owns the Kafka client, the sink owns the database.
 package partition

@@ -50,8 +50,8 @@ func (f *slowFetcher) isPaused() bool {
 func TestFetchingResumesWhenABatchEmptiesTheBufferDuringAPause(t *testing.T) {
 	f := &slowFetcher{entered: make(chan struct{}), release: make(chan struct{})}
 	cfg := Config{BatchMaxRecords: 4, MaxBuffered: 4, BatchMaxWait: time.Millisecond}
-	w := NewWorker(cfg, "g", sinks.Claim{TP: sinks.TP{Topic: "t", Partition: 0}}, nil, nil, nil, nil, f,
-		slog.New(slog.DiscardHandler), NewMetrics(prometheus.NewRegistry()))
+	w := NewWorker(cfg, WorkerDeps{Group: "g", Claim: sinks.Claim{TP: sinks.TP{Topic: "t", Partition: 0}}, Fetcher: f,
+		Log: slog.New(slog.DiscardHandler), Metrics: NewMetrics(prometheus.NewRegistry())})
 
 	recs := make([]*kgo.Record, 4)
 	for i := range recs {
@@ -99,8 +99,8 @@ func TestFetchingResumesWhenABatchEmptiesTheBufferDuringAPause(t *testing.T) {
 // worker of it left: the fetch state outlives the worker that set it.
 func TestNewWorkerResumesFetching(t *testing.T) {
 	f := &slowFetcher{paused: true}
-	NewWorker(Config{}, "g", sinks.Claim{TP: sinks.TP{Topic: "t", Partition: 0}}, nil, nil, nil, nil, f,
-		slog.New(slog.DiscardHandler), NewMetrics(prometheus.NewRegistry()))
+	NewWorker(Config{}, WorkerDeps{Group: "g", Claim: sinks.Claim{TP: sinks.TP{Topic: "t", Partition: 0}}, Fetcher: f,
+		Log: slog.New(slog.DiscardHandler), Metrics: NewMetrics(prometheus.NewRegistry())})
 	if f.isPaused() {
 		t.Fatal("the partition's fetching stays paused under its new worker: it would never be fetched")
 	}
@@ -121,8 +121,8 @@ func TestShareBoundsBatchAndBuffer(t *testing.T) {
 	share := 3
 	f := &countingFetcher{}
 	cfg := Config{BatchMaxRecords: 100, MaxBuffered: 100, BatchMaxWait: time.Millisecond, Share: func() int { return share }}
-	w := NewWorker(cfg, "g", sinks.Claim{TP: sinks.TP{Topic: "t", Partition: 0}}, nil, nil, nil, nil, f,
-		slog.New(slog.DiscardHandler), NewMetrics(prometheus.NewRegistry()))
+	w := NewWorker(cfg, WorkerDeps{Group: "g", Claim: sinks.Claim{TP: sinks.TP{Topic: "t", Partition: 0}}, Fetcher: f,
+		Log: slog.New(slog.DiscardHandler), Metrics: NewMetrics(prometheus.NewRegistry())})
 	recs := func(n int) []*kgo.Record {
 		out := make([]*kgo.Record, n)
 		for i := range out {

@@ -81,7 +81,7 @@ func newBenchBatch(b *testing.B) *benchBatch {
 		bb.state.Versions[id] = 10
 	}
 	log := slog.New(slog.NewTextHandler(io.Discard, nil))
-	bb.w = NewWorker(Config{}, "bench", sinks.Claim{TP: sinks.TP{Topic: demo.Topic}}, p, nil, dec, nil, idleFetcher{}, log, nil)
+	bb.w = NewWorker(Config{}, WorkerDeps{Group: "bench", Claim: sinks.Claim{TP: sinks.TP{Topic: demo.Topic}}, Projection: p, Decoder: dec, Fetcher: idleFetcher{}, Log: log})
 	return bb
 }
 

@@ -292,6 +292,7 @@ func (w *Worker) commitRepair(ctx context.Context, key string, plan func(sinks.S
 		}
 	}
 	w.done()
+	w.notifyCommitted(w.claim.NextOffset, ch)
 	w.gaps.release(key)
 	w.gaps.update(nil, ch.Unpark, time.Now())
 	name := w.proj.Name

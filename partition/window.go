@@ -29,12 +29,6 @@ import (
 // worker plans the next one on the state it leaves (see launch and
 // settle).
 
-// Rewinder moves the fetch position of a partition back to offset, then
-// calls done; records fetched before are not delivered after done.
-type Rewinder interface {
-	Rewind(tp sinks.TP, offset int64, done func())
-}
-
 // errWindowStale reports a window whose commit found an aggregate's state
 // in Postgres other than the one its batches were planned on.
 var errWindowStale = errors.New("an aggregate's state in Postgres is not what the batches were planned on")
@@ -43,6 +37,7 @@ var errWindowStale = errors.New("an aggregate's state in Postgres is not what th
 type planFailed struct{ err error }
 
 func (p *planFailed) Error() string { return "plan: " + p.err.Error() }
+
 func (p *planFailed) Unwrap() error { return p.err }
 
 // window is the open transaction of a worker that is behind.
@@ -172,61 +167,6 @@ func (w *Worker) windowFull(win *window) bool {
 	return n >= w.cfg.CommitMaxBatches*batchMax || len(win.list) >= aggs
 }
 
-// more returns the next batch of win while the worker is behind, a full
-// batch or more left in its buffer or in the partition (its high
-// watermark): what the buffer holds, or what arrives in time (nil: none,
-// or the worker has caught up). A window waits, in all, as long as its
-// CommitMaxBatches batches could have waited each (BatchMaxWait):
-// fetching a batch takes longer than BatchMaxWait when the processor is
-// busy, and a window that ended then would write its aggregates' rows
-// again in the next one. A worker that has caught up commits at once:
-// records that trickle in would keep its window open, and its rows
-// unwritten, for as long as they came.
-func (w *Worker) more(ctx context.Context, win *window) []*kgo.Record {
-	batchMax, _ := w.limits()
-	w.mu.Lock()
-	queued := len(w.queue)
-	w.mu.Unlock()
-	if queued < batchMax && w.hwm.Load()-win.end < int64(batchMax) {
-		return nil
-	}
-	if recs := w.take(); recs != nil {
-		return recs
-	}
-	wait := time.Duration(w.cfg.CommitMaxBatches)*w.cfg.BatchMaxWait - win.waited
-	if wait <= 0 {
-		return nil
-	}
-	start := time.Now()
-	defer func() { win.waited += time.Since(start) }()
-	t := time.NewTimer(wait)
-	defer t.Stop()
-	for {
-		select {
-		case <-w.wake:
-			if recs := w.take(); recs != nil {
-				return recs
-			}
-		case <-t.C:
-			return nil
-		case <-w.stop:
-			return nil
-		case <-ctx.Done():
-			return nil
-		}
-	}
-}
-
-// stopping reports whether Stop was called.
-func (w *Worker) stopping() bool {
-	select {
-	case <-w.stop:
-		return true
-	default:
-		return false
-	}
-}
-
 // planBatch plans one batch of the window.
 func (w *Worker) planBatch(ctx context.Context, win *window, recs []*kgo.Record) error {
 	items, end, err := w.items(ctx, recs, win.end, &w.batchMem)
@@ -329,19 +269,6 @@ func (w *Worker) planBatch(ctx context.Context, win *window, recs []*kgo.Record)
 	win.dead = append(win.dead, changes.DeadLetters...)
 	win.resolved = append(win.resolved, changes.Resolved...)
 	return nil
-}
-
-// add counts o's outcomes into out.
-func (out *outcomes) add(o outcomes) {
-	out.applied += o.applied
-	out.stale += o.stale
-	out.parked += o.parked
-	for class, n := range o.deadLettered {
-		if out.deadLettered == nil {
-			out.deadLettered = map[string]int{}
-		}
-		out.deadLettered[class] += n
-	}
 }
 
 // windowCommit is what a window's transaction writes.
@@ -532,36 +459,4 @@ func (w *Worker) stillParked(evs []sinks.StoredEvent, win *window) []sinks.Store
 		ref := sinks.ParkedRef{Key: e.Key, Version: e.Version}
 		return win.unparked[ref] || (w.pending != nil && w.pending.win.unparked[ref])
 	})
-}
-
-// replay applies the window's records again, batch by batch, each batch
-// planned in its own transaction: the partition is fetched again from
-// the window's first record.
-func (w *Worker) replay(ctx context.Context, win *window, cause error) error {
-	w.metrics.replays.Inc()
-	w.log.Info("applying the batches of a transaction again one by one", "reason", cause.Error(),
-		"from", win.start, "to", win.end)
-	w.mu.Lock()
-	clear(w.queue)
-	w.queue = w.queue[:0]
-	w.rewinding = true
-	w.paused = false
-	w.syncFetch()
-	w.mu.Unlock()
-	w.alone = win.end
-	done := make(chan struct{})
-	w.fetcher.(Rewinder).Rewind(w.claim.TP, win.start, func() {
-		w.mu.Lock()
-		w.rewinding = false
-		w.mu.Unlock()
-		close(done)
-	})
-	select {
-	case <-done:
-		return nil
-	case <-ctx.Done():
-		return ctx.Err()
-	case <-w.stop:
-		return errStopped
-	}
 }

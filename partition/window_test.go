@@ -188,8 +188,8 @@ func windowWorkerConfig(t *testing.T, sink sinks.Sink, cfg Config, events []demo
 		recs[i] = &kgo.Record{Topic: demo.Topic, Key: []byte(ev.AccountID), Value: value, Offset: int64(i), Timestamp: at}
 	}
 	f := &rewindFetcher{recs: recs}
-	w := NewWorker(cfg, "g", sinks.Claim{TP: sinks.TP{Topic: demo.Topic}},
-		p, sink, dec, nil, f, slog.New(slog.DiscardHandler), NewMetrics(prometheus.NewRegistry()))
+	w := NewWorker(cfg, WorkerDeps{Group: "g", Claim: sinks.Claim{TP: sinks.TP{Topic: demo.Topic}},
+		Projection: p, Sink: sink, Decoder: dec, Fetcher: f, Log: slog.New(slog.DiscardHandler), Metrics: NewMetrics(prometheus.NewRegistry())})
 	f.w = w
 	return w, recs
 }
@@ -755,8 +755,8 @@ func TestGoFoldGetsFieldsMaps(t *testing.T) {
 				return compiled(r, ev)
 			}
 		}
-		w := NewWorker(Config{}, "g", sinks.Claim{TP: sinks.TP{Topic: demo.Topic}}, p, newMemSink(), dec, nil, &rewindFetcher{},
-			slog.New(slog.DiscardHandler), NewMetrics(prometheus.NewRegistry()))
+		w := NewWorker(Config{}, WorkerDeps{Group: "g", Claim: sinks.Claim{TP: sinks.TP{Topic: demo.Topic}}, Projection: p, Sink: newMemSink(), Decoder: dec,
+			Fetcher: &rewindFetcher{}, Log: slog.New(slog.DiscardHandler), Metrics: NewMetrics(prometheus.NewRegistry())})
 		if (w.values != nil) == goFold {
 			t.Errorf("Go fold %v: decoding into values %v", goFold, w.values != nil)
 		}

@@ -9,171 +9,13 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
 	"github.com/twmb/franz-go/pkg/kgo"
-	"go.opentelemetry.io/otel/trace"
 	"golang.org/x/time/rate"
 
-	"github.com/projector-dev/projector/internal/backoff"
 	"github.com/projector-dev/projector/projection"
 	"github.com/projector-dev/projector/sinks"
 )
-
-// Decoder turns a record value into the projection's reader schema.
-type Decoder interface {
-	Decode(ctx context.Context, value []byte) (map[string]any, int, error)
-}
-
-// ValuesDecoder is a Decoder that can also write a record's fields into
-// values the caller provides, Width of them, in the order of the names it
-// returns (a *schemas.Decoder with a reader schema); a record it cannot
-// decode so it returns as a map, names nil. A worker whose projection's
-// fold reads events through projection.Event.Field decodes batches with
-// it: one slice for a batch's values instead of a map per event.
-type ValuesDecoder interface {
-	Decoder
-	Width() int
-	DecodeValues(ctx context.Context, value []byte, vals []any) (names []string, rec map[string]any, id int, err error)
-}
-
-// Fetcher pauses and resumes fetching of partitions (a *kgo.Client).
-type Fetcher interface {
-	PauseFetchPartitions(map[string][]int32) map[string][]int32
-	ResumeFetchPartitions(map[string][]int32)
-}
-
-// DefaultBatchMaxRecords is the most records one batch holds unless told
-// otherwise. A worker that is behind commits many batches in one
-// transaction (DefaultCommitMaxBatches), so how many of an aggregate's
-// events collapse into one row write depends on the transaction rather
-// than the batch; smaller batches hold less memory, and larger ones did
-// not go faster (see docs/performance.md).
-const DefaultBatchMaxRecords = 2000
-
-// DefaultCommitMaxBatches is how many full batches' worth of records one
-// transaction covers at most while a worker is behind, unless told
-// otherwise: an aggregate's events in any of them collapse into one row
-// write (see window.go). A transaction also waits for its batches at most
-// as long as this many batches could each have waited (BatchMaxWait): 2
-// seconds in all by default. On a busy machine fetching a batch takes
-// longer than BatchMaxWait, and with fewer batches' worth transactions
-// ended on that time, long before their records' bound, writing more rows
-// per event.
-const DefaultCommitMaxBatches = 40
-
-// DefaultStallAfter is how long a worker with records to apply may go
-// without a commit before it counts as stalled unless told otherwise (see
-// Config.StallAfter): far longer than any transaction or backoff of a
-// healthy member takes.
-const DefaultStallAfter = 5 * time.Minute
-
-// minBuffered is the least MaxBuffered defaults to: several fetches of
-// small records (a fetch brings up to 256 KiB of a partition), so that a
-// worker with small batches does not pause on every fetch. Buffering more
-// than a batch did not make the engine faster (it keeps one batch ready
-// while the previous one commits) and only cost memory.
-const minBuffered = 4000
-
-// Config tunes a worker. Zero fields take the defaults named.
-type Config struct {
-	// BatchMaxRecords caps the records of one batch (default
-	// DefaultBatchMaxRecords).
-	BatchMaxRecords int
-	// BatchMaxWait is how long a batch waits for more records after its
-	// first one (default 50ms).
-	BatchMaxWait time.Duration
-	// MaxBuffered is how many records may wait in the worker before it
-	// pauses fetching of its partition (default BatchMaxRecords, at least
-	// minBuffered). It resumes below half of it.
-	MaxBuffered int
-	// Share, when set, lowers BatchMaxRecords and MaxBuffered each to
-	// what it returns, read at every fetch and batch: an engine divides
-	// a member-wide bound among the partitions it owns, so that memory
-	// does not grow with their number. A transaction of several batches
-	// holds the rows of up to twice as many aggregates (see windowFull).
-	Share func() int
-	// CommitMaxBatches is how many full batches' worth of records one
-	// transaction may cover while full batches wait (default
-	// DefaultCommitMaxBatches; 1: each batch commits alone).
-	CommitMaxBatches int
-	// RetryBase and RetryCap bound the exponential backoff with full jitter
-	// between attempts of a batch that failed for a transient reason
-	// (defaults 100ms and 30s).
-	RetryBase, RetryCap time.Duration
-	// ClassifyDecode says how to treat a decode error: Terminal errors
-	// dead-letter the record at once, Retryable ones after MaxAttempts,
-	// Transient ones (the registry is down) retry without limit. Nil:
-	// every decode error is terminal.
-	ClassifyDecode func(error) Class
-	// MaxAttempts is how often an error that may succeed on retry (an
-	// unknown schema id, a fold error not marked terminal) is tried before
-	// the record is dead-lettered (default 5).
-	MaxAttempts int
-	// MaxRecordBytes dead-letters records whose value is larger (default
-	// 1 MiB, Kafka's default message size).
-	MaxRecordBytes int
-	// UnreadyAfter is how long a partition may back off before it counts
-	// as not ready (default 30s).
-	UnreadyAfter time.Duration
-	// StallAfter is how long a worker that has records to apply may go
-	// without committing before it counts as stalled (default
-	// DefaultStallAfter): whatever holds it up, retried failures or a
-	// call that never returns, the member is better restarted.
-	StallAfter time.Duration
-	// Tracer, when set, traces each batch: a "process <topic>" consumer
-	// span linked to every record's producer span, with the Postgres
-	// commit as a child span. Nil: no tracing.
-	Tracer trace.Tracer
-}
-
-// Class is how an error is handled.
-type Class uint8
-
-const (
-	// Transient: infrastructure is unavailable; retry without limit, never
-	// dead-letter.
-	Transient Class = iota
-	// Retryable: may succeed later; retry up to MaxAttempts, then
-	// dead-letter.
-	Retryable
-	// Terminal: retrying cannot help; dead-letter now.
-	Terminal
-)
-
-func (c *Config) defaults() {
-	if c.BatchMaxRecords <= 0 {
-		c.BatchMaxRecords = DefaultBatchMaxRecords
-	}
-	if c.CommitMaxBatches <= 0 {
-		c.CommitMaxBatches = DefaultCommitMaxBatches
-	}
-	if c.BatchMaxWait <= 0 {
-		c.BatchMaxWait = 50 * time.Millisecond
-	}
-	if c.MaxBuffered <= 0 {
-		c.MaxBuffered = max(c.BatchMaxRecords, minBuffered)
-	}
-	if c.RetryBase <= 0 {
-		c.RetryBase = 100 * time.Millisecond
-	}
-	if c.RetryCap <= 0 {
-		c.RetryCap = 30 * time.Second
-	}
-	if c.ClassifyDecode == nil {
-		c.ClassifyDecode = func(error) Class { return Terminal }
-	}
-	if c.MaxAttempts <= 0 {
-		c.MaxAttempts = 5
-	}
-	if c.MaxRecordBytes <= 0 {
-		c.MaxRecordBytes = 1 << 20
-	}
-	if c.UnreadyAfter <= 0 {
-		c.UnreadyAfter = 30 * time.Second
-	}
-	if c.StallAfter <= 0 {
-		c.StallAfter = DefaultStallAfter
-	}
-}
 
 // Worker consumes one topic-partition for one projection: it batches the
 // records pushed to it, decodes them, gates versions, and commits each
@@ -250,14 +92,48 @@ type Worker struct {
 	keyWarn rate.Sometimes
 }
 
+// WorkerDeps are what a worker works with besides its Config: the
+// partition it claimed and the parts of the engine it uses.
+type WorkerDeps struct {
+	// Group is the consumer group the worker consumes for (a label of
+	// its metrics and traces).
+	Group string
+	// Claim is the partition and the position the worker starts from.
+	Claim sinks.Claim
+	// Projection is what the partition's records fold into.
+	Projection *projection.Projection
+	// Sink commits each batch with the partition's next offset.
+	Sink sinks.Sink
+	// Decoder decodes record values (a ValuesDecoder decodes batches
+	// into values).
+	Decoder Decoder
+	// Repairer fills gaps when the projection's gap policy is repair;
+	// nil: no repair.
+	Repairer Repairer
+	// Fetcher pauses and resumes fetching of the partition; one that is
+	// also a Rewinder lets a worker that is behind commit several batches
+	// in one transaction.
+	Fetcher Fetcher
+	// Log receives the worker's log lines (nil: discarded).
+	Log *slog.Logger
+	// Metrics are shared by an engine's workers (nil: the worker's own,
+	// registered nowhere).
+	Metrics *Metrics
+}
+
 // NewWorker returns a worker for a claimed partition.
-// repairer may be nil; it is used when the projection's gap policy is
-// repair.
-func NewWorker(cfg Config, group string, claim sinks.Claim, p *projection.Projection, sink sinks.Sink, dec Decoder, repairer Repairer, f Fetcher, log *slog.Logger, m *Metrics) *Worker {
+func NewWorker(cfg Config, d WorkerDeps) *Worker {
 	cfg.defaults()
+	if d.Log == nil {
+		d.Log = slog.New(slog.DiscardHandler)
+	}
+	if d.Metrics == nil {
+		d.Metrics = NewMetrics(prometheus.NewRegistry())
+	}
+	claim, p, sink, dec := d.Claim, d.Projection, d.Sink, d.Decoder
 	w := &Worker{
-		cfg: cfg, group: group, claim: claim, proj: p, sink: sink, dec: dec, fetcher: f, metrics: m, repairer: repairer,
-		log:   log.With("topic", claim.Topic, "partition", claim.Partition, "epoch", claim.Epoch),
+		cfg: cfg, group: d.Group, claim: claim, proj: p, sink: sink, dec: dec, fetcher: d.Fetcher, metrics: d.Metrics, repairer: d.Repairer,
+		log:   d.Log.With("topic", claim.Topic, "partition", claim.Partition, "epoch", claim.Epoch),
 		wake:  make(chan struct{}, 1),
 		skips: make(chan skipRequest),
 		stop:  make(chan struct{}),
@@ -292,36 +168,6 @@ func (w *Worker) settleThen(ctx context.Context, then func() error) error {
 
 // TP is the worker's partition.
 func (w *Worker) TP() sinks.TP { return w.claim.TP }
-
-// Push hands fetched records to the worker. It never blocks: past
-// MaxBuffered records the worker pauses fetching of its partition until
-// it has caught up.
-func (w *Worker) Push(recs []*kgo.Record, highWatermark int64) {
-	if highWatermark >= 0 {
-		w.hwm.Store(highWatermark)
-	}
-	if len(recs) == 0 {
-		return
-	}
-	w.mu.Lock()
-	if w.stopped || w.rewinding {
-		w.mu.Unlock()
-		return
-	}
-	if len(w.queue) == 0 && w.oldest.IsZero() {
-		w.oldest = recs[0].Timestamp
-	}
-	w.queue = append(w.queue, recs...)
-	if _, buffered := w.limits(); len(w.queue) >= buffered {
-		w.paused = true
-		w.syncFetch()
-	}
-	w.mu.Unlock()
-	select {
-	case w.wake <- struct{}{}:
-	default:
-	}
-}
 
 // Stop asks the worker to finish its open batch and return from Run.
 func (w *Worker) Stop() {
@@ -482,124 +328,19 @@ func (w *Worker) Run(ctx context.Context) error {
 	}
 }
 
-// errStopped ends a backoff when the worker is asked to stop.
-var errStopped = errors.New("worker stopped")
-
-// nextBatch waits for records and gathers up to BatchMaxRecords of them
-// (or the worker's share),
-// waiting at most BatchMaxWait after the first. ok is false when the worker
-// must stop.
-func (w *Worker) nextBatch(ctx context.Context, repairs <-chan repaired) (job, bool) {
-	var deadline <-chan time.Time
-	for {
-		w.mu.Lock()
-		n := len(w.queue)
-		w.mu.Unlock()
-		if batchMax, _ := w.limits(); n >= batchMax {
-			break
-		}
-		var skips <-chan skipRequest
-		if n == 0 {
-			skips = w.skips // records fetched before the skip go first
-			if w.pending == nil {
-				w.setIdle(true)
-			}
-		} else if deadline == nil {
-			t := time.NewTimer(w.cfg.BatchMaxWait)
-			defer t.Stop()
-			deadline = t.C
-		}
-		var settled <-chan struct{}
-		if w.pending != nil {
-			settled = w.pending.done
-		}
-		var j job
-		select {
-		case <-ctx.Done():
-			return job{}, false
-		case <-w.stop:
-			return job{}, false
-		case <-w.wake:
-			w.setIdle(false)
-			continue
-		case <-settled:
-			j.settle = true
-		case r := <-repairs:
-			j.repair = &r
-		case s := <-skips:
-			j.skip = &s
-		case <-deadline:
-			w.setIdle(false)
-			return job{recs: w.take()}, true
-		}
-		w.setIdle(false)
-		return j, true
+// process applies recs, a batch taken while the worker is not behind, in
+// a transaction of its own: the records are decoded, the batch's
+// aggregates listed, and then planned and committed together.
+func (w *Worker) process(ctx context.Context, recs []*kgo.Record) (err error) {
+	start := w.claim.NextOffset
+	ctx, span := w.startSpan(ctx, recs)
+	defer endSpan(span, &err)
+	items, end, err := w.items(ctx, recs, start, nil)
+	if err != nil || end <= start {
+		return err
 	}
-	w.setIdle(false)
-	return job{recs: w.take()}, true
-}
-
-// setIdle marks whether the worker waits for records with none in hand;
-// the time it stops waiting counts as progress.
-func (w *Worker) setIdle(idle bool) {
-	if w.idle.Swap(idle) && !idle {
-		w.progress.Store(time.Now().UnixNano())
-	}
-}
-
-// take removes the next batch from the buffer, up to the batch limit in
-// effect (nil when the buffer is empty).
-func (w *Worker) take() []*kgo.Record {
-	w.mu.Lock()
-	defer w.mu.Unlock()
-	batchMax, buffered := w.limits()
-	if len(w.queue) == 0 {
-		return nil
-	}
-	n := min(len(w.queue), batchMax)
-	batch := make([]*kgo.Record, n)
-	copy(batch, w.queue)
-	rest := copy(w.queue, w.queue[n:])
-	clear(w.queue[rest:])
-	w.queue = w.queue[:rest]
-	if w.paused && len(w.queue) < buffered/2 {
-		w.paused = false
-		w.syncFetch()
-	}
-	return batch
-}
-
-// limits returns the most records of one batch and the buffer's bound in
-// effect (see Config.Share).
-func (w *Worker) limits() (batchMax, buffered int) {
-	batchMax, buffered = w.cfg.BatchMaxRecords, w.cfg.MaxBuffered
-	if w.cfg.Share != nil {
-		share := max(w.cfg.Share(), 1)
-		batchMax, buffered = min(batchMax, share), min(buffered, share)
-	}
-	return batchMax, buffered
-}
-
-// syncFetch pauses or resumes fetching of the partition so that it is
-// paused exactly while the buffer is full, the worker backs off or the
-// partition is halted, and
-// not once the worker has stopped (the engine resumes a stopped worker's
-// partition). Call with mu held: the fetcher's state changes in the order
-// the worker's does. Otherwise a pause could overtake the resume that
-// followed it (the buffer filled by one goroutine and emptied by another in
-// between), and the partition would stay paused for good.
-func (w *Worker) syncFetch() {
-	want := (w.paused || w.backoffSince.Load() != 0 || w.halted.Load() != nil) && !w.stopped
-	if want == w.fetchPaused {
-		return
-	}
-	w.fetchPaused = want
-	tp := map[string][]int32{w.claim.Topic: {w.claim.Partition}}
-	if want {
-		w.fetcher.PauseFetchPartitions(tp)
-	} else {
-		w.fetcher.ResumeFetchPartitions(tp)
-	}
+	keys := batchKeys(items, w.gaps.has, w.keys())
+	return w.commitBatch(ctx, len(recs), items, end, keys)
 }
 
 // job is the worker's next piece of work: a batch of records, a repair
@@ -648,6 +389,7 @@ func (w *Worker) skip(ctx context.Context, req skipRequest) error {
 	if err == nil {
 		w.claim.NextOffset = req.to
 		w.next.Store(req.to)
+		w.notifyCommitted(req.to, sinks.Changes{})
 		w.halted.Store(nil)
 		w.mu.Lock()
 		w.syncFetch()
@@ -675,85 +417,6 @@ func (w *Worker) Halt(reason string) {
 // its own.
 func (w *Worker) Unhalt() {
 	w.halted.Store(nil)
-	w.mu.Lock()
-	w.syncFetch()
-	w.mu.Unlock()
-}
-
-// retry runs fn until it succeeds, backing off with full jitter between
-// attempts, or until ctx ends.
-func (w *Worker) retry(ctx context.Context, what string, fn func() error) error {
-	for attempt := 0; ; attempt++ {
-		err := fn()
-		if err == nil {
-			w.done()
-			return nil
-		}
-		if errors.Is(err, sinks.ErrFenced) || ctx.Err() != nil {
-			return err
-		}
-		if err := w.backoff(ctx, attempt, what, err); err != nil {
-			return err
-		}
-	}
-}
-
-// backoff waits before the next attempt, with fetching of the partition
-// paused so that nothing piles up meanwhile. done ends the run of attempts.
-// Stop ends the wait with errStopped.
-func (w *Worker) backoff(ctx context.Context, attempt int, what string, cause error) error {
-	return w.backoffUnless(ctx, attempt, what, cause, false)
-}
-
-// backoffPlanned is backoff before a transaction of planned batches is
-// tried again: a worker told to Drain keeps waiting, to try it again.
-func (w *Worker) backoffPlanned(ctx context.Context, attempt int, what string, cause error) error {
-	return w.backoffUnless(ctx, attempt, what, cause, true)
-}
-
-// backoffUnless is backoff, which Stop ends unless planned is set and the
-// worker drains.
-func (w *Worker) backoffUnless(ctx context.Context, attempt int, what string, cause error, planned bool) error {
-	if w.backoffSince.CompareAndSwap(0, time.Now().UnixNano()) {
-		w.mu.Lock()
-		w.syncFetch()
-		w.mu.Unlock()
-		w.metrics.backoff.WithLabelValues(w.group, w.claim.Topic, strconv.Itoa(int(w.claim.Partition))).Set(1)
-	}
-	quiet := w.refusedBy(what, cause)
-	delay := backoff.Policy{Base: w.cfg.RetryBase, Cap: w.cfg.RetryCap}.Delay(attempt)
-	w.metrics.retries.WithLabelValues(w.group, w.claim.Topic, strconv.Itoa(int(w.claim.Partition)), reasonOf(cause)).Inc()
-	if quiet {
-		delay = w.cfg.RetryCap // halted: said once, tried now and then
-	} else {
-		w.log.Warn("transient failure; retrying", "what", what, "attempt", attempt+1, "delay", delay, "err", cause)
-	}
-	t := time.NewTimer(delay)
-	defer t.Stop()
-	stop := w.stop
-	for {
-		select {
-		case <-ctx.Done():
-			return ctx.Err()
-		case <-stop:
-			if !planned || !w.draining.Load() {
-				return errStopped // a revocation must not wait out the delay
-			}
-			stop = nil // draining: tried again until ctx ends
-		case <-t.C:
-			return nil
-		}
-	}
-}
-
-// done ends a run of failed attempts: fetching resumes unless the buffer
-// is full.
-func (w *Worker) done() {
-	w.accepted()
-	if w.backoffSince.Swap(0) == 0 {
-		return
-	}
-	w.metrics.backoff.WithLabelValues(w.group, w.claim.Topic, strconv.Itoa(int(w.claim.Partition))).Set(0)
 	w.mu.Lock()
 	w.syncFetch()
 	w.mu.Unlock()

@@ -692,7 +692,10 @@ func (e *Engine) start(c sinks.Claim) {
 	}
 	p := e.byTopic[c.Topic]
 	f := &fetcher{e: e, tp: c.TP}
-	w := partition.NewWorker(e.cfg.Partition, e.gen.identity, c, p, e.gen.sinks[c.Topic].Sink, e.decoders[c.Topic], e.repairers[c.Topic], f, e.log, e.metrics)
+	w := partition.NewWorker(e.cfg.Partition, partition.WorkerDeps{
+		Group: e.gen.identity, Claim: c, Projection: p, Sink: e.gen.sinks[c.Topic].Sink, Decoder: e.decoders[c.Topic],
+		Repairer: e.repairers[c.Topic], Fetcher: f, Log: e.log, Metrics: e.metrics,
+	})
 	f.w = w
 	parent := e.runCtx
 	if parent == nil {

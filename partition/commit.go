@@ -1,0 +1,142 @@
+package partition
+
+import (
+	"context"
+	"errors"
+	"time"
+
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/codes"
+	"go.opentelemetry.io/otel/trace"
+
+	"github.com/projector-dev/projector/sinks"
+)
+
+// commitBatch plans the items of a batch of n records inside its own
+// transaction and commits them with the offset end. A transient failure
+// tries again after a backoff; rows Postgres refuses dead-letter their
+// aggregates' events on the next attempt, and a fold that keeps failing
+// dead-letters its event after MaxAttempts.
+func (w *Worker) commitBatch(ctx context.Context, n int, items []*item, end int64, keys sinks.Keys) error {
+	var (
+		out      outcomes
+		changes  sinks.Changes
+		rejected = map[string]string{}
+		giveUp   bool // dead-letter events whose fold keeps failing
+		folds    int
+	)
+	plan := func(st sinks.State) (sinks.Changes, error) {
+		var err error
+		changes, out, err = w.plan(ctx, items, keys.All, st, nil, rejected, giveUp)
+		return changes, err
+	}
+	for attempt := 0; ; attempt++ {
+		began := time.Now()
+		err := w.commitTraced(ctx, end, keys, plan)
+		if err == nil {
+			w.metrics.commitDuration.Observe(time.Since(began).Seconds())
+			w.metrics.batchRecords.Observe(float64(n))
+			w.metrics.commitBatches.Observe(1)
+			break
+		}
+		if errors.Is(err, sinks.ErrFenced) || ctx.Err() != nil {
+			return err
+		}
+		var rej *sinks.RejectedRows
+		if errors.As(err, &rej) {
+			for k, msg := range rej.Keys {
+				rejected[k] = msg
+			}
+			w.log.Warn("postgres refused rows; dead-lettering their events", "aggregates", len(rej.Keys))
+			continue
+		}
+		var fr *foldRetry
+		if errors.As(err, &fr) {
+			folds++
+			giveUp = folds+1 >= w.cfg.MaxAttempts
+		}
+		if err := w.backoffPlanned(ctx, attempt, "commit batch", err); err != nil {
+			return err
+		}
+	}
+	w.done()
+	w.committed(end, changes, out)
+	return nil
+}
+
+// committed moves the worker past a committed transaction that ended
+// before offset end, with changes and outcomes out.
+func (w *Worker) committed(end int64, changes sinks.Changes, out outcomes) {
+	w.claim.NextOffset = end
+	w.next.Store(end)
+	w.progress.Store(time.Now().UnixNano())
+	w.notifyCommitted(end, changes)
+	if closed := w.gaps.update(changes.Park, changes.Unpark, time.Now()); closed > 0 {
+		w.metrics.gaps.WithLabelValues(w.proj.Name, "filled").Add(float64(closed))
+	}
+	w.mu.Lock()
+	if len(w.queue) > 0 {
+		w.oldest = w.queue[0].Timestamp
+	} else {
+		w.oldest = time.Time{}
+	}
+	w.mu.Unlock()
+	m := w.metrics.processed
+	name, topic := w.proj.Name, w.claim.Topic
+	m.WithLabelValues(name, topic, "applied").Add(float64(out.applied))
+	m.WithLabelValues(name, topic, "stale").Add(float64(out.stale))
+	m.WithLabelValues(name, topic, "parked").Add(float64(out.parked))
+	dead := 0
+	for class, n := range out.deadLettered {
+		dead += n
+		w.metrics.deadLetters.WithLabelValues(name, class).Add(float64(n))
+	}
+	m.WithLabelValues(name, topic, "dead_lettered").Add(float64(dead))
+	if n := out.deadLettered[sinks.ClassKeyMismatch]; n > 0 {
+		w.keyWarn.Do(func() {
+			w.log.Warn("dead-lettered records whose record key is not the aggregate their key field names; the producer must key each record by its aggregate id",
+				"class", sinks.ClassKeyMismatch, "records", n, "key_field", w.proj.KeyField)
+		})
+	}
+}
+
+// commitTraced runs the batch transaction, as a child span when tracing.
+func (w *Worker) commitTraced(ctx context.Context, end int64, keys sinks.Keys, plan func(sinks.State) (sinks.Changes, error)) error {
+	return w.commitAs(ctx, w.claim, end, keys, plan)
+}
+
+// commitAs is commitTraced under claim, which a transaction committing
+// while the worker plans the next one is given as it was when it began.
+func (w *Worker) commitAs(ctx context.Context, claim sinks.Claim, end int64, keys sinks.Keys, plan func(sinks.State) (sinks.Changes, error)) error {
+	if w.cfg.Tracer == nil {
+		return w.sink.CommitBatch(ctx, claim, end, keys, plan)
+	}
+	ctx, span := w.cfg.Tracer.Start(ctx, "commit batch", trace.WithSpanKind(trace.SpanKindClient),
+		trace.WithAttributes(attribute.String("db.system.name", "postgresql"), attribute.String("db.operation.name", "COMMIT")))
+	defer span.End()
+	err := w.sink.CommitBatch(ctx, claim, end, keys, plan)
+	if err != nil {
+		span.RecordError(err)
+		span.SetStatus(codes.Error, err.Error())
+	}
+	return err
+}
+
+// notifyCommitted tells Config.Committed, if set, that a transaction
+// ending before offset end committed changes.
+func (w *Worker) notifyCommitted(end int64, changes sinks.Changes) {
+	if w.cfg.Committed == nil {
+		return
+	}
+	var keys []string
+	if n := len(changes.Upserts) + len(changes.Deletes); n > 0 {
+		keys = make([]string, 0, n)
+		for _, u := range changes.Upserts {
+			keys = append(keys, u.Key)
+		}
+		for _, d := range changes.Deletes {
+			keys = append(keys, d.Key)
+		}
+	}
+	w.cfg.Committed(w.claim.TP, end, keys)
+}
