@@ -184,7 +184,7 @@ func (s Spec) compile(dir string) (*Projection, error) {
 		if len(s.Events) > 0 {
 			return nil, bad("events: only fold mode takes per-event verbs (use delete_on for snapshot deletes)")
 		}
-		p.Fold = snapshotFold(p)
+		p.kind = foldSnapshot
 	case ModeFold:
 		if len(s.DeleteOn) > 0 {
 			return nil, bad("delete_on is for snapshot mode; in fold mode use delete: true under events")
@@ -199,7 +199,7 @@ func (s Spec) compile(dir string) (*Projection, error) {
 		if err != nil {
 			return nil, bad("%v", err)
 		}
-		p.decl, p.Fold = decl, decl.fold
+		p.kind, p.decl = foldDecl, decl
 	}
 	if err := p.Validate(); err != nil {
 		return nil, err

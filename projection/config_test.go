@@ -59,7 +59,7 @@ func TestParseDemo(t *testing.T) {
 	if !reflect.DeepEqual(p.DeleteTypes, map[string]bool{"AccountClosed": true}) {
 		t.Errorf("delete types = %v, want only AccountClosed", p.DeleteTypes)
 	}
-	if p.Fold == nil {
+	if p.Compiled() == nil {
 		t.Error("no fold compiled")
 	}
 	if p.Schema != "" {

@@ -3,7 +3,6 @@ package projection
 import (
 	"errors"
 	"fmt"
-	"reflect"
 	"slices"
 	"strings"
 	"time"
@@ -123,9 +122,12 @@ type Projection struct {
 	// Schema optionally holds the reader schema (Avro JSON). Empty: the
 	// latest schema registered for "<topic>-value" is used.
 	Schema string
-	// Fold computes the new row. Declarative projections get one compiled
-	// from their events/columns; library users may set their own.
+	// Fold is a Go fold computing the new row. Nil in a projection parsed
+	// from a file, whose fold is compiled from its events or columns;
+	// setting it there replaces that fold. Apply folds with whichever
+	// the projection runs.
 	Fold FoldFunc
+	kind foldKind  // the fold compiled from a file, when Fold is nil
 	decl *declFold // the compiled fold of a fold-mode file (see FoldOwned)
 	// defaults: column name → its default as the file gives it (see
 	// SetTypes).
@@ -289,7 +291,7 @@ func (p *Projection) Validate() error {
 	if p.KeyColumn != p.Columns[0].Name {
 		return bad("key column %q is not the primary key column %q", p.KeyColumn, p.Columns[0].Name)
 	}
-	if p.Fold == nil {
+	if p.foldKind() == foldGo && p.Fold == nil {
 		return bad("no fold: set events (fold mode) or a Go fold function")
 	}
 	return nil
@@ -352,7 +354,7 @@ func (p *Projection) SetTypes(types []string) error {
 	if !changed {
 		return nil
 	}
-	if p.decl == nil || reflect.ValueOf(p.Fold).Pointer() != declFoldCode {
+	if p.decl == nil {
 		p.Columns = cols
 		return nil
 	}
@@ -363,6 +365,6 @@ func (p *Projection) SetTypes(types []string) error {
 		p.Columns = old
 		return fmt.Errorf("projection %q: %w", p.Name, err)
 	}
-	p.decl, p.Fold = decl, decl.fold
+	p.decl = decl
 	return nil
 }
