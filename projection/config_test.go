@@ -459,6 +459,16 @@ func TestValidateCodeProjection(t *testing.T) {
 			t.Errorf("Validate refused type %q: %v", typ, err)
 		}
 	}
+	// What a file may leave out, a projection defined in Go may too.
+	zero := valid()
+	zero.KeyColumn, zero.VersionField, zero.Mode, zero.OnGap = "", "", "", ""
+	if err := zero.Validate(); err != nil {
+		t.Fatalf("code projection with zero key column, version field, mode and on_gap: %v", err)
+	}
+	if zero.KeyColumn != "id" || zero.VersionField != "version" || zero.Mode != projection.ModeFold || zero.OnGap != projection.GapHold || zero.GapTimeout != projection.DefaultGapTimeout {
+		t.Errorf("defaults: key column %q, version field %q, mode %q, on_gap %q, gap timeout %v; want id, version, fold, hold, %v",
+			zero.KeyColumn, zero.VersionField, zero.Mode, zero.OnGap, zero.GapTimeout, projection.DefaultGapTimeout)
+	}
 	cases := []struct {
 		name   string
 		mutate func(p *projection.Projection)
@@ -466,7 +476,6 @@ func TestValidateCodeProjection(t *testing.T) {
 	}{
 		{"no fold", func(p *projection.Projection) { p.Fold = nil }, "no fold"},
 		{"key not first", func(p *projection.Projection) { p.Columns[0], p.Columns[1] = p.Columns[1], p.Columns[0] }, `column "id"`},
-		{"no version field", func(p *projection.Projection) { p.VersionField = "" }, "version field"},
 		{"no table", func(p *projection.Projection) { p.Table = "" }, "table"},
 	}
 	for _, tc := range cases {

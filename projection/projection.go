@@ -107,15 +107,17 @@ type Projection struct {
 	Topic string
 	Table string
 	// KeyField is the Avro field holding the aggregate id; its column is
-	// KeyColumn.
+	// KeyColumn (default: KeyField).
 	KeyField  string
 	KeyColumn string
-	// VersionField is the Avro long field with the aggregate version.
+	// VersionField is the Avro long field with the aggregate version
+	// (default "version").
 	VersionField string
 	// TypeField names the event type field (fold mode), "" if unused.
 	TypeField string
-	Mode      Mode
-	OnGap     GapPolicy
+	// Mode defaults to ModeFold, OnGap to GapHold.
+	Mode  Mode
+	OnGap GapPolicy
 	// Columns in table order, the key column first. The engine adds a
 	// "version bigint" column after them.
 	Columns []Column
@@ -135,7 +137,7 @@ type Projection struct {
 	// DeleteTypes are event types that delete the row (besides tombstones).
 	DeleteTypes map[string]bool
 	// GapTimeout is how long events wait for a missing version before a
-	// repair is attempted (on_gap repair; default 30s).
+	// repair is attempted (on_gap repair; default DefaultGapTimeout).
 	GapTimeout time.Duration
 	// Repair configures the repair source of a declarative projection;
 	// library users may hand the engine a Repairer instead.
@@ -217,8 +219,13 @@ func IsTerminal(err error) bool {
 }
 
 // Validate checks a projection defined in code or loaded from a file. Its
-// errors name the projection and the field.
+// errors name the projection and the field. Fields left at their zero
+// value are given their defaults first: KeyColumn KeyField,
+// VersionField "version", Mode
+// ModeFold (a Go fold is one), OnGap GapHold and GapTimeout
+// DefaultGapTimeout.
 func (p *Projection) Validate() error {
+	p.setDefaults()
 	if p.Name == "" {
 		return errors.New("projection: name is required")
 	}
@@ -295,6 +302,31 @@ func (p *Projection) Validate() error {
 		return bad("no fold: set events (fold mode) or a Go fold function")
 	}
 	return nil
+}
+
+// DefaultGapTimeout is how long events wait for a missing version before
+// a repair is attempted, unless the projection says otherwise.
+const DefaultGapTimeout = 30 * time.Second
+
+// setDefaults gives the fields a projection may leave unset their
+// documented defaults, so that a projection defined in Go needs no more
+// than a file does.
+func (p *Projection) setDefaults() {
+	if p.KeyColumn == "" {
+		p.KeyColumn = p.KeyField
+	}
+	if p.VersionField == "" {
+		p.VersionField = "version"
+	}
+	if p.Mode == "" {
+		p.Mode = ModeFold
+	}
+	if p.OnGap == "" {
+		p.OnGap = GapHold
+	}
+	if p.GapTimeout == 0 {
+		p.GapTimeout = DefaultGapTimeout
+	}
 }
 
 // Column returns the column named name.

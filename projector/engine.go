@@ -69,7 +69,8 @@ type Config struct {
 	StartFrom string
 	// Partition tunes the partition workers (batch size and wait, buffer,
 	// retry backoff); its RetryBase and RetryCap also pace the engine's
-	// retries of claims and start offsets.
+	// retries of claims and start offsets. A nil ClassifyDecode is the
+	// engine's own, ClassifyDecode.
 	Partition partition.Config
 	// StateCacheRows is how many aggregates' rows each projection keeps in
 	// memory, so that a batch reads from Postgres only the aggregates it
@@ -173,6 +174,11 @@ func (c *Config) validate() error {
 			return fmt.Errorf("config: Projections: topic %q feeds two projections", p.Topic)
 		}
 		topics[p.Topic] = true
+	}
+	if c.Partition.ClassifyDecode == nil {
+		// Without it a registry that does not answer would dead-letter
+		// every record instead of being waited for.
+		c.Partition.ClassifyDecode = ClassifyDecode
 	}
 	switch c.StartFrom {
 	case "":
