@@ -189,6 +189,8 @@ func TestParseRejects(t *testing.T) {
 	}{
 		{"missing topic", func(t *testing.T) string { return edit(t, baseYAML, "    topic: t1\n", "") },
 			[]string{`projection "p1"`, "topic is required"}},
+		{"no mode", func(t *testing.T) string { return edit(t, baseYAML, "    mode: fold\n", "") },
+			[]string{`projection "p1"`, "mode is required"}},
 		{"unknown mode", func(t *testing.T) string { return edit(t, baseYAML, "mode: fold", "mode: folding") },
 			[]string{`projection "p1"`, `mode "folding"`}},
 		{"on_gap apply in fold mode", func(t *testing.T) string {
