@@ -4,6 +4,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
+	"os"
 	"runtime"
 	"strings"
 	"testing"
@@ -11,7 +13,9 @@ import (
 
 	"github.com/projector-dev/projector/internal/demo"
 	"github.com/projector-dev/projector/internal/testenv"
+	"github.com/projector-dev/projector/projection"
 	"github.com/projector-dev/projector/projector"
+	"github.com/projector-dev/projector/sinks/postgres"
 )
 
 // engineGoroutines lists the running goroutines that are an engine's: a
@@ -116,4 +120,35 @@ func TestStopEndsRun(t *testing.T) {
 	}
 	settled(t, "after Stop")
 	b.verify(t, "stop") // nothing moved after the stop
+}
+
+// A projection defined in Go that leaves its key column, version field,
+// mode and on_gap at their zero values runs with the registry's decoders
+// and ends equal to the reference fold, as the file it mirrors does.
+func TestGoProjectionWithDefaults(t *testing.T) {
+	opts := demo.DefaultOptions()
+	opts.Aggregates = 300
+	b := setup(t, opts, 2)
+	parsed := b.projs[0] // migrated: its columns carry Postgres's type names
+	goFold := &projection.Projection{
+		Name: parsed.Name, Topic: parsed.Topic, Table: parsed.Table,
+		KeyField: parsed.KeyField, TypeField: parsed.TypeField,
+		Columns: parsed.Columns,
+		Fold:    parsed.Compiled(),
+	}
+	decoders, err := projector.RegistryDecoders(t.Context(), b.reg, goFold)
+	if err != nil {
+		t.Fatal(err)
+	}
+	e, err := projector.New(projector.Config{
+		Brokers: b.kafka.ListenAddrs(), Identity: "go-defaults",
+		Projections: []*projection.Projection{goFold},
+		Store:       postgres.NewStore(b.db.Pool),
+		Logger:      slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn})),
+	}, decoders)
+	if err != nil {
+		t.Fatal(err)
+	}
+	run(t, e)
+	b.verify(t, "go-defaults")
 }
