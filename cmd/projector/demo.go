@@ -166,7 +166,7 @@ func runDemo(ctx context.Context, f *demoFlags, stdout, stderr io.Writer) error 
 			Brokers:     cluster.ListenAddrs(),
 			Identity:    identity,
 			Projections: projs,
-			Partition:   partition.Config{BatchMaxRecords: 2000, ClassifyDecode: projector.ClassifyDecode},
+			Partition:   partition.Config{BatchMaxRecords: 2000},
 			Logger:      log.With("member", name),
 			Registerer:  m.metrics,
 			Store:       postgres.NewStore(pool),
