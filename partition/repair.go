@@ -327,7 +327,7 @@ func (w *Worker) planRepair(ctx context.Context, r repaired, st sinks.State) (si
 	}
 	var failed *item
 	apply := func(v int64, it *item) error {
-		row, err := w.proj.Fold(agg.row, it.event(v))
+		row, err := w.proj.Apply(agg.row, it.event(v))
 		if err != nil {
 			failed = it
 			return err
@@ -350,7 +350,7 @@ func (w *Worker) planRepair(ctx context.Context, r repaired, st sinks.State) (si
 				continue
 			}
 			ev.Key = r.key
-			row, err := w.proj.Fold(agg.row, ev)
+			row, err := w.proj.Apply(agg.row, ev)
 			if err != nil {
 				return ch, out, fmt.Errorf("fold repaired event %q v%d: %w", r.key, ev.Version, err)
 			}

@@ -746,7 +746,7 @@ func TestGoFoldGetsFieldsMaps(t *testing.T) {
 		if _, ok := dec.(ValuesDecoder); !ok {
 			t.Fatal("the demo's decoder does not decode into values")
 		}
-		compiled, maps := p.Fold, 0
+		compiled, maps := p.Compiled(), 0
 		if goFold {
 			p.Fold = func(r projection.Row, ev projection.Event) (projection.Row, error) {
 				if ev.Fields != nil {

@@ -152,11 +152,8 @@ func (s Spec) compile(dir string) (*Projection, error) {
 	bad := func(format string, args ...any) error {
 		return fmt.Errorf("projection %q: %s", s.Name, fmt.Sprintf(format, args...))
 	}
-	if p.VersionField == "" {
-		p.VersionField = "version"
-	}
-	if p.OnGap == "" {
-		p.OnGap = GapHold
+	if s.Mode == "" {
+		return nil, bad("mode is required: snapshot or fold")
 	}
 	if err := s.compileRepair(p); err != nil {
 		return nil, bad("%v", err)
@@ -184,7 +181,7 @@ func (s Spec) compile(dir string) (*Projection, error) {
 		if len(s.Events) > 0 {
 			return nil, bad("events: only fold mode takes per-event verbs (use delete_on for snapshot deletes)")
 		}
-		p.Fold = snapshotFold(p)
+		p.kind = foldSnapshot
 	case ModeFold:
 		if len(s.DeleteOn) > 0 {
 			return nil, bad("delete_on is for snapshot mode; in fold mode use delete: true under events")
@@ -199,7 +196,7 @@ func (s Spec) compile(dir string) (*Projection, error) {
 		if err != nil {
 			return nil, bad("%v", err)
 		}
-		p.decl, p.Fold = decl, decl.fold
+		p.kind, p.decl = foldDecl, decl
 	}
 	if err := p.Validate(); err != nil {
 		return nil, err
@@ -282,7 +279,7 @@ func foldTypeName(s string) string {
 }
 
 func (s Spec) compileRepair(p *Projection) error {
-	p.GapTimeout = 30 * time.Second
+	p.GapTimeout = DefaultGapTimeout
 	if s.GapTimeout != "" {
 		d, err := time.ParseDuration(s.GapTimeout)
 		if err != nil || d <= 0 {

@@ -59,7 +59,7 @@ func TestParseDemo(t *testing.T) {
 	if !reflect.DeepEqual(p.DeleteTypes, map[string]bool{"AccountClosed": true}) {
 		t.Errorf("delete types = %v, want only AccountClosed", p.DeleteTypes)
 	}
-	if p.Fold == nil {
+	if p.Compiled() == nil {
 		t.Error("no fold compiled")
 	}
 	if p.Schema != "" {
@@ -189,6 +189,8 @@ func TestParseRejects(t *testing.T) {
 	}{
 		{"missing topic", func(t *testing.T) string { return edit(t, baseYAML, "    topic: t1\n", "") },
 			[]string{`projection "p1"`, "topic is required"}},
+		{"no mode", func(t *testing.T) string { return edit(t, baseYAML, "    mode: fold\n", "") },
+			[]string{`projection "p1"`, "mode is required"}},
 		{"unknown mode", func(t *testing.T) string { return edit(t, baseYAML, "mode: fold", "mode: folding") },
 			[]string{`projection "p1"`, `mode "folding"`}},
 		{"on_gap apply in fold mode", func(t *testing.T) string {
@@ -459,6 +461,16 @@ func TestValidateCodeProjection(t *testing.T) {
 			t.Errorf("Validate refused type %q: %v", typ, err)
 		}
 	}
+	// What a file may leave out, a projection defined in Go may too.
+	zero := valid()
+	zero.KeyColumn, zero.VersionField, zero.Mode, zero.OnGap = "", "", "", ""
+	if err := zero.Validate(); err != nil {
+		t.Fatalf("code projection with zero key column, version field, mode and on_gap: %v", err)
+	}
+	if zero.KeyColumn != "id" || zero.VersionField != "version" || zero.Mode != projection.ModeFold || zero.OnGap != projection.GapHold || zero.GapTimeout != projection.DefaultGapTimeout {
+		t.Errorf("defaults: key column %q, version field %q, mode %q, on_gap %q, gap timeout %v; want id, version, fold, hold, %v",
+			zero.KeyColumn, zero.VersionField, zero.Mode, zero.OnGap, zero.GapTimeout, projection.DefaultGapTimeout)
+	}
 	cases := []struct {
 		name   string
 		mutate func(p *projection.Projection)
@@ -466,7 +478,6 @@ func TestValidateCodeProjection(t *testing.T) {
 	}{
 		{"no fold", func(p *projection.Projection) { p.Fold = nil }, "no fold"},
 		{"key not first", func(p *projection.Projection) { p.Columns[0], p.Columns[1] = p.Columns[1], p.Columns[0] }, `column "id"`},
-		{"no version field", func(p *projection.Projection) { p.VersionField = "" }, "version field"},
 		{"no table", func(p *projection.Projection) { p.Table = "" }, "table"},
 	}
 	for _, tc := range cases {

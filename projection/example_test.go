@@ -45,7 +45,7 @@ func ExampleParse() {
 		{Key: "acc-1", Version: 2, Type: "Deposited", Fields: map[string]any{"account_id": "acc-1", "amount": int64(50)}},
 		{Key: "acc-1", Version: 3, Type: "Withdrawn", Fields: map[string]any{"account_id": "acc-1", "amount": int64(20)}},
 	} {
-		if row, err = p.Fold(row, ev); err != nil {
+		if row, err = p.Apply(row, ev); err != nil {
 			fmt.Println(err)
 			return
 		}

@@ -3,41 +3,58 @@ package projection
 import (
 	"fmt"
 	"maps"
-	"reflect"
 	"slices"
 	"strings"
 )
 
-// snapshotFold builds the whole row from the event: every column takes the
-// Avro field of its Field name.
-func snapshotFold(p *Projection) FoldFunc { return snapshotFolder{p}.fold }
+// foldKind is which fold a projection runs: the engine folds a
+// declarative projection's events through code that knows its columns.
+type foldKind uint8
 
+const (
+	foldGo       foldKind = iota // Projection.Fold
+	foldSnapshot                 // a snapshot-mode file's: every column from the event
+	foldDecl                     // a fold-mode file's verbs (Projection.decl)
+)
+
+// foldKind returns the fold p runs: a Go fold set in Fold takes the place
+// of the one compiled from a file.
+func (p *Projection) foldKind() foldKind {
+	if p.Fold != nil {
+		return foldGo
+	}
+	return p.kind
+}
+
+// Apply folds ev into state with p's fold: its Go fold when Fold is set,
+// otherwise the one compiled from its file. state is not modified.
+func (p *Projection) Apply(state Row, ev Event) (Row, error) {
+	switch p.foldKind() {
+	case foldSnapshot:
+		return snapshotFolder{p}.apply(nil, ev)
+	case foldDecl:
+		return p.decl.apply(state, ev, false)
+	}
+	if p.Fold == nil {
+		return nil, fmt.Errorf("projection %q: no fold", p.Name)
+	}
+	return p.Fold(state, ev)
+}
+
+// snapshotFolder builds the whole row from the event: every column takes
+// the Avro field of its Field name.
 type snapshotFolder struct{ p *Projection }
-
-// snapshotFoldCode identifies the functions snapshotFold returns: method
-// values of one method share their code (see Projection.FoldReadsRow).
-var snapshotFoldCode = reflect.ValueOf(snapshotFold(&Projection{})).Pointer()
 
 // FoldReadsRow reports whether p's fold may read the row it is given. A
 // declarative snapshot projection's does not: it builds every row from the
 // event alone, so that only whether a row exists matters, not what it
 // holds. Any other fold, a Go fold included, may.
-func (p *Projection) FoldReadsRow() bool {
-	return p.Fold == nil || reflect.ValueOf(p.Fold).Pointer() != snapshotFoldCode
-}
+func (p *Projection) FoldReadsRow() bool { return p.foldKind() != foldSnapshot }
 
 // ReadsFieldsMap reports whether p's fold reads events' Fields: a Go fold
 // does. The folds projector compiles from a projection's file read them
 // through Event.Field, so they also take events built by NewEvent.
-func (p *Projection) ReadsFieldsMap() bool {
-	if p.Fold == nil {
-		return true
-	}
-	code := reflect.ValueOf(p.Fold).Pointer()
-	return code != snapshotFoldCode && (p.decl == nil || code != declFoldCode)
-}
-
-func (s snapshotFolder) fold(_ Row, ev Event) (Row, error) { return s.apply(nil, ev) }
+func (p *Projection) ReadsFieldsMap() bool { return p.foldKind() == foldGo }
 
 // apply builds ev's row in a new map or, when into holds every column (a
 // row an earlier fold built, which the caller owns), in into itself; into
@@ -169,22 +186,19 @@ type declFold struct {
 	blank Row
 }
 
-// declFoldCode identifies declFold.fold method values (see FoldOwned).
-var declFoldCode = reflect.ValueOf((&declFold{}).fold).Pointer()
-
 // FoldOwned folds like Fold for a caller that owns row and, once the fold
 // succeeds, no longer needs it: a declarative projection then writes the
 // new row into row instead of copying it first (a snapshot one only into
 // a row that holds every column, not into an empty row that only says the
 // row exists). Whatever the fold, row is unchanged when it fails.
 func (p *Projection) FoldOwned(row Row, ev Event) (Row, error) {
-	switch code := reflect.ValueOf(p.Fold).Pointer(); {
-	case p.decl != nil && code == declFoldCode:
+	switch p.foldKind() {
+	case foldDecl:
 		return p.decl.apply(row, ev, true)
-	case code == snapshotFoldCode:
+	case foldSnapshot:
 		return snapshotFolder{p}.apply(row, ev)
 	}
-	return p.Fold(row, ev)
+	return p.Apply(row, ev)
 }
 
 // ReadFields lists the event fields p reads: its key, version and type
@@ -195,12 +209,12 @@ func (p *Projection) ReadFields() []string {
 	if p.TypeField != "" {
 		fields = append(fields, p.TypeField)
 	}
-	switch {
-	case !p.FoldReadsRow(): // a declarative snapshot
+	switch p.foldKind() {
+	case foldSnapshot:
 		for _, c := range p.Columns[1:] {
 			fields = append(fields, c.Field)
 		}
-	case p.decl != nil && reflect.ValueOf(p.Fold).Pointer() == declFoldCode:
+	case foldDecl:
 		for _, eo := range p.decl.ops {
 			for _, op := range eo.set {
 				if op.field != "" {
@@ -217,8 +231,6 @@ func (p *Projection) ReadFields() []string {
 	slices.Sort(fields)
 	return slices.Compact(fields)
 }
-
-func (d *declFold) fold(state Row, ev Event) (Row, error) { return d.apply(state, ev, false) }
 
 // apply folds ev into a copy of state or, with owned, into state itself;
 // state changes only once every value of the event has converted.
@@ -323,7 +335,7 @@ func (p *Projection) Constants() []Constant {
 			out = append(out, Constant{Column: c, Value: c.Default, Where: "default"})
 		}
 	}
-	if p.decl == nil || reflect.ValueOf(p.Fold).Pointer() != declFoldCode {
+	if p.foldKind() != foldDecl {
 		return out
 	}
 	for _, typ := range slices.Sorted(maps.Keys(p.decl.ops)) {
@@ -334,4 +346,16 @@ func (p *Projection) Constants() []Constant {
 		}
 	}
 	return out
+}
+
+// Compiled returns the fold compiled from p's file, whatever Fold holds:
+// nil for a projection defined in Go. A Go fold may wrap it.
+func (p *Projection) Compiled() FoldFunc {
+	switch p.kind {
+	case foldSnapshot:
+		return func(_ Row, ev Event) (Row, error) { return snapshotFolder{p}.apply(nil, ev) }
+	case foldDecl:
+		return func(state Row, ev Event) (Row, error) { return p.decl.apply(state, ev, false) }
+	}
+	return nil
 }

@@ -69,7 +69,7 @@ func BenchmarkSnapshotFold(b *testing.B) {
 			name = "new row"
 		}
 		b.Run(name, func(b *testing.B) {
-			row, err := p.Fold(nil, ev)
+			row, err := p.Apply(nil, ev)
 			if err != nil {
 				b.Fatal(err)
 			}
@@ -78,7 +78,7 @@ func BenchmarkSnapshotFold(b *testing.B) {
 				if owned {
 					row, err = p.FoldOwned(row, ev)
 				} else {
-					row, err = p.Fold(row, ev)
+					row, err = p.Apply(row, ev)
 				}
 				if err != nil {
 					b.Fatal(err)

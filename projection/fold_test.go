@@ -64,12 +64,12 @@ func copyRow(r projection.Row) projection.Row {
 	return c
 }
 
-// fold runs p.Fold and checks it leaves the input state alone, and that
+// fold runs p.Apply and checks it leaves the input state alone, and that
 // the event built with NewEvent, as the engine decodes it, folds the same.
 func fold(t *testing.T, p *projection.Projection, state projection.Row, ev projection.Event) (projection.Row, error) {
 	t.Helper()
 	before := copyRow(state)
-	row, err := p.Fold(state, ev)
+	row, err := p.Apply(state, ev)
 	if !reflect.DeepEqual(state, before) {
 		t.Errorf("fold of %s changed its input state: %v, was %v", ev.Type, state, before)
 	}
@@ -79,7 +79,7 @@ func fold(t *testing.T, p *projection.Projection, state projection.Row, ev proje
 		for i, n := range names {
 			values[i] = ev.Fields[n]
 		}
-		vrow, verr := p.Fold(state, projection.NewEvent(ev.Key, ev.Version, ev.Type, names, values))
+		vrow, verr := p.Apply(state, projection.NewEvent(ev.Key, ev.Version, ev.Type, names, values))
 		if !reflect.DeepEqual(vrow, row) || fmt.Sprint(verr) != fmt.Sprint(err) {
 			t.Errorf("fold of %s from values: row %v, error %v; from the map: row %v, error %v", ev.Type, vrow, verr, row, err)
 		}
@@ -301,12 +301,12 @@ func TestFoldDemo(t *testing.T) {
 	}
 	for i, ev := range steps {
 		ev.Key, ev.Version = "acc-1", int64(i+1)
-		if row, err = p.Fold(row, ev); err != nil {
+		if row, err = p.Apply(row, ev); err != nil {
 			t.Fatalf("v%d: %v", i+1, err)
 		}
 	}
 	wantRow(t, row, projection.Row{"account_id": "acc-1", "owner": "ann", "balance": int64(70), "opened_at": "2026-01-01T00:00:00Z"})
-	if row, err = p.Fold(row, projection.Event{Key: "acc-1", Version: 4, Type: "AccountClosed", Fields: map[string]any{}}); err != nil || row != nil {
+	if row, err = p.Apply(row, projection.Event{Key: "acc-1", Version: 4, Type: "AccountClosed", Fields: map[string]any{}}); err != nil || row != nil {
 		t.Errorf("AccountClosed: row %v, err %v; want a delete", row, err)
 	}
 }
@@ -558,7 +558,7 @@ func TestFoldReadsRow(t *testing.T) {
 	if p.FoldReadsRow() {
 		t.Error("a declarative snapshot projection reads rows")
 	}
-	snapshot := p.Fold
+	snapshot := p.Compiled()
 	p.Fold = func(r projection.Row, ev projection.Event) (projection.Row, error) { return snapshot(r, ev) }
 	if !p.FoldReadsRow() {
 		t.Error("a Go fold on a snapshot projection is taken not to read rows")
@@ -576,7 +576,7 @@ func TestReadsFieldsMap(t *testing.T) {
 		if p.ReadsFieldsMap() {
 			t.Errorf("%s projection: its compiled fold is taken to read Fields", p.Mode)
 		}
-		compiled := p.Fold
+		compiled := p.Compiled()
 		p.Fold = func(r projection.Row, ev projection.Event) (projection.Row, error) { return compiled(r, ev) }
 		if !p.ReadsFieldsMap() {
 			t.Errorf("%s projection with a Go fold: taken not to read Fields", p.Mode)
@@ -617,7 +617,7 @@ func TestFoldOwned(t *testing.T) {
 	var viaFold, owned projection.Row
 	for i, ev := range events {
 		ev.Key, ev.Version = "k", int64(i+1)
-		want, wantErr := p.Fold(viaFold, ev)
+		want, wantErr := p.Apply(viaFold, ev)
 		before := copyRow(owned)
 		got, err := p.FoldOwned(owned, ev)
 		if (err == nil) != (wantErr == nil) {
@@ -671,7 +671,7 @@ func TestSnapshotFoldOwned(t *testing.T) {
 	var owned projection.Row = present
 	for i, ev := range events {
 		ev.Key, ev.Version = "k", int64(i+1)
-		want, wantErr := p.Fold(nil, ev)
+		want, wantErr := p.Apply(nil, ev)
 		before := copyRow(owned)
 		got, err := p.FoldOwned(owned, ev)
 		if (err == nil) != (wantErr == nil) {

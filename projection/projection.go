@@ -3,7 +3,6 @@ package projection
 import (
 	"errors"
 	"fmt"
-	"reflect"
 	"slices"
 	"strings"
 	"time"
@@ -108,24 +107,29 @@ type Projection struct {
 	Topic string
 	Table string
 	// KeyField is the Avro field holding the aggregate id; its column is
-	// KeyColumn.
+	// KeyColumn (default: KeyField).
 	KeyField  string
 	KeyColumn string
-	// VersionField is the Avro long field with the aggregate version.
+	// VersionField is the Avro long field with the aggregate version
+	// (default "version").
 	VersionField string
 	// TypeField names the event type field (fold mode), "" if unused.
 	TypeField string
-	Mode      Mode
-	OnGap     GapPolicy
+	// Mode defaults to ModeFold, OnGap to GapHold.
+	Mode  Mode
+	OnGap GapPolicy
 	// Columns in table order, the key column first. The engine adds a
 	// "version bigint" column after them.
 	Columns []Column
 	// Schema optionally holds the reader schema (Avro JSON). Empty: the
 	// latest schema registered for "<topic>-value" is used.
 	Schema string
-	// Fold computes the new row. Declarative projections get one compiled
-	// from their events/columns; library users may set their own.
+	// Fold is a Go fold computing the new row. Nil in a projection parsed
+	// from a file, whose fold is compiled from its events or columns;
+	// setting it there replaces that fold. Apply folds with whichever
+	// the projection runs.
 	Fold FoldFunc
+	kind foldKind  // the fold compiled from a file, when Fold is nil
 	decl *declFold // the compiled fold of a fold-mode file (see FoldOwned)
 	// defaults: column name → its default as the file gives it (see
 	// SetTypes).
@@ -133,7 +137,7 @@ type Projection struct {
 	// DeleteTypes are event types that delete the row (besides tombstones).
 	DeleteTypes map[string]bool
 	// GapTimeout is how long events wait for a missing version before a
-	// repair is attempted (on_gap repair; default 30s).
+	// repair is attempted (on_gap repair; default DefaultGapTimeout).
 	GapTimeout time.Duration
 	// Repair configures the repair source of a declarative projection;
 	// library users may hand the engine a Repairer instead.
@@ -215,8 +219,13 @@ func IsTerminal(err error) bool {
 }
 
 // Validate checks a projection defined in code or loaded from a file. Its
-// errors name the projection and the field.
+// errors name the projection and the field. Fields left at their zero
+// value are given their defaults first: KeyColumn KeyField,
+// VersionField "version", Mode
+// ModeFold (a Go fold is one), OnGap GapHold and GapTimeout
+// DefaultGapTimeout.
 func (p *Projection) Validate() error {
+	p.setDefaults()
 	if p.Name == "" {
 		return errors.New("projection: name is required")
 	}
@@ -289,10 +298,35 @@ func (p *Projection) Validate() error {
 	if p.KeyColumn != p.Columns[0].Name {
 		return bad("key column %q is not the primary key column %q", p.KeyColumn, p.Columns[0].Name)
 	}
-	if p.Fold == nil {
+	if p.foldKind() == foldGo && p.Fold == nil {
 		return bad("no fold: set events (fold mode) or a Go fold function")
 	}
 	return nil
+}
+
+// DefaultGapTimeout is how long events wait for a missing version before
+// a repair is attempted, unless the projection says otherwise.
+const DefaultGapTimeout = 30 * time.Second
+
+// setDefaults gives the fields a projection may leave unset their
+// documented defaults, so that a projection defined in Go needs no more
+// than a file does.
+func (p *Projection) setDefaults() {
+	if p.KeyColumn == "" {
+		p.KeyColumn = p.KeyField
+	}
+	if p.VersionField == "" {
+		p.VersionField = "version"
+	}
+	if p.Mode == "" {
+		p.Mode = ModeFold
+	}
+	if p.OnGap == "" {
+		p.OnGap = GapHold
+	}
+	if p.GapTimeout == 0 {
+		p.GapTimeout = DefaultGapTimeout
+	}
 }
 
 // Column returns the column named name.
@@ -352,7 +386,7 @@ func (p *Projection) SetTypes(types []string) error {
 	if !changed {
 		return nil
 	}
-	if p.decl == nil || reflect.ValueOf(p.Fold).Pointer() != declFoldCode {
+	if p.decl == nil {
 		p.Columns = cols
 		return nil
 	}
@@ -363,6 +397,6 @@ func (p *Projection) SetTypes(types []string) error {
 		p.Columns = old
 		return fmt.Errorf("projection %q: %w", p.Name, err)
 	}
-	p.decl, p.Fold = decl, decl.fold
+	p.decl = decl
 	return nil
 }

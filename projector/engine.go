@@ -18,11 +18,11 @@ import (
 	"github.com/twmb/franz-go/pkg/kadm"
 	"github.com/twmb/franz-go/pkg/kerr"
 	"github.com/twmb/franz-go/pkg/kgo"
-	"github.com/twmb/franz-go/plugin/kprom"
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/projector-dev/projector/dlqpublish"
 	"github.com/projector-dev/projector/internal/backoff"
+	"github.com/projector-dev/projector/internal/kafkaclient"
 	"github.com/projector-dev/projector/partition"
 	"github.com/projector-dev/projector/projection"
 	"github.com/projector-dev/projector/repair"
@@ -69,7 +69,8 @@ type Config struct {
 	StartFrom string
 	// Partition tunes the partition workers (batch size and wait, buffer,
 	// retry backoff); its RetryBase and RetryCap also pace the engine's
-	// retries of claims and start offsets.
+	// retries of claims and start offsets. A nil ClassifyDecode is the
+	// engine's own, ClassifyDecode.
 	Partition partition.Config
 	// StateCacheRows is how many aggregates' rows each projection keeps in
 	// memory, so that a batch reads from Postgres only the aggregates it
@@ -174,6 +175,11 @@ func (c *Config) validate() error {
 		}
 		topics[p.Topic] = true
 	}
+	if c.Partition.ClassifyDecode == nil {
+		// Without it a registry that does not answer would dead-letter
+		// every record instead of being waited for.
+		c.Partition.ClassifyDecode = ClassifyDecode
+	}
 	switch c.StartFrom {
 	case "":
 		c.StartFrom = StartEarliest
@@ -264,16 +270,27 @@ type Engine struct {
 	byTopic   map[string]*projection.Projection
 	decoders  map[string]partition.Decoder
 	repairers map[string]partition.Repairer
-	closers   []func()
-	metrics   *partition.Metrics
-	group     *groupMetrics
-	log       *slog.Logger
+	// sqlRepairs are the SQL repair sources, whose pools Run opens.
+	sqlRepairs []sqlRepair
+	closers    []func()
+	metrics    *partition.Metrics
+	group      *groupMetrics
+	log        *slog.Logger
 
-	cl  *kgo.Client
-	adm *kadm.Client
+	// opts are the client's options, built by New; Run makes the client.
+	opts []kgo.Opt
+	cl   *kgo.Client
+	adm  *kadm.Client
 	// clientReady is closed once cl and adm are set: the group may call
 	// back before kgo.NewClient has returned.
 	clientReady chan struct{}
+
+	// ran is set by the first Run, stopped by the first Stop; endRun
+	// ends Run's context (all under mu). done is closed when Run has
+	// returned.
+	ran, stopped bool
+	endRun       context.CancelFunc
+	done         chan struct{}
 
 	runCtx context.Context
 	wg     sync.WaitGroup
@@ -363,7 +380,8 @@ type running struct {
 	done   chan struct{}
 }
 
-// New builds an engine. It does not connect until Run.
+// New builds an engine. It connects to nothing and starts no goroutine:
+// Run does both, and owns what it starts until it returns.
 func New(cfg Config, decoderOf Decoders) (*Engine, error) {
 	if err := cfg.validate(); err != nil {
 		return nil, err
@@ -380,6 +398,7 @@ func New(cfg Config, decoderOf Decoders) (*Engine, error) {
 		adopt:       map[sinks.TP]int64{},
 		now:         time.Now,
 		clientReady: make(chan struct{}),
+		done:        make(chan struct{}),
 	}
 	e.dead, _ = cfg.Store.(DeadLetterStore)
 	if budget := cfg.MemberMaxRecords; budget >= 0 {
@@ -408,10 +427,11 @@ func New(cfg Config, decoderOf Decoders) (*Engine, error) {
 		}
 		r, err := e.repairerOf(p)
 		if err != nil {
-			e.close()
 			return nil, err
 		}
-		e.repairers[p.Topic] = r
+		if r != nil { // nil: a SQL source, which Run opens
+			e.repairers[p.Topic] = r
+		}
 	}
 	if cfg.TracerProvider != nil {
 		e.cfg.Partition.Tracer = cfg.TracerProvider.Tracer("github.com/projector-dev/projector")
@@ -422,13 +442,11 @@ func New(cfg Config, decoderOf Decoders) (*Engine, error) {
 	cfg.Registerer.MustRegister(&lagCollector{e: e})
 
 	opts := []kgo.Opt{
-		kgo.SeedBrokers(cfg.Brokers...),
 		kgo.ConsumerGroup(cfg.Identity),
 		kgo.ConsumeTopics(topics...),
 		kgo.Balancers(kgo.CooperativeStickyBalancer()),
 		kgo.BlockRebalanceOnPoll(),
 		kgo.DisableAutoCommit(),
-		kgo.FetchIsolationLevel(kgo.ReadCommitted()),
 		// Transaction markers come through so the stored offset can move
 		// past them: otherwise a partition ending in a marker would show
 		// lag forever.
@@ -455,7 +473,6 @@ func New(cfg Config, decoderOf Decoders) (*Engine, error) {
 		kgo.OnPartitionsRevoked(e.revoked),
 		kgo.OnPartitionsLost(e.lost),
 		kgo.AdjustFetchOffsetsFn(e.claim),
-		kgo.WithHooks(kprom.NewMetrics("kgo", kprom.Registerer(cfg.Registerer))),
 	}
 	if cfg.SessionTimeout > 0 {
 		opts = append(opts, kgo.SessionTimeout(cfg.SessionTimeout), kgo.HeartbeatInterval(min(3*time.Second, cfg.SessionTimeout/3)))
@@ -463,16 +480,42 @@ func New(cfg Config, decoderOf Decoders) (*Engine, error) {
 	if cfg.InstanceID != "" {
 		opts = append(opts, kgo.InstanceID(cfg.InstanceID))
 	}
-	opts = append(opts, cfg.ClientOpts...)
-	cl, err := kgo.NewClient(opts...)
-	if err != nil {
-		e.close()
-		return nil, fmt.Errorf("kafka client: %w", err)
-	}
-	e.cl = cl
-	e.adm = kadm.NewClient(cl)
-	close(e.clientReady)
+	e.opts = kafkaclient.ConsumerOptions(kafkaclient.Config{Brokers: cfg.Brokers, Registerer: cfg.Registerer, Extra: cfg.ClientOpts}, opts...)
 	return e, nil
+}
+
+// ErrRunTwice is returned by a second Run: an engine runs once.
+var ErrRunTwice = errors.New("projector: Run called twice: build a new engine to run again")
+
+// Stop ends Run as the end of its context does and waits, until ctx
+// ends, for Run to return (Run itself waits at most ShutdownTimeout for
+// the workers). Calling it again, or on an engine that never ran, is
+// safe; a Run called after Stop returns at once.
+func (e *Engine) Stop(ctx context.Context) error {
+	e.mu.Lock()
+	e.stopped = true
+	ran, end := e.ran, e.endRun
+	e.mu.Unlock()
+	if !ran {
+		return nil
+	}
+	end()
+	select {
+	case <-e.done:
+		return nil
+	case <-ctx.Done():
+		return fmt.Errorf("stop: Run has not returned: %w", ctx.Err())
+	}
+}
+
+// client returns the engine's Kafka client, nil until Run has made it.
+func (e *Engine) client() *kgo.Client {
+	select {
+	case <-e.clientReady:
+		return e.cl
+	default:
+		return nil
+	}
 }
 
 // Run consumes until ctx ends, then stops fetching, lets every worker
@@ -484,8 +527,40 @@ func (e *Engine) Run(ctx context.Context) error {
 	runCtx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	e.mu.Lock()
+	if e.ran {
+		e.mu.Unlock()
+		return ErrRunTwice
+	}
+	e.ran, e.endRun = true, cancel
+	stopped := e.stopped
 	e.runCtx = runCtx
 	e.mu.Unlock()
+	defer close(e.done)
+	if stopped {
+		return nil
+	}
+	for _, r := range e.sqlRepairs {
+		pool, err := pgxpool.NewWithConfig(runCtx, r.pool)
+		if err != nil {
+			e.close()
+			return fmt.Errorf("projection %q: repair.sql.database_url: %w", r.projection, err)
+		}
+		e.closers = append(e.closers, pool.Close)
+		rep, err := repair.NewSQL(pool, repair.SQLConfig{Query: r.query})
+		if err != nil {
+			e.close()
+			return fmt.Errorf("projection %q: repair.sql: %w", r.projection, err)
+		}
+		e.repairers[r.topic] = rep
+	}
+	cl, err := kgo.NewClient(e.opts...)
+	if err != nil {
+		e.close()
+		return fmt.Errorf("kafka client: %w", err)
+	}
+	e.cl = cl
+	e.adm = kadm.NewClient(cl)
+	close(e.clientReady)
 	defer func() {
 		e.stopAll(e.cfg.ShutdownTimeout)
 		// A poll may have returned records without letting the group
@@ -1132,7 +1207,9 @@ func (e *Engine) Workers() []partition.Status {
 // answers, with one entry per check.
 func (e *Engine) Ready(ctx context.Context) map[string]error {
 	checks := map[string]error{}
-	if _, gen := e.cl.GroupMetadata(); gen < 0 {
+	if cl := e.client(); cl == nil {
+		checks["group"] = errors.New("not running")
+	} else if _, gen := cl.GroupMetadata(); gen < 0 {
 		checks["group"] = errors.New("not joined to the consumer group yet")
 	} else {
 		checks["group"] = nil
@@ -1157,8 +1234,9 @@ func (e *Engine) Ready(ctx context.Context) map[string]error {
 	return checks
 }
 
-// Client is the engine's Kafka client (for admin calls; do not poll it).
-func (e *Engine) Client() *kgo.Client { return e.cl }
+// Client is the engine's Kafka client (for admin calls; do not poll it),
+// nil until Run has made it; Run closes it when it returns.
+func (e *Engine) Client() *kgo.Client { return e.client() }
 
 // retryPolicy is the backoff of the engine's own database work (claims,
 // start offsets): the partitions' --retry-base and --retry-cap, so that one
@@ -1211,7 +1289,8 @@ func ClassifyDecode(err error) partition.Class {
 	return partition.Transient
 }
 
-// repairerOf returns the repair source of a projection with on_gap repair.
+// repairerOf returns the repair source of a projection with on_gap repair:
+// nil for a SQL source, which it checks and Run opens.
 func (e *Engine) repairerOf(p *projection.Projection) (partition.Repairer, error) {
 	if r := e.cfg.Repairers[p.Name]; r != nil {
 		return r, nil
@@ -1227,16 +1306,23 @@ func (e *Engine) repairerOf(p *projection.Projection) (partition.Repairer, error
 		}
 		return r, nil
 	}
-	pool, err := pgxpool.New(context.Background(), spec.SQLDatabaseURL)
+	pc, err := pgxpool.ParseConfig(spec.SQLDatabaseURL)
 	if err != nil {
 		return nil, fmt.Errorf("projection %q: repair.sql.database_url: %w", p.Name, err)
 	}
-	e.closers = append(e.closers, pool.Close)
-	r, err := repair.NewSQL(pool, repair.SQLConfig{Query: spec.SQLQuery})
-	if err != nil {
-		return nil, fmt.Errorf("projection %q: repair.sql: %w", p.Name, err)
+	if strings.TrimSpace(spec.SQLQuery) == "" {
+		return nil, fmt.Errorf("projection %q: repair.sql: query is required", p.Name)
 	}
-	return r, nil
+	// The pool connects, so Run opens it.
+	e.sqlRepairs = append(e.sqlRepairs, sqlRepair{topic: p.Topic, projection: p.Name, pool: pc, query: spec.SQLQuery})
+	return nil, nil
+}
+
+// sqlRepair is a SQL repair source New has checked and Run opens.
+type sqlRepair struct {
+	topic, projection string
+	pool              *pgxpool.Config
+	query             string
 }
 
 func (e *Engine) close() {

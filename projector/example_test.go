@@ -5,14 +5,13 @@ import (
 	"errors"
 	"log/slog"
 	"os"
+	"os/signal"
 
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/twmb/franz-go/pkg/sr"
 
-	"github.com/projector-dev/projector/partition"
 	"github.com/projector-dev/projector/projection"
 	"github.com/projector-dev/projector/projector"
-	"github.com/projector-dev/projector/schemas"
 	"github.com/projector-dev/projector/sinks/postgres"
 )
 
@@ -40,18 +39,17 @@ func balanceFold(state projection.Row, ev projection.Event) (projection.Row, err
 	return row, nil
 }
 
-// balances is a projection defined in code, with a Go fold.
+// balances is a projection defined in code, with a Go fold. What it
+// leaves out takes its default: the key column is named after the key
+// field, the version is in field "version", a version beyond the next
+// waits for the missing ones.
 func balances() *projection.Projection {
 	return &projection.Projection{
-		Name:         "balances",
-		Topic:        "accounts.events",
-		Table:        "balances",
-		KeyField:     "account_id",
-		KeyColumn:    "account_id",
-		VersionField: "version",
-		TypeField:    "type",
-		Mode:         projection.ModeFold,
-		OnGap:        projection.GapHold,
+		Name:      "balances",
+		Topic:     "accounts.events",
+		Table:     "balances",
+		KeyField:  "account_id",
+		TypeField: "type",
 		Columns: []projection.Column{
 			{Name: "account_id", Type: "text", PrimaryKey: true},
 			{Name: "balance", Type: "bigint"},
@@ -62,9 +60,12 @@ func balances() *projection.Projection {
 }
 
 // A program that imports the engine as a library registers a Go fold by
-// putting it in a projection, then runs the engine until its context ends.
+// putting it in a projection, then runs the engine until its context ends
+// (Stop ends it too). It needs a Kafka cluster, a schema registry and
+// Postgres at the addresses it names, so it is compiled but not run.
 func Example_goFold() {
-	ctx := context.Background()
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt)
+	defer stop()
 	pool, err := pgxpool.New(ctx, "postgres://postgres@127.0.0.1:5432/test?sslmode=disable")
 	if err != nil {
 		panic(err)
@@ -77,7 +78,7 @@ func Example_goFold() {
 	if err := postgres.Migrate(ctx, pool, p); err != nil {
 		panic(err)
 	}
-	reader, err := schemas.ReaderSchema(ctx, registry, p.Schema, p.Topic+"-value")
+	decoders, err := projector.RegistryDecoders(ctx, registry, p)
 	if err != nil {
 		panic(err)
 	}
@@ -85,12 +86,9 @@ func Example_goFold() {
 		Brokers:     []string{"127.0.0.1:9092"},
 		Identity:    "balances",
 		Projections: []*projection.Projection{p},
-		Partition:   partition.Config{ClassifyDecode: projector.ClassifyDecode},
 		Logger:      slog.New(slog.NewJSONHandler(os.Stderr, nil)),
 		Store:       postgres.NewStore(pool),
-	}, func(*projection.Projection) partition.Decoder {
-		return schemas.NewDecoder(registry, reader)
-	})
+	}, decoders)
 	if err != nil {
 		panic(err)
 	}

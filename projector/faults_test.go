@@ -142,6 +142,31 @@ func TestRegistryOutage(t *testing.T) {
 	f.verify(t, "outage")
 }
 
+// TestRegistryOutageDefaultClassifier leaves Partition.ClassifyDecode
+// unset, as a library user would: the engine's own classifier must make
+// records wait for the registry, not dead-letter them.
+func TestRegistryOutageDefaultClassifier(t *testing.T) {
+	opts := demo.DefaultOptions()
+	opts.Aggregates = 200
+	f := faultSetup(t, opts, 2)
+	f.produce(t, f.records)
+	f.down.Store(true)
+	reg := prometheus.NewRegistry()
+	e := f.engine(t, "outage-default", projector.Config{
+		Partition:  partition.Config{RetryBase: 5 * time.Millisecond, RetryCap: 100 * time.Millisecond},
+		Registerer: reg,
+	})
+	run(t, e)
+	testenv.WaitFor(t, 20*time.Second, testenv.Holds("retries while the registry is down", func() bool {
+		return counter(t, reg, "projector_retries_total") >= 10
+	}))
+	if n := deadLetters(t, f.db.Pool); n != 0 {
+		t.Fatalf("%d dead letters while the registry was down", n)
+	}
+	f.down.Store(false)
+	f.verify(t, "outage-default") // the fold's rows and dead letters, no more
+}
+
 // verifyPart waits for the committed end and compares with the fold of
 // records only.
 func (b *bundle) verifyPart(t *testing.T, identity string, records []demo.Record) {

@@ -12,8 +12,8 @@ import (
 
 	"github.com/peterbourgon/ff/v3/ffcli"
 	"github.com/twmb/franz-go/pkg/kadm"
-	"github.com/twmb/franz-go/pkg/kgo"
 
+	"github.com/projector-dev/projector/internal/kafkaclient"
 	"github.com/projector-dev/projector/projection"
 	"github.com/projector-dev/projector/sinks"
 	"github.com/projector-dev/projector/sinks/postgres"
@@ -200,7 +200,7 @@ func (c *common) admin() (*kadm.Client, func(), error) {
 	if err != nil {
 		return nil, nil, err
 	}
-	cl, err := kgo.NewClient(kgo.SeedBrokers(brokers...))
+	cl, err := kafkaclient.New(kafkaclient.Config{Brokers: brokers})
 	if err != nil {
 		return nil, nil, fmt.Errorf("--brokers: %w", err)
 	}

@@ -24,6 +24,7 @@ import (
 
 	"github.com/projector-dev/projector/deadletters"
 	"github.com/projector-dev/projector/internal/demo"
+	"github.com/projector-dev/projector/internal/kafkaclient"
 	"github.com/projector-dev/projector/internal/redact"
 	"github.com/projector-dev/projector/outbox"
 	"github.com/projector-dev/projector/partition"
@@ -123,7 +124,7 @@ func runDemo(ctx context.Context, f *demoFlags, stdout, stderr io.Writer) error 
 	say("stream     %d records over %d accounts: %d duplicates, %d stuck behind a missing version, %d poison pills, v1 and v2 writer schemas",
 		len(records), f.aggregates, exp.Stale, exp.Parked, exp.Poison)
 
-	producer, err := kgo.NewClient(kgo.SeedBrokers(cluster.ListenAddrs()...), kgo.ProducerLinger(5*time.Millisecond))
+	producer, err := kafkaclient.New(kafkaclient.Config{Brokers: cluster.ListenAddrs()}, kgo.ProducerLinger(5*time.Millisecond))
 	if err != nil {
 		return err
 	}
@@ -135,7 +136,7 @@ func runDemo(ctx context.Context, f *demoFlags, stdout, stderr io.Writer) error 
 	if err != nil {
 		return err
 	}
-	relayClient, err := kgo.NewClient(kgo.SeedBrokers(cluster.ListenAddrs()...), kgo.ProducerLinger(2*time.Millisecond))
+	relayClient, err := kafkaclient.New(kafkaclient.Config{Brokers: cluster.ListenAddrs()}, kgo.ProducerLinger(2*time.Millisecond))
 	if err != nil {
 		return err
 	}
@@ -165,7 +166,7 @@ func runDemo(ctx context.Context, f *demoFlags, stdout, stderr io.Writer) error 
 			Brokers:     cluster.ListenAddrs(),
 			Identity:    identity,
 			Projections: projs,
-			Partition:   partition.Config{BatchMaxRecords: 2000, ClassifyDecode: projector.ClassifyDecode},
+			Partition:   partition.Config{BatchMaxRecords: 2000},
 			Logger:      log.With("member", name),
 			Registerer:  m.metrics,
 			Store:       postgres.NewStore(pool),

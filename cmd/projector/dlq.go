@@ -23,6 +23,7 @@ import (
 
 	"github.com/projector-dev/projector/deadletters"
 	"github.com/projector-dev/projector/dlqpublish"
+	"github.com/projector-dev/projector/internal/kafkaclient"
 	"github.com/projector-dev/projector/internal/redact"
 	"github.com/projector-dev/projector/schemas"
 	"github.com/projector-dev/projector/sinks"
@@ -447,7 +448,7 @@ func dlqReplayCommand(stdout, stderr io.Writer) *ffcli.Command {
 				}
 				return tw.Flush()
 			}
-			cl, err := kgo.NewClient(kgo.SeedBrokers(brokers...), kgo.RecordPartitioner(kgo.ManualPartitioner()))
+			cl, err := kafkaclient.New(kafkaclient.Config{Brokers: brokers}, kgo.RecordPartitioner(kgo.ManualPartitioner()))
 			if err != nil {
 				return fmt.Errorf("--brokers: %w", err)
 			}

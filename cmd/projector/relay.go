@@ -10,8 +10,8 @@ import (
 
 	"github.com/peterbourgon/ff/v3/ffcli"
 	"github.com/twmb/franz-go/pkg/kgo"
-	"github.com/twmb/franz-go/plugin/kprom"
 
+	"github.com/projector-dev/projector/internal/kafkaclient"
 	"github.com/projector-dev/projector/outbox"
 )
 
@@ -55,11 +55,9 @@ func relayCommand(_, stderr io.Writer) *ffcli.Command {
 			// franz-go's defaults make the producer idempotent with acks
 			// from all in-sync replicas; the relay waits for every batch's
 			// acknowledgements, so lingering would only add latency.
-			cl, err := kgo.NewClient(
-				kgo.SeedBrokers(brokers...),
+			cl, err := kafkaclient.New(kafkaclient.Config{Brokers: brokers, Registerer: metrics},
 				kgo.RequiredAcks(kgo.AllISRAcks()),
 				kgo.ProducerLinger(0),
-				kgo.WithHooks(kprom.NewMetrics("kgo", kprom.Registerer(metrics))),
 			)
 			if err != nil {
 				return fmt.Errorf("--brokers: %w", err)

@@ -349,7 +349,6 @@ func newEngine(f *runFlags, brokers []string, projs []*projection.Projection, re
 			BatchMaxRecords:  f.batchMaxRecords,
 			BatchMaxWait:     f.batchMaxWait,
 			CommitMaxBatches: f.commitMax,
-			ClassifyDecode:   projector.ClassifyDecode,
 			MaxAttempts:      f.maxAttempts,
 			MaxRecordBytes:   f.maxRecordBytes,
 			RetryBase:        f.retryBase,

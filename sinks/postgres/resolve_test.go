@@ -233,7 +233,7 @@ func TestMigrateChecksDefaults(t *testing.T) {
 			t.Fatalf("migrate: %v", err)
 		}
 		// The fold now holds the defaults in the resolved types' kinds.
-		row, err := p.Fold(nil, projection.Event{Key: "a", Version: 1, Type: "Deposited", Fields: map[string]any{"amount": int64(5)}})
+		row, err := p.Apply(nil, projection.Event{Key: "a", Version: 1, Type: "Deposited", Fields: map[string]any{"amount": int64(5)}})
 		if err != nil {
 			t.Fatalf("fold: %v", err)
 		}

@@ -39,7 +39,7 @@ func demoProjection(t *testing.T) *projection.Projection {
 // reads and caches p's rows (it does not for a declarative snapshot
 // projection, whose fold builds rows from the event alone).
 func readingRows(p *projection.Projection) *projection.Projection {
-	fold := p.Fold
+	fold := p.Compiled()
 	p.Fold = func(r projection.Row, ev projection.Event) (projection.Row, error) { return fold(r, ev) }
 	return p
 }
@@ -617,7 +617,7 @@ func TestCommitBatchUpsertRoundTrip(t *testing.T) {
 	var ups []sinks.RowWrite
 	rows := map[string]projection.Row{}
 	for _, ev := range events {
-		row, err := p.Fold(nil, ev)
+		row, err := p.Apply(nil, ev)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -804,7 +804,7 @@ func TestCommitBatchBigintKey(t *testing.T) {
 	p := readingRows(parseOne(t, bigintKeyYAML))
 	e := newEnv(t, p)
 	c := e.claim(0)
-	row, err := p.Fold(nil, projection.Event{Key: "42", Version: 1, Fields: map[string]any{"note": "hi"}})
+	row, err := p.Apply(nil, projection.Event{Key: "42", Version: 1, Fields: map[string]any{"note": "hi"}})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -46,7 +46,7 @@ func Projection() *projection.Projection {
 	p := ps[0]
 	// A fold that reads rows, so that every sink hands the plan whole
 	// rows rather than empty ones that only say a row exists.
-	fold := p.Fold
+	fold := p.Compiled()
 	p.Fold = func(r projection.Row, ev projection.Event) (projection.Row, error) { return fold(r, ev) }
 	return p
 }

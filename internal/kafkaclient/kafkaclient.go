@@ -1,0 +1,46 @@
+// Package kafkaclient is the one place the options of projector's Kafka
+// clients are built (the engine's consumer, the relay's and the dead-letter
+// replay's producers, the admin commands' clients), so that what every
+// client needs to reach a cluster, such as TLS or SASL, is added once.
+package kafkaclient
+
+import (
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/twmb/franz-go/pkg/kgo"
+	"github.com/twmb/franz-go/plugin/kprom"
+)
+
+// Config is what every client of one process shares.
+type Config struct {
+	// Brokers are the seed brokers.
+	Brokers []string
+	// Registerer, when set, receives the client's metrics (namespace kgo).
+	Registerer prometheus.Registerer
+	// Extra are further options (TLS, SASL, timeouts), applied last so
+	// that they override the ones a role sets.
+	Extra []kgo.Opt
+}
+
+// Options returns the options of a client with role's options: c's
+// brokers and metrics, then role, then c.Extra.
+func Options(c Config, role ...kgo.Opt) []kgo.Opt {
+	opts := []kgo.Opt{kgo.SeedBrokers(c.Brokers...)}
+	if c.Registerer != nil {
+		opts = append(opts, kgo.WithHooks(kprom.NewMetrics("kgo", kprom.Registerer(c.Registerer))))
+	}
+	opts = append(opts, role...)
+	return append(opts, c.Extra...)
+}
+
+// ConsumerOptions is Options for a consumer, which reads only committed
+// records: an aborted transaction's records must never reach a table.
+func ConsumerOptions(c Config, role ...kgo.Opt) []kgo.Opt {
+	return Options(c, append([]kgo.Opt{kgo.FetchIsolationLevel(kgo.ReadCommitted())}, role...)...)
+}
+
+// New returns a client with Options(c, role...). Like kgo.NewClient it
+// does not wait for a broker, but it starts the client's goroutines: the
+// caller closes it.
+func New(c Config, role ...kgo.Opt) (*kgo.Client, error) {
+	return kgo.NewClient(Options(c, role...)...)
+}
