@@ -198,6 +198,17 @@ func (s *started) running(t *testing.T) {
 	}
 }
 
+// hasExited reports whether the command has returned.
+func (s *started) hasExited() bool {
+	select {
+	case err := <-s.done:
+		s.done <- err
+		return true
+	default:
+		return false
+	}
+}
+
 // exited returns the command's error once it returned; it fails the test
 // if the command is still running after timeout.
 func (s *started) exited(t *testing.T, timeout time.Duration) error {

@@ -94,6 +94,18 @@ func (s *PGServer) Restart(t testing.TB) {
 	s.ctl(t, "restart", "-m", "fast")
 }
 
+// Stop stops the server with a fast shutdown; Start starts it again.
+func (s *PGServer) Stop(t testing.TB) {
+	t.Helper()
+	s.ctl(t, "stop", "-m", "fast")
+}
+
+// Start starts a server that Stop stopped.
+func (s *PGServer) Start(t testing.TB) {
+	t.Helper()
+	s.ctl(t, "start")
+}
+
 func (s *PGServer) ctl(t testing.TB, action string, args ...string) {
 	t.Helper()
 	if err := s.pgctl(action, args...); err != nil {
