@@ -15,6 +15,7 @@ import (
 	"time"
 
 	"github.com/projector-dev/projector/internal/bench"
+	"github.com/projector-dev/projector/internal/cliflag"
 	"github.com/projector-dev/projector/partition"
 	"github.com/projector-dev/projector/projector"
 	"github.com/projector-dev/projector/sinks/postgres"
@@ -39,7 +40,7 @@ type benchFlags struct {
 	commitMax       int
 	memberMax       int
 	stateCacheRows  int
-	stateCacheBytes byteSize
+	stateCacheBytes cliflag.ByteSize
 	batchMaxWait    time.Duration
 	copyConns       int
 	profileDir      string
@@ -112,8 +113,8 @@ func runBench(ctx context.Context, f *benchFlags, stdout, stderr io.Writer) erro
 		Events: f.events, Partitions: f.partitions, Skew: f.skew, Reorder: f.reorder, ValueBytes: f.valueBytes, Runs: f.runs,
 		DatabaseURL: f.databaseURL, TimeLimit: f.timeLimit, FreshFor: f.freshFor,
 		BatchMaxRecords: f.batchMaxRecords, BatchMaxWait: f.batchMaxWait, CommitMaxBatches: f.commitMax, CopyConns: f.copyConns,
-		MemberMaxRecords: offFlag(f.memberMax),
-		StateCacheRows:   offFlag(f.stateCacheRows), StateCacheBytes: cacheBytes(f.stateCacheBytes),
+		MemberMaxRecords: cliflag.Off(f.memberMax),
+		StateCacheRows:   cliflag.Off(f.stateCacheRows), StateCacheBytes: cliflag.CacheBytes(f.stateCacheBytes),
 		ProfileDir: f.profileDir, KeepSchemas: f.keepSchemas, LogLevel: f.logLevel,
 		Spawn: benchSpawn, Log: stderr, ChildStderr: stderr,
 	}

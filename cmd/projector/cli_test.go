@@ -16,6 +16,7 @@ import (
 
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/projector-dev/projector/internal/cliflag"
 	"github.com/projector-dev/projector/internal/demo"
 	"github.com/projector-dev/projector/internal/testenv"
 )
@@ -125,7 +126,7 @@ func TestBadInputStopsWithAClearMessage(t *testing.T) {
 // Sizes take the units operators write.
 func TestByteSizeFlag(t *testing.T) {
 	for in, want := range map[string]int64{"268435456": 256 << 20, "256MiB": 256 << 20, "256 MiB": 256 << 20, "1GiB": 1 << 30, "300MB": 300_000_000, "0": 0} {
-		var b byteSize
+		var b cliflag.ByteSize
 		if err := b.Set(in); err != nil || int64(b) != want {
 			t.Errorf("%q: got %d, %v; want %d", in, b, err, want)
 		}

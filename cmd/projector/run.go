@@ -22,6 +22,7 @@ import (
 	"golang.org/x/sync/errgroup"
 
 	"github.com/projector-dev/projector/internal/backoff"
+	"github.com/projector-dev/projector/internal/cliflag"
 	"github.com/projector-dev/projector/partition"
 	"github.com/projector-dev/projector/projection"
 	"github.com/projector-dev/projector/projector"
@@ -44,7 +45,7 @@ type runFlags struct {
 	commitMax       int
 	stateCacheRows  int
 	memberMax       int
-	stateCacheBytes byteSize
+	stateCacheBytes cliflag.ByteSize
 	batchMaxWait    time.Duration
 	revokeTimeout   time.Duration
 	shutdownTimeout time.Duration
@@ -356,9 +357,9 @@ func newEngine(f *runFlags, brokers []string, projs []*projection.Projection, re
 			UnreadyAfter:     f.unreadyAfter,
 			StallAfter:       f.stallAfter,
 		},
-		MemberMaxRecords: offFlag(f.memberMax),
-		StateCacheRows:   offFlag(f.stateCacheRows),
-		StateCacheBytes:  cacheBytes(f.stateCacheBytes),
+		MemberMaxRecords: cliflag.Off(f.memberMax),
+		StateCacheRows:   cliflag.Off(f.stateCacheRows),
+		StateCacheBytes:  cliflag.CacheBytes(f.stateCacheBytes),
 		DLQTopic:         f.dlqTopic,
 		OnOffsetLost:     f.onOffsetLost,
 		RevokeTimeout:    f.revokeTimeout,
@@ -373,23 +374,4 @@ func newEngine(f *runFlags, brokers []string, projs []*projection.Projection, re
 		// Only the fields the projection reads are decoded.
 		return schemas.NewDecoder(reg, schemas.Prune(readers[p.Name], p.ReadFields()))
 	})
-}
-
-// offFlag maps a flag whose 0 turns its feature off (--state-cache-rows,
-// --member-max-records) to the projector.Config field, where 0 means the
-// default and a negative value off.
-func offFlag(flag int) int {
-	if flag == 0 {
-		return -1
-	}
-	return flag
-}
-
-// cacheBytes maps the --state-cache-bytes flag (0: off) to
-// projector.Config.StateCacheBytes (0: the default, negative: off).
-func cacheBytes(flag byteSize) int64 {
-	if flag == 0 {
-		return -1
-	}
-	return int64(flag)
 }

@@ -1,0 +1,50 @@
+// Package cliflag holds the flag values projector's commands share, so
+// that `projector run` and the benchmark read sizes and "0: off" flags the
+// same way.
+package cliflag
+
+import (
+	"errors"
+	"fmt"
+	"math"
+
+	"github.com/dustin/go-humanize"
+)
+
+// ByteSize is a flag of a size in bytes, written with or without a unit:
+// 268435456, 256MiB, 256 MiB, 300MB.
+type ByteSize int64
+
+func (b *ByteSize) String() string { return humanize.IBytes(uint64(*b)) }
+
+// Set parses s as a size in bytes.
+func (b *ByteSize) Set(s string) error {
+	n, err := humanize.ParseBytes(s)
+	if err != nil {
+		return errors.New("want a size in bytes, with or without a unit, such as 256MiB")
+	}
+	if n > math.MaxInt64 {
+		return fmt.Errorf("%s: too large", s)
+	}
+	*b = ByteSize(n)
+	return nil
+}
+
+// Off maps a flag whose 0 turns its feature off (--state-cache-rows,
+// --member-max-records) to the engine's setting, where 0 means the default
+// and a negative value off.
+func Off(flag int) int {
+	if flag == 0 {
+		return -1
+	}
+	return flag
+}
+
+// CacheBytes maps the --state-cache-bytes flag (0: off) to the engine's
+// StateCacheBytes (0: the default, negative: off).
+func CacheBytes(flag ByteSize) int64 {
+	if flag == 0 {
+		return -1
+	}
+	return int64(flag)
+}
