@@ -130,47 +130,7 @@ func TestCrashRecovery(t *testing.T) {
 
 	// Kill after every eighth of the stream has been committed since the
 	// last start, so each kill lands mid-stream with batches in flight.
-	total := int64(len(records))
-	var last int64
-	for kills := 0; kills < 4; kills++ {
-		c := startChild(t, args...)
-		target := last + total/8
-		testenv.WaitFor(t, time.Minute, func() error {
-			select {
-			case err := <-c.done:
-				t.Fatalf("projector exited early: %v\n%s", err, c.stderr)
-			default:
-			}
-			n, done, err := demo.Committed(ctx, db.Pool, "crash", demo.Topic, end)
-			if err != nil {
-				t.Fatal(err)
-			}
-			if n >= target || done {
-				last = n
-				return nil
-			}
-			return fmt.Errorf("no progress to %d committed records (at %d); child stderr:\n%s", target, n, c.stderr)
-		})
-		c.kill(t)
-		t.Logf("kill %d at %d of %d records committed", kills+1, last, total)
-	}
-	if last >= total {
-		t.Fatalf("the stream was fully committed before the last kill; the test did not crash mid-stream")
-	}
-
-	c := startChild(t, args...)
-	wctx, cancel := context.WithTimeout(ctx, 2*time.Minute)
-	defer cancel()
-	if err := demo.WaitCommitted(wctx, db.Pool, "crash", demo.Topic, end, nil); err != nil {
-		t.Fatalf("%v\nchild stderr:\n%s", err, c.stderr)
-	}
-	if err := c.cmd.Process.Signal(syscall.SIGTERM); err != nil {
-		t.Fatal(err)
-	}
-	if err := <-c.done; err != nil {
-		t.Errorf("projector did not stop cleanly on SIGTERM: %v\n%s", err, c.stderr)
-	}
-	c.done <- nil
+	crashAndFinish(t, db, args, "crash", end, int64(len(records)), 4)
 
 	out.Reset()
 	if err := Main(ctx, []string{"status", "--json", "--brokers", cluster.ListenAddrs()[0], "--database-url", db.URL, "--identity", "crash"}, &out, &out); err != nil {
@@ -209,4 +169,54 @@ func TestCrashRecovery(t *testing.T) {
 	if dead != exp.Poison || deadRows != exp.Poison {
 		t.Errorf("dead letters: %d distinct offsets in %d rows; want %d poison pills, each once", dead, deadRows, exp.Poison)
 	}
+}
+
+// crashAndFinish runs `projector run` with args as a child process, kills
+// it with SIGKILL kills times, each after another kills-th of the total
+// records (by the end offsets end) has been committed since the last start,
+// then runs it once more until everything is committed and stops it with
+// SIGTERM, which it must obey cleanly.
+func crashAndFinish(t *testing.T, db *testenv.DB, args []string, identity string, end map[int32]int64, total int64, kills int) {
+	t.Helper()
+	ctx := t.Context()
+	var last int64
+	for k := 0; k < kills; k++ {
+		c := startChild(t, args...)
+		target := last + total/int64(kills*2)
+		testenv.WaitFor(t, time.Minute, func() error {
+			select {
+			case err := <-c.done:
+				t.Fatalf("projector exited early: %v\n%s", err, c.stderr)
+			default:
+			}
+			n, done, err := demo.Committed(ctx, db.Pool, identity, demo.Topic, end)
+			if err != nil {
+				return err
+			}
+			if n < target && !done {
+				return fmt.Errorf("no progress to %d committed records (at %d); child stderr:\n%s", target, n, c.stderr)
+			}
+			last = n
+			return nil
+		})
+		c.kill(t)
+		t.Logf("kill %d at %d of %d records committed", k+1, last, total)
+	}
+	if last >= total {
+		t.Fatalf("the stream was fully committed before the last kill; the test did not crash mid-stream")
+	}
+
+	c := startChild(t, args...)
+	wctx, cancel := context.WithTimeout(ctx, 2*time.Minute)
+	defer cancel()
+	if err := demo.WaitCommitted(wctx, db.Pool, identity, demo.Topic, end, nil); err != nil {
+		t.Fatalf("%v\nchild stderr:\n%s", err, c.stderr)
+	}
+	if err := c.cmd.Process.Signal(syscall.SIGTERM); err != nil {
+		t.Fatal(err)
+	}
+	if err := <-c.done; err != nil {
+		t.Errorf("projector did not stop cleanly on SIGTERM: %v\n%s", err, c.stderr)
+	}
+	c.done <- nil
 }

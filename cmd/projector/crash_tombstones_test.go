@@ -2,13 +2,9 @@ package main
 
 import (
 	"bytes"
-	"context"
-	"fmt"
 	"os"
 	"path/filepath"
-	"syscall"
 	"testing"
-	"time"
 
 	"github.com/twmb/franz-go/pkg/kadm"
 	"github.com/twmb/franz-go/pkg/kgo"
@@ -72,47 +68,7 @@ func TestCrashRecoveryWithTombstones(t *testing.T) {
 				t.Fatalf("migrate: %v\n%s", err, &out)
 			}
 
-			total := int64(len(records))
-			var last int64
-			for kills := 0; kills < 2; kills++ {
-				c := startChild(t, args...)
-				target := last + total/4
-				testenv.WaitFor(t, time.Minute, func() error {
-					select {
-					case err := <-c.done:
-						t.Fatalf("projector exited early: %v\n%s", err, c.stderr)
-					default:
-					}
-					n, done, err := demo.Committed(ctx, db.Pool, "crash", demo.Topic, end)
-					if err != nil {
-						return err
-					}
-					if n < target && !done {
-						return fmt.Errorf("%d records committed, waiting for %d", n, target)
-					}
-					last = n
-					return nil
-				})
-				c.kill(t)
-				t.Logf("kill %d at %d of %d records committed", kills+1, last, total)
-			}
-			if last >= total {
-				t.Fatalf("the stream was fully committed before the last kill; the test did not crash mid-stream")
-			}
-
-			c := startChild(t, args...)
-			wctx, cancel := context.WithTimeout(ctx, 2*time.Minute)
-			defer cancel()
-			if err := demo.WaitCommitted(wctx, db.Pool, "crash", demo.Topic, end, nil); err != nil {
-				t.Fatalf("%v\nchild stderr:\n%s", err, c.stderr)
-			}
-			if err := c.cmd.Process.Signal(syscall.SIGTERM); err != nil {
-				t.Fatal(err)
-			}
-			if err := <-c.done; err != nil {
-				t.Errorf("projector did not stop cleanly on SIGTERM: %v\n%s", err, c.stderr)
-			}
-			c.done <- nil
+			crashAndFinish(t, db, args, "crash", end, int64(len(records)), 2)
 
 			exp := demo.Fold(records)
 			if mode == "fold" {
