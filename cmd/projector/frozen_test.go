@@ -2,12 +2,10 @@ package main
 
 import (
 	"context"
-	"encoding/json"
 	"fmt"
 	"math/rand/v2"
 	"net/url"
 	"os"
-	"os/exec"
 	"strings"
 	"syscall"
 	"testing"
@@ -19,37 +17,8 @@ import (
 	"github.com/projector-dev/projector/internal/testenv"
 )
 
-// process is a projector process started from this test binary, its
-// stderr readable while it runs.
-type process struct {
-	cmd    *exec.Cmd
-	stderr *syncBuffer
-	done   chan error
-}
-
-func startProcess(t *testing.T, args ...string) *process {
-	t.Helper()
-	raw, err := json.Marshal(args)
-	if err != nil {
-		t.Fatal(err)
-	}
-	cmd := exec.Command(os.Args[0], "-test.run=^$")
-	cmd.Env = append(os.Environ(), childEnv+"="+string(raw))
-	p := &process{cmd: cmd, stderr: &syncBuffer{}, done: make(chan error, 1)}
-	cmd.Stderr = p.stderr
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	go func() { p.done <- cmd.Wait() }()
-	t.Cleanup(func() {
-		_ = cmd.Process.Kill() // a stopped process dies of SIGKILL too
-		<-p.done
-	})
-	return p
-}
-
 // stopped reports whether the process is stopped by a signal.
-func (p *process) stopped() bool {
+func (p *child) stopped() bool {
 	stat, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", p.cmd.Process.Pid))
 	if err != nil {
 		return false
@@ -109,7 +78,7 @@ func TestFrozenOwnerDoesNotBlockTheNewOwner(t *testing.T) {
 	u.RawQuery = q.Encode()
 	args := e.args("frozen", "--database-url", u.String())
 
-	owner := startProcess(t, args...)
+	owner := startChild(t, args...)
 	wctx, cancel := context.WithTimeout(ctx, time.Minute)
 	defer cancel()
 	if err := demo.WaitCommitted(wctx, e.db.Pool, "frozen", demo.Topic, e.end, nil); err != nil {
@@ -162,7 +131,7 @@ func TestFrozenOwnerDoesNotBlockTheNewOwner(t *testing.T) {
 		return nil
 	})
 
-	successor := startProcess(t, args...)
+	successor := startChild(t, args...)
 	// The default --database-idle-in-transaction-timeout, then the group
 	// noticing the frozen member (--session-timeout), and room for a slow machine.
 	bound := 15*time.Second + 6*time.Second + 20*time.Second
