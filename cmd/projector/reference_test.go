@@ -14,6 +14,7 @@ import (
 	"slices"
 	"sort"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -167,8 +168,11 @@ func TestConfigReference(t *testing.T) {
 
 // capture is a Registerer that remembers what was registered with it, so
 // that the reference lists a metric before it has a sample.
+// Collectors may be registered from the goroutine that runs the engine
+// (its Kafka client's) while the test reads them.
 type capture struct {
 	*prometheus.Registry
+	mu         sync.Mutex
 	collectors []prometheus.Collector
 }
 
@@ -176,8 +180,17 @@ func (c *capture) Register(col prometheus.Collector) error {
 	if err := c.Registry.Register(col); err != nil {
 		return err
 	}
+	c.mu.Lock()
 	c.collectors = append(c.collectors, col)
+	c.mu.Unlock()
 	return nil
+}
+
+// registered returns what has been registered so far.
+func (c *capture) registered() []prometheus.Collector {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return slices.Clone(c.collectors)
 }
 
 func (c *capture) MustRegister(cols ...prometheus.Collector) {
@@ -194,7 +207,7 @@ var fqName = regexp.MustCompile(`fqName: "([^"]+)"`)
 // describe.
 func (c *capture) described() []string {
 	var names []string
-	for _, col := range c.collectors {
+	for _, col := range c.registered() {
 		ch := make(chan *prometheus.Desc, 64)
 		go func() { col.Describe(ch); close(ch) }()
 		for d := range ch {
@@ -211,7 +224,7 @@ func (c *capture) described() []string {
 // type and labels before the code has used it.
 func (c *capture) touch(t *testing.T) {
 	t.Helper()
-	for _, col := range c.collectors {
+	for _, col := range c.registered() {
 		var with func(lvs ...string) error
 		switch v := col.(type) {
 		case *prometheus.CounterVec:
