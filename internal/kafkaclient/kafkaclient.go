@@ -5,6 +5,8 @@
 package kafkaclient
 
 import (
+	"log/slog"
+
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/twmb/franz-go/pkg/kgo"
 	"github.com/twmb/franz-go/plugin/kprom"
@@ -16,6 +18,10 @@ type Config struct {
 	Brokers []string
 	// Registerer, when set, receives the client's metrics (namespace kgo).
 	Registerer prometheus.Registerer
+	// Logger, when set, receives the client's warnings and errors (an
+	// unreachable broker, a failed request), each distinct message at most
+	// once a minute.
+	Logger *slog.Logger
 	// Extra are further options (TLS, SASL, timeouts), applied last so
 	// that they override the ones a role sets.
 	Extra []kgo.Opt
@@ -27,6 +33,9 @@ func Options(c Config, role ...kgo.Opt) []kgo.Opt {
 	opts := []kgo.Opt{kgo.SeedBrokers(c.Brokers...)}
 	if c.Registerer != nil {
 		opts = append(opts, kgo.WithHooks(kprom.NewMetrics("kgo", kprom.Registerer(c.Registerer))))
+	}
+	if c.Logger != nil {
+		opts = append(opts, kgo.WithLogger(newLogger(c.Logger, nil)))
 	}
 	opts = append(opts, role...)
 	return append(opts, c.Extra...)
