@@ -27,7 +27,7 @@ const (
 		SET attempts = d.attempts + 1, last_seen = now(), error = r.err, error_class = r.class, status = 'open'
 		FROM (SELECT u.off, u.err, u.class, t.tid FROM u
 		      CROSS JOIN LATERAL (SELECT t.ctid AS tid FROM projector_dead_letters t WHERE t.id = u.replay_of LIMIT 1) t) r
-		WHERE d.ctid = r.tid AND d.identity = $1 AND d.status <> 'purged'
+		WHERE d.ctid = r.tid AND d.identity = $1 AND d.projection = $2 AND d.status <> 'purged'
 		RETURNING r.off
 	), dl AS (
 		INSERT INTO projector_dead_letters AS d
@@ -35,7 +35,7 @@ const (
 		 error_class, attempts, schema_id, trace_id)
 		SELECT $1, $2, $3, $4, u.off, u.rkey, u.value, u.headers, u.ts, u.err, u.class, u.attempts, u.schema_id, u.trace_id
 		FROM u WHERE u.off NOT IN (SELECT off FROM reopened)
-		ON CONFLICT (identity, topic, partition, "offset")
+		ON CONFLICT (identity, topic, partition, "offset", projection)
 		DO UPDATE SET last_seen = now(), attempts = d.attempts + 1, error = excluded.error, error_class = excluded.error_class
 		RETURNING d.id)
 	INSERT INTO projector_dlq_outbox (dead_letter_id, topic)
@@ -48,7 +48,7 @@ const (
 	resolvedSQL = `UPDATE projector_dead_letters d SET status = 'resolved', resolved_at = now()
 		FROM unnest($1::bigint[]) AS r(id)
 		CROSS JOIN LATERAL (SELECT t.ctid AS tid FROM projector_dead_letters t WHERE t.id = r.id LIMIT 1) t
-		WHERE d.ctid = t.tid AND d.identity = $2 AND d.status NOT IN ('resolved', 'purged')`
+		WHERE d.ctid = t.tid AND d.identity = $2 AND d.projection = $3 AND d.status NOT IN ('resolved', 'purged')`
 )
 
 // QueueWrite queues on b, a batch's transaction, the statement that
@@ -92,10 +92,12 @@ func QueueWrite(b *pgx.Batch, identity, projection string, tp sinks.TP, dls []si
 }
 
 // QueueResolved queues on b the statement that marks as resolved the
-// dead letters of identity whose replayed record has now applied.
-func QueueResolved(b *pgx.Batch, identity string, ids []int64) {
+// dead letters of a projection of identity whose replayed record has now
+// applied. A replayed record reaches every projection of its topic; only
+// the one it was dead-lettered for resolves its entry.
+func QueueResolved(b *pgx.Batch, identity, projection string, ids []int64) {
 	if len(ids) > 0 {
-		b.Queue(resolvedSQL, ids, identity)
+		b.Queue(resolvedSQL, ids, identity, projection)
 	}
 }
 

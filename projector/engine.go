@@ -165,15 +165,18 @@ func (c *Config) validate() error {
 	if c.Store == nil {
 		return errors.New("config: Store: the store of sinks and offsets is required (postgres.NewStore for Postgres)")
 	}
-	topics := map[string]bool{}
+	names := map[string]bool{}
 	for _, p := range c.Projections {
 		if err := p.Validate(); err != nil {
 			return fmt.Errorf("config: Projections: %w", err)
 		}
-		if topics[p.Topic] {
-			return fmt.Errorf("config: Projections: topic %q feeds two projections", p.Topic)
+		if names[p.Name] {
+			return fmt.Errorf("config: Projections: projection %q is given twice", p.Name)
 		}
-		topics[p.Topic] = true
+		names[p.Name] = true
+	}
+	if err := projection.CheckShared(c.Projections); err != nil {
+		return fmt.Errorf("config: Projections: %w", err)
 	}
 	if c.Partition.ClassifyDecode == nil {
 		// Without it a registry that does not answer would dead-letter
