@@ -78,6 +78,9 @@ type windowAgg struct {
 // sink peeks and its fetcher rewinds, and it is not applying a replayed
 // window's records again.
 func (w *Worker) windowing(n int) bool {
+	if len(w.others) > 0 {
+		return false // each batch of several projections commits alone (see processLanes)
+	}
 	_, rewinds := w.fetcher.(Rewinder)
 	if !rewinds || w.peeker == nil || w.cfg.CommitMaxBatches <= 1 || w.claim.NextOffset < w.alone {
 		return false

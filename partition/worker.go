@@ -90,6 +90,16 @@ type Worker struct {
 	// keyWarn says, at most once a minute, that records were keyed as
 	// another aggregate: a producer that does it does it for many.
 	keyWarn rate.Sometimes
+
+	// others are the lanes of the other projections the partition's topic
+	// feeds (see lanes.go); lead is the worker a lane belongs to (nil: a
+	// worker of its own).
+	others []*Worker
+	lead   *Worker
+	// decodedBy gives, for each of others, the lane whose decoded records
+	// it shares (-1: it decodes them itself; 0: this worker's, i+1: that
+	// of others[i]).
+	decodedBy []int
 }
 
 // WorkerDeps are what a worker works with besides its Config: the
@@ -119,6 +129,12 @@ type WorkerDeps struct {
 	// Metrics are shared by an engine's workers (nil: the worker's own,
 	// registered nowhere).
 	Metrics *Metrics
+	// Others are the other projections the partition's topic feeds: each
+	// batch is planned for each of them with its own version gate and
+	// parked events, and committed with Projection's in one transaction
+	// (Sink must be a sinks.LaneCommitter). A projection with on_gap
+	// repair cannot share its topic.
+	Others []Lane
 }
 
 // NewWorker returns a worker for a claimed partition.
@@ -146,6 +162,10 @@ func NewWorker(cfg Config, d WorkerDeps) *Worker {
 	w.next.Store(claim.NextOffset)
 	w.hwm.Store(-1)
 	w.progress.Store(time.Now().UnixNano())
+	if d.Fetcher == nil {
+		return w // a lane (see newLanes): its lead fetches
+	}
+	w.newLanes(d)
 	// An earlier worker of the partition may have left its fetching
 	// paused (one replaced before it was removed, or one that stopped on
 	// an error): the new worker starts with it resumed.
@@ -193,6 +213,11 @@ func (w *Worker) Drain() {
 // Status is the worker's position for lag metrics and readiness.
 type Status struct {
 	sinks.TP
+	// Projection is the projection the worker runs; Others are the other
+	// projections of its topic, with their parked events (Parked and
+	// OldestParked are Projection's).
+	Projection    string
+	Others        []LaneStatus
 	NextOffset    int64
 	HighWatermark int64 // -1 when not yet known
 	Oldest        time.Time
@@ -224,7 +249,14 @@ func (w *Worker) Status() Status {
 	oldest := w.oldest
 	w.mu.Unlock()
 	st := Status{TP: w.claim.TP, NextOffset: w.next.Load(), HighWatermark: w.hwm.Load(), Oldest: oldest}
+	st.Projection = w.proj.Name
 	st.Parked, st.OldestParked, st.RepairUnavailable = w.gaps.totals()
+	for _, o := range w.others {
+		var ls LaneStatus
+		ls.Projection = o.proj.Name
+		ls.Parked, ls.OldestParked, _ = o.gaps.totals()
+		st.Others = append(st.Others, ls)
+	}
 	if h := w.halted.Load(); h != nil {
 		st.Halted = *h
 	}
@@ -242,25 +274,31 @@ func (w *Worker) Status() Status {
 // cancelled, and nil after Stop.
 func (w *Worker) Run(ctx context.Context) error {
 	defer w.leaveRefused()
-	var parked map[string]sinks.ParkedInfo
-	err := w.retry(ctx, "load parked", func() (err error) {
-		parked, err = w.sink.Parked(ctx, w.claim.TP)
-		return err
-	})
-	if errors.Is(err, errStopped) {
-		w.done()
-		return nil
-	}
-	if err != nil {
+	if err := w.lanesCommit(); err != nil {
 		return err
 	}
-	w.gaps.mu.Lock()
-	w.gaps.aggs = make(map[string]*gap, len(parked))
-	for k, info := range parked {
-		w.gaps.aggs[k] = &gap{count: info.Count, since: info.Since}
+	for _, l := range append([]*Worker{w}, w.others...) {
+		var parked map[string]sinks.ParkedInfo
+		err := w.retry(ctx, "load parked", func() (err error) {
+			parked, err = l.sink.Parked(ctx, w.claim.TP)
+			return err
+		})
+		if errors.Is(err, errStopped) {
+			w.done()
+			return nil
+		}
+		if err != nil {
+			return err
+		}
+		l.gaps.mu.Lock()
+		l.gaps.aggs = make(map[string]*gap, len(parked))
+		for k, info := range parked {
+			l.gaps.aggs[k] = &gap{count: info.Count, since: info.Since}
+		}
+		l.gaps.mu.Unlock()
 	}
-	w.gaps.mu.Unlock()
 
+	var err error
 	var repairs chan repaired
 	if w.repairer != nil && w.proj.OnGap == projection.GapRepair {
 		repairs = make(chan repaired)
@@ -332,6 +370,9 @@ func (w *Worker) Run(ctx context.Context) error {
 // a transaction of its own: the records are decoded, the batch's
 // aggregates listed, and then planned and committed together.
 func (w *Worker) process(ctx context.Context, recs []*kgo.Record) (err error) {
+	if len(w.others) > 0 {
+		return w.processLanes(ctx, recs)
+	}
 	start := w.claim.NextOffset
 	ctx, span := w.startSpan(ctx, recs)
 	defer endSpan(span, &err)

@@ -3,6 +3,7 @@ package projector
 import (
 	"context"
 	"fmt"
+	"sync"
 
 	"github.com/hamba/avro/v2"
 	"github.com/twmb/franz-go/pkg/sr"
@@ -26,9 +27,22 @@ func RegistryDecoders(ctx context.Context, registry *sr.Client, ps ...*projectio
 		}
 		readers[p.Name] = r
 	}
+	// Projections of one topic whose pruned reader schemas are the same
+	// get one decoder: a worker running them decodes each record once.
+	var mu sync.Mutex
+	byReader := map[string]*schemas.Decoder{}
 	return func(p *projection.Projection) partition.Decoder {
 		// New calls this once the projection has its defaults, which
 		// name the fields it reads.
-		return schemas.NewDecoder(registry, schemas.Prune(readers[p.Name], p.ReadFields()))
+		reader := schemas.Prune(readers[p.Name], p.ReadFields())
+		key := p.Topic + "\x00" + reader.String()
+		mu.Lock()
+		defer mu.Unlock()
+		if d := byReader[key]; d != nil {
+			return d
+		}
+		d := schemas.NewDecoder(registry, reader)
+		byReader[key] = d
+		return d
 	}, nil
 }
