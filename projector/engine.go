@@ -267,9 +267,9 @@ func newSinkOf(s sinks.Sink) *sinkOf {
 // Engine runs the projections of one consumer identity as one member of
 // its consumer group: one worker goroutine per assigned partition.
 type Engine struct {
-	cfg       Config
-	gen       *generation
-	dead      DeadLetterStore // nil: the store keeps no dead letters to count or publish
+	cfg  Config
+	gen  *generation
+	dead DeadLetterStore // nil: the store keeps no dead letters to count or publish
 	// byTopic lists the projections each topic feeds, in the order of
 	// Config.Projections; the first one's worker runs the others as lanes.
 	byTopic   map[string][]*projection.Projection
