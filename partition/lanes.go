@@ -199,9 +199,16 @@ func (w *Worker) commitLanes(ctx context.Context, n int, lanes []laneBatch, end 
 		}
 	}
 	w.done()
+	var all sinks.Changes // the rows every lane wrote, for Config.Committed
 	for i := range lanes {
 		l := &lanes[i]
-		l.w.committed(end, l.changes, l.out)
+		all.Upserts = append(all.Upserts, l.changes.Upserts...)
+		all.Deletes = append(all.Deletes, l.changes.Deletes...)
+	}
+	w.notifyCommitted(end, all)
+	for i := range lanes {
+		l := &lanes[i]
+		l.w.moved(end, l.changes, l.out)
 	}
 	return nil
 }

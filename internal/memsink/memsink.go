@@ -251,7 +251,8 @@ func (k *Sink) apply(claim sinks.Claim, ch sinks.Changes) {
 		}
 	}
 	for _, d := range ch.Deletes {
-		if cur, has := t.rows[d.Key]; has && cur.v < d.Version {
+		// A record tombstone deletes the row at the version it holds.
+		if cur, has := t.rows[d.Key]; has && cur.v <= d.Version {
 			delete(t.rows, d.Key)
 		}
 		t.tombs[d.Key] = max(t.tombs[d.Key], d.Version)

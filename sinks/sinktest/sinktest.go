@@ -88,6 +88,7 @@ func Run(t *testing.T, newStore func(t *testing.T) Store) {
 		{"PlanErrorWritesNothing", planErrorWritesNothing},
 		{"NewerVersionReplacesTheRow", newerVersionReplaces},
 		{"DeleteKeepsTheVersion", deleteKeepsVersion},
+		{"TombstoneDeletesAtTheRowsVersion", tombstoneDeletes},
 		{"ParkedEventsKeptPerPartitionAndIdentity", parkedEvents},
 		{"AssumedNewThatExistsIsPlannedFromItsState", assumedNew},
 		{"PeekSeesWhatABatchLoads", peek},
@@ -339,6 +340,17 @@ func newerVersionReplaces(t *testing.T, h *harness) {
 	h.mustCommit(&c, 4, sinks.Changes{Upserts: []sinks.RowWrite{upsert("a1", 6, "newer", 60)}})
 	if st := h.load("a1"); !same(st.Rows["a1"], row("a1", "newer", 60)) || st.Versions["a1"] != 6 {
 		t.Errorf("a1 = %v v%d, want the newer row at v6", st.Rows["a1"], st.Versions["a1"])
+	}
+}
+
+// A record tombstone deletes the row at the version it has: the delete
+// carries the row's own version.
+func tombstoneDeletes(t *testing.T, h *harness) {
+	c := h.claim(h.offs, h.tp, 0)
+	h.mustCommit(&c, 1, sinks.Changes{Upserts: []sinks.RowWrite{upsert("a1", 2, "ann", 10)}})
+	h.mustCommit(&c, 2, sinks.Changes{Deletes: []sinks.RowDelete{{Key: "a1", Version: 2}}})
+	if st := h.load("a1"); st.Rows["a1"] != nil || st.Versions["a1"] != 2 {
+		t.Errorf("a1 after its tombstone = %v v%d, want no row and version 2 kept", st.Rows["a1"], st.Versions["a1"])
 	}
 }
 
