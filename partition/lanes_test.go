@@ -83,7 +83,7 @@ func TestLanesDecodeOncePerReader(t *testing.T) {
 		f := &rewindFetcher{recs: recs}
 		w := NewWorker(Config{BatchMaxRecords: 7, BatchMaxWait: time.Millisecond}, WorkerDeps{
 			Group: "g", Claim: sinks.Claim{TP: tp, Epoch: cs[0].Epoch}, Projection: p, Sink: sinkOf(p), Decoder: first,
-			Others: []Lane{{Projection: snap, Sink: sinkOf(snap), Decoder: second}},
+			Others:  []Lane{{Projection: snap, Sink: sinkOf(snap), Decoder: second}},
 			Fetcher: f, Log: slog.New(slog.DiscardHandler), Metrics: NewMetrics(prometheus.NewRegistry()),
 		})
 		f.w = w
