@@ -2,6 +2,7 @@ package partition
 
 import (
 	"context"
+	"fmt"
 	"log/slog"
 	"sync/atomic"
 	"testing"
@@ -112,7 +113,7 @@ func TestLanesDecodeOncePerReader(t *testing.T) {
 			t.Errorf("snapshot table: acc-00 has a row after its tombstone")
 		}
 		for a := 1; a < accounts; a++ {
-			id := demo.Event{AccountID: accountID(a)}.AccountID
+			id := fmt.Sprintf("acc-%02d", a)
 			var balance int64
 			for v := int64(2); v <= versions; v++ {
 				balance += v
@@ -126,5 +127,3 @@ func TestLanesDecodeOncePerReader(t *testing.T) {
 		}
 	}
 }
-
-func accountID(a int) string { return accountEvents(a+1, 1, 1)[a].AccountID }

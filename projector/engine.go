@@ -440,6 +440,12 @@ func New(cfg Config, decoderOf Decoders) (*Engine, error) {
 			e.repairers[p.Topic] = r
 		}
 	}
+	for t, ps := range e.byTopic {
+		if _, ok := e.gen.sinks[ps[0].Name].Sink.(sinks.LaneCommitter); len(ps) > 1 && !ok {
+			e.close()
+			return nil, fmt.Errorf("config: Projections: topic %q feeds projections %q and %q, and the store's sinks cannot commit them in one transaction (no sinks.LaneCommitter): give each its own topic or consumer identity", t, ps[0].Name, ps[1].Name)
+		}
+	}
 	if cfg.TracerProvider != nil {
 		e.cfg.Partition.Tracer = cfg.TracerProvider.Tracer("github.com/projector-dev/projector")
 	}
