@@ -27,8 +27,14 @@ func RegistryDecoders(ctx context.Context, registry *sr.Client, ps ...*projectio
 		}
 		readers[p.Name] = r
 	}
-	// Projections of one topic whose pruned reader schemas are the same
-	// get one decoder: a worker running them decodes each record once.
+	return PrunedDecoders(registry, readers), nil
+}
+
+// PrunedDecoders returns decoders into each projection's reader schema
+// (readers, by projection name) cut to the fields its fold reads.
+// Projections of one topic whose cut schemas are the same get one
+// decoder: a worker running them decodes each record once for all.
+func PrunedDecoders(registry schemas.Registry, readers map[string]avro.Schema) Decoders {
 	var mu sync.Mutex
 	byReader := map[string]*schemas.Decoder{}
 	return func(p *projection.Projection) partition.Decoder {
@@ -44,5 +50,5 @@ func RegistryDecoders(ctx context.Context, registry *sr.Client, ps ...*projectio
 		d := schemas.NewDecoder(registry, reader)
 		byReader[key] = d
 		return d
-	}, nil
+	}
 }
