@@ -12,7 +12,10 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/projector-dev/projector/deadletters"
+	"github.com/projector-dev/projector/dlqpublish"
 	"github.com/projector-dev/projector/internal/demo"
+	"github.com/projector-dev/projector/internal/testenv"
 	"github.com/projector-dev/projector/partition"
 	"github.com/projector-dev/projector/projection"
 	"github.com/projector-dev/projector/projector"
@@ -196,12 +199,18 @@ func TestSharedTopicRebalances(t *testing.T) {
 
 // TestSharedTopicDeadLettersPerProjection sends an event whose row the
 // snapshot projection's table refuses (an amount its check constraint
-// does not allow): it is dead-lettered for that projection only, and applied by
-// the fold projection of the same topic.
+// does not allow), and a record neither can decode. The first is
+// dead-lettered for the snapshot projection only and applied by the fold
+// projection of the same topic; the second is dead-lettered for each.
+// Replayed once the table takes the amount, the first applies in the
+// snapshot projection (and is stale in the fold) and its entries are
+// resolved; the second, replayed from one projection's entry, fails again
+// in both and reopens each projection's entry instead of adding one.
 func TestSharedTopicDeadLettersPerProjection(t *testing.T) {
 	b := faultSetup(t, demo.Options{}, 1).bundle
 	b.sharedTopic(t)
-	if _, err := b.db.Pool.Exec(t.Context(), `ALTER TABLE `+demo.SnapshotTable+` ADD CHECK (amount < 1000)`); err != nil {
+	ctx := t.Context()
+	if _, err := b.db.Pool.Exec(ctx, `ALTER TABLE `+demo.SnapshotTable+` ADD CONSTRAINT small CHECK (amount < 1000)`); err != nil {
 		t.Fatal(err)
 	}
 	ev := func(key string, v int64, typ string, amount int64) demo.Record {
@@ -211,48 +220,83 @@ func TestSharedTopicDeadLettersPerProjection(t *testing.T) {
 		ev("a", 1, "AccountOpened", 0), ev("a", 2, "Deposited", 100_000),
 		ev("b", 1, "AccountOpened", 0), ev("b", 2, "Deposited", 7),
 		{Key: "c", Tombstone: true},
+		{Key: "junk", Poison: "not the wire format", Raw: []byte("junk")},
 	}
 	b.produce(t, b.records)
 	run(t, b.sharedEngine(t, "shared-dlq", projector.Config{}, false))
-	ctx := t.Context()
 	if err := demo.WaitCommitted(ctx, b.db.Pool, "shared-dlq", demo.Topic, b.end, nil); err != nil {
 		t.Fatal(err)
 	}
-	if err := demo.Verify(ctx, b.db.Pool, demo.Table, demo.Fold(b.records)); err != nil {
+	exp := demo.Fold(b.records)
+	if err := demo.Verify(ctx, b.db.Pool, demo.Table, exp); err != nil {
 		t.Errorf("fold projection: %v", err)
 	}
-	rows, err := b.db.Pool.Query(ctx, `SELECT projection, convert_from(record_key, 'UTF8'), error_class FROM projector_dead_letters ORDER BY id`)
-	if err != nil {
-		t.Fatal(err)
-	}
-	var got []string
-	for rows.Next() {
-		var p, k, c string
-		if err := rows.Scan(&p, &k, &c); err != nil {
+	entries := func() map[string][]deadletters.Entry {
+		t.Helper()
+		dls, err := deadletters.List(ctx, b.db.Pool, deadletters.Filter{Identity: "shared-dlq"})
+		if err != nil {
 			t.Fatal(err)
 		}
-		got = append(got, p+"/"+k+"/"+c)
-	}
-	if err := rows.Err(); err != nil {
-		t.Fatal(err)
-	}
-	// The refused row dead-letters every event of a's in the batch that
-	// wrote it: a's row is not written in the snapshot table.
-	for _, g := range got {
-		if g != demo.SnapshotTable+"/a/"+sinks.ClassRejected {
-			t.Errorf("dead letter %s, want only %s/a/%s", g, demo.SnapshotTable, sinks.ClassRejected)
+		out := map[string][]deadletters.Entry{}
+		for _, d := range dls {
+			k := d.Projection + "/" + d.Key + "/" + d.ErrorClass
+			out[k] = append(out[k], d)
 		}
+		return out
 	}
-	if len(got) == 0 {
-		t.Fatal("nothing dead-lettered: the snapshot projection wrote an amount its table refuses")
+	rejected, foldJunk, snapJunk := demo.SnapshotTable+"/a/"+sinks.ClassRejected, "accounts/junk/"+sinks.ClassDecode, demo.SnapshotTable+"/junk/"+sinks.ClassDecode
+	got := entries()
+	// The refused row dead-letters a's events in the batch that wrote it.
+	if len(got) != 3 || len(got[rejected]) != 2 || len(got[foldJunk]) != 1 || len(got[snapJunk]) != 1 {
+		t.Fatalf("dead letters by projection/key/class: %v; want a's two events for %s only, and the junk record once for each projection", keysOf(got), demo.SnapshotTable)
 	}
 	var bAmount int64
-	if err := b.db.Pool.QueryRow(ctx, `SELECT amount FROM `+demo.SnapshotTable+` WHERE account_id = 'b'`).Scan(&bAmount); err != nil {
-		t.Fatalf("the snapshot projection's other aggregate: %v", err)
+	if err := b.db.Pool.QueryRow(ctx, `SELECT amount FROM `+demo.SnapshotTable+` WHERE account_id = 'b'`).Scan(&bAmount); err != nil || bAmount != 7 {
+		t.Errorf("snapshot of b: amount %d (%v), want 7: the projection's other aggregate applies", bAmount, err)
 	}
-	if bAmount != 7 {
-		t.Errorf("snapshot of b: amount %d, want 7", bAmount)
+
+	if _, err := b.db.Pool.Exec(ctx, `ALTER TABLE `+demo.SnapshotTable+` DROP CONSTRAINT small`); err != nil {
+		t.Fatal(err)
 	}
+	if _, err := dlqpublish.Replay(ctx, b.db.Pool, b.kafkaClient(t), append(got[rejected], got[foldJunk]...), 0); err != nil {
+		t.Fatal(err)
+	}
+	testenv.WaitFor(t, 30*time.Second, func() error {
+		var amount, version int64
+		if err := b.db.Pool.QueryRow(ctx, `SELECT amount, version FROM `+demo.SnapshotTable+` WHERE account_id = 'a'`).Scan(&amount, &version); err != nil {
+			return fmt.Errorf("snapshot of a: %w", err)
+		}
+		if amount != 100_000 || version != 2 {
+			return fmt.Errorf("snapshot of a: amount %d v%d, want 100000 v2", amount, version)
+		}
+		now := entries()
+		for _, d := range now[rejected] {
+			if d.Status != deadletters.StatusResolved {
+				return fmt.Errorf("replayed dead letter %d of a: %s, want resolved", d.ID, d.Status)
+			}
+		}
+		for _, k := range []string{foldJunk, snapJunk} {
+			if len(now[k]) != 1 || now[k][0].Attempts != 2 || now[k][0].Status != deadletters.StatusOpen {
+				return fmt.Errorf("dead letters %s after the junk record's replay: %+v, want one, open, with 2 attempts", k, now[k])
+			}
+		}
+		if len(now) != 3 {
+			return fmt.Errorf("dead letters %v after the replays, want no new ones", keysOf(now))
+		}
+		return nil
+	})
+	// Stale in the fold projection: a's balance is not added twice.
+	if err := demo.Verify(ctx, b.db.Pool, demo.Table, exp); err != nil {
+		t.Errorf("fold projection after the replays: %v", err)
+	}
+}
+
+func keysOf(m map[string][]deadletters.Entry) map[string]int {
+	out := map[string]int{}
+	for k, v := range m {
+		out[k] = len(v)
+	}
+	return out
 }
 
 // sample returns the value of the sample of family name whose labels
