@@ -99,7 +99,8 @@ func (w *Worker) moved(end int64, changes sinks.Changes, out outcomes) {
 	}
 	m.WithLabelValues(name, topic, "dead_lettered").Add(float64(dead))
 	if n := out.deadLettered[sinks.ClassKeyMismatch]; n > 0 {
-		w.keyWarn.Do(func() {
+		// Once a minute per partition, whichever of its projections saw them.
+		w.owner().keyWarn.Do(func() {
 			w.log.Warn("dead-lettered records whose record key is not the aggregate their key field names; the producer must key each record by its aggregate id",
 				"class", sinks.ClassKeyMismatch, "records", n, "key_field", w.proj.KeyField)
 		})

@@ -17,9 +17,10 @@ import (
 	"github.com/projector-dev/projector/sinks"
 )
 
-// Worker consumes one topic-partition for one projection: it batches the
-// records pushed to it, decodes them, gates versions, and commits each
-// batch through the sink. Push is called by the poll loop; Run by the
+// Worker consumes one topic-partition for one projection, or for every
+// projection of its topic (see lanes.go): it batches the records pushed
+// to it, decodes them, gates versions, and commits each batch through the
+// sink. Push is called by the poll loop; Run by the
 // goroutine that owns the worker.
 type Worker struct {
 	cfg    Config
