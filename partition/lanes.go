@@ -66,6 +66,12 @@ func sameDecoder(a, b Decoder) bool {
 	return ta != nil && ta == reflect.TypeOf(b) && ta.Comparable() && a == b
 }
 
+// lanes returns the worker and its lanes, in the order of their windows
+// and of the lanes a transaction commits.
+func (w *Worker) lanes() []*Worker {
+	return append([]*Worker{w}, w.others...)
+}
+
 // owner is the worker whose fetching and backoff a lane's work pauses.
 func (w *Worker) owner() *Worker {
 	if w.lead != nil {
@@ -170,7 +176,7 @@ func (w *Worker) commitLanes(ctx context.Context, n int, lanes []laneBatch, end 
 	}
 	for attempt := 0; ; attempt++ {
 		began := time.Now()
-		err := w.commitLanesTraced(ctx, lc, end, sl)
+		err := w.commitLanesTraced(ctx, lc, w.claim, end, sl)
 		if err == nil {
 			w.metrics.commitDuration.Observe(time.Since(began).Seconds())
 			w.metrics.batchRecords.Observe(float64(n))
@@ -215,15 +221,15 @@ func (w *Worker) commitLanes(ctx context.Context, n int, lanes []laneBatch, end 
 
 // commitLanesTraced runs the transaction of the lanes, as a child span
 // when tracing.
-func (w *Worker) commitLanesTraced(ctx context.Context, lc sinks.LaneCommitter, end int64, lanes []sinks.Lane) error {
+func (w *Worker) commitLanesTraced(ctx context.Context, lc sinks.LaneCommitter, claim sinks.Claim, end int64, lanes []sinks.Lane) error {
 	if w.cfg.Tracer == nil {
-		return lc.CommitLanes(ctx, w.claim, end, lanes)
+		return lc.CommitLanes(ctx, claim, end, lanes)
 	}
 	ctx, span := w.cfg.Tracer.Start(ctx, "commit batch", trace.WithSpanKind(trace.SpanKindClient),
 		trace.WithAttributes(attribute.String("db.system.name", "postgresql"), attribute.String("db.operation.name", "COMMIT"),
 			attribute.Int("projector.projections", len(lanes))))
 	defer span.End()
-	err := lc.CommitLanes(ctx, w.claim, end, lanes)
+	err := lc.CommitLanes(ctx, claim, end, lanes)
 	if err != nil {
 		span.RecordError(err)
 		span.SetStatus(codes.Error, err.Error())

@@ -36,9 +36,15 @@ func (c *countingDecoder) DecodeValues(ctx context.Context, value []byte, vals [
 // A topic feeding a fold and a snapshot projection: a worker applies
 // every record to both, decoding it once when they share their reader
 // schema (their decoder) and once per projection when they do not, and
-// both tables hold what each projection's fold makes of the stream.
+// both tables hold what each projection's fold makes of the stream, when
+// it commits batch by batch and when, behind, it commits several batches
+// in one transaction.
 func TestLanesDecodeOncePerReader(t *testing.T) {
-	for _, shared := range []bool{true, false} {
+	for _, tc := range []struct {
+		shared     bool
+		maxBatches int
+	}{{true, 1}, {false, 1}, {true, 0}, {false, 0}} {
+		shared := tc.shared
 		p, enc, dec := demoCodec(t)
 		snaps, err := projection.Parse(demo.SnapshotProjections, ".")
 		if err != nil {
@@ -82,10 +88,11 @@ func TestLanesDecodeOncePerReader(t *testing.T) {
 		// A tombstone deletes acc-00's row in both tables.
 		recs = append(recs, &kgo.Record{Topic: demo.Topic, Key: []byte("acc-00"), Offset: int64(len(events)), Timestamp: at})
 		f := &rewindFetcher{recs: recs}
-		w := NewWorker(Config{BatchMaxRecords: 7, BatchMaxWait: time.Millisecond}, WorkerDeps{
+		reg := prometheus.NewRegistry()
+		w := NewWorker(Config{BatchMaxRecords: 7, BatchMaxWait: time.Millisecond, CommitMaxBatches: tc.maxBatches}, WorkerDeps{
 			Group: "g", Claim: sinks.Claim{TP: tp, Epoch: cs[0].Epoch}, Projection: p, Sink: sinkOf(p), Decoder: first,
 			Others:  []Lane{{Projection: snap, Sink: sinkOf(snap), Decoder: second}},
-			Fetcher: f, Log: slog.New(slog.DiscardHandler), Metrics: NewMetrics(prometheus.NewRegistry()),
+			Fetcher: f, Log: slog.New(slog.DiscardHandler), Metrics: NewMetrics(reg),
 		})
 		f.w = w
 		w.Push(recs, int64(len(recs)))
@@ -93,6 +100,20 @@ func TestLanesDecodeOncePerReader(t *testing.T) {
 		waitStored(t, w, len(recs))
 		stop()
 
+		var transactions, batches uint64
+		mfs, err := reg.Gather()
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, mf := range mfs {
+			if mf.GetName() == "projector_commit_batches" {
+				h := mf.GetMetric()[0].GetHistogram()
+				transactions, batches = h.GetSampleCount(), uint64(h.GetSampleSum())
+			}
+		}
+		if several := transactions < batches; several != (tc.maxBatches != 1) {
+			t.Errorf("%+v: %d transactions for %d batches", tc, transactions, batches)
+		}
 		decodes := first.n.Load()
 		if !shared {
 			decodes += second.n.Load()
@@ -102,7 +123,7 @@ func TestLanesDecodeOncePerReader(t *testing.T) {
 			want *= 2
 		}
 		if decodes != want {
-			t.Errorf("shared reader %v: %d decodes of %d records, want %d", shared, decodes, len(events), want)
+			t.Errorf("%+v: %d decodes of %d records, want %d", tc, decodes, len(events), want)
 		}
 		rows, vs := store.Rows(p.Table)
 		snapRows, snapVs := store.Rows(snap.Table)
