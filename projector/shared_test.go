@@ -155,6 +155,11 @@ func TestSharedTopicMatchesReferenceFolds(t *testing.T) {
 				if applied[0] == 0 || applied[0] != applied[1] {
 					t.Errorf("applied records counted by projection %s and %s: %v, want the same, not 0", b.projs[0].Name, b.projs[1].Name, applied)
 				}
+				// Behind from the start, small batches commit several to
+				// a transaction.
+				if tx, batches := counter(t, reg, "projector_commit_batches"), histogramSum(t, reg, "projector_commit_batches"); batch > 0 && tx >= batches {
+					t.Errorf("%v transactions for %v batches, want several batches to a transaction", tx, batches)
+				}
 			})
 		}
 	}
@@ -205,8 +210,17 @@ func TestSharedTopicRebalances(t *testing.T) {
 // Replayed once the table takes the amount, the first applies in the
 // snapshot projection (and is stale in the fold) and its entries are
 // resolved; the second, replayed from one projection's entry, fails again
-// in both and reopens each projection's entry instead of adding one.
+// in both and reopens each projection's entry instead of adding one. It
+// runs with the records in one batch, and in batches of two committed
+// several to a transaction (whose refused row has the transaction's
+// batches applied again one by one).
 func TestSharedTopicDeadLettersPerProjection(t *testing.T) {
+	for _, batch := range []int{0, 2} {
+		t.Run(fmt.Sprintf("batches of %d", batch), func(t *testing.T) { sharedDeadLetters(t, batch) })
+	}
+}
+
+func sharedDeadLetters(t *testing.T, batch int) {
 	b := faultSetup(t, demo.Options{}, 1).bundle
 	b.sharedTopic(t)
 	ctx := t.Context()
@@ -223,7 +237,7 @@ func TestSharedTopicDeadLettersPerProjection(t *testing.T) {
 		{Key: "junk", Poison: "not the wire format", Raw: []byte("junk")},
 	}
 	b.produce(t, b.records)
-	run(t, b.sharedEngine(t, "shared-dlq", projector.Config{}, false))
+	run(t, b.sharedEngine(t, "shared-dlq", projector.Config{Partition: partition.Config{BatchMaxRecords: batch}}, false))
 	if err := demo.WaitCommitted(ctx, b.db.Pool, "shared-dlq", demo.Topic, b.end, nil); err != nil {
 		t.Fatal(err)
 	}
