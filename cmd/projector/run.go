@@ -57,6 +57,7 @@ type runFlags struct {
 	retryCap        time.Duration
 	unreadyAfter    time.Duration
 	stallAfter      time.Duration
+	progressEvery   time.Duration
 	dlqTopic        string
 	onOffsetLost    string
 }
@@ -216,6 +217,7 @@ func (f *runFlags) register(fs *flag.FlagSet) {
 	fs.IntVar(&f.maxRecordBytes, "max-record-bytes", 1<<20, "records with a larger value are dead-lettered (PROJECTOR_MAX_RECORD_BYTES)")
 	registerRetry(fs, &f.retryBase, &f.retryCap)
 	fs.DurationVar(&f.unreadyAfter, "unready-after", 30*time.Second, "a partition backing off longer than this makes /readyz fail (PROJECTOR_UNREADY_AFTER)")
+	fs.DurationVar(&f.progressEvery, "progress-every", projector.DefaultProgressEvery, "how often each projection logs one line of progress (records applied, stale, dead-lettered, lag) when anything moved; 0: never (PROJECTOR_PROGRESS_EVERY)")
 	fs.DurationVar(&f.stallAfter, "stall-after", partition.DefaultStallAfter, "a partition with records to apply that commits nothing for this long is stalled: an error line, projector_partition_stalled, and /livez fails so that the member is restarted (PROJECTOR_STALL_AFTER)")
 	fs.StringVar(&f.dlqTopic, "dlq-topic", "", "also publish dead letters to this Kafka topic, with Kafka Connect's __connect.errors.* headers (PROJECTOR_DLQ_TOPIC)")
 	fs.StringVar(&f.onOffsetLost, "on-offset-lost", projector.OffsetLostHalt, "when retention deleted records before they were applied: halt the partition, or skip to the log start (PROJECTOR_ON_OFFSET_LOST)")
@@ -250,6 +252,9 @@ func (f *runFlags) validate() error {
 	}
 	if err := validateRetry(f.retryBase, f.retryCap); err != nil {
 		return err
+	}
+	if f.progressEvery < 0 {
+		return fmt.Errorf("--progress-every %s: must be 0 (never) or positive", f.progressEvery)
 	}
 	if f.stallAfter <= f.retryCap {
 		return fmt.Errorf("--stall-after %s: must be longer than --retry-cap %s, or a partition waiting out one backoff would count as stalled", f.stallAfter, f.retryCap)
@@ -366,6 +371,7 @@ func newEngine(f *runFlags, brokers []string, projs []*projection.Projection, re
 		ShutdownTimeout:  f.shutdownTimeout,
 		SessionTimeout:   f.sessionTimeout,
 		InstanceID:       f.instanceID,
+		ProgressEvery:    cliflag.OffDuration(f.progressEvery),
 		Logger:           log,
 		Registerer:       metrics,
 		TracerProvider:   tp,

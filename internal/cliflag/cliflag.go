@@ -4,6 +4,8 @@
 package cliflag
 
 import (
+	"time"
+
 	"errors"
 	"fmt"
 	"math"
@@ -47,4 +49,14 @@ func CacheBytes(flag ByteSize) int64 {
 		return -1
 	}
 	return int64(flag)
+}
+
+// OffDuration maps a duration flag whose 0 turns its feature off
+// (--progress-every) to the engine's setting, where 0 means the default
+// and a negative value off.
+func OffDuration(flag time.Duration) time.Duration {
+	if flag == 0 {
+		return -1
+	}
+	return flag
 }
