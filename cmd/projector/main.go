@@ -33,10 +33,10 @@ func main() {
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
 	if err := Main(ctx, os.Args[1:], os.Stdout, os.Stderr); err != nil {
-		if !errors.Is(err, flag.ErrHelp) {
+		if !silent(err) {
 			fmt.Fprintln(os.Stderr, "projector:", err)
 		}
-		os.Exit(1)
+		os.Exit(exitCode(err))
 	}
 }
 
@@ -48,7 +48,7 @@ func Main(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	}
 	// Whatever failed, its message is masked: errors quote URLs and
 	// connection strings.
-	return redact.Error(rootCommand(stdout, stderr).ParseAndRun(ctx, args))
+	return redact.Error(execute(ctx, rootCommand(stdout, stderr), args, stdout, stderr))
 }
 
 // rootCommand builds the command tree; docs/configuration.md is generated
