@@ -4,17 +4,22 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"flag"
 	"fmt"
+	"io"
 	"math/rand/v2"
 	"net/url"
 	"os"
 	"path/filepath"
 	"regexp"
+	"slices"
 	"strconv"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/peterbourgon/ff/v3/ffcli"
 
 	"github.com/projector-dev/projector/internal/cliflag"
 	"github.com/projector-dev/projector/internal/demo"
@@ -114,6 +119,11 @@ func TestBadInputStopsWithAClearMessage(t *testing.T) {
 		{[]string{"offsets", "reset", "--topic", "t", "--to-datetime", "yesterday"}, "--to-datetime"},
 		{[]string{"offsets", "reset", "--topic", "t", "--to-earliest", "--partitions", "a"}, "--partitions"},
 		{[]string{"offsets", "reset", "--topic", "t", "--to-earliest", "--partitions", "1,1"}, "--partitions"},
+		// Filters are checked before anything is read: against a server
+		// that is not there, the flag is still named.
+		{[]string{"dlq", "list", "--error-class", "decoding", "--database-url", "postgres://postgres@127.0.0.1:1/test?connect_timeout=2"}, `--error-class "decoding": want one of decode, invalid`},
+		{[]string{"dlq", "list", "--status", "dead", "--database-url", "postgres://postgres@127.0.0.1:1/test?connect_timeout=2"}, `--status "dead": want one of`},
+		{[]string{"dlq", "purge", "--error-class", "decoding", "--yes", "--database-url", "postgres://postgres@127.0.0.1:1/test?connect_timeout=2"}, `--error-class "decoding"`},
 	} {
 		var out bytes.Buffer
 		err := Main(t.Context(), tc.args, &out, &out)
@@ -140,4 +150,128 @@ func atoi(t *testing.T, s string) int {
 		t.Fatal(err)
 	}
 	return n
+}
+
+// command is one command of the tree, by its path.
+type command struct {
+	path []string // after "projector"
+	cmd  *ffcli.Command
+}
+
+// commands walks the whole command tree, so that a command added later
+// is held to the conventions without a line here.
+func commands() []command {
+	var out []command
+	var walk func(path []string, c *ffcli.Command)
+	walk = func(path []string, c *ffcli.Command) {
+		if c.Name == "bench" {
+			return // answers every invocation with where the benchmark went
+		}
+		out = append(out, command{path: path, cmd: c})
+		for _, sub := range c.Subcommands {
+			walk(append(slices.Clip(path), sub.Name), sub)
+		}
+	}
+	walk(nil, rootCommand(io.Discard, io.Discard))
+	return append(out, command{path: []string{"help"}})
+}
+
+// TestCommandLineConventions holds every command to the same conventions:
+// help exits 0, a mistake in the command line is one line that says what
+// is wrong and exits 2, without the whole usage.
+func TestCommandLineConventions(t *testing.T) {
+	// Nothing below may get as far as connecting; if a command did, it
+	// would fail fast rather than find the shared database.
+	t.Setenv("PROJECTOR_DATABASE_URL", "postgres://postgres@127.0.0.1:1/test?connect_timeout=1")
+	t.Setenv("PROJECTOR_BROKERS", "127.0.0.1:1")
+	t.Setenv("PROJECTOR_REGISTRY_URL", "http://127.0.0.1:1")
+	type result struct {
+		err            error
+		stdout, stderr string
+	}
+	projector := func(args ...string) result {
+		var out, errs bytes.Buffer
+		err := Main(t.Context(), args, &out, &errs)
+		return result{err, out.String(), errs.String()}
+	}
+	// wrong checks a command line that must fail with exit 2 and a
+	// message containing want, printing nothing else.
+	wrong := func(t *testing.T, want string, args ...string) {
+		t.Helper()
+		r := projector(args...)
+		if r.err == nil || exitCode(r.err) != exitUsage || !strings.Contains(r.err.Error(), want) {
+			t.Errorf("projector %s: got error %v (exit %d), want exit 2 and %q", strings.Join(args, " "), r.err, exitCode(r.err), want)
+		}
+		if r.stdout != "" || r.stderr != "" {
+			t.Errorf("projector %s printed more than its error:\nstdout:\n%s\nstderr:\n%s", strings.Join(args, " "), r.stdout, r.stderr)
+		}
+	}
+
+	for _, c := range commands() {
+		name := strings.Join(append([]string{"projector"}, c.path...), " ")
+		t.Run(name, func(t *testing.T) {
+			for _, args := range [][]string{
+				append(slices.Clip(c.path), "--help"),
+				append(slices.Clip(c.path), "-h"),
+				append([]string{"help"}, c.path...),
+			} {
+				r := projector(args...)
+				if r.err != nil || !strings.Contains(r.stdout, "USAGE\n  "+name) {
+					t.Errorf("projector %s: got error %v and stdout\n%s\nwant the usage of %s and exit 0", strings.Join(args, " "), r.err, r.stdout, name)
+				}
+			}
+			if c.cmd == nil {
+				return // help: it takes any command's path
+			}
+
+			if len(c.cmd.Subcommands) > 0 {
+				r := projector(c.path...)
+				if exitCode(r.err) != exitUsage || !silent(r.err) || !strings.Contains(r.stderr, "USAGE\n  "+name) {
+					t.Errorf("%s alone: got error %v (exit %d), stderr\n%s\nwant its usage on stderr and exit 2", name, r.err, exitCode(r.err), r.stderr)
+				}
+				sub := c.cmd.Subcommands[0].Name
+				typo := sub[:len(sub)-1] + "x" // one letter wrong
+				full := strings.Join(append(slices.Clip(c.path), sub), " ")
+				wrong(t, fmt.Sprintf(`unknown command %q: did you mean %q?`, strings.Join(append(slices.Clip(c.path), typo), " "), full), append(slices.Clip(c.path), typo)...)
+				wrong(t, "unknown command", append(slices.Clip(c.path), "zzzzzzzzzz")...)
+				return
+			}
+
+			if !takesArgs[name] {
+				wrong(t, `unexpected argument "extra"; see `+name+" --help", append(slices.Clip(c.path), "extra")...)
+			}
+			wrong(t, "-no-such-flag; see "+name+" --help", append(slices.Clip(c.path), "--no-such-flag")...)
+			c.cmd.FlagSet.VisitAll(func(f *flag.Flag) {
+				flagArgs := func(v string) []string { return append(slices.Clip(c.path), "--"+f.Name, v) }
+				switch v := f.Value.(type) {
+				case *cliflag.ByteSize:
+					wrong(t, fmt.Sprintf(`invalid value "lots" for --%s: a size like 64MiB`, f.Name), flagArgs("lots")...)
+				case flag.Getter:
+					if _, ok := v.Get().(time.Duration); !ok {
+						return
+					}
+					wrong(t, fmt.Sprintf(`invalid value "5" for --%s: a duration like 500ms, 5s or 2m`, f.Name), flagArgs("5")...)
+					allowed := zeroDurations[f.Name]
+					if !allowed.zero {
+						wrong(t, fmt.Sprintf(`invalid value "0" for --%s: must be positive`, f.Name), flagArgs("0")...)
+					}
+					if !allowed.negative {
+						wrong(t, fmt.Sprintf(`invalid value "-1s" for --%s: must not be negative`, f.Name), flagArgs("-1s")...)
+					}
+				}
+			})
+		})
+	}
+
+	// The same words for a value from the environment.
+	t.Run("environment", func(t *testing.T) {
+		t.Setenv("PROJECTOR_BATCH_MAX_WAIT", "5")
+		wrong(t, `invalid value "5" for --batch-max-wait: a duration like 500ms, 5s or 2m`, "run")
+	})
+	t.Run("typos", func(t *testing.T) {
+		wrong(t, `unknown command "rnu": did you mean "run"?`, "rnu")
+		wrong(t, `unknown command "dlq lsit": did you mean "dlq list"?`, "dlq", "lsit")
+		wrong(t, `unknown command "stat": did you mean "status"?`, "stat")
+		wrong(t, `unknown command "dlq lsit": did you mean "dlq list"?`, "help", "dlq", "lsit")
+	})
 }
