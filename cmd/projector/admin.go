@@ -100,7 +100,7 @@ func newStatusCommand(name, usage string, stdout, stderr io.Writer) *ffcli.Comma
 			fs.BoolVar(&asJSON, "json", false, "print JSON objects instead of a table")
 		},
 		func(ctx context.Context, _ []string) error {
-			pool, err := connect(ctx, c.databaseURL)
+			pool, err := connectEngine(ctx, c.databaseURL, tableOffsets)
 			if err != nil {
 				return err
 			}

@@ -275,3 +275,48 @@ func TestCommandLineConventions(t *testing.T) {
 		wrong(t, `unknown command "dlq lsit": did you mean "dlq list"?`, "help", "dlq", "lsit")
 	})
 }
+
+// TestMissingEngineTables: the operator commands, pointed at a schema
+// where projector migrate never ran, say so and what to do, instead of
+// PostgreSQL's "relation does not exist".
+func TestMissingEngineTables(t *testing.T) {
+	t.Setenv("PROJECTOR_BROKERS", "127.0.0.1:1") // for the commands that need one
+	db := testenv.NewDB(t)
+	u, err := url.Parse(db.URL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := fmt.Sprintf("no projector tables in %s/%s: run projector migrate, or check --database-url", strings.TrimPrefix(u.Path, "/"), db.Schema)
+	for _, args := range [][]string{
+		{"status"},
+		{"offsets", "list"},
+		{"offsets", "reset", "--topic", "t", "--to-earliest"},
+		{"offsets", "audit"},
+		{"dlq", "list"},
+		{"dlq", "show", "1"},
+		{"dlq", "replay", "--id", "1"},
+		{"dlq", "purge", "--id", "1", "--yes"},
+		{"dlq", "audit"},
+	} {
+		var out bytes.Buffer
+		err := Main(t.Context(), append(slices.Clip(args), "--database-url", db.URL), &out, &out)
+		if err == nil || err.Error() != want {
+			t.Errorf("projector %s: got %v, want %q", strings.Join(args, " "), err, want)
+		}
+	}
+
+	// A schema migrated by a version without one of the tables names it.
+	if err := Main(t.Context(), []string{"migrate", "--database-url", db.URL, "--config", "../../examples/projections.yaml"}, io.Discard, io.Discard); err != nil {
+		t.Fatalf("migrate: %v", err)
+	}
+	if _, err := db.Pool.Exec(t.Context(), "DROP TABLE projector_dlq_audit"); err != nil {
+		t.Fatal(err)
+	}
+	err = Main(t.Context(), []string{"dlq", "audit", "--database-url", db.URL}, io.Discard, io.Discard)
+	if err == nil || !strings.Contains(err.Error(), "no table projector_dlq_audit in ") || !strings.Contains(err.Error(), "run projector migrate") {
+		t.Errorf("dlq audit without its table: got %v, want it named, with what to do", err)
+	}
+	if err := Main(t.Context(), []string{"dlq", "list", "--database-url", db.URL}, io.Discard, io.Discard); err != nil {
+		t.Errorf("dlq list, whose table is there: %v", err)
+	}
+}
