@@ -23,6 +23,7 @@ import (
 
 	"github.com/projector-dev/projector/internal/cliflag"
 	"github.com/projector-dev/projector/internal/demo"
+	"github.com/projector-dev/projector/internal/redact"
 	"github.com/projector-dev/projector/internal/testenv"
 )
 
@@ -60,12 +61,28 @@ func TestDemo(t *testing.T) {
 		t.Errorf("member-2 joined after %d of %d records: want a third of the way in", sent, total)
 	}
 
-	u, _ := url.Parse(testenv.DatabaseURL())
-	q := u.Query()
-	q.Set("search_path", schema)
-	u.RawQuery = q.Encode()
+	// The commands the demo prints at its end work when pasted.
+	pasted := regexp.MustCompile(`(?m)^ +projector (status --identity demo|dlq list) --database-url '([^']+)'$`).FindAllStringSubmatch(out.String(), -1)
+	if len(pasted) != 2 {
+		t.Fatalf("demo output does not end with the status and dlq commands to run next:\n%s", &out)
+	}
+	dbURL := pasted[0][2]
+	if !strings.Contains(dbURL, schema) {
+		t.Errorf("the printed --database-url %s does not name the demo's schema %s", dbURL, schema)
+	}
 	out.Reset()
-	if err := Main(ctx, []string{"dlq", "list", "--json", "--database-url", u.String()}, &out, &errs); err != nil {
+	if err := Main(ctx, []string{"status", "--json", "--identity", "demo", "--database-url", dbURL}, &out, &errs); err != nil {
+		t.Fatalf("status: %v\n%s", err, &errs)
+	}
+	var parts []partitionStatus
+	if err := json.Unmarshal(out.Bytes(), &parts); err != nil {
+		t.Fatalf("status --json: %v\n%s", err, &out)
+	}
+	if len(parts) == 0 || parts[0].Topic != demo.Topic || parts[0].NextOffset == nil || parts[0].State != stateLogNotAsked {
+		t.Errorf("status with the printed --database-url: want the demo's stored offsets, got %+v", parts)
+	}
+	out.Reset()
+	if err := Main(ctx, []string{"dlq", "list", "--json", "--database-url", pasted[1][2]}, &out, &errs); err != nil {
 		t.Fatalf("dlq list: %v\n%s", err, &errs)
 	}
 	var dls []map[string]any
@@ -318,5 +335,24 @@ func TestMissingEngineTables(t *testing.T) {
 	}
 	if err := Main(t.Context(), []string{"dlq", "list", "--database-url", db.URL}, io.Discard, io.Discard); err != nil {
 		t.Errorf("dlq list, whose table is there: %v", err)
+	}
+}
+
+// The demo's URL for the commands after it keeps the user's settings,
+// adds the schema in a form psql reads too, and never shows a password.
+func TestWithSearchPath(t *testing.T) {
+	for in, want := range map[string]string{
+		"postgres://u:secret@db:5432/app?sslmode=disable":                 "postgres://u:xxxxx@db:5432/app?options=-csearch_path%3Dprojector_demo&sslmode=disable",
+		"postgres://u@db/app?search_path=other&options=-cwork_mem%3D64MB": "postgres://u@db/app?options=-cwork_mem%3D64MB+-csearch_path%3Dprojector_demo",
+		"host=db dbname=app password=secret":                              "host=db dbname=app password=xxxxx options='-csearch_path=projector_demo'",
+	} {
+		got := withSearchPath(in, "projector_demo")
+		if r := redact.String(got); r != want {
+			t.Errorf("%s: got %s, want %s", in, r, want)
+		}
+		cfg, err := pgxpool.ParseConfig(got)
+		if err != nil || !strings.Contains(cfg.ConnConfig.RuntimeParams["options"], "-csearch_path=projector_demo") {
+			t.Errorf("%s: pgx reads %v, %v: want the search path in options", got, cfg, err)
+		}
 	}
 }
