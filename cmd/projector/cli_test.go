@@ -285,6 +285,12 @@ func TestCommandLineConventions(t *testing.T) {
 		t.Setenv("PROJECTOR_BATCH_MAX_WAIT", "5")
 		wrong(t, `invalid value "5" for --batch-max-wait: a duration like 500ms, 5s or 2m`, "run")
 	})
+	t.Run("dlq show", func(t *testing.T) {
+		wrong(t, "want exactly one argument", "dlq", "show")
+		wrong(t, "want exactly one argument", "dlq", "show", "1", "2")
+		wrong(t, `ID "x" is not a dead-letter id`, "dlq", "show", "x")
+		wrong(t, "-no-such-flag; see projector dlq show --help", "dlq", "show", "1", "--no-such-flag")
+	})
 	t.Run("typos", func(t *testing.T) {
 		wrong(t, `unknown command "rnu": did you mean "run"?`, "rnu")
 		wrong(t, `unknown command "dlq lsit": did you mean "dlq list"?`, "dlq", "lsit")

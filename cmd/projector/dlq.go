@@ -220,11 +220,11 @@ func dlqShowCommand(stdout, stderr io.Writer) *ffcli.Command {
 				args = append(args[:i+1:i+1], fset.Args()...)
 			}
 			if len(args) != 1 {
-				return errors.New("dlq show: want exactly one argument, the dead-letter ID (see `projector dlq list`)")
+				return &usageError{msg: "dlq show: want exactly one argument, the dead-letter ID (see projector dlq list)"}
 			}
 			id, err := strconv.ParseInt(args[0], 10, 64)
 			if err != nil || id <= 0 {
-				return fmt.Errorf("dlq show: ID %q is not a dead-letter id", args[0])
+				return &usageError{msg: fmt.Sprintf("dlq show: ID %q is not a dead-letter id", args[0])}
 			}
 			pool, err := connectEngine(ctx, c.databaseURL, tableDeadLetters)
 			if err != nil {

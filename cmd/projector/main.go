@@ -5,6 +5,9 @@
 // Every flag can also be set through an environment variable: PROJECTOR_
 // followed by the flag name in upper case with dashes as underscores
 // (--database-url → PROJECTOR_DATABASE_URL). A flag on the command line wins.
+//
+// Exit status: 0 on success and for --help; 1 when a command ran and
+// failed; 2 when the command line is wrong and nothing ran.
 package main
 
 import (
