@@ -159,8 +159,29 @@ func (c *cli) group(cmd *ffcli.Command, path string) func(context.Context, []str
 			fmt.Fprint(c.stderr, ffcli.DefaultUsageFunc(cmd))
 			return &usageError{msg: path + ": no command given", shown: true}
 		}
+		if args[0] == "help" { // projector dlq help [list]
+			return c.help(cmd, path, args[1:])
+		}
 		return unknownCommand(cmd, path, args[0])
 	}
+}
+
+// help prints the usage of the command names lead to from cmd.
+func (c *cli) help(cmd *ffcli.Command, path string, names []string) error {
+	for _, name := range names {
+		var next *ffcli.Command
+		for _, sub := range cmd.Subcommands {
+			if strings.EqualFold(sub.Name, name) {
+				next = sub
+			}
+		}
+		if next == nil {
+			return unknownCommand(cmd, path, name)
+		}
+		cmd, path = next, path+" "+next.Name
+	}
+	fmt.Fprint(c.stdout, ffcli.DefaultUsageFunc(cmd))
+	return nil
 }
 
 // unknownCommand says that name is not a subcommand of cmd, and which one
@@ -212,21 +233,7 @@ func (c *cli) helpCommand(root *ffcli.Command) *ffcli.Command {
 		ShortUsage: "projector help [command ...]",
 		ShortHelp:  "Show the usage of projector or of one of its commands.",
 		Exec: func(_ context.Context, args []string) error {
-			cmd, path := root, root.Name
-			for _, name := range args {
-				var next *ffcli.Command
-				for _, sub := range cmd.Subcommands {
-					if strings.EqualFold(sub.Name, name) {
-						next = sub
-					}
-				}
-				if next == nil {
-					return unknownCommand(cmd, path, name)
-				}
-				cmd, path = next, path+" "+next.Name
-			}
-			fmt.Fprint(c.stdout, ffcli.DefaultUsageFunc(cmd))
-			return nil
+			return c.help(root, root.Name, args)
 		},
 	}
 }

@@ -242,13 +242,19 @@ func TestCommandLineConventions(t *testing.T) {
 			}
 
 			if len(c.cmd.Subcommands) > 0 {
+				sub := c.cmd.Subcommands[0]
+				if len(c.path) > 0 { // projector dlq help list
+					r := projector(append(slices.Clip(c.path), "help", sub.Name)...)
+					if r.err != nil || !strings.Contains(r.stdout, "USAGE\n  "+name+" "+sub.Name) {
+						t.Errorf("%s help %s: got error %v and stdout\n%s\nwant its usage and exit 0", name, sub.Name, r.err, r.stdout)
+					}
+				}
 				r := projector(c.path...)
 				if exitCode(r.err) != exitUsage || !silent(r.err) || !strings.Contains(r.stderr, "USAGE\n  "+name) {
 					t.Errorf("%s alone: got error %v (exit %d), stderr\n%s\nwant its usage on stderr and exit 2", name, r.err, exitCode(r.err), r.stderr)
 				}
-				sub := c.cmd.Subcommands[0].Name
-				typo := sub[:len(sub)-1] + "x" // one letter wrong
-				full := strings.Join(append(slices.Clip(c.path), sub), " ")
+				typo := sub.Name[:len(sub.Name)-1] + "x" // one letter wrong
+				full := strings.Join(append(slices.Clip(c.path), sub.Name), " ")
 				wrong(t, fmt.Sprintf(`unknown command %q: did you mean %q?`, strings.Join(append(slices.Clip(c.path), typo), " "), full), append(slices.Clip(c.path), typo)...)
 				wrong(t, "unknown command", append(slices.Clip(c.path), "zzzzzzzzzz")...)
 				return
