@@ -7,7 +7,6 @@ import (
 	"time"
 
 	"errors"
-	"fmt"
 	"math"
 
 	"github.com/dustin/go-humanize"
@@ -23,10 +22,10 @@ func (b *ByteSize) String() string { return humanize.IBytes(uint64(*b)) }
 func (b *ByteSize) Set(s string) error {
 	n, err := humanize.ParseBytes(s)
 	if err != nil {
-		return errors.New("want a size in bytes, with or without a unit, such as 256MiB")
+		return errors.New("a size like 64MiB, 300MB or 268435456 (bytes)")
 	}
 	if n > math.MaxInt64 {
-		return fmt.Errorf("%s: too large", s)
+		return errors.New("too large")
 	}
 	*b = ByteSize(n)
 	return nil
