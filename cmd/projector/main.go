@@ -60,6 +60,7 @@ func rootCommand(stdout, stderr io.Writer) *ffcli.Command {
 		ShortHelp:  "Kafka event streams into versioned read models in PostgreSQL.",
 		Subcommands: []*ffcli.Command{
 			runCommand(stdout, stderr),
+			devCommand(stdout, stderr),
 			demoCommand(stdout, stderr),
 			migrateCommand(stdout, stderr),
 			statusCommand(stdout, stderr),
