@@ -9,12 +9,15 @@ import (
 	"slices"
 	"strings"
 
+	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/peterbourgon/ff/v3/ffcli"
 	"github.com/twmb/franz-go/pkg/sr"
 
 	"github.com/projector-dev/projector/internal/embedded"
 	"github.com/projector-dev/projector/internal/redact"
 	"github.com/projector-dev/projector/projection"
+	"github.com/projector-dev/projector/sinks"
+	"github.com/projector-dev/projector/sinks/postgres"
 )
 
 // DefaultDevPartitions is how many partitions dev gives each topic.
@@ -86,10 +89,41 @@ func (f *devFlags) run(ctx context.Context, args []string, stdout, stderr io.Wri
 		brokers:      brokers,
 		registry:     reg,
 		awaitSchemas: true,
+		migrated: func(ctx context.Context, pool *pgxpool.Pool) error {
+			return f.restartOffsets(ctx, stdout, pool, topics)
+		},
 		running: func(target dbTarget) {
 			f.banner(stdout, target, brokers[0], registry.URL(), projs)
 		},
 	})
+}
+
+// restartOffsets moves the identity's stored offsets of the topics back to
+// 0. The embedded broker keeps its log in memory, so every dev start
+// begins with empty topics: an offset stored by the previous start points
+// past their end and would halt its partition. The tables keep their rows
+// and versions, so an event the previous start applied, produced again,
+// is ignored as stale.
+func (f *devFlags) restartOffsets(ctx context.Context, stdout io.Writer, pool *pgxpool.Pool, topics []string) error {
+	offsets := postgres.NewOffsets(pool, f.identity)
+	stored, err := offsets.List(ctx)
+	if err != nil {
+		return err
+	}
+	to := map[sinks.TP]int64{}
+	for _, s := range stored {
+		if slices.Contains(topics, s.Topic) && s.NextOffset != nil && *s.NextOffset > 0 {
+			to[s.TP] = 0
+		}
+	}
+	if len(to) == 0 {
+		return nil
+	}
+	if _, err := offsets.Reset(ctx, "projector dev", "the embedded broker's topics start empty on every dev start", to); err != nil {
+		return err
+	}
+	fmt.Fprintf(stdout, "  offsets    %d stored offsets of identity %s moved back to 0: the embedded topics start empty; the tables keep their rows\n", len(to), f.identity)
+	return nil
 }
 
 // banner says where dev writes and the commands to type next.

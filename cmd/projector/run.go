@@ -96,6 +96,9 @@ type engineEnv struct {
 	// the registry waits for one to be registered instead of stopping
 	// startup (dev, whose registry starts empty).
 	awaitSchemas bool
+	// migrated, when not nil, runs once the tables exist and before the
+	// engine is built.
+	migrated func(ctx context.Context, pool *pgxpool.Pool) error
 	// running, when not nil, is called once the engine is built, with
 	// the database it writes.
 	running func(target dbTarget)
@@ -207,6 +210,11 @@ func (f *runFlags) runOn(ctx context.Context, stderr io.Writer, env engineEnv) e
 				return nil
 			}
 			return err
+		}
+		if env.migrated != nil {
+			if err := env.migrated(sctx, pool); err != nil {
+				return err
+			}
 		}
 		step("joining the consumer group")
 		e, err := newEngine(f, brokers, projs, reg, readers, log, pool, metrics, tp)
