@@ -1,5 +1,5 @@
 // Command projector turns Kafka event streams into versioned read models in
-// PostgreSQL. Subcommands: run, relay, demo, migrate, status, offsets, dlq.
+// PostgreSQL. Subcommands: run, dev, relay, demo, migrate, status, offsets, dlq.
 // The benchmark is the command projector-bench.
 //
 // Every flag can also be set through an environment variable: PROJECTOR_
