@@ -213,6 +213,9 @@ func (f *runFlags) runOn(ctx context.Context, stderr io.Writer, env engineEnv) e
 		}
 		if env.migrated != nil {
 			if err := env.migrated(sctx, pool); err != nil {
+				if ctx.Err() != nil {
+					return nil
+				}
 				return err
 			}
 		}
