@@ -189,6 +189,9 @@ func TestReadmeJourney(t *testing.T) {
 		if len(words) == 0 {
 			continue
 		}
+		if len(words) < 2 {
+			t.Fatalf("the journey test does not know the README's command %q: teach it", sc.Text())
+		}
 		switch {
 		case words[0] == "projector" && words[1] == "dev":
 			args := withFlags(inDir(words[1:]), map[string]string{
