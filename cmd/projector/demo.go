@@ -18,13 +18,12 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	dto "github.com/prometheus/client_model/go"
 	"github.com/twmb/franz-go/pkg/kadm"
-	"github.com/twmb/franz-go/pkg/kfake"
 	"github.com/twmb/franz-go/pkg/kgo"
 	"github.com/twmb/franz-go/pkg/sr"
-	"github.com/twmb/franz-go/pkg/sr/srfake"
 
 	"github.com/projector-dev/projector/deadletters"
 	"github.com/projector-dev/projector/internal/demo"
+	"github.com/projector-dev/projector/internal/embedded"
 	"github.com/projector-dev/projector/internal/kafkaclient"
 	"github.com/projector-dev/projector/internal/redact"
 	"github.com/projector-dev/projector/outbox"
@@ -93,12 +92,15 @@ func runDemo(ctx context.Context, f *demoFlags, stdout, stderr io.Writer) error 
 	defer pool.Close()
 	say("postgres   %s (schema %s, recreated)", redact.String(f.databaseURL), f.schema)
 
-	cluster, err := kfake.NewCluster(kfake.NumBrokers(1), kfake.SeedTopics(int32(f.partitions), demo.Topic))
+	cluster, err := embedded.NewBroker(ctx, embedded.BrokerConfig{Topics: []string{demo.Topic}, Partitions: int32(f.partitions)})
 	if err != nil {
-		return fmt.Errorf("start embedded broker: %w", err)
+		return err
 	}
 	defer cluster.Close()
-	registry := srfake.New()
+	registry, err := embedded.NewRegistry("")
+	if err != nil {
+		return err
+	}
 	defer registry.Close()
 	regClient, err := sr.NewClient(sr.URLs(registry.URL()))
 	if err != nil {

@@ -1,5 +1,5 @@
 // Command projector turns Kafka event streams into versioned read models in
-// PostgreSQL. Subcommands: run, relay, demo, migrate, status, offsets, dlq.
+// PostgreSQL. Subcommands: run, dev, relay, demo, migrate, status, offsets, dlq.
 // The benchmark is the command projector-bench.
 //
 // Every flag can also be set through an environment variable: PROJECTOR_
@@ -63,6 +63,7 @@ func rootCommand(stdout, stderr io.Writer) *ffcli.Command {
 		ShortHelp:  "Kafka event streams into versioned read models in PostgreSQL.",
 		Subcommands: []*ffcli.Command{
 			runCommand(stdout, stderr),
+			devCommand(stdout, stderr),
 			demoCommand(stdout, stderr),
 			migrateCommand(stdout, stderr),
 			statusCommand(stdout, stderr),
