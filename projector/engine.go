@@ -175,6 +175,9 @@ func (c *Config) validate() error {
 		}
 		topics[p.Topic] = true
 	}
+	if err := c.Partition.Validate(); err != nil {
+		return fmt.Errorf("config: Partition: %w", err)
+	}
 	if c.Partition.ClassifyDecode == nil {
 		// Without it a registry that does not answer would dead-letter
 		// every record instead of being waited for.
@@ -769,7 +772,7 @@ func (e *Engine) start(c sinks.Claim) {
 	f := &fetcher{e: e, tp: c.TP}
 	w := partition.NewWorker(e.cfg.Partition, partition.WorkerDeps{
 		Group: e.gen.identity, Claim: c, Projection: p, Sink: e.gen.sinks[c.Topic].Sink, Decoder: e.decoders[c.Topic],
-		Repairer: e.repairers[c.Topic], Fetcher: f, Log: e.log, Metrics: e.metrics,
+		Repairer: e.repairers[c.Topic], Fetcher: f, Log: e.log, Metrics: e.metrics, Now: e.now,
 	})
 	f.w = w
 	parent := e.runCtx
