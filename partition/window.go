@@ -234,7 +234,9 @@ func (w *Worker) planBatch(ctx context.Context, win *window, recs []*kgo.Record)
 	}
 	if trip := w.guard.add(items, changes.DeadLetters); trip != nil {
 		// Applied batch by batch, the batch halts the partition (see
-		// process) after those before it have committed.
+		// process) after those before it have committed: the replay
+		// covers it.
+		win.end = end
 		return &planFailed{trip}
 	}
 	win.guardEnd = w.guard.pos()
