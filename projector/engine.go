@@ -68,7 +68,7 @@ type Config struct {
 	// "earliest" (default) or "latest".
 	StartFrom string
 	// Partition tunes the partition workers (batch size and wait, buffer,
-	// retry backoff); its RetryBase and RetryCap also pace the engine's
+	// retry backoff, the dead-letter storm guard); its RetryBase and RetryCap also pace the engine's
 	// retries of claims and start offsets. A nil ClassifyDecode is the
 	// engine's own, ClassifyDecode.
 	Partition partition.Config
