@@ -102,6 +102,13 @@ func TestDeadLetterStormHaltsPartition(t *testing.T) {
 		t.Errorf("/readyz partitions check: %v, want each partition halted by a key_mismatch storm", err)
 	}
 	// The partitions try again and again, and say so once.
+	testenv.WaitFor(t, 10*time.Second, func() error {
+		if n := logs.count(t, slog.LevelError, stormHalted); n != partitions {
+			return fmt.Errorf("%d error lines saying a partition halted, want one per partition (%d)", n, partitions)
+		}
+		return nil
+	})
+	lines := logs.lines()
 	retries := counterWith(t, reg, "projector_retries_total", "reason", "dead_letter_storm")
 	testenv.WaitFor(t, 20*time.Second, func() error {
 		if n := counterWith(t, reg, "projector_retries_total", "reason", "dead_letter_storm"); n < retries+5*partitions {
@@ -109,8 +116,8 @@ func TestDeadLetterStormHaltsPartition(t *testing.T) {
 		}
 		return nil
 	})
-	if n := logs.count(t, slog.LevelError, stormHalted); n != partitions {
-		t.Errorf("%d error lines saying a partition halted, want one per partition (%d)", n, partitions)
+	if more := logs.lines() - lines; more > 0 {
+		t.Errorf("%d more log lines while halted, want none", more)
 	}
 	// The records of the first batch or two may have been dead-lettered
 	// before the guard judged (it waits for 100 records); beyond them,
@@ -124,6 +131,9 @@ func TestDeadLetterStormHaltsPartition(t *testing.T) {
 		t.Errorf("halted with %d records committed and %d dead letters, want fewer than the 100 per partition the guard waits for", stored, dead)
 	}
 	stop()
+	if got := gauge(t, reg, "projector_partition_dead_letter_storm"); got != 0 {
+		t.Errorf("projector_partition_dead_letter_storm sums to %v after the member left: its partitions are no longer its to report", got)
+	}
 
 	// The fix is a deploy: the same identity with the right key field.
 	f.projs = good
