@@ -338,9 +338,10 @@ Reading them:
   (` + "`projector_state_cache_bytes`" + ` near ` + "`--state-cache-bytes`" + `) says the cache is too
   small for the stream's aggregates. About 1% probes is the tombstone filter
   at work; nearly all probes, a table with more than 1,000,000 tombstones.
-- ` + "`projector_retries_total`" + `'s ` + "`reason`" + ` is ` + "`postgres`, `timeout`, `fold`" + ` or ` + "`error`" + `.
+- ` + "`projector_retries_total`" + `'s ` + "`reason`" + ` is ` + "`postgres`, `timeout`, `fold`, `dead_letter_storm`" + ` or ` + "`error`" + `.
 - ` + "`projector_partition_stalled`" + ` makes ` + "`/livez`" + ` fail, so that the member is
-  restarted; ` + "`projector_partition_halted`" + `, ` + "`projector_partition_statements_refused`" + ` and
+  restarted; ` + "`projector_partition_halted`" + `, ` + "`projector_partition_statements_refused`" + `,
+  ` + "`projector_partition_dead_letter_storm`" + ` and
   ` + "`projector_backoff_active`" + ` (past ` + "`--unready-after`" + `) make ` + "`/readyz`" + ` fail.
 `
 
