@@ -183,6 +183,10 @@ func (r *Relay) Run(ctx context.Context) error {
 	var wg sync.WaitGroup
 	wg.Go(func() { r.housekeeping(ctx) })
 	defer wg.Wait()
+	var (
+		lastLog    time.Time
+		suppressed int
+	)
 	for attempt := 0; ; attempt++ {
 		var healthy bool
 		err := r.session(ctx, &healthy)
@@ -200,12 +204,22 @@ func (r *Relay) Run(ctx context.Context) error {
 		reason := sessionEndReason(err)
 		r.m.restarts.WithLabelValues(reason).Inc()
 		d := r.retryDelay(attempt)
-		r.log.Error("outbox relay: database session ended; its shards are released", "reason", reason, "err", err, "retry_in", d)
+		// Sessions that keep ending right after doing their work restart
+		// without backoff: they are logged once per sessionLogEvery.
+		if now := time.Now(); now.Sub(lastLog) >= sessionLogEvery {
+			r.log.Error("outbox relay: database session ended; its shards are released", "reason", reason, "err", err, "retry_in", d, "repeated", suppressed)
+			lastLog, suppressed = now, 0
+		} else {
+			suppressed++
+		}
 		if !sleep(ctx, d) {
 			return nil
 		}
 	}
 }
+
+// sessionLogEvery is how often the end of a session is logged at most.
+const sessionLogEvery = 10 * time.Second
 
 // sessionEndReason is the reason label of a session's end: the connection
 // could not be made, the connection was lost (the server ended the
