@@ -156,6 +156,8 @@ type Relay struct {
 	up      atomic.Bool
 	lastErr atomic.Pointer[error]
 	stall   stall
+	// indexed: the claim index of the shard count is built.
+	indexed atomic.Bool
 }
 
 // New returns a relay publishing the outbox of pool's database (the
@@ -182,6 +184,7 @@ func New(pool *pgxpool.Pool, cfg Config) (*Relay, error) {
 func (r *Relay) Run(ctx context.Context) error {
 	var wg sync.WaitGroup
 	wg.Go(func() { r.housekeeping(ctx) })
+	wg.Go(func() { r.buildShardIndex(ctx) })
 	defer wg.Wait()
 	var (
 		lastLog    time.Time
@@ -512,20 +515,65 @@ type fatalError struct{ err error }
 
 func (e *fatalError) Error() string { return e.err.Error() }
 
-// claimSQL reads the next rows of the owned shards in seq order, leaving
-// out every aggregate from a row blocked by an unencodable value on. It
-// takes no row locks: only the owner of a shard reads its rows.
-const claimSQL = `SELECT o.seq, o.id, o.aggregate_id, o.version, o.event_type, o.topic, o.payload, o.value,
+// claimColumns are what a claim reads of a row o.
+const claimColumns = `o.seq, o.id, o.aggregate_id, o.version, o.event_type, o.topic, o.payload, o.value,
 		o.tenant, o.source, o.subject, o.event_time, o.traceparent, o.tracestate,
-		extract(epoch FROM clock_timestamp() - o.created_at)::float8
-	FROM projector_outbox o
-	WHERE o.published_at IS NULL AND o.error IS NULL
-	  AND ((hashtextextended(o.aggregate_id, 0) % $1) + $1) % $1 = ANY($2::bigint[])
+		extract(epoch FROM clock_timestamp() - o.created_at)::float8`
+
+// claimable is the condition on a row o a claim returns: unpublished, and
+// not behind a row of its aggregate blocked by an unencodable value.
+const claimable = `o.published_at IS NULL AND o.error IS NULL
 	  AND NOT EXISTS (SELECT 1 FROM projector_outbox b
 		WHERE b.published_at IS NULL AND b.error IS NOT NULL
-		  AND b.topic = o.topic AND b.aggregate_id = o.aggregate_id AND b.seq < o.seq)
+		  AND b.topic = o.topic AND b.aggregate_id = o.aggregate_id AND b.seq < o.seq)`
+
+// maxMergedShards is the most owned shards a claim reads one by one; a
+// relay owning more claims in one walk of the seq index.
+const maxMergedShards = 64
+
+// claimSQL returns the claim of a relay owning owned of shards shards:
+// the next rows of the owned shards in seq order, at most the limit. It
+// takes no row locks: only the owner of a shard reads its rows.
+//
+// With the shard index built, each owned shard's rows are read from it in
+// seq order and merged (a Merge Append under the limit), so that a claim
+// reads about as many rows as it returns however far other shards lag;
+// the shard numbers are $1…$n and the limit $n+1. Without it, the claim
+// walks the unpublished rows of every shard in seq order and keeps its
+// own: $1 the shard count, $2 the owned shards, $3 the limit.
+func claimSQL(shards, owned int, indexed bool) string {
+	if !indexed || owned > maxMergedShards {
+		return `SELECT ` + claimColumns + `
+	FROM projector_outbox o
+	WHERE ` + claimable + `
+	  AND ((hashtextextended(o.aggregate_id, 0) % $1) + $1) % $1 = ANY($2::bigint[])
 	ORDER BY o.seq
 	LIMIT $3`
+	}
+	var b strings.Builder
+	b.WriteString("SELECT * FROM (")
+	for i := range owned {
+		if i > 0 {
+			b.WriteString("\n\tUNION ALL ")
+		}
+		fmt.Fprintf(&b, "(SELECT %s\n\tFROM projector_outbox o WHERE %s = $%d::bigint AND %s\n\tORDER BY o.seq LIMIT $%d)",
+			claimColumns, shardExpr("o", shards), i+1, claimable, owned+1)
+	}
+	fmt.Fprintf(&b, ") c ORDER BY 1 LIMIT $%d", owned+1)
+	return b.String()
+}
+
+// claimArgs are the arguments of claimSQL(shards, len(owned), indexed).
+func claimArgs(shards int, owned []int64, limit int, indexed bool) []any {
+	if !indexed || len(owned) > maxMergedShards {
+		return []any{int64(shards), owned, limit}
+	}
+	args := make([]any, 0, len(owned)+1)
+	for _, o := range owned {
+		args = append(args, o)
+	}
+	return append(args, limit)
+}
 
 const markSQL = `UPDATE projector_outbox SET published_at = clock_timestamp() WHERE seq = ANY($1::bigint[]) AND published_at IS NULL`
 
@@ -540,7 +588,8 @@ type aggKey struct{ topic, id string }
 // returns how many rows it claimed; a *fatalError ends the session.
 func (r *Relay) round(ctx context.Context, s *session) (int, error) {
 	claimedAt := time.Now()
-	rows, err := s.conn.Query(ctx, claimSQL, int64(r.cfg.Shards), s.list(), r.cfg.BatchSize)
+	owned, indexed := s.list(), r.indexed.Load()
+	rows, err := s.conn.Query(ctx, claimSQL(r.cfg.Shards, len(owned), indexed), claimArgs(r.cfg.Shards, owned, r.cfg.BatchSize, indexed)...)
 	if err != nil {
 		return 0, &fatalError{fmt.Errorf("claim: %w", err)}
 	}
@@ -817,6 +866,39 @@ func refusedForGood(err error) bool {
 		return !ke.Retriable || ke == kerr.UnknownTopicOrPartition || ke == kerr.UnknownTopicID
 	}
 	return false
+}
+
+// buildShardIndex makes sure the claim index of the relay's shard count
+// exists, building it without blocking writers when it does not, and
+// retrying every CleanupInterval until it is built; claims use it from
+// then on.
+func (r *Relay) buildShardIndex(ctx context.Context) {
+	for {
+		start := time.Now()
+		ready, err := ensureShardIndex(ctx, r.pool, r.cfg.Shards, func() {
+			r.log.Info("outbox relay: building the claim index of this shard count (CREATE INDEX CONCURRENTLY); until it is built, claims read every shard's backlog",
+				"index", shardIndexName(r.cfg.Shards))
+		})
+		if ready {
+			if time.Since(start) > time.Second {
+				r.log.Info("outbox relay: claim index ready", "index", shardIndexName(r.cfg.Shards), "took", time.Since(start).Round(time.Millisecond))
+			}
+			r.indexed.Store(true)
+			return
+		}
+		if ctx.Err() != nil {
+			return
+		}
+		retry := r.cfg.PollInterval // another relay is building it
+		if !errors.Is(err, errIndexBusy) {
+			retry = r.cfg.CleanupInterval
+			r.log.Warn("outbox relay: the claim index of this shard count could not be built; claims read every shard's backlog until it is; retried",
+				"index", shardIndexName(r.cfg.Shards), "err", err, "retry_in", retry)
+		}
+		if !sleep(ctx, retry) {
+			return
+		}
+	}
 }
 
 // housekeeping refreshes the backlog gauges every PollInterval and, every
