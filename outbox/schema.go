@@ -95,7 +95,9 @@ func shardExpr(alias string, shards int) string {
 
 // shardIndexName is the index of the unpublished rows by shard and seq
 // for a shard count.
-func shardIndexName(shards int) string { return fmt.Sprintf("projector_outbox_unpublished_shards_%d", shards) }
+func shardIndexName(shards int) string {
+	return fmt.Sprintf("projector_outbox_unpublished_shards_%d", shards)
+}
 
 // shardIndexDDL creates the index a relay with this shard count claims
 // with: per owned shard, its unpublished rows in seq order, so that a
