@@ -78,9 +78,7 @@ const migratedSQL = `SELECT to_regclass('projector_outbox') IS NOT NULL
 	AND (SELECT count(*) FROM pg_index x JOIN pg_class i ON i.oid = x.indexrelid
 	     WHERE x.indrelid = to_regclass('projector_outbox')
 	     AND i.relname IN ('projector_outbox_unpublished', 'projector_outbox_published', 'projector_outbox_blocked')) = 3
-	AND EXISTS (SELECT 1 FROM pg_trigger WHERE tgrelid = to_regclass('projector_outbox') AND tgname = 'projector_outbox_notify')
-	AND EXISTS (SELECT 1 FROM pg_index x JOIN pg_class i ON i.oid = x.indexrelid
-	     WHERE x.indrelid = to_regclass('projector_outbox') AND i.relname = $1 AND x.indisvalid)`
+	AND EXISTS (SELECT 1 FROM pg_trigger WHERE tgrelid = to_regclass('projector_outbox') AND tgname = 'projector_outbox_notify')`
 
 // shardExpr is the shard of the aggregate of a row (of alias, or
 // unqualified when alias is empty) among shards, in SQL. The claim and
@@ -116,21 +114,20 @@ func shardIndexDDL(shards int, concurrently bool) string {
 // idempotent and safe to run from several processes at once (it holds an
 // advisory lock while it changes anything).
 //
-// The claim index of the default shard count is created with the table;
-// on a table that exists without it (one created by an older version) it
-// is built with CREATE INDEX CONCURRENTLY, which does not block writers
-// but waits for the transactions running when it starts. A relay builds
-// the index of its own shard count the same way when it is missing, and
-// claims without it until it is built.
+// The claim index of the default shard count is created with the table.
+// A relay whose shard count has no claim index (another count, or a table
+// created by an older version) builds it in the background with CREATE
+// INDEX CONCURRENTLY, which does not block writers, and claims without it
+// meanwhile: Migrate never waits for an index build on a table in use.
 func Migrate(ctx context.Context, pool *pgxpool.Pool) error {
 	var done bool
-	if err := pool.QueryRow(ctx, migratedSQL, shardIndexName(DefaultShards)).Scan(&done); err != nil {
+	if err := pool.QueryRow(ctx, migratedSQL).Scan(&done); err != nil {
 		return fmt.Errorf("outbox: migrate: %w", err)
 	}
 	if done {
 		return nil
 	}
-	err := pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
+	return pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
 		if _, err := tx.Exec(ctx, `SELECT pg_advisory_xact_lock($1)`, migrationLock); err != nil {
 			return fmt.Errorf("outbox: migrate: lock: %w", err)
 		}
@@ -150,13 +147,6 @@ func Migrate(ctx context.Context, pool *pgxpool.Pool) error {
 		}
 		return nil
 	})
-	if err != nil {
-		return err
-	}
-	if _, err := ensureShardIndex(ctx, pool, DefaultShards, nil); err != nil && !errors.Is(err, errIndexBusy) {
-		return fmt.Errorf("outbox: migrate: %w", err)
-	}
-	return nil
 }
 
 // errIndexBusy says another process is building the shard index.
