@@ -194,7 +194,7 @@ func (r *Relay) Run(ctx context.Context) error {
 		var healthy bool
 		err := r.session(ctx, &healthy)
 		r.up.Store(false)
-		r.stall.clear(r) // this relay has no records waiting any more
+		r.stall.reset(r) // this relay has no records waiting any more
 		if ctx.Err() != nil {
 			return nil
 		}
@@ -832,6 +832,7 @@ func (st *stall) set(r *Relay, records int, waited time.Duration) {
 		"records", records, "waited", waited.Round(time.Millisecond), "stalled_for", now.Sub(st.since).Round(time.Millisecond))
 }
 
+// clear ends a stall: the broker acknowledged records.
 func (st *stall) clear(r *Relay) {
 	st.mu.Lock()
 	defer st.mu.Unlock()
@@ -839,6 +840,15 @@ func (st *stall) clear(r *Relay) {
 		return
 	}
 	r.log.Info("outbox relay: the broker acknowledges records again", "stalled_for", time.Since(st.since).Round(time.Millisecond))
+	st.since = time.Time{}
+	r.m.stalled.Set(0)
+}
+
+// reset ends a stall without a word: the session ended, and with it the
+// relay's waiting records.
+func (st *stall) reset(r *Relay) {
+	st.mu.Lock()
+	defer st.mu.Unlock()
 	st.since = time.Time{}
 	r.m.stalled.Set(0)
 }

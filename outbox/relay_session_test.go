@@ -302,3 +302,28 @@ func TestSessionLossStopsProducing(t *testing.T) {
 	}
 	checkOrder(t, recs, 4*aggs)
 }
+
+// TestMissingTableNamed: a relay on a database without the outbox table
+// says to migrate, and counts its restarts as no_table.
+func TestMissingTableNamed(t *testing.T) {
+	db := testenv.NewDB(t)
+	kafka := testenv.Kafka(t, topic, 1)
+	cl, err := kgo.NewClient(kgo.SeedBrokers(kafka.ListenAddrs()...))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(cl.Close)
+	var logs syncBuffer
+	reg := prometheus.NewRegistry()
+	r := startRelay(t, db.Pool, outbox.Config{Client: cl, Registerer: reg, PollInterval: 50 * time.Millisecond, RetryCap: 200 * time.Millisecond,
+		Logger: slog.New(slog.NewTextHandler(&logs, nil))})
+	testenv.WaitFor(t, 10*time.Second, testenv.Holds("a no_table restart counted", func() bool {
+		return counterWith(t, reg, "projector_outbox_session_restarts_total", "reason", "no_table") >= 1
+	}))
+	if !strings.Contains(logs.String(), "run outbox.Migrate") {
+		t.Errorf("the log does not say to migrate:\n%s", logs.String())
+	}
+	if err := r.Ready(t.Context())["outbox session"]; err == nil || !strings.Contains(err.Error(), "projector_outbox") {
+		t.Errorf("readiness %v, want it to name the missing table", err)
+	}
+}
