@@ -327,3 +327,21 @@ func TestMissingTableNamed(t *testing.T) {
 		t.Errorf("readiness %v, want it to name the missing table", err)
 	}
 }
+
+// TestProduceFailuresCounted: records the Kafka client gives up on count
+// in projector_outbox_produce_failures_total, and their rows are published
+// once the broker takes them.
+func TestProduceFailuresCounted(t *testing.T) {
+	e := setup(t)
+	cl := e.client(t, kgo.RecordRetries(1), kgo.MetadataMinAge(50*time.Millisecond), kgo.RetryBackoffFn(func(int) time.Duration { return 20 * time.Millisecond }))
+	_, reg, _ := e.relay(t, outbox.Config{PollInterval: 50 * time.Millisecond, Client: cl, RetryCap: 200 * time.Millisecond})
+	down := e.kafka.Fault(kfake.Fault{Keys: []kmsg.Key{kmsg.Produce}, Topic: topic, Err: kerr.NotLeaderForPartition, Count: -1})
+	defer down.Remove()
+	appendVersions(t, e, 3, 1, 2)
+	testenv.WaitFor(t, 10*time.Second, testenv.Holds("produce failures counted", func() bool {
+		return gauge(t, reg, "projector_outbox_produce_failures_total") >= 1
+	}))
+	down.Remove()
+	testenv.WaitFor(t, 20*time.Second, testenv.Holds("all published", func() bool { return count(t, e, "published_at IS NULL") == 0 }))
+	checkOrder(t, e.readAll(t), 6)
+}
