@@ -188,6 +188,7 @@ func (r *Relay) Run(ctx context.Context) error {
 	defer wg.Wait()
 	var (
 		lastLog    time.Time
+		lastReason string
 		suppressed int
 	)
 	for attempt := 0; ; attempt++ {
@@ -208,10 +209,10 @@ func (r *Relay) Run(ctx context.Context) error {
 		r.m.restarts.WithLabelValues(reason).Inc()
 		d := r.retryDelay(attempt)
 		// Sessions that keep ending right after doing their work restart
-		// without backoff: they are logged once per sessionLogEvery.
-		if now := time.Now(); now.Sub(lastLog) >= sessionLogEvery {
+		// without backoff: one reason is logged once per sessionLogEvery.
+		if now := time.Now(); reason != lastReason || now.Sub(lastLog) >= sessionLogEvery {
 			r.log.Error("outbox relay: database session ended; its shards are released", "reason", reason, "err", err, "retry_in", d, "repeated", suppressed)
-			lastLog, suppressed = now, 0
+			lastLog, lastReason, suppressed = now, reason, 0
 		} else {
 			suppressed++
 		}
