@@ -745,8 +745,8 @@ func (r *Relay) produce(ctx context.Context, s *session, recs []*kgo.Record, sen
 				lastAck.Store(time.Now().UnixNano())
 				r.m.published.WithLabelValues(c.topic).Inc()
 				r.m.duration.Observe(c.age + time.Since(claimedAt).Seconds())
-			} else {
-				r.m.failures.Inc()
+			} else if !errors.Is(err, context.Canceled) {
+				r.m.failures.Inc() // not withdrawn: the client gave up
 			}
 			if left.Add(-1) == 0 {
 				close(finished)
