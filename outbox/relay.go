@@ -328,8 +328,9 @@ func (r *Relay) session(ctx context.Context, healthy *bool) (err error) {
 		}
 		return fmt.Errorf("find the outbox table: %w", err)
 	}
-	// The claim must walk the unpublished index in seq order and stop
-	// after BatchSize rows whatever the statistics say: right after a
+	// The claim must walk an index of unpublished rows in seq order (per
+	// owned shard, or all of them) and stop after BatchSize rows whatever
+	// the statistics say: right after a
 	// burst they can still describe an empty table, and the planner would
 	// sort the whole backlog for every batch. The session runs nothing
 	// else that needs a sort or a bitmap scan.
