@@ -156,7 +156,7 @@ func compileFold(p *Projection, defs map[string]EventDef) (*declFold, error) {
 				return nil, fmt.Errorf("events.%s.add: no column %q", typ, col)
 			}
 			if k := c.Kind(); k != KindInt && k != KindFloat && !isNumeric(c.Type) {
-				return nil, fmt.Errorf("events.%s.add.%s: column type %s cannot be added to: add needs an integer, floating-point or numeric column", typ, col, c.Type)
+				return nil, fmt.Errorf("events.%s.add.%s: column type %s is not numeric: add needs an integer, floating-point or numeric column", typ, col, c.Type)
 			}
 			op := addOp{col: c, field: strings.TrimSpace(src)}
 			if strings.HasPrefix(op.field, "-") {
