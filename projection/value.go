@@ -113,8 +113,8 @@ func intLimit(pgType string) int64 {
 }
 
 func (c Column) text(v any) (any, error) {
-	if x, ok := v.(string); ok {
-		return x, nil // boxed already: no allocation
+	if _, ok := v.(string); ok {
+		return v, nil // boxed already: no allocation
 	}
 	typ := strings.TrimPrefix(c.Type, "pg_catalog.")
 	if elem, ok := strings.CutSuffix(typ, "[]"); ok {
