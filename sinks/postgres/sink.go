@@ -802,8 +802,8 @@ func (s *Sink) isolateUpserts(ctx context.Context, tx pgx.Tx, rows []sinks.RowWr
 func (s *Sink) refusedColumn(ctx context.Context, tx pgx.Tx, w sinks.RowWrite) (string, error) {
 	for _, c := range s.p.Columns {
 		v := w.Row[c.Name]
-		if v == nil {
-			continue
+		if v == nil || c.Kind() != projection.KindText {
+			continue // numbers and booleans travel in binary, range-checked already
 		}
 		text, err := c.EncodeText(v)
 		if err != nil {
