@@ -18,10 +18,8 @@ import (
 
 	"github.com/projector-dev/projector/internal/demo"
 	"github.com/projector-dev/projector/internal/testenv"
-	"github.com/projector-dev/projector/partition"
 	"github.com/projector-dev/projector/projection"
 	"github.com/projector-dev/projector/projector"
-	"github.com/projector-dev/projector/schemas"
 	"github.com/projector-dev/projector/sinks/postgres"
 )
 
@@ -247,15 +245,19 @@ func (b *typesBundle) run(t *testing.T, yaml string, ends map[string]map[int32]i
 	if err := postgres.Migrate(t.Context(), b.db.Pool, projs...); err != nil {
 		t.Fatal(err)
 	}
+	// The decoders projector run uses: the reader schema registered for
+	// the topic, pruned to the fields the projection reads.
+	decoders, err := projector.RegistryDecoders(t.Context(), b.reg, projs...)
+	if err != nil {
+		t.Fatal(err)
+	}
 	e, err := projector.New(projector.Config{
 		Brokers:     b.kafka.ListenAddrs(),
 		Identity:    "types",
 		Projections: projs,
 		Logger:      slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn})),
 		Store:       postgres.NewStore(b.db.Pool),
-	}, func(p *projection.Projection) partition.Decoder {
-		return schemas.NewDecoder(b.reg, b.schema, projector.DecodeOptions(p)...)
-	})
+	}, decoders)
 	if err != nil {
 		t.Fatal(err)
 	}
