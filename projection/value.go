@@ -40,8 +40,11 @@ func kindOf(pgType string) Kind {
 }
 
 // Convert turns a decoded Avro value into the Go value this column holds
-// (see Row). It fails with a message naming the column when the value does
-// not fit, including integers outside the column type's range.
+// (see Row), following the mapping of docs/types.md: an array into an
+// array column becomes an array literal of elements converted as the
+// element type's, a record, map or array into json or jsonb JSON text, a
+// decimal exact text. It fails with a message naming the column when the
+// value does not fit, including integers outside the column type's range.
 func (c Column) Convert(v any) (any, error) {
 	if v == nil {
 		return nil, nil
