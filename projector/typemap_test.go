@@ -415,6 +415,19 @@ func TestTypeMappingFold(t *testing.T) {
 		"price":   ptr("0.2"), "total": ptr("0.299999"), "cents": ptr("10.29"), "day": ptr("1969-07-20"),
 	})
 	compareRow(t, "b", b.rowText(t, "typed_fold", "b", cols), map[string]*string{"tags": ptr("{NULL}")})
+
+	// A new engine folds the next event onto the row as it reads it back
+	// from Postgres: arrays, JSON and decimals in the text Postgres renders.
+	end = b.produce(t, "typed_fold", typedEvent("a", 4, func(ev map[string]any) {
+		ev["price"], ev["fprice"], ev["tags"] = dec("0.000001"), dec("-0.29"), []any{"x", nil}
+	}))
+	b.run(t, typesFold, map[string]map[int32]int64{"typed_fold": end})
+	compareRow(t, "a", b.rowText(t, "typed_fold", "a", cols), map[string]*string{
+		"tags":    ptr("{x,NULL}"),
+		"stamps":  ptr(`{"1969-12-31 23:59:59.999+00","2023-11-14 22:13:20.123+00"}`),
+		"address": ptr(`{"zip": null, "photo": "3q0=", "street": "Main \"1\""}`),
+		"price":   ptr("0.000001"), "total": ptr("0.3"), "cents": ptr("10.00"), "day": ptr("1969-07-20"),
+	})
 	var n int
 	if err := b.db.Pool.QueryRow(t.Context(), `SELECT count(*) FROM projector_dead_letters`).Scan(&n); err != nil || n != 0 {
 		t.Errorf("dead letters: %d (%v), want none", n, err)
