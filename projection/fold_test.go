@@ -488,6 +488,14 @@ func TestConvertRoundTrip(t *testing.T) {
 		{"timestamp without time zone", at, "2026-05-06T09:08:07.654321", "2026-05-06T09:08:07.654321"},
 		{"timestamp without time zone", at.UTC(), "2026-05-06T14:08:07.654321Z", "2026-05-06T14:08:07.654321Z"},
 		{"bytea", [2]byte{0xca, 0xfe}, `\xcafe`, `\xcafe`},
+		// A union of several branches, as JSON, into columns that are not
+		// JSON: the branch's value.
+		{"text", json.RawMessage(`"a\"b"`), `a"b`, `a"b`},
+		{"text", json.RawMessage(`12.50`), `12.50`, `12.50`},
+		{"bigint", json.RawMessage(`-42`), int64(-42), "-42"},
+		{"double precision", json.RawMessage(`2.5`), 2.5, "2.5"},
+		{"boolean", json.RawMessage(`true`), true, "true"},
+		{"text", json.RawMessage(`{"a":1}`), `{"a":1}`, `{"a":1}`},
 	}
 	same := func(a, b any) bool {
 		if fa, ok := a.(float64); ok && math.IsNaN(fa) {

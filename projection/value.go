@@ -49,6 +49,12 @@ func (c Column) Convert(v any) (any, error) {
 	if v == nil {
 		return nil, nil
 	}
+	if raw, ok := v.(json.RawMessage); ok {
+		var err error
+		if v, err = c.fromJSON(raw); v == nil || err != nil {
+			return nil, err
+		}
+	}
 	switch c.Kind() {
 	case KindInt:
 		if n, ok := toInt(v); ok {
@@ -78,6 +84,45 @@ func (c Column) Convert(v any) (any, error) {
 		return c.text(v)
 	}
 	return nil, fmt.Errorf("column %s (%s): cannot hold %T value %v", c.Name, c.Type, v, v)
+}
+
+// fromJSON takes the value of a union of several branches, which the
+// engine decodes as JSON (see schemas.UnionsAsJSON), for a column that is
+// not json or jsonb: a string, number or boolean branch fills it as that
+// branch's value would (a number stays exact text for text columns), any
+// other is its JSON text.
+func (c Column) fromJSON(raw json.RawMessage) (any, error) {
+	switch typ := strings.TrimPrefix(c.Type, "pg_catalog."); {
+	case typ == "json" || typ == "jsonb":
+		return string(raw), nil
+	case len(raw) == 0:
+		return nil, nil
+	}
+	switch raw[0] {
+	case 'n':
+		return nil, nil
+	case 't', 'f':
+		return raw[0] == 't', nil
+	case '"':
+		var s string
+		if err := json.Unmarshal(raw, &s); err != nil {
+			return nil, fmt.Errorf("column %s (%s): %w", c.Name, c.Type, err)
+		}
+		return s, nil
+	case '{', '[':
+		return string(raw), nil
+	}
+	switch c.Kind() {
+	case KindInt:
+		if n, err := strconv.ParseInt(string(raw), 10, 64); err == nil {
+			return n, nil
+		}
+	case KindFloat:
+		if f, err := strconv.ParseFloat(string(raw), 64); err == nil {
+			return f, nil
+		}
+	}
+	return string(raw), nil
 }
 
 func toInt(v any) (int64, bool) {
