@@ -97,6 +97,7 @@ projections:
       address:      {type: jsonb}
       address_json: {type: json, field: address}
       choice:       {type: jsonb}
+      choice_text:  {type: text, field: choice}
       price:        {type: numeric}
       price_text:   {type: text, field: price}
       fprice:       {type: "numeric(18,2)"}
@@ -329,7 +330,7 @@ func TestTypeMappingSnapshot(t *testing.T) {
 	full := typedEvent("full", 1, nil)
 	nulls := typedEvent("nulls", 1, func(ev map[string]any) {
 		ev["tags"], ev["longs"], ev["colors"], ev["stamps"] = []any{}, []any{}, []any{}, []any{}
-		ev["maybe_tags"], ev["choice"], ev["maybe_price"] = nil, nil, dec("0.10")
+		ev["maybe_tags"], ev["maybe_price"] = nil, dec("0.10")
 		ev["counts"] = map[string]any{}
 		ev["price"] = dec("0.000001")
 		ev["fprice"] = dec("-0.01")
@@ -360,8 +361,8 @@ func TestTypeMappingSnapshot(t *testing.T) {
 		"counts":       ptr(`{"x": 1, "y<&>": -2}`),
 		"address":      ptr(`{"zip": null, "photo": "3q0=", "street": "Main \"1\""}`),
 		"address_json": ptr(`{"photo":"3q0=","street":"Main \"1\"","zip":null}`),
-		"choice":       ptr(`42`),
-		"price":        ptr("-12345678901234567890.123456"), "price_text": ptr("-12345678901234567890.123456"),
+		"choice":       ptr(`42`), "choice_text": ptr("42"),
+		"price": ptr("-12345678901234567890.123456"), "price_text": ptr("-12345678901234567890.123456"),
 		"fprice": ptr("9999999999999999.99"), "maybe_price": nil,
 		"at": ptr("2023-11-14 22:13:20.123+00"), "at_plain": ptr("2023-11-14 22:13:20.123"),
 		"at_micros": ptr("1969-12-31 23:59:59.999999+00"), "local_at": ptr("2024-02-29 23:59:59.999999"),
@@ -372,11 +373,12 @@ func TestTypeMappingSnapshot(t *testing.T) {
 	compareRow(t, "nulls", b.rowText(t, "typed", "nulls", cols), map[string]*string{
 		"tags": ptr("{}"), "longs": ptr("{}"), "colors": ptr("{}"), "stamps": ptr("{}"), "maybe_tags": nil,
 		"counts": ptr("{}"), "address": ptr(`{"zip": -1, "photo": "", "street": ""}`),
-		"choice": ptr(`{"zip": null, "photo": "eA==", "street": "s"}`),
-		"price":  ptr("0.000001"), "fprice": ptr("-0.01"), "maybe_price": ptr("0.1"),
+		"choice":      ptr(`{"zip": null, "photo": "eA==", "street": "s"}`),
+		"choice_text": ptr(`{"photo":"eA==","street":"s","zip":null}`),
+		"price":       ptr("0.000001"), "fprice": ptr("-0.01"), "maybe_price": ptr("0.1"),
 		"day": ptr("0001-01-01"),
 	})
-	compareRow(t, "str", b.rowText(t, "typed", "str", cols), map[string]*string{"choice": ptr(`"not json"`)})
+	compareRow(t, "str", b.rowText(t, "typed", "str", cols), map[string]*string{"choice": ptr(`"not json"`), "choice_text": ptr("not json")})
 
 	var n int
 	var msg string
