@@ -85,6 +85,8 @@ projections:
       raw:          {type: bytea}
       fix:          {type: bytea}
       color:        {type: text}
+      color_enum:   {type: color_kind, field: color}
+      colors_enum:  {type: "color_kind[]", field: colors}
       tags:         {type: "text[]"}
       tags_json:    {type: jsonb, field: tags}
       longs:        {type: "bigint[]"}
@@ -340,6 +342,9 @@ func TestTypeMappingSnapshot(t *testing.T) {
 	})
 	str := typedEvent("str", 1, func(ev map[string]any) { ev["choice"] = map[string]any{"string": "not json"} })
 	bad := typedEvent("bad", 1, func(ev map[string]any) { ev["ref"] = "not-a-uuid" })
+	if _, err := b.db.Pool.Exec(t.Context(), `CREATE TYPE color_kind AS ENUM ('RED', 'GREEN', 'BLUE')`); err != nil {
+		t.Fatal(err)
+	}
 	end := b.produce(t, "typed", full, bad, nulls, str)
 	projs := b.run(t, typesSnapshot, map[string]map[int32]int64{"typed": end})
 
@@ -351,7 +356,7 @@ func TestTypeMappingSnapshot(t *testing.T) {
 		"flag": ptr("true"), "flag_text": ptr("true"), "small": ptr("-32768"), "big": ptr("-9223372036854775808"),
 		"big_numeric": ptr("-9223372036854775808"), "ratio": ptr("0.1"), "single": ptr("1.5"),
 		"name": ptr(`quo"te\back`), "ref": ptr("3f0e9c3c-9d7c-4a7e-8a8b-2b7f0a6d1e11"),
-		"raw": ptr(`\x00ff5c78`), "fix": ptr(`\x01020304`), "color": ptr("GREEN"),
+		"raw": ptr(`\x00ff5c78`), "fix": ptr(`\x01020304`), "color": ptr("GREEN"), "color_enum": ptr("GREEN"), "colors_enum": ptr("{RED,BLUE}"),
 		"tags":      ptr(`{a,"b c",NULL,"","q\"u\\o","NULL"}`),
 		"tags_json": ptr(`["a", "b c", null, "", "q\"u\\o", "NULL"]`),
 		"longs":     ptr("{1,-9223372036854775808}"), "doubles": ptr("{1.5,-0.25,1e+300}"),

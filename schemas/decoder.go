@@ -127,7 +127,8 @@ const (
 // map[string]any{"<branch name>": value} is kept, the branch name being
 // the full name of a named type ("demo.accounts.Money") or the type
 // ("array", "map", "long.local-timestamp-millis"), so that the branch can
-// be told apart.
+// be told apart. With UnionsAsJSON such a union (of two or more non-null
+// branches) decodes to a json.RawMessage instead.
 //
 // For the demo schemas (account_event.avsc): account_id, type: string;
 // version, amount: int64; owner: nil or string; occurred_at: time.Time
