@@ -1,5 +1,6 @@
 // Command projector turns Kafka event streams into versioned read models in
-// PostgreSQL. Subcommands: run, relay, demo, migrate, status, offsets, dlq.
+// PostgreSQL. Subcommands: run, relay, demo, produce, migrate, status,
+// offsets, dlq.
 // The benchmark is the command projector-bench.
 //
 // Every flag can also be set through an environment variable: PROJECTOR_
@@ -61,6 +62,7 @@ func rootCommand(stdout, stderr io.Writer) *ffcli.Command {
 		Subcommands: []*ffcli.Command{
 			runCommand(stdout, stderr),
 			demoCommand(stdout, stderr),
+			produceCommand(os.Stdin, stdout, stderr),
 			migrateCommand(stdout, stderr),
 			statusCommand(stdout, stderr),
 			offsetsCommand(stdout, stderr),
