@@ -87,7 +87,7 @@ func (f *produceFlags) register(fs *flag.FlagSet) {
 	fs.StringVar(&f.key, "key", "", "record key of every line, instead of --key-field (PROJECTOR_KEY)")
 	fs.StringVar(&f.file, "file", "-", "file of events, one per line; - reads stdin (PROJECTOR_FILE)")
 	fs.StringVar(&f.format, "format", formatJSON, "what a line is: json (an event, encoded with the schema), or the record value's bytes as they are (raw), in hex (hex) or in base64 (base64), for poison pills (PROJECTOR_FORMAT)")
-	fs.Var(&f.tombstones, "tombstone", "send a tombstone (null value) with this key; repeatable; without --file, stdin is not read (PROJECTOR_TOMBSTONE)")
+	fs.Var(&f.tombstones, "tombstone", "send a tombstone (null value) with record key `KEY`; repeatable; without --file, stdin is not read (PROJECTOR_TOMBSTONE)")
 	fs.DurationVar(&f.timeout, "timeout", 30*time.Second, "how long registering and producing may take before produce gives up (PROJECTOR_TIMEOUT)")
 }
 
@@ -473,13 +473,20 @@ func (f *produceFlags) summary(results kgo.ProduceResults, vs valueSchema) strin
 	for i, p := range parts {
 		ps[i] = strconv.Itoa(int(p))
 	}
-	what := fmt.Sprintf("%d records", len(results))
+	what := plural(len(results), "record")
 	if tombstones > 0 {
-		what += fmt.Sprintf(" (%d tombstones)", tombstones)
+		what += " (" + plural(tombstones, "tombstone") + ")"
 	}
 	schema := "no schema"
 	if vs.schema != nil {
 		schema = fmt.Sprintf("schema id %d (subject %s)", vs.id, vs.subject)
 	}
 	return fmt.Sprintf("produced %s to %s, partitions %s, %s", what, f.topic, strings.Join(ps, ","), schema)
+}
+
+func plural(n int, noun string) string {
+	if n == 1 {
+		return "1 " + noun
+	}
+	return fmt.Sprintf("%d %ss", n, noun)
 }

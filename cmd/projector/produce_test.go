@@ -493,3 +493,15 @@ func sumOffsets(end map[int32]int64) int64 {
 	}
 	return n
 }
+
+// TestProduceDeliveryFailure: records the broker refuses make produce
+// fail, naming their lines.
+func TestProduceDeliveryFailure(t *testing.T) {
+	e := newProduceEnv(t, "orders", 1)
+	_, err := e.produce(strings.NewReader("a\nb\n"), "--format", "raw", "--key", "k", "--topic", "missing", "--tombstone", "gone", "--file", writeFile(t, "in", "a\n\nb\n"))
+	for _, want := range []string{"3 of 3 records were not produced to missing", `line 1, line 3, tombstone "gone": `} {
+		if err == nil || !strings.Contains(err.Error(), want) {
+			t.Errorf("got %v, want an error saying %q", err, want)
+		}
+	}
+}
