@@ -128,6 +128,11 @@ func fromJSON(s avro.Schema, v any, path string) (any, error) {
 				}
 				if str, ok := v.(string); ok {
 					ts, err := time.Parse(time.RFC3339Nano, str)
+					if err != nil && strings.HasPrefix(logical, "local-") {
+						// A local timestamp names no zone; it is encoded as
+						// if it were UTC.
+						ts, err = time.Parse("2006-01-02T15:04:05.999999999", str)
+					}
 					if err != nil {
 						return fail("want an RFC 3339 time (2006-01-02T15:04:05Z) or a number of %s since the epoch, got %s", unitName(unit), shown(v))
 					}

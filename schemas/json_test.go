@@ -3,6 +3,7 @@ package schemas
 import (
 	"bytes"
 	"errors"
+	"math"
 	"math/big"
 	"strings"
 	"testing"
@@ -195,4 +196,59 @@ func TestFromJSONErrors(t *testing.T) {
 			t.Errorf("%s: got %v, want an error saying %q", tc.in, err, tc.want)
 		}
 	}
+}
+
+// TestFromJSONLogicalForms: each logical type's natural form and its
+// underlying number encode alike.
+func TestFromJSONLogicalForms(t *testing.T) {
+	for _, tc := range []struct {
+		schema string
+		forms  []string
+		want   any
+	}{
+		{`{"type": "int", "logicalType": "time-millis"}`, []string{`"09:30:00.250"`, `34200250`}, 9*time.Hour + 30*time.Minute + 250*time.Millisecond},
+		{`{"type": "long", "logicalType": "time-micros"}`, []string{`"00:00:01.000002"`, `1000002`}, time.Second + 2*time.Microsecond},
+		{`{"type": "long", "logicalType": "local-timestamp-millis"}`, []string{`"2026-12-01T09:00:00.5"`, `1796115600500`}, time.Date(2026, 12, 1, 9, 0, 0, 5e8, time.UTC)},
+		{`{"type": "long", "logicalType": "timestamp-millis"}`, []string{`"2026-12-01T10:00:00.5+01:00"`, `1796115600500`, `1.7961156005e12`}, time.Date(2026, 12, 1, 9, 0, 0, 5e8, time.UTC)},
+		{`{"type": "fixed", "name": "D", "size": 4, "logicalType": "decimal", "precision": 6, "scale": 3}`, []string{`-1.5`, `"-1.500"`, `"\u00ff\u00ff\u00fa\u0024"`}, big.NewRat(-3, 2)},
+		{`{"type": "double"}`, []string{`"Infinity"`}, math.Inf(1)},
+	} {
+		schema := avro.MustParse(tc.schema)
+		want, err := AppendWire(nil, 1, schema, tc.want)
+		if err != nil {
+			t.Fatalf("%s: %v", tc.schema, err)
+		}
+		for _, f := range tc.forms {
+			v, err := FromJSON(schema, []byte(f))
+			if err != nil {
+				t.Errorf("%s %s: %v", tc.schema, f, err)
+				continue
+			}
+			if got, err := AppendWire(nil, 1, schema, v); err != nil || !bytes.Equal(got, want) {
+				t.Errorf("%s %s: encodes as %x (%v), want %x", tc.schema, f, got, err, want)
+			}
+		}
+	}
+}
+
+// FuzzFromJSON: no input makes FromJSON panic, and whatever it accepts
+// the encoder can encode.
+func FuzzFromJSON(f *testing.F) {
+	schema := avro.MustParse(jsonTestSchema)
+	for _, seed := range []string{`{}`, `null`, `{"id": "x", "ref": {"string": "y"}}`, `{"amount": "1e99"}`, `{"code": "\u00ff\u00ff\u00ff"}`} {
+		f.Add([]byte(seed))
+	}
+	f.Fuzz(func(t *testing.T, data []byte) {
+		v, err := FromJSON(schema, data)
+		if err != nil {
+			var je *JSONError
+			if !errors.As(err, &je) {
+				t.Fatalf("error %v is not a *JSONError", err)
+			}
+			return
+		}
+		if _, err := AppendWire(nil, 1, schema, v); err != nil {
+			t.Fatalf("FromJSON accepted %s but it does not encode: %v", data, err)
+		}
+	})
 }

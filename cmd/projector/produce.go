@@ -85,9 +85,9 @@ func (f *produceFlags) register(fs *flag.FlagSet) {
 	fs.StringVar(&f.subject, "subject", "", "registry subject of the value schema; default <topic>-value (PROJECTOR_SUBJECT)")
 	fs.StringVar(&f.keyField, "key-field", "", "event field whose value (a string or a number) is the record key (PROJECTOR_KEY_FIELD)")
 	fs.StringVar(&f.key, "key", "", "record key of every line, instead of --key-field (PROJECTOR_KEY)")
-	fs.StringVar(&f.file, "file", "-", "file of events, one per line; - reads stdin (PROJECTOR_FILE)")
+	fs.StringVar(&f.file, "file", "", "file of events, one per line; default (or -): stdin (PROJECTOR_FILE)")
 	fs.StringVar(&f.format, "format", formatJSON, "what a line is: json (an event, encoded with the schema), or the record value's bytes as they are (raw), in hex (hex) or in base64 (base64), for poison pills (PROJECTOR_FORMAT)")
-	fs.Var(&f.tombstones, "tombstone", "send a tombstone (null value) with record key `KEY`; repeatable; without --file, stdin is not read (PROJECTOR_TOMBSTONE)")
+	fs.Var(&f.tombstones, "tombstone", "send a tombstone (null value) with record key `KEY`; repeatable; without --file, stdin is not read (--file - reads it too) (PROJECTOR_TOMBSTONE)")
 	fs.DurationVar(&f.timeout, "timeout", 30*time.Second, "how long registering and producing may take before produce gives up (PROJECTOR_TIMEOUT)")
 }
 
@@ -102,7 +102,7 @@ func setDefault(fs *flag.FlagSet, name, value string) {
 // readsLines reports whether events come from the file or stdin: always,
 // unless only tombstones are asked for.
 func (f *produceFlags) readsLines() bool {
-	return len(f.tombstones) == 0 || f.file != "-"
+	return len(f.tombstones) == 0 || f.file != ""
 }
 
 func (f *produceFlags) validate() error {
@@ -350,7 +350,7 @@ func (f *produceFlags) run(ctx context.Context, stdin io.Reader, stdout, stderr 
 	var lines []inputLine
 	if f.readsLines() {
 		in := stdin
-		if f.file != "-" {
+		if f.file != "" && f.file != "-" {
 			file, err := os.Open(f.file)
 			if err != nil {
 				return fmt.Errorf("--file: %w", err)
@@ -408,7 +408,7 @@ func (f *produceFlags) run(ctx context.Context, stdin io.Reader, stdout, stderr 
 }
 
 func (f *produceFlags) inputName() string {
-	if f.file == "-" {
+	if f.file == "" || f.file == "-" {
 		return "stdin"
 	}
 	return f.file

@@ -248,7 +248,12 @@ func TestProduceKeysTombstonesRaw(t *testing.T) {
 	if !strings.HasPrefix(out, "produced 2 records (2 tombstones) to raw") {
 		t.Errorf("summary %q, want it to count 2 tombstones", out)
 	}
-	recs := e.records(6)
+	// With --file -, stdin is read as well: its lines, then the tombstone.
+	out, err = e.produce(strings.NewReader("last\n"), "--format", "raw", "--key", "k4", "--file", "-", "--tombstone", "k4")
+	if err != nil || !strings.HasPrefix(out, "produced 2 records (1 tombstone) to raw") {
+		t.Fatalf("stdin and a tombstone: %q, %v", out, err)
+	}
+	recs := e.records(8)
 	want := []struct {
 		key   string
 		value []byte
@@ -256,6 +261,7 @@ func TestProduceKeysTombstonesRaw(t *testing.T) {
 		{"acc-1", nil}, {"acc-2", nil},
 		{"k1", []byte("not avro")}, {"k1", []byte(`{"a": 1}`)},
 		{"k2", []byte{0, 0, 0, 0, 1, 0xff}}, {"k3", []byte{0, 0, 0, 0, 2, 0xff}},
+		{"k4", []byte("last")}, {"k4", nil},
 	}
 	for i, w := range want {
 		r := recs[i]
