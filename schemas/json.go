@@ -10,6 +10,7 @@ import (
 	"math"
 	"math/big"
 	"reflect"
+	"regexp"
 	"slices"
 	"strconv"
 	"strings"
@@ -406,8 +407,9 @@ func decimal(d *avro.DecimalLogicalSchema, v any, size int, path string) (any, e
 	default:
 		return fail("want decimal(%d,%d) as a number or a numeric string, got %s", d.Precision(), d.Scale(), shown(v))
 	}
-	r, ok := new(big.Rat).SetString(strings.TrimSpace(text))
-	if !ok {
+	pow := new(big.Rat).SetInt(new(big.Int).Exp(big.NewInt(10), big.NewInt(int64(d.Scale())), nil))
+	text = strings.TrimSpace(text)
+	if !jsonNumber.MatchString(text) {
 		s, isStr := v.(string)
 		b, cp := codePoints(s)
 		if !isStr || !cp || (size > 0 && len(b) != size) || len(b) == 0 {
@@ -417,9 +419,16 @@ func decimal(d *avro.DecimalLogicalSchema, v any, size int, path string) (any, e
 		if b[0]&0x80 != 0 { // negative in two's complement
 			unscaled.Sub(unscaled, new(big.Int).Lsh(big.NewInt(1), uint(8*len(b))))
 		}
-		return new(big.Rat).SetFrac(unscaled, new(big.Int).Exp(big.NewInt(10), big.NewInt(int64(d.Scale())), nil)), nil
+		if digits := len(new(big.Int).Abs(unscaled).String()); digits > d.Precision() {
+			return fail("want decimal(%d,%d), got %d unscaled digits: more than %d", d.Precision(), d.Scale(), digits, d.Precision())
+		}
+		return new(big.Rat).Quo(new(big.Rat).SetInt(unscaled), pow), nil
 	}
-	scaled := new(big.Rat).Mul(r, new(big.Rat).SetInt(new(big.Int).Exp(big.NewInt(10), big.NewInt(int64(d.Scale())), nil)))
+	r, ok := rat(text)
+	if !ok {
+		return fail("want decimal(%d,%d), got %s: out of range", d.Precision(), d.Scale(), shown(v))
+	}
+	scaled := new(big.Rat).Mul(r, pow)
 	if !scaled.IsInt() {
 		return fail("want decimal(%d,%d), got %s: more than %d digits after the point", d.Precision(), d.Scale(), shown(v), d.Scale())
 	}
@@ -427,6 +436,25 @@ func decimal(d *avro.DecimalLogicalSchema, v any, size int, path string) (any, e
 		return fail("want decimal(%d,%d), got %s: more than %d digits", d.Precision(), d.Scale(), shown(v), d.Precision())
 	}
 	return r, nil
+}
+
+// jsonNumber is JSON's grammar of a number.
+var jsonNumber = regexp.MustCompile(`^-?(0|[1-9][0-9]*)(\.[0-9]+)?([eE][-+]?[0-9]+)?$`)
+
+// maxExponent bounds the exponent of a number read exactly: no value of an
+// Avro type needs more, and 1e999999 would take big.Rat a noticeable
+// while.
+const maxExponent = 1000
+
+// rat reads a JSON number exactly, refusing exponents beyond maxExponent.
+func rat(text string) (*big.Rat, bool) {
+	if i := strings.IndexAny(text, "eE"); i >= 0 {
+		exp, err := strconv.Atoi(text[i+1:])
+		if err != nil || exp > maxExponent || exp < -maxExponent {
+			return nil, false
+		}
+	}
+	return new(big.Rat).SetString(text)
 }
 
 // integer reads a JSON number without a fractional part within [lo, hi].
@@ -438,7 +466,7 @@ func integer(v any, lo, hi int64) (int64, bool) {
 	i, err := strconv.ParseInt(string(n), 10, 64)
 	if err != nil {
 		// 1e3 or 10.0 are integers too, when exactly so.
-		r, ok := new(big.Rat).SetString(string(n))
+		r, ok := rat(string(n))
 		if !ok || !r.IsInt() || !r.Num().IsInt64() {
 			return 0, false
 		}

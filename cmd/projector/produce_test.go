@@ -511,3 +511,34 @@ func TestProduceDeliveryFailure(t *testing.T) {
 		}
 	}
 }
+
+// TestFieldKey: a key field's string is the key as it is, a number its
+// decimal text, a union's branch unwrapped; null and other types are
+// refused, naming the flag.
+func TestFieldKey(t *testing.T) {
+	for _, tc := range []struct {
+		v       any
+		want    string
+		wantErr string
+	}{
+		{"acc-1", "acc-1", ""},
+		{int64(-42), "-42", ""},
+		{7, "7", ""},
+		{map[string]any{"long": int64(9)}, "9", ""},
+		{map[string]any{"string": "x"}, "x", ""},
+		{nil, "", "--key-field id: the event's id is null"},
+		{map[string]any{"null": nil}, "", "--key-field id: the event's id is null"},
+		{true, "", "--key-field id: want a string, int or long, got a bool"},
+	} {
+		got, err := fieldKey("id", tc.v)
+		if tc.wantErr != "" {
+			if err == nil || err.Error() != tc.wantErr {
+				t.Errorf("%v: got %q, %v; want error %q", tc.v, got, err, tc.wantErr)
+			}
+			continue
+		}
+		if err != nil || got != tc.want {
+			t.Errorf("%v: got %q, %v; want %q", tc.v, got, err, tc.want)
+		}
+	}
+}
