@@ -66,10 +66,9 @@ func produceCommand(stdin io.Reader, stdout, stderr io.Writer) *ffcli.Command {
 	return newCommand("produce", "projector produce --topic T [--schema FILE.avsc | --subject S] (--key-field F | --key K) [--file F] < events.jsonl",
 		"Encode JSON lines (plain JSON or Avro's JSON encoding) into Confluent wire-format records and produce them; or tombstones, or raw bytes.", stderr,
 		f.register,
-		func(ctx context.Context, args []string) error {
-			if len(args) > 0 {
-				return fmt.Errorf("produce: unexpected argument %q: events come from stdin or --file", args[0])
-			}
+		func(ctx context.Context, _ []string) error {
+			// A stray argument is refused before this runs, as for every
+			// command that takes none.
 			return f.run(ctx, stdin, stdout, stderr)
 		})
 }
