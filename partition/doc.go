@@ -23,7 +23,10 @@
 //     decoded once per reader schema, every lane committed in one
 //     transaction with the partition's offset;
 //   - retry.go and refused.go: backing off between attempts, and halting
-//     a partition whose statements Postgres refuses.
+//     a partition whose statements Postgres refuses;
+//   - storm.go: halting a partition, rather than committing, when most of
+//     its recent records would be dead letters of one class;
+//     deadletterlog.go: the rate-limited log lines of its dead letters.
 //
 // worker.go holds the worker's lifecycle and the loop that drives the
 // stages; config.go its settings; repair.go gap repair; trace.go the

@@ -24,11 +24,14 @@ type Lane struct {
 	Decoder    Decoder
 }
 
-// LaneStatus is what Status tells of one of the other projections.
+// LaneStatus is what Status tells of one of the other projections: its
+// parked events, and what its committed transactions did (as
+// Status.Applied, Stale and DeadLettered).
 type LaneStatus struct {
-	Projection   string
-	Parked       int
-	OldestParked time.Time
+	Projection                   string
+	Parked                       int
+	OldestParked                 time.Time
+	Applied, Stale, DeadLettered int64
 }
 
 // newLanes makes a lane of its own for each of d.Others. A lane is a
@@ -42,7 +45,7 @@ func (w *Worker) newLanes(d WorkerDeps) {
 	for _, l := range d.Others {
 		o := NewWorker(w.cfg, WorkerDeps{
 			Group: d.Group, Claim: d.Claim, Projection: l.Projection, Sink: l.Sink, Decoder: l.Decoder,
-			Log: d.Log, Metrics: d.Metrics,
+			Log: d.Log, Metrics: d.Metrics, Now: d.Now,
 		})
 		o.lead = w
 		o.log = w.log.With("projection", l.Projection.Name)
@@ -80,6 +83,16 @@ func (w *Worker) owner() *Worker {
 	return w
 }
 
+// replayWindows is replay for the windows of every projection of the
+// topic (wins, the worker's own first): the lanes' storm guards forget
+// the outcomes of their windows too.
+func (w *Worker) replayWindows(ctx context.Context, wins []*window, cause error) error {
+	for i, o := range w.others {
+		o.guard.truncate(wins[i+1].guardStart)
+	}
+	return w.replay(ctx, wins[0], cause)
+}
+
 // lanesCommit checks that a worker with lanes can commit them together.
 func (w *Worker) lanesCommit() error {
 	if len(w.others) == 0 {
@@ -100,15 +113,35 @@ type laneBatch struct {
 	changes  sinks.Changes
 	out      outcomes
 	rejected map[string]string
+	mark     int64 // the lane's storm guard before the batch
 }
 
 // processLanes applies recs to every projection of the topic in one
 // transaction with the partition's offset: the records are decoded once
 // per reader schema, and each projection plans them through its own gate.
+//
+// A batch that would make a dead-letter storm in any projection halts the
+// partition (see storm.go) and is tried again, decoded afresh, every
+// RetryCap until it commits.
 func (w *Worker) processLanes(ctx context.Context, recs []*kgo.Record) (err error) {
-	start := w.claim.NextOffset
 	ctx, span := w.startSpan(ctx, recs)
 	defer endSpan(span, &err)
+	for attempt := 0; ; attempt++ {
+		err := w.processLanesOnce(ctx, recs)
+		var trip *stormTrip
+		if !errors.As(err, &trip) {
+			return err
+		}
+		w.stormed(trip)
+		if err := w.backoff(ctx, attempt, "commit batch", trip); err != nil {
+			return err
+		}
+	}
+}
+
+// processLanesOnce is one attempt of processLanes.
+func (w *Worker) processLanesOnce(ctx context.Context, recs []*kgo.Record) error {
+	start := w.claim.NextOffset
 	items, end, err := w.items(ctx, recs, start, nil)
 	if err != nil || end <= start {
 		return err
@@ -162,18 +195,37 @@ func (w *Worker) shareDecoded(from []*item) []*item {
 // lane is planned and written in one transaction with the offset end,
 // tried again as commitBatch tries a batch. Rows Postgres refuses
 // dead-letter their events in their projection only.
-func (w *Worker) commitLanes(ctx context.Context, n int, lanes []laneBatch, end int64) error {
+func (w *Worker) commitLanes(ctx context.Context, n int, lanes []laneBatch, end int64) (err error) {
 	lc := w.sink.(sinks.LaneCommitter) // checked by lanesCommit
 	giveUp, folds := false, 0          // giveUp: dead-letter events whose fold keeps failing
 	sl := make([]sinks.Lane, len(lanes))
 	for i := range lanes {
 		l := &lanes[i]
+		l.mark = l.w.guard.pos()
 		sl[i] = sinks.Lane{Sink: l.w.sink, Keys: l.keys, Plan: func(st sinks.State) (sinks.Changes, error) {
 			var err error
 			l.changes, l.out, err = l.w.plan(ctx, l.items, l.keys.All, st, nil, l.rejected, giveUp)
-			return l.changes, err
+			if err != nil {
+				return l.changes, err
+			}
+			// Each projection's storm guard judges its own dead letters:
+			// one projection's mistake halts the partition, whose offset
+			// all of them share.
+			l.w.guard.truncate(l.mark) // planned again: an earlier plan's outcomes go
+			if trip := l.w.guard.add(l.items, l.changes.DeadLetters); trip != nil {
+				trip.projection = l.w.proj.Name
+				return sinks.Changes{}, trip
+			}
+			return l.changes, nil
 		}}
 	}
+	defer func() {
+		if err != nil {
+			for i := range lanes {
+				lanes[i].w.guard.truncate(lanes[i].mark) // the batch did not commit
+			}
+		}
+	}()
 	for attempt := 0; ; attempt++ {
 		began := time.Now()
 		err := w.commitLanesTraced(ctx, lc, w.claim, end, sl)
@@ -183,7 +235,8 @@ func (w *Worker) commitLanes(ctx context.Context, n int, lanes []laneBatch, end 
 			w.metrics.commitBatches.Observe(1)
 			break
 		}
-		if errors.Is(err, sinks.ErrFenced) || ctx.Err() != nil {
+		var trip *stormTrip
+		if errors.Is(err, sinks.ErrFenced) || ctx.Err() != nil || errors.As(err, &trip) {
 			return err
 		}
 		var rej *sinks.RejectedRows
@@ -214,6 +267,7 @@ func (w *Worker) commitLanes(ctx context.Context, n int, lanes []laneBatch, end 
 	w.notifyCommitted(end, all)
 	for i := range lanes {
 		l := &lanes[i]
+		l.w.guard.commit(l.w.guard.pos())
 		l.w.moved(end, l.changes, l.out)
 	}
 	return nil

@@ -57,6 +57,9 @@ type window struct {
 	out      outcomes
 	// waited is how long the window has waited for its batches.
 	waited time.Duration
+	// guardStart and guardEnd are the storm guard's positions before and
+	// after the outcomes of the window's records (see stormGuard).
+	guardStart, guardEnd int64
 }
 
 // windowAgg is one aggregate of a window: its state when it entered it
@@ -108,6 +111,10 @@ func (w *Worker) processWindow(ctx context.Context, recs []*kgo.Record) (err err
 		wins[i] = &window{start: start, end: start, aggs: make(map[string]*windowAgg, 2*len(recs)),
 			list: make([]*windowAgg, 0, 2*len(recs)), parked: map[string][]sinks.StoredEvent{}, unparked: map[sinks.ParkedRef]bool{}}
 	}
+	for i, l := range w.lanes() {
+		wins[i].guardStart = l.guard.pos()
+		wins[i].guardEnd = wins[i].guardStart
+	}
 	win := wins[0]
 	ctx, span := w.startSpan(ctx, recs)
 	launched := false
@@ -129,7 +136,7 @@ func (w *Worker) processWindow(ctx context.Context, recs []*kgo.Record) (err err
 				return err
 			}
 			w.done()
-			return w.replay(ctx, win, pf)
+			return w.replayWindows(ctx, wins, pf)
 		}
 		if err != nil {
 			return err
@@ -271,6 +278,14 @@ func (w *Worker) planBatch(ctx context.Context, win *window, items []*item, end 
 	if err != nil {
 		return &planFailed{err}
 	}
+	if trip := w.guard.add(items, changes.DeadLetters); trip != nil {
+		// Applied batch by batch, the batch halts the partition (see
+		// process) after those before it have committed: the replay
+		// covers it.
+		win.end = end
+		return &planFailed{trip}
+	}
+	win.guardEnd = w.guard.pos()
 	// Upserts and deletes come in the order of keys.All.
 	i := 0
 	for _, u := range changes.Upserts {
@@ -387,7 +402,7 @@ func (w *Worker) commitLoop(ctx context.Context, wins []*window, wcs []windowCom
 		var rej *sinks.RejectedRows
 		if errors.Is(err, errWindowStale) || errors.As(err, &rej) {
 			w.done()
-			return true, w.replay(ctx, win, err)
+			return true, w.replayWindows(ctx, wins, err)
 		}
 		if err := w.backoffPlanned(ctx, attempt, "commit batches", err); err != nil {
 			return false, err
@@ -420,6 +435,7 @@ func (w *Worker) windowCommitted(wins []*window, wcs []windowCommit, took time.D
 	w.metrics.commitBatches.Observe(float64(len(win.sizes)))
 	w.done()
 	if len(wins) == 1 {
+		w.guard.commit(win.guardEnd)
 		w.committed(win.end, wcs[0].ch, win.out)
 		return
 	}
@@ -430,6 +446,7 @@ func (w *Worker) windowCommitted(wins []*window, wcs []windowCommit, took time.D
 	}
 	w.notifyCommitted(win.end, all)
 	for i, l := range w.lanes() {
+		l.guard.commit(wins[i].guardEnd)
 		l.moved(win.end, wcs[i].ch, wins[i].out)
 	}
 }

@@ -11,7 +11,6 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/twmb/franz-go/pkg/kgo"
-	"golang.org/x/time/rate"
 
 	"github.com/projector-dev/projector/projection"
 	"github.com/projector-dev/projector/sinks"
@@ -44,6 +43,8 @@ type Worker struct {
 	fetcher Fetcher
 	log     *slog.Logger
 	metrics *Metrics
+	// totals count what committed transactions did (see Status).
+	totals struct{ applied, stale, dead atomic.Int64 }
 
 	mu      sync.Mutex
 	queue   []*kgo.Record
@@ -79,6 +80,14 @@ type Worker struct {
 	// partition (see refusedBy). Only Run's goroutine touches them.
 	badStatements int
 	refusing      bool
+	// guard keeps the outcomes of the partition's recent records, storm
+	// its halt when most of them would be dead letters of one class (see
+	// storm.go); deadLog what it has to say of its dead letters (see
+	// logDeadLetters). Only Run's goroutine touches them.
+	guard   stormGuard
+	storm   stormHalt
+	deadLog map[string]*classLog
+	now     func() time.Time
 
 	gaps     gaps
 	repairer Repairer // nil: no repair
@@ -88,9 +97,6 @@ type Worker struct {
 	repairDown, repairLogged time.Time
 	skips                    chan skipRequest
 	halted                   atomic.Pointer[string]
-	// keyWarn says, at most once a minute, that records were keyed as
-	// another aggregate: a producer that does it does it for many.
-	keyWarn rate.Sometimes
 
 	// others are the lanes of the other projections the partition's topic
 	// feeds (see lanes.go); lead is the worker a lane belongs to (nil: a
@@ -130,6 +136,9 @@ type WorkerDeps struct {
 	// Metrics are shared by an engine's workers (nil: the worker's own,
 	// registered nowhere).
 	Metrics *Metrics
+	// Now is the clock that paces the worker's rate-limited log lines
+	// (nil: time.Now).
+	Now func() time.Time
 	// Others are the other projections the partition's topic feeds: each
 	// batch is planned for each of them with its own version gate and
 	// parked events, and committed with Projection's in one transaction
@@ -155,7 +164,11 @@ func NewWorker(cfg Config, d WorkerDeps) *Worker {
 		skips: make(chan skipRequest),
 		stop:  make(chan struct{}),
 	}
-	w.keyWarn.Interval = time.Minute
+	w.now = d.Now
+	if w.now == nil {
+		w.now = time.Now
+	}
+	w.guard = newStormGuard(cfg)
 	w.peeker, _ = sink.(sinks.Peeker)
 	if vd, ok := dec.(ValuesDecoder); ok && vd.Width() > 0 && !p.ReadsFieldsMap() {
 		w.values = vd
@@ -214,14 +227,19 @@ func (w *Worker) Drain() {
 // Status is the worker's position for lag metrics and readiness.
 type Status struct {
 	sinks.TP
-	// Projection is the projection the worker runs; Others are the other
-	// projections of its topic, with their parked events (Parked and
-	// OldestParked are Projection's).
-	Projection    string
-	Others        []LaneStatus
-	NextOffset    int64
-	HighWatermark int64 // -1 when not yet known
-	Oldest        time.Time
+	// Projection is the projection the partition feeds; Others are the
+	// other projections of its topic, with their parked events and
+	// counts (the other fields but the partition's own are
+	// Projection's).
+	Projection string
+	Others     []LaneStatus
+	// Applied, Stale and DeadLettered count the records the worker's
+	// committed transactions applied, ignored as duplicates or older
+	// versions, and dead-lettered, since the worker started.
+	Applied, Stale, DeadLettered int64
+	NextOffset                   int64
+	HighWatermark                int64 // -1 when not yet known
+	Oldest                       time.Time
 	// BackoffSince is when the current run of failed attempts began; zero
 	// when the worker is not backing off.
 	BackoffSince time.Time
@@ -249,13 +267,14 @@ func (w *Worker) Status() Status {
 	w.mu.Lock()
 	oldest := w.oldest
 	w.mu.Unlock()
-	st := Status{TP: w.claim.TP, NextOffset: w.next.Load(), HighWatermark: w.hwm.Load(), Oldest: oldest}
-	st.Projection = w.proj.Name
+	st := Status{TP: w.claim.TP, Projection: w.proj.Name, NextOffset: w.next.Load(), HighWatermark: w.hwm.Load(), Oldest: oldest,
+		Applied: w.totals.applied.Load(), Stale: w.totals.stale.Load(), DeadLettered: w.totals.dead.Load()}
 	st.Parked, st.OldestParked, st.RepairUnavailable = w.gaps.totals()
 	for _, o := range w.others {
 		var ls LaneStatus
 		ls.Projection = o.proj.Name
 		ls.Parked, ls.OldestParked, _ = o.gaps.totals()
+		ls.Applied, ls.Stale, ls.DeadLettered = o.totals.applied.Load(), o.totals.stale.Load(), o.totals.dead.Load()
 		st.Others = append(st.Others, ls)
 	}
 	if h := w.halted.Load(); h != nil {
@@ -274,6 +293,7 @@ func (w *Worker) Status() Status {
 // ErrFenced when a newer owner took the partition, ctx.Err() when
 // cancelled, and nil after Stop.
 func (w *Worker) Run(ctx context.Context) error {
+	defer w.leaveStorm()
 	defer w.leaveRefused()
 	if err := w.lanesCommit(); err != nil {
 		return err
@@ -370,6 +390,10 @@ func (w *Worker) Run(ctx context.Context) error {
 // process applies recs, a batch taken while the worker is not behind, in
 // a transaction of its own: the records are decoded, the batch's
 // aggregates listed, and then planned and committed together.
+//
+// A batch that would make a dead-letter storm halts the partition (see
+// storm.go) and is tried again, decoded afresh, every RetryCap until it
+// commits.
 func (w *Worker) process(ctx context.Context, recs []*kgo.Record) (err error) {
 	if len(w.others) > 0 {
 		return w.processLanes(ctx, recs)
@@ -377,12 +401,22 @@ func (w *Worker) process(ctx context.Context, recs []*kgo.Record) (err error) {
 	start := w.claim.NextOffset
 	ctx, span := w.startSpan(ctx, recs)
 	defer endSpan(span, &err)
-	items, end, err := w.items(ctx, recs, start, nil)
-	if err != nil || end <= start {
-		return err
+	for attempt := 0; ; attempt++ {
+		items, end, err := w.items(ctx, recs, start, nil)
+		if err != nil || end <= start {
+			return err
+		}
+		keys := batchKeys(items, w.gaps.has, w.keys())
+		err = w.commitBatch(ctx, len(recs), items, end, keys)
+		var trip *stormTrip
+		if !errors.As(err, &trip) {
+			return err
+		}
+		w.stormed(trip)
+		if err := w.backoff(ctx, attempt, "commit batch", trip); err != nil {
+			return err
+		}
 	}
-	keys := batchKeys(items, w.gaps.has, w.keys())
-	return w.commitBatch(ctx, len(recs), items, end, keys)
 }
 
 // job is the worker's next piece of work: a batch of records, a repair

@@ -41,14 +41,28 @@ func PrunedDecoders(registry schemas.Registry, readers map[string]avro.Schema) D
 		// New calls this once the projection has its defaults, which
 		// name the fields it reads.
 		reader := schemas.Prune(readers[p.Name], p.ReadFields())
-		key := p.Topic + "\x00" + reader.String()
+		// The options follow from whether the fold reads maps (see
+		// DecodeOptions), so they are part of the key.
+		key := fmt.Sprintf("%s\x00%v\x00%s", p.Topic, p.ReadsFieldsMap(), reader.String())
 		mu.Lock()
 		defer mu.Unlock()
 		if d := byReader[key]; d != nil {
 			return d
 		}
-		d := schemas.NewDecoder(registry, reader)
+		d := schemas.NewDecoder(registry, reader, DecodeOptions(p)...)
 		byReader[key] = d
 		return d
 	}
+}
+
+// DecodeOptions are the decoder options projection p is decoded with: a
+// projection compiled from a file takes a union of several non-null
+// branches as JSON (the columns it fills are json or jsonb, see
+// schemas.UnionsAsJSON); a Go fold gets such unions as schemas.Decoder
+// documents them.
+func DecodeOptions(p *projection.Projection) []schemas.Option {
+	if p.ReadsFieldsMap() {
+		return nil
+	}
+	return []schemas.Option{schemas.UnionsAsJSON()}
 }

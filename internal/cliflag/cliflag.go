@@ -4,9 +4,12 @@
 package cliflag
 
 import (
+	"time"
+
 	"errors"
-	"fmt"
 	"math"
+	"strconv"
+	"strings"
 
 	"github.com/dustin/go-humanize"
 )
@@ -21,10 +24,10 @@ func (b *ByteSize) String() string { return humanize.IBytes(uint64(*b)) }
 func (b *ByteSize) Set(s string) error {
 	n, err := humanize.ParseBytes(s)
 	if err != nil {
-		return errors.New("want a size in bytes, with or without a unit, such as 256MiB")
+		return errors.New("a size like 64MiB, 300MB or 268435456 (bytes)")
 	}
 	if n > math.MaxInt64 {
-		return fmt.Errorf("%s: too large", s)
+		return errors.New("too large")
 	}
 	*b = ByteSize(n)
 	return nil
@@ -47,4 +50,49 @@ func CacheBytes(flag ByteSize) int64 {
 		return -1
 	}
 	return int64(flag)
+}
+
+// OffDuration maps a duration flag whose 0 turns its feature off
+// (--progress-every) to the engine's setting, where 0 means the default
+// and a negative value off.
+func OffDuration(flag time.Duration) time.Duration {
+	if flag == 0 {
+		return -1
+	}
+	return flag
+}
+
+// Share is a flag of a share of records, more than 0 and at most 1, or
+// off: 0.5, 1, off (0 is off too).
+type Share float64
+
+func (s *Share) String() string {
+	if *s == 0 {
+		return "off"
+	}
+	return strconv.FormatFloat(float64(*s), 'g', -1, 64)
+}
+
+// Set parses v as a share, or off.
+func (s *Share) Set(v string) error {
+	if strings.EqualFold(strings.TrimSpace(v), "off") {
+		*s = 0
+		return nil
+	}
+	f, err := strconv.ParseFloat(strings.TrimSpace(v), 64)
+	if err != nil || math.IsNaN(f) || f < 0 || f > 1 {
+		return errors.New("want a share more than 0 and at most 1, such as 0.5, or off")
+	}
+	*s = Share(f)
+	return nil
+}
+
+// ShareOff maps a share flag whose off (or 0) turns its feature off
+// (--dead-letter-storm-share) to the engine's setting, where 0 means the
+// default and a negative value off.
+func ShareOff(flag Share) float64 {
+	if flag == 0 {
+		return -1
+	}
+	return float64(flag)
 }
