@@ -1,10 +1,13 @@
 package projector_test
 
 import (
+	"bytes"
 	"context"
+	"encoding/json"
 	"fmt"
 	"log/slog"
 	"os"
+	"strings"
 	"testing"
 	"time"
 
@@ -330,4 +333,57 @@ func sample(t *testing.T, g prometheus.Gatherer, name string, want map[string]st
 		}
 	}
 	return sum
+}
+
+// TestSharedTopicDeadLetterStorm runs a topic's fold projection as it
+// should be beside a snapshot projection whose key field is wrong, so
+// that every event would be dead-lettered for the snapshot: each partition
+// halts, with neither table written and its one stored offset before the
+// batch, and the error line names the snapshot projection. Fixed, both
+// tables equal the reference fold.
+func TestSharedTopicDeadLetterStorm(t *testing.T) {
+	const partitions = 2
+	ctx := t.Context()
+	f := stormSetup(t, partitions)
+	f.sharedTopic(t)
+	good := f.projs
+	f.projs = append(good[:1:1], withKeyField(good[1:], "type")...)
+
+	var logs logLines
+	reg := prometheus.NewRegistry()
+	cfg := projector.Config{Partition: fastRetry, Registerer: reg, Logger: logs.logger(slog.LevelInfo)}
+	stop := run(t, f.sharedEngine(t, "shared-storm", cfg, false))
+	testenv.WaitFor(t, 30*time.Second, func() error {
+		if got := counterWith(t, reg, "projector_partition_dead_letter_storm", "class", sinks.ClassKeyMismatch); got != partitions {
+			return fmt.Errorf("projector_partition_dead_letter_storm{class=%q} sums to %v, want %d", sinks.ClassKeyMismatch, got, partitions)
+		}
+		return nil
+	})
+	var rows, dead int
+	if err := f.db.Pool.QueryRow(ctx, `SELECT (SELECT count(*) FROM accounts), (SELECT count(*) FROM projector_dead_letters)`).Scan(&rows, &dead); err != nil {
+		t.Fatal(err)
+	}
+	if rows != 0 || dead != 0 {
+		t.Errorf("while halted: %d rows in the fold projection's table, %d dead letters; want none: the batch commits for both or neither", rows, dead)
+	}
+	logs.mu.Lock()
+	named := 0
+	for line := range bytes.Lines(logs.buf.Bytes()) {
+		var rec struct{ Level, Msg, Projection string }
+		if err := json.Unmarshal(line, &rec); err == nil && rec.Level == slog.LevelError.String() && strings.HasPrefix(rec.Msg, stormHalted) {
+			if rec.Projection != demo.SnapshotTable {
+				t.Errorf("storm line names projection %q, want %q, whose dead letters they are", rec.Projection, demo.SnapshotTable)
+			}
+			named++
+		}
+	}
+	logs.mu.Unlock()
+	if named == 0 {
+		t.Error("no error line says the partitions halted")
+	}
+	stop()
+
+	f.projs = good
+	run(t, f.sharedEngine(t, "shared-storm", projector.Config{}, false))
+	f.verifyShared(t, "shared-storm")
 }
