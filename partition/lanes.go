@@ -43,7 +43,7 @@ func (w *Worker) newLanes(d WorkerDeps) {
 	}
 	all := []*Worker{w}
 	for _, l := range d.Others {
-		o := NewWorker(w.cfg, WorkerDeps{
+		o := newWorker(w.cfg, WorkerDeps{
 			Group: d.Group, Claim: d.Claim, Projection: l.Projection, Sink: l.Sink, Decoder: l.Decoder,
 			Log: d.Log, Metrics: d.Metrics, Now: d.Now,
 		})

@@ -149,6 +149,19 @@ type WorkerDeps struct {
 
 // NewWorker returns a worker for a claimed partition.
 func NewWorker(cfg Config, d WorkerDeps) *Worker {
+	w := newWorker(cfg, d)
+	w.newLanes(d)
+	// An earlier worker of the partition may have left its fetching
+	// paused (one replaced before it was removed, or one that stopped on
+	// an error): the new worker starts with it resumed.
+	w.fetchPaused = true
+	w.syncFetch()
+	return w
+}
+
+// newWorker is NewWorker without lanes, and without touching the
+// partition's fetching: what a lane is (see newLanes).
+func newWorker(cfg Config, d WorkerDeps) *Worker {
 	cfg.defaults()
 	if d.Log == nil {
 		d.Log = slog.New(slog.DiscardHandler)
@@ -176,15 +189,6 @@ func NewWorker(cfg Config, d WorkerDeps) *Worker {
 	w.next.Store(claim.NextOffset)
 	w.hwm.Store(-1)
 	w.progress.Store(time.Now().UnixNano())
-	if d.Fetcher == nil {
-		return w // a lane (see newLanes): its lead fetches
-	}
-	w.newLanes(d)
-	// An earlier worker of the partition may have left its fetching
-	// paused (one replaced before it was removed, or one that stopped on
-	// an error): the new worker starts with it resumed.
-	w.fetchPaused = true
-	w.syncFetch()
 	return w
 }
 
