@@ -61,6 +61,7 @@ func rootCommand(stdout, stderr io.Writer) *ffcli.Command {
 		Subcommands: []*ffcli.Command{
 			runCommand(stdout, stderr),
 			demoCommand(stdout, stderr),
+			checkCommand(stdout, stderr),
 			migrateCommand(stdout, stderr),
 			statusCommand(stdout, stderr),
 			offsetsCommand(stdout, stderr),

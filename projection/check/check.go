@@ -320,11 +320,14 @@ func stripSentinel(err error) string {
 	return strings.TrimPrefix(err.Error(), projection.ErrNotAccepted.Error()+": ")
 }
 
+// NoteNoDatabase is the note of a check run without a database.
+const NoteNoDatabase = "PostgreSQL not checked (no database): column types, defaults and existing tables were not proved"
+
 // checkDatabase runs postgres.Check, noting and skipping it when there is
 // no database or (without RequireDB) it cannot be asked.
 func checkDatabase(ctx context.Context, cfg Config, r *Report) error {
 	if cfg.DB == nil {
-		r.Notes = append(r.Notes, "PostgreSQL not checked (no database): column types, defaults and existing tables were not proved")
+		r.Notes = append(r.Notes, NoteNoDatabase)
 		return nil
 	}
 	problems, err := postgres.Check(ctx, cfg.DB, cfg.Projections...)
