@@ -238,7 +238,7 @@ func checkFields(p *projection.Projection, reader avro.Schema, r *Report) {
 	for _, u := range p.FieldUses() {
 		f, ok := byName[u.Field]
 		if !ok {
-			r.problem(p, u.Where, "field %q is not in the reader schema %s: every event would %s; fix: name one of its fields (%s)%s",
+			r.problem(p, u.Where, "field %q is not in the reader schema %s: %s; fix: name one of its fields (%s)%s",
 				u.Field, rec.FullName(), missingEffect(u), strings.Join(names, ", "), columnHint(u))
 			continue
 		}
@@ -274,17 +274,16 @@ func checkFields(p *projection.Projection, reader avro.Schema, r *Report) {
 	}
 }
 
+// missingEffect says what a field missing from the reader schema does.
 func missingEffect(u projection.FieldUse) string {
-	switch u.Use {
-	case projection.UseKey, projection.UseVersion, projection.UseType:
-		return "be dead-lettered"
-	case projection.UseAdd:
-		return "of this type be dead-lettered"
+	switch {
+	case u.Use == projection.UseKey || u.Use == projection.UseVersion || u.Use == projection.UseType:
+		return "every event would be dead-lettered"
+	case strings.HasPrefix(u.Where, "events."):
+		typ, _, _ := strings.Cut(strings.TrimPrefix(u.Where, "events."), ".")
+		return fmt.Sprintf("every %s event would be dead-lettered", typ)
 	}
-	if strings.HasPrefix(u.Where, "columns.") {
-		return "leave the column NULL"
-	}
-	return "of this type be dead-lettered"
+	return "the column would always be NULL"
 }
 
 func columnHint(u projection.FieldUse) string {
