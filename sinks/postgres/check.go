@@ -24,14 +24,19 @@ func Check(ctx context.Context, pool *pgxpool.Pool, projections ...*projection.P
 		var resolved []*projection.Projection
 		for _, p := range projections {
 			err := pgx.BeginFunc(ctx, tx, func(sp pgx.Tx) error { return resolve(ctx, sp, []*projection.Projection{p}) })
-			if isProblem(err) {
+			switch {
+			case errors.Is(err, ErrBadType):
+				// The table's columns cannot be compared with a type that
+				// is none.
 				problems = append(problems, err)
 				continue
-			}
-			if err != nil {
+			case isProblem(err):
+				problems = append(problems, err)
+			case err != nil:
 				return err
+			default:
+				resolved = append(resolved, p)
 			}
-			resolved = append(resolved, p)
 			var exists bool
 			if err := tx.QueryRow(ctx, `SELECT to_regclass($1) IS NOT NULL`, p.Table).Scan(&exists); err != nil {
 				return fmt.Errorf("projection %q: look up table %s: %w", p.Name, p.Table, err)
