@@ -215,7 +215,7 @@ func checkWriters(ctx context.Context, cfg Config, p *projection.Projection, rea
 			return fmt.Errorf("projection %s: version %d of subject %s: %w", p.Name, v, subject(p), err)
 		}
 		if err := schemas.Resolves(reader, ss.Schema); err != nil {
-			r.problem(p, "schema", "writer version %d (id %d) of subject %s does not resolve to the reader schema: %v: every event written with it would be dead-lettered; fix: make the reader schema read it (a field with a default, the writer's record name or an alias of it), or, if no event of that version is left on the topic, check only the latest (--writers latest)",
+			r.problem(p, "schema", "writer version %d (id %d) of subject %s does not resolve to the reader schema: %v: every event written with it would be dead-lettered; fix: make the reader schema read it (a field with a default, the writer's record name or an alias of it), or, if no event of that version is left on the topic, check only the latest (--writers latest, or run --check-writers latest)",
 				v, ss.ID, subject(p), err)
 		}
 	}
