@@ -92,6 +92,9 @@ func (w *Worker) committed(end int64, changes sinks.Changes, out outcomes) {
 		w.metrics.deadLetters.WithLabelValues(name, class).Add(float64(n))
 	}
 	m.WithLabelValues(name, topic, "dead_lettered").Add(float64(dead))
+	w.totals.applied.Add(int64(out.applied))
+	w.totals.stale.Add(int64(out.stale))
+	w.totals.dead.Add(int64(dead))
 	if n := out.deadLettered[sinks.ClassKeyMismatch]; n > 0 {
 		w.keyWarn.Do(func() {
 			w.log.Warn("dead-lettered records whose record key is not the aggregate their key field names; the producer must key each record by its aggregate id",

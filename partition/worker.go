@@ -43,6 +43,8 @@ type Worker struct {
 	fetcher Fetcher
 	log     *slog.Logger
 	metrics *Metrics
+	// totals count what committed transactions did (see Status).
+	totals struct{ applied, stale, dead atomic.Int64 }
 
 	mu      sync.Mutex
 	queue   []*kgo.Record
@@ -193,9 +195,15 @@ func (w *Worker) Drain() {
 // Status is the worker's position for lag metrics and readiness.
 type Status struct {
 	sinks.TP
-	NextOffset    int64
-	HighWatermark int64 // -1 when not yet known
-	Oldest        time.Time
+	// Projection is the projection the partition feeds.
+	Projection string
+	// Applied, Stale and DeadLettered count the records the worker's
+	// committed transactions applied, ignored as duplicates or older
+	// versions, and dead-lettered, since the worker started.
+	Applied, Stale, DeadLettered int64
+	NextOffset                   int64
+	HighWatermark                int64 // -1 when not yet known
+	Oldest                       time.Time
 	// BackoffSince is when the current run of failed attempts began; zero
 	// when the worker is not backing off.
 	BackoffSince time.Time
@@ -223,7 +231,8 @@ func (w *Worker) Status() Status {
 	w.mu.Lock()
 	oldest := w.oldest
 	w.mu.Unlock()
-	st := Status{TP: w.claim.TP, NextOffset: w.next.Load(), HighWatermark: w.hwm.Load(), Oldest: oldest}
+	st := Status{TP: w.claim.TP, Projection: w.proj.Name, NextOffset: w.next.Load(), HighWatermark: w.hwm.Load(), Oldest: oldest,
+		Applied: w.totals.applied.Load(), Stale: w.totals.stale.Load(), DeadLettered: w.totals.dead.Load()}
 	st.Parked, st.OldestParked, st.RepairUnavailable = w.gaps.totals()
 	if h := w.halted.Load(); h != nil {
 		st.Halted = *h

@@ -130,6 +130,11 @@ type Config struct {
 	// TracerProvider, when set, traces each batch (see partition.Config
 	// Tracer). Nil: no tracing.
 	TracerProvider trace.TracerProvider
+	// ProgressEvery is how often the engine logs, per projection, one
+	// line of what its partitions did (records applied, stale,
+	// dead-lettered, lag) when anything moved (default
+	// DefaultProgressEvery; negative: never).
+	ProgressEvery time.Duration
 	// Logger receives the engine's logs (default slog.Default()).
 	Logger *slog.Logger
 	// Registerer receives the engine's metrics (default: a private
@@ -199,6 +204,9 @@ func (c *Config) validate() error {
 	}
 	if c.ShutdownTimeout <= 0 {
 		c.ShutdownTimeout = DefaultShutdownTimeout
+	}
+	if c.ProgressEvery == 0 {
+		c.ProgressEvery = DefaultProgressEvery
 	}
 	if c.Logger == nil {
 		c.Logger = slog.Default()
@@ -314,6 +322,9 @@ type Engine struct {
 	// (under mu; see offsetLost).
 	outOfLog map[sinks.TP]*lostPartition
 	now      func() time.Time
+	// watch are the intervals of watchKafka, kafka what it found.
+	watch watchTimes
+	kafka kafkaWatch
 	// adopt holds the partitions whose worker was fenced, with the epoch
 	// it had (under mu; see adoptReset).
 	adopt map[sinks.TP]int64
@@ -397,6 +408,8 @@ func New(cfg Config, decoderOf Decoders) (*Engine, error) {
 		outOfLog:    map[sinks.TP]*lostPartition{},
 		adopt:       map[sinks.TP]int64{},
 		now:         time.Now,
+		watch:       defaultWatchTimes.with(cfg.ProgressEvery),
+		kafka:       kafkaWatch{said: map[string]time.Time{}},
 		clientReady: make(chan struct{}),
 		done:        make(chan struct{}),
 	}
@@ -480,7 +493,7 @@ func New(cfg Config, decoderOf Decoders) (*Engine, error) {
 	if cfg.InstanceID != "" {
 		opts = append(opts, kgo.InstanceID(cfg.InstanceID))
 	}
-	e.opts = kafkaclient.ConsumerOptions(kafkaclient.Config{Brokers: cfg.Brokers, Registerer: cfg.Registerer, Extra: cfg.ClientOpts}, opts...)
+	e.opts = kafkaclient.ConsumerOptions(kafkaclient.Config{Brokers: cfg.Brokers, Registerer: cfg.Registerer, Logger: cfg.Logger, Extra: cfg.ClientOpts}, opts...)
 	return e, nil
 }
 
@@ -570,10 +583,14 @@ func (e *Engine) Run(ctx context.Context) error {
 		e.wg.Wait()
 		e.close()
 	}()
-	e.wg.Add(1)
+	e.wg.Add(2)
 	go func() {
 		defer e.wg.Done()
 		e.watchStalls(runCtx)
+	}()
+	go func() {
+		defer e.wg.Done()
+		e.watchKafka(runCtx)
 	}()
 	if e.cfg.DLQTopic != "" && e.dead != nil {
 		pub := dlqpublish.New(e.dead.DeadLetterPool(), e.cl, e.log, time.Second)
@@ -1214,6 +1231,7 @@ func (e *Engine) Ready(ctx context.Context) map[string]error {
 	} else {
 		checks["group"] = nil
 	}
+	checks["kafka"] = e.kafka.current()
 	ctx, cancel := context.WithTimeout(ctx, 2*time.Second)
 	defer cancel()
 	checks["postgres"] = e.cfg.Store.Ping(ctx)

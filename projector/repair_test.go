@@ -1,7 +1,6 @@
 package projector_test
 
 import (
-	"bytes"
 	"context"
 	"encoding/json"
 	"fmt"
@@ -221,7 +220,7 @@ func TestGapRepairSourceOutage(t *testing.T) {
 	}
 	b.produce(t, b.records)
 	reg := prometheus.NewRegistry()
-	var logs syncBuffer
+	var logs lockedBuffer
 	cfg := fastRetry
 	cfg.MaxAttempts = maxAttempts
 	run(t, b.engine(t, "outage", projector.Config{Partition: cfg, Registerer: reg,
@@ -297,22 +296,4 @@ func counterWith(t *testing.T, g prometheus.Gatherer, family, name, value string
 		}
 	}
 	return sum
-}
-
-// syncBuffer is a bytes.Buffer the engine's goroutines may log into.
-type syncBuffer struct {
-	mu  sync.Mutex
-	buf bytes.Buffer
-}
-
-func (b *syncBuffer) Write(p []byte) (int, error) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.Write(p)
-}
-
-func (b *syncBuffer) String() string {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.String()
 }

@@ -29,7 +29,7 @@ func TestClaimRetriesFollowRetryFlags(t *testing.T) {
 		t.Fatal(err)
 	}
 	const retryCap = 20 * time.Millisecond
-	var logs syncBuffer
+	var logs lockedBuffer
 	e := b.engine(t, "claimretry", projector.Config{
 		Partition: partition.Config{RetryBase: time.Millisecond, RetryCap: retryCap},
 		Logger:    slog.New(slog.NewJSONHandler(&logs, &slog.HandlerOptions{Level: slog.LevelWarn})),

@@ -8,6 +8,7 @@ import (
 	"io"
 	"maps"
 	"slices"
+	"strings"
 	"text/tabwriter"
 
 	"github.com/peterbourgon/ff/v3/ffcli"
@@ -83,6 +84,7 @@ const (
 	stateRecordsDeleted = "records-deleted" // stored offset below the log start
 	stateBeyondLogEnd   = "beyond-log-end"  // stored offset past the log end
 	stateNoLog          = "no-log"          // the partition is not in Kafka
+	stateLogNotAsked    = "log-not-asked"   // no --brokers to ask Kafka
 )
 
 func statusCommand(stdout, stderr io.Writer) *ffcli.Command {
@@ -100,7 +102,7 @@ func newStatusCommand(name, usage string, stdout, stderr io.Writer) *ffcli.Comma
 			fs.BoolVar(&asJSON, "json", false, "print JSON objects instead of a table")
 		},
 		func(ctx context.Context, _ []string) error {
-			pool, err := connect(ctx, c.databaseURL)
+			pool, err := connectEngine(ctx, c.databaseURL, tableOffsets)
 			if err != nil {
 				return err
 			}
@@ -110,7 +112,13 @@ func newStatusCommand(name, usage string, stdout, stderr io.Writer) *ffcli.Comma
 				return err
 			}
 			bounds := map[sinks.TP]logBounds{}
-			if len(stored) > 0 {
+			// Without --brokers the stored offsets are still worth
+			// showing: after the demo, its embedded broker is gone.
+			noLog := strings.TrimSpace(c.brokers) == ""
+			if noLog && len(stored) > 0 {
+				fmt.Fprintln(stderr, "no --brokers (PROJECTOR_BROKERS): showing the stored offsets without the log's bounds and lag")
+			}
+			if len(stored) > 0 && !noLog {
 				adm, closeAdm, err := c.admin()
 				if err != nil {
 					return err
@@ -126,7 +134,11 @@ func newStatusCommand(name, usage string, stdout, stderr io.Writer) *ffcli.Comma
 			}
 			rows := make([]partitionStatus, 0, len(stored))
 			for _, s := range stored {
-				rows = append(rows, statusOf(s, bounds))
+				r := statusOf(s, bounds)
+				if noLog {
+					r.State = stateLogNotAsked
+				}
+				rows = append(rows, r)
 			}
 			if asJSON {
 				enc := json.NewEncoder(stdout)

@@ -38,14 +38,15 @@ func TestBinaryLinksNoBenchmarkPeers(t *testing.T) {
 }
 
 // The embedded broker and registry are for the commands that run without
-// a Kafka of their own (demo): no other command of the binary reaches them.
+// a Kafka of their own (demo, dev): no other command of the binary reaches
+// them, directly or through the package that runs them.
 func TestEmbeddedBrokerOnlyBehindDemo(t *testing.T) {
 	files, err := filepath.Glob("*.go")
 	if err != nil {
 		t.Fatal(err)
 	}
 	for _, name := range files {
-		if strings.HasSuffix(name, "_test.go") || name == "demo.go" {
+		if strings.HasSuffix(name, "_test.go") || name == "demo.go" || name == "dev.go" {
 			continue
 		}
 		f, err := parser.ParseFile(token.NewFileSet(), name, nil, parser.ImportsOnly)
@@ -54,8 +55,8 @@ func TestEmbeddedBrokerOnlyBehindDemo(t *testing.T) {
 		}
 		for _, imp := range f.Imports {
 			path, _ := strconv.Unquote(imp.Path.Value)
-			if strings.HasSuffix(path, "/kfake") || strings.HasSuffix(path, "/srfake") {
-				t.Errorf("%s imports %s: only the demo runs on an embedded broker and registry", name, path)
+			if strings.HasSuffix(path, "/kfake") || strings.HasSuffix(path, "/srfake") || strings.HasSuffix(path, "/internal/embedded") {
+				t.Errorf("%s imports %s: only demo and dev run on an embedded broker and registry", name, path)
 			}
 		}
 	}

@@ -4,20 +4,26 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"flag"
 	"fmt"
+	"io"
 	"math/rand/v2"
 	"net/url"
 	"os"
 	"path/filepath"
 	"regexp"
+	"slices"
 	"strconv"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/peterbourgon/ff/v3/ffcli"
 
 	"github.com/projector-dev/projector/internal/cliflag"
 	"github.com/projector-dev/projector/internal/demo"
+	"github.com/projector-dev/projector/internal/redact"
 	"github.com/projector-dev/projector/internal/testenv"
 )
 
@@ -55,12 +61,28 @@ func TestDemo(t *testing.T) {
 		t.Errorf("member-2 joined after %d of %d records: want a third of the way in", sent, total)
 	}
 
-	u, _ := url.Parse(testenv.DatabaseURL())
-	q := u.Query()
-	q.Set("search_path", schema)
-	u.RawQuery = q.Encode()
+	// The commands the demo prints at its end work when pasted.
+	pasted := regexp.MustCompile(`(?m)^ +projector (status --identity demo|dlq list) --database-url '([^']+)'$`).FindAllStringSubmatch(out.String(), -1)
+	if len(pasted) != 2 {
+		t.Fatalf("demo output does not end with the status and dlq commands to run next:\n%s", &out)
+	}
+	dbURL := pasted[0][2]
+	if !strings.Contains(dbURL, schema) {
+		t.Errorf("the printed --database-url %s does not name the demo's schema %s", dbURL, schema)
+	}
 	out.Reset()
-	if err := Main(ctx, []string{"dlq", "list", "--json", "--database-url", u.String()}, &out, &errs); err != nil {
+	if err := Main(ctx, []string{"status", "--json", "--identity", "demo", "--database-url", dbURL}, &out, &errs); err != nil {
+		t.Fatalf("status: %v\n%s", err, &errs)
+	}
+	var parts []partitionStatus
+	if err := json.Unmarshal(out.Bytes(), &parts); err != nil {
+		t.Fatalf("status --json: %v\n%s", err, &out)
+	}
+	if len(parts) == 0 || parts[0].Topic != demo.Topic || parts[0].NextOffset == nil || parts[0].State != stateLogNotAsked {
+		t.Errorf("status with the printed --database-url: want the demo's stored offsets, got %+v", parts)
+	}
+	out.Reset()
+	if err := Main(ctx, []string{"dlq", "list", "--json", "--database-url", pasted[1][2]}, &out, &errs); err != nil {
 		t.Fatalf("dlq list: %v\n%s", err, &errs)
 	}
 	var dls []map[string]any
@@ -114,6 +136,11 @@ func TestBadInputStopsWithAClearMessage(t *testing.T) {
 		{[]string{"offsets", "reset", "--topic", "t", "--to-datetime", "yesterday"}, "--to-datetime"},
 		{[]string{"offsets", "reset", "--topic", "t", "--to-earliest", "--partitions", "a"}, "--partitions"},
 		{[]string{"offsets", "reset", "--topic", "t", "--to-earliest", "--partitions", "1,1"}, "--partitions"},
+		// Filters are checked before anything is read: against a server
+		// that is not there, the flag is still named.
+		{[]string{"dlq", "list", "--error-class", "decoding", "--database-url", "postgres://postgres@127.0.0.1:1/test?connect_timeout=2"}, `--error-class "decoding": want one of decode, invalid`},
+		{[]string{"dlq", "list", "--status", "dead", "--database-url", "postgres://postgres@127.0.0.1:1/test?connect_timeout=2"}, `--status "dead": want one of`},
+		{[]string{"dlq", "purge", "--error-class", "decoding", "--yes", "--database-url", "postgres://postgres@127.0.0.1:1/test?connect_timeout=2"}, `--error-class "decoding"`},
 	} {
 		var out bytes.Buffer
 		err := Main(t.Context(), tc.args, &out, &out)
@@ -140,4 +167,204 @@ func atoi(t *testing.T, s string) int {
 		t.Fatal(err)
 	}
 	return n
+}
+
+// command is one command of the tree, by its path.
+type command struct {
+	path []string // after "projector"
+	cmd  *ffcli.Command
+}
+
+// commands walks the whole command tree, so that a command added later
+// is held to the conventions without a line here.
+func commands() []command {
+	var out []command
+	var walk func(path []string, c *ffcli.Command)
+	walk = func(path []string, c *ffcli.Command) {
+		if c.Name == "bench" {
+			return // answers every invocation with where the benchmark went
+		}
+		out = append(out, command{path: path, cmd: c})
+		for _, sub := range c.Subcommands {
+			walk(append(slices.Clip(path), sub.Name), sub)
+		}
+	}
+	walk(nil, rootCommand(io.Discard, io.Discard))
+	return append(out, command{path: []string{"help"}})
+}
+
+// TestCommandLineConventions holds every command to the same conventions:
+// help exits 0, a mistake in the command line is one line that says what
+// is wrong and exits 2, without the whole usage.
+func TestCommandLineConventions(t *testing.T) {
+	// Nothing below may get as far as connecting; if a command did, it
+	// would fail fast rather than find the shared database.
+	t.Setenv("PROJECTOR_DATABASE_URL", "postgres://postgres@127.0.0.1:1/test?connect_timeout=1")
+	t.Setenv("PROJECTOR_BROKERS", "127.0.0.1:1")
+	t.Setenv("PROJECTOR_REGISTRY_URL", "http://127.0.0.1:1")
+	type result struct {
+		err            error
+		stdout, stderr string
+	}
+	projector := func(args ...string) result {
+		var out, errs bytes.Buffer
+		err := Main(t.Context(), args, &out, &errs)
+		return result{err, out.String(), errs.String()}
+	}
+	// wrong checks a command line that must fail with exit 2 and a
+	// message containing want, printing nothing else.
+	wrong := func(t *testing.T, want string, args ...string) {
+		t.Helper()
+		r := projector(args...)
+		if r.err == nil || exitCode(r.err) != exitUsage || !strings.Contains(r.err.Error(), want) {
+			t.Errorf("projector %s: got error %v (exit %d), want exit 2 and %q", strings.Join(args, " "), r.err, exitCode(r.err), want)
+		}
+		if r.stdout != "" || r.stderr != "" {
+			t.Errorf("projector %s printed more than its error:\nstdout:\n%s\nstderr:\n%s", strings.Join(args, " "), r.stdout, r.stderr)
+		}
+	}
+
+	for _, c := range commands() {
+		name := strings.Join(append([]string{"projector"}, c.path...), " ")
+		t.Run(name, func(t *testing.T) {
+			for _, args := range [][]string{
+				append(slices.Clip(c.path), "--help"),
+				append(slices.Clip(c.path), "-h"),
+				append([]string{"help"}, c.path...),
+			} {
+				r := projector(args...)
+				if r.err != nil || !strings.Contains(r.stdout, "USAGE\n  "+name) {
+					t.Errorf("projector %s: got error %v and stdout\n%s\nwant the usage of %s and exit 0", strings.Join(args, " "), r.err, r.stdout, name)
+				}
+			}
+			if c.cmd == nil {
+				return // help: it takes any command's path
+			}
+
+			if len(c.cmd.Subcommands) > 0 {
+				sub := c.cmd.Subcommands[0]
+				if len(c.path) > 0 { // projector dlq help list
+					r := projector(append(slices.Clip(c.path), "help", sub.Name)...)
+					if r.err != nil || !strings.Contains(r.stdout, "USAGE\n  "+name+" "+sub.Name) {
+						t.Errorf("%s help %s: got error %v and stdout\n%s\nwant its usage and exit 0", name, sub.Name, r.err, r.stdout)
+					}
+				}
+				r := projector(c.path...)
+				if exitCode(r.err) != exitUsage || !silent(r.err) || !strings.Contains(r.stderr, "USAGE\n  "+name) {
+					t.Errorf("%s alone: got error %v (exit %d), stderr\n%s\nwant its usage on stderr and exit 2", name, r.err, exitCode(r.err), r.stderr)
+				}
+				typo := sub.Name[:len(sub.Name)-1] + "x" // one letter wrong
+				full := strings.Join(append(slices.Clip(c.path), sub.Name), " ")
+				wrong(t, fmt.Sprintf(`unknown command %q: did you mean %q?`, strings.Join(append(slices.Clip(c.path), typo), " "), full), append(slices.Clip(c.path), typo)...)
+				wrong(t, "unknown command", append(slices.Clip(c.path), "zzzzzzzzzz")...)
+				return
+			}
+
+			if !takesArgs[name] {
+				wrong(t, `unexpected argument "extra"; see `+name+" --help", append(slices.Clip(c.path), "extra")...)
+			}
+			wrong(t, "-no-such-flag; see "+name+" --help", append(slices.Clip(c.path), "--no-such-flag")...)
+			c.cmd.FlagSet.VisitAll(func(f *flag.Flag) {
+				flagArgs := func(v string) []string { return append(slices.Clip(c.path), "--"+f.Name, v) }
+				switch v := f.Value.(type) {
+				case *cliflag.ByteSize:
+					wrong(t, fmt.Sprintf(`invalid value "lots" for --%s: a size like 64MiB`, f.Name), flagArgs("lots")...)
+				case flag.Getter:
+					if _, ok := v.Get().(time.Duration); !ok {
+						return
+					}
+					wrong(t, fmt.Sprintf(`invalid value "5" for --%s: a duration like 500ms, 5s or 2m`, f.Name), flagArgs("5")...)
+					allowed := zeroDurations[f.Name]
+					if !allowed.zero {
+						wrong(t, fmt.Sprintf(`invalid value "0" for --%s: must be positive`, f.Name), flagArgs("0")...)
+					}
+					if !allowed.negative {
+						wrong(t, fmt.Sprintf(`invalid value "-1s" for --%s: must not be negative`, f.Name), flagArgs("-1s")...)
+					}
+				}
+			})
+		})
+	}
+
+	// The same words for a value from the environment.
+	t.Run("environment", func(t *testing.T) {
+		t.Setenv("PROJECTOR_BATCH_MAX_WAIT", "5")
+		wrong(t, `invalid value "5" for --batch-max-wait: a duration like 500ms, 5s or 2m`, "run")
+	})
+	t.Run("dlq show", func(t *testing.T) {
+		wrong(t, "want exactly one argument", "dlq", "show")
+		wrong(t, "want exactly one argument", "dlq", "show", "1", "2")
+		wrong(t, `ID "x" is not a dead-letter id`, "dlq", "show", "x")
+		wrong(t, "-no-such-flag; see projector dlq show --help", "dlq", "show", "1", "--no-such-flag")
+	})
+	t.Run("typos", func(t *testing.T) {
+		wrong(t, `unknown command "rnu": did you mean "run"?`, "rnu")
+		wrong(t, `unknown command "dlq lsit": did you mean "dlq list"?`, "dlq", "lsit")
+		wrong(t, `unknown command "stat": did you mean "status"?`, "stat")
+		wrong(t, `unknown command "dlq lsit": did you mean "dlq list"?`, "help", "dlq", "lsit")
+	})
+}
+
+// TestMissingEngineTables: the operator commands, pointed at a schema
+// where projector migrate never ran, say so and what to do, instead of
+// PostgreSQL's "relation does not exist".
+func TestMissingEngineTables(t *testing.T) {
+	t.Setenv("PROJECTOR_BROKERS", "127.0.0.1:1") // for the commands that need one
+	db := testenv.NewDB(t)
+	u, err := url.Parse(db.URL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := fmt.Sprintf("no projector tables in %s/%s: run projector migrate, or check --database-url", strings.TrimPrefix(u.Path, "/"), db.Schema)
+	for _, args := range [][]string{
+		{"status"},
+		{"offsets", "list"},
+		{"offsets", "reset", "--topic", "t", "--to-earliest"},
+		{"offsets", "audit"},
+		{"dlq", "list"},
+		{"dlq", "show", "1"},
+		{"dlq", "replay", "--id", "1"},
+		{"dlq", "purge", "--id", "1", "--yes"},
+		{"dlq", "audit"},
+	} {
+		var out bytes.Buffer
+		err := Main(t.Context(), append(slices.Clip(args), "--database-url", db.URL), &out, &out)
+		if err == nil || err.Error() != want {
+			t.Errorf("projector %s: got %v, want %q", strings.Join(args, " "), err, want)
+		}
+	}
+
+	// A schema migrated by a version without one of the tables names it.
+	if err := Main(t.Context(), []string{"migrate", "--database-url", db.URL, "--config", "../../examples/projections.yaml"}, io.Discard, io.Discard); err != nil {
+		t.Fatalf("migrate: %v", err)
+	}
+	if _, err := db.Pool.Exec(t.Context(), "DROP TABLE projector_dlq_audit"); err != nil {
+		t.Fatal(err)
+	}
+	err = Main(t.Context(), []string{"dlq", "audit", "--database-url", db.URL}, io.Discard, io.Discard)
+	if err == nil || !strings.Contains(err.Error(), "no table projector_dlq_audit in ") || !strings.Contains(err.Error(), "run projector migrate") {
+		t.Errorf("dlq audit without its table: got %v, want it named, with what to do", err)
+	}
+	if err := Main(t.Context(), []string{"dlq", "list", "--database-url", db.URL}, io.Discard, io.Discard); err != nil {
+		t.Errorf("dlq list, whose table is there: %v", err)
+	}
+}
+
+// The demo's URL for the commands after it keeps the user's settings,
+// adds the schema in a form psql reads too, and never shows a password.
+func TestWithSearchPath(t *testing.T) {
+	for in, want := range map[string]string{
+		"postgres://u:secret@db:5432/app?sslmode=disable":                 "postgres://u:xxxxx@db:5432/app?options=-csearch_path%3Dprojector_demo&sslmode=disable",
+		"postgres://u@db/app?search_path=other&options=-cwork_mem%3D64MB": "postgres://u@db/app?options=-cwork_mem%3D64MB+-csearch_path%3Dprojector_demo",
+		"host=db dbname=app password=secret":                              "host=db dbname=app password=xxxxx options='-csearch_path=projector_demo'",
+	} {
+		got := withSearchPath(in, "projector_demo")
+		if r := redact.String(got); r != want {
+			t.Errorf("%s: got %s, want %s", in, r, want)
+		}
+		cfg, err := pgxpool.ParseConfig(got)
+		if err != nil || !strings.Contains(cfg.ConnConfig.RuntimeParams["options"], "-csearch_path=projector_demo") {
+			t.Errorf("%s: pgx reads %v, %v: want the search path in options", got, cfg, err)
+		}
+	}
 }

@@ -10,10 +10,12 @@ import (
 	"net/url"
 	"os"
 	"regexp"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 
@@ -429,4 +431,56 @@ func connectWith(ctx context.Context, raw string, edit func(*pgxpool.Config)) (*
 	}
 	pool, _, err := openDatabase(ctx, cfg, startup{}, false)
 	return pool, err
+}
+
+// The engine's tables that the operator commands read.
+const (
+	tableOffsets      = "projector_offsets"
+	tableOffsetsAudit = "projector_offsets_audit"
+	tableDeadLetters  = "projector_dead_letters"
+	tableDLQAudit     = "projector_dlq_audit"
+)
+
+// engineTables are the tables whose absence, all of them, means that
+// projector migrate never ran in a schema.
+var engineTables = []string{tableOffsets, tableOffsetsAudit, tableDeadLetters, tableDLQAudit}
+
+// connectEngine is connect for a command that reads the engine's tables:
+// it refuses, saying what to do, a database where they are missing —
+// projector migrate never ran there, or the URL points elsewhere — which
+// would otherwise surface as PostgreSQL's "relation does not exist".
+func connectEngine(ctx context.Context, raw string, tables ...string) (*pgxpool.Pool, error) {
+	cfg, err := parseDatabaseURL(raw)
+	if err != nil {
+		return nil, err
+	}
+	pool, target, err := openDatabase(ctx, cfg, startup{}, false)
+	if err != nil {
+		return nil, err
+	}
+	var missing []string
+	// to_regclass resolves through search_path, as the commands' queries do.
+	rows, err := pool.Query(ctx, `SELECT t FROM unnest($1::text[]) t WHERE to_regclass(quote_ident(t)) IS NULL`, engineTables)
+	if err == nil {
+		missing, err = pgx.CollectRows(rows, pgx.RowTo[string])
+	}
+	var lacks []string
+	for _, t := range tables {
+		if slices.Contains(missing, t) {
+			lacks = append(lacks, t)
+		}
+	}
+	switch {
+	case err != nil:
+		err = fmt.Errorf("PostgreSQL at %s: look up the engine's tables: %w", target, err)
+	case len(missing) == len(engineTables):
+		err = fmt.Errorf("no projector tables in %s/%s: run projector migrate, or check --database-url", target.Database, target.Schema)
+	case len(lacks) > 0:
+		err = fmt.Errorf("no table %s in %s/%s: run projector migrate, which creates what this version needs", strings.Join(lacks, ", "), target.Database, target.Schema)
+	}
+	if err != nil {
+		pool.Close()
+		return nil, err
+	}
+	return pool, nil
 }

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"net/url"
 	"strings"
 	"sync"
 	"time"
@@ -17,13 +18,12 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	dto "github.com/prometheus/client_model/go"
 	"github.com/twmb/franz-go/pkg/kadm"
-	"github.com/twmb/franz-go/pkg/kfake"
 	"github.com/twmb/franz-go/pkg/kgo"
 	"github.com/twmb/franz-go/pkg/sr"
-	"github.com/twmb/franz-go/pkg/sr/srfake"
 
 	"github.com/projector-dev/projector/deadletters"
 	"github.com/projector-dev/projector/internal/demo"
+	"github.com/projector-dev/projector/internal/embedded"
 	"github.com/projector-dev/projector/internal/kafkaclient"
 	"github.com/projector-dev/projector/internal/redact"
 	"github.com/projector-dev/projector/outbox"
@@ -92,12 +92,15 @@ func runDemo(ctx context.Context, f *demoFlags, stdout, stderr io.Writer) error 
 	defer pool.Close()
 	say("postgres   %s (schema %s, recreated)", redact.String(f.databaseURL), f.schema)
 
-	cluster, err := kfake.NewCluster(kfake.NumBrokers(1), kfake.SeedTopics(int32(f.partitions), demo.Topic))
+	cluster, err := embedded.NewBroker(ctx, embedded.BrokerConfig{Topics: []string{demo.Topic}, Partitions: int32(f.partitions)})
 	if err != nil {
-		return fmt.Errorf("start embedded broker: %w", err)
+		return err
 	}
 	defer cluster.Close()
-	registry := srfake.New()
+	registry, err := embedded.NewRegistry("")
+	if err != nil {
+		return err
+	}
 	defer registry.Close()
 	regClient, err := sr.NewClient(sr.URLs(registry.URL()))
 	if err != nil {
@@ -344,8 +347,39 @@ func runDemo(ctx context.Context, f *demoFlags, stdout, stderr io.Writer) error 
 	}
 	say("verify     OK: table %s.%s equals the reference fold (%d accounts, %d closed), %d parked, %d dead letters",
 		f.schema, demo.Table, len(exp.Accounts), exp.Deleted, nParked, nDead)
-	say("           inspect: psql %q -c 'SET search_path=%s' -c 'TABLE accounts LIMIT 5'", redact.String(f.databaseURL), f.schema)
+	// The members are gone, their offsets and dead letters stay: say
+	// how to look at them, with the schema in the URL, since every
+	// command reads its tables through search_path.
+	dbURL := shellQuote(redact.String(withSearchPath(f.databaseURL, f.schema)))
+	say("")
+	say("next       the members' identity is %q; their offsets, dead letters and table stay in schema %s:", identity, f.schema)
+	say("           projector status --identity %s --database-url %s", identity, dbURL)
+	say("           projector dlq list --database-url %s", dbURL)
+	say("           psql %s -c 'TABLE %s LIMIT 5'", dbURL, demo.Table)
 	return nil
+}
+
+// withSearchPath returns the connection string raw with schema first in
+// its search path, as the server's options parameter, which psql reads
+// as well as projector (a search_path parameter is pgx's alone).
+func withSearchPath(raw, schema string) string {
+	opt := "-csearch_path=" + schema
+	if u, err := url.Parse(raw); err == nil && (u.Scheme == "postgres" || u.Scheme == "postgresql") {
+		q := u.Query()
+		q.Del("search_path")
+		if o := q.Get("options"); o != "" {
+			opt = o + " " + opt
+		}
+		q.Set("options", opt)
+		u.RawQuery = q.Encode()
+		return u.String()
+	}
+	return raw + " options='" + opt + "'" // the schema is a plain identifier
+}
+
+// shellQuote quotes s for a POSIX shell.
+func shellQuote(s string) string {
+	return "'" + strings.ReplaceAll(s, "'", `'\''`) + "'"
 }
 
 // demoMark is the comment the demo puts on the schema it creates. It only

@@ -170,7 +170,7 @@ func dlqListCommand(stdout, stderr io.Writer) *ffcli.Command {
 			if f.Limit == 0 {
 				f.Limit = math.MaxInt32
 			}
-			pool, err := connect(ctx, c.databaseURL)
+			pool, err := connectEngine(ctx, c.databaseURL, tableDeadLetters)
 			if err != nil {
 				return err
 			}
@@ -220,13 +220,13 @@ func dlqShowCommand(stdout, stderr io.Writer) *ffcli.Command {
 				args = append(args[:i+1:i+1], fset.Args()...)
 			}
 			if len(args) != 1 {
-				return errors.New("dlq show: want exactly one argument, the dead-letter ID (see `projector dlq list`)")
+				return &usageError{msg: "dlq show: want exactly one argument, the dead-letter ID (see projector dlq list)"}
 			}
 			id, err := strconv.ParseInt(args[0], 10, 64)
 			if err != nil || id <= 0 {
-				return fmt.Errorf("dlq show: ID %q is not a dead-letter id", args[0])
+				return &usageError{msg: fmt.Sprintf("dlq show: ID %q is not a dead-letter id", args[0])}
 			}
-			pool, err := connect(ctx, c.databaseURL)
+			pool, err := connectEngine(ctx, c.databaseURL, tableDeadLetters)
 			if err != nil {
 				return err
 			}
@@ -417,7 +417,7 @@ func dlqReplayCommand(stdout, stderr io.Writer) *ffcli.Command {
 					return err
 				}
 			}
-			pool, err := connect(ctx, c.databaseURL)
+			pool, err := connectEngine(ctx, c.databaseURL, tableDeadLetters, tableDLQAudit)
 			if err != nil {
 				return err
 			}
@@ -549,7 +549,7 @@ func dlqPurgeCommand(stdout, stderr io.Writer) *ffcli.Command {
 			if len(ids) > 0 {
 				f.IDs = slices.Clone(ids)
 			}
-			pool, err := connect(ctx, c.databaseURL)
+			pool, err := connectEngine(ctx, c.databaseURL, tableDeadLetters, tableDLQAudit)
 			if err != nil {
 				return err
 			}
@@ -607,7 +607,7 @@ func dlqAuditCommand(stdout, stderr io.Writer) *ffcli.Command {
 			if limit < 0 {
 				return fmt.Errorf("--limit %d: must not be negative", limit)
 			}
-			pool, err := connect(ctx, c.databaseURL)
+			pool, err := connectEngine(ctx, c.databaseURL, tableDLQAudit)
 			if err != nil {
 				return err
 			}

@@ -1,10 +1,13 @@
 // Command projector turns Kafka event streams into versioned read models in
-// PostgreSQL. Subcommands: run, relay, demo, migrate, status, offsets, dlq.
+// PostgreSQL. Subcommands: run, dev, relay, demo, migrate, status, offsets, dlq.
 // The benchmark is the command projector-bench.
 //
 // Every flag can also be set through an environment variable: PROJECTOR_
 // followed by the flag name in upper case with dashes as underscores
 // (--database-url → PROJECTOR_DATABASE_URL). A flag on the command line wins.
+//
+// Exit status: 0 on success and for --help; 1 when a command ran and
+// failed; 2 when the command line is wrong and nothing ran.
 package main
 
 import (
@@ -33,10 +36,10 @@ func main() {
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
 	if err := Main(ctx, os.Args[1:], os.Stdout, os.Stderr); err != nil {
-		if !errors.Is(err, flag.ErrHelp) {
+		if !silent(err) {
 			fmt.Fprintln(os.Stderr, "projector:", err)
 		}
-		os.Exit(1)
+		os.Exit(exitCode(err))
 	}
 }
 
@@ -48,7 +51,7 @@ func Main(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	}
 	// Whatever failed, its message is masked: errors quote URLs and
 	// connection strings.
-	return redact.Error(rootCommand(stdout, stderr).ParseAndRun(ctx, args))
+	return redact.Error(execute(ctx, rootCommand(stdout, stderr), args, stdout, stderr))
 }
 
 // rootCommand builds the command tree; docs/configuration.md is generated
@@ -60,6 +63,7 @@ func rootCommand(stdout, stderr io.Writer) *ffcli.Command {
 		ShortHelp:  "Kafka event streams into versioned read models in PostgreSQL.",
 		Subcommands: []*ffcli.Command{
 			runCommand(stdout, stderr),
+			devCommand(stdout, stderr),
 			demoCommand(stdout, stderr),
 			checkCommand(stdout, stderr),
 			migrateCommand(stdout, stderr),

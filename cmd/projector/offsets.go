@@ -167,7 +167,7 @@ func offsetsResetCommand(stdout, stderr io.Writer) *ffcli.Command {
 				return err
 			}
 			defer closeAdm()
-			pool, err := connect(ctx, c.databaseURL)
+			pool, err := connectEngine(ctx, c.databaseURL, tableOffsets, tableOffsetsAudit)
 			if err != nil {
 				return err
 			}
@@ -310,7 +310,7 @@ func offsetsAuditCommand(stdout, stderr io.Writer) *ffcli.Command {
 			fs.BoolVar(&asJSON, "json", false, "print JSON objects instead of a table")
 		},
 		func(ctx context.Context, _ []string) error {
-			pool, err := connect(ctx, c.databaseURL)
+			pool, err := connectEngine(ctx, c.databaseURL, tableOffsetsAudit)
 			if err != nil {
 				return err
 			}

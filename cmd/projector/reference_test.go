@@ -86,8 +86,16 @@ const configPreamble = `# Configuration reference
 Every flag of a command that says *Reads the environment* can also be set as
 an environment variable: ` + "`PROJECTOR_`" + ` and the flag name in upper case with
 ` + "`_`" + ` for ` + "`-`" + ` (` + "`--database-url`" + ` is ` + "`PROJECTOR_DATABASE_URL`" + `). A flag on the command
-line wins. Durations are Go durations (` + "`100ms`, `30s`, `2m`" + `); sizes take
-` + "`KiB`, `MiB`, `GiB`" + ` suffixes or plain bytes.
+line wins. Durations are Go durations (` + "`100ms`, `30s`, `2m`" + `) and must be
+positive, except where a flag says what 0 or a negative value means; sizes
+take ` + "`KiB`, `MiB`, `GiB`" + ` suffixes or plain bytes.
+
+` + "`projector help [command]`" + ` or ` + "`--help`" + ` prints a command's usage and exits 0.
+A command line that is wrong — an unknown command (the nearest is suggested),
+an unknown flag, a value of the wrong form, an argument the command does not
+take — is refused in one line on stderr with exit status 2, before anything
+runs; ` + "`projector`" + `, ` + "`projector dlq`" + ` or ` + "`projector offsets`" + ` alone prints its usage
+on stderr and exits 2 too. A command that ran and failed exits 1.
 
 Passwords never appear in what the commands print: errors, logs, ` + "`dlq`" + `
 output and the demo's summary mask a URL's password, credential query

@@ -58,6 +58,7 @@ type runFlags struct {
 	retryCap        time.Duration
 	unreadyAfter    time.Duration
 	stallAfter      time.Duration
+	progressEvery   time.Duration
 	dlqTopic        string
 	onOffsetLost    string
 	checkWriters    string
@@ -72,22 +73,51 @@ func runCommand(_, stderr io.Writer) *ffcli.Command {
 		})
 }
 
-// run checks everything that needs neither DDL nor the group (flags, the
-// projection file, the registry's schemas, the HTTP address) before it
-// touches either, so that a replica that cannot start leaves no tables
-// behind and does not make the group rebalance for nothing.
+// run runs the engine on the brokers and registry of --brokers and
+// --registry-url.
 func (f *runFlags) run(ctx context.Context, stderr io.Writer) error {
 	if err := f.validate(); err != nil {
 		return err
 	}
-	log, err := f.logger(stderr)
-	if err != nil {
-		return err
+	if f.registryURL == "" {
+		return errors.New("--registry-url (PROJECTOR_REGISTRY_URL) is required: the Schema Registry the producers use")
 	}
 	brokers, err := f.brokerList()
 	if err != nil {
 		return err
 	}
+	return f.runOn(ctx, stderr, engineEnv{brokers: brokers})
+}
+
+// engineEnv is where runOn finds Kafka and the registry, and what a
+// command running it (dev) adds around it.
+type engineEnv struct {
+	brokers []string
+	// registry, when not nil, is used instead of --registry-url's.
+	registry *sr.Client
+	// awaitSchemas: a projection whose reader schema is to come from
+	// the registry waits for one to be registered instead of stopping
+	// startup (dev, whose registry starts empty).
+	awaitSchemas bool
+	// migrated, when not nil, runs once the tables exist and before the
+	// engine is built.
+	migrated func(ctx context.Context, pool *pgxpool.Pool) error
+	// running, when not nil, is called once the engine is built, with
+	// the database it writes.
+	running func(target dbTarget)
+}
+
+// runOn checks everything that needs neither DDL nor the group (flags, the
+// projection file, the registry's schemas, the HTTP address) before it
+// touches either, so that a replica that cannot start leaves no tables
+// behind and does not make the group rebalance for nothing. f is
+// validated already.
+func (f *runFlags) runOn(ctx context.Context, stderr io.Writer, env engineEnv) error {
+	log, err := f.logger(stderr)
+	if err != nil {
+		return err
+	}
+	brokers := env.brokers
 	projs, err := projection.Load(f.config)
 	if err != nil {
 		return fmt.Errorf("--config: %w", err)
@@ -96,11 +126,21 @@ func (f *runFlags) run(ctx context.Context, stderr io.Writer) error {
 	if err != nil {
 		return err
 	}
-	reg, err := f.registryClient()
-	if err != nil {
-		return err
+	reg := env.registry
+	if reg == nil {
+		if reg, err = f.registryClient(); err != nil {
+			return err
+		}
 	}
-	readers, err := readerSchemas(ctx, reg, projs)
+	var readers map[string]avro.Schema
+	if env.awaitSchemas {
+		readers, err = awaitReaderSchemas(ctx, log, reg, projs)
+		if ctx.Err() != nil {
+			return nil // stopped while waiting
+		}
+	} else {
+		readers, err = readerSchemas(ctx, reg, projs)
+	}
 	if err != nil {
 		return err
 	}
@@ -181,12 +221,23 @@ func (f *runFlags) run(ctx context.Context, stderr io.Writer) error {
 			}
 			return err
 		}
+		if env.migrated != nil {
+			if err := env.migrated(sctx, pool); err != nil {
+				if ctx.Err() != nil {
+					return nil
+				}
+				return err
+			}
+		}
 		step("joining the consumer group")
 		e, err := newEngine(f, brokers, projs, reg, readers, log, pool, metrics, tp)
 		if err != nil {
 			return err
 		}
 		engine.Store(e)
+		if env.running != nil {
+			env.running(target)
+		}
 		log.Info("projector running", "identity", f.identity, "config", f.config,
 			"batch_max_records", f.batchMaxRecords, "batch_max_wait", f.batchMaxWait, "commit_max_batches", f.commitMax,
 			"member_max_records", f.memberMax,
@@ -231,7 +282,14 @@ func migrate(ctx context.Context, su startup, pool *pgxpool.Pool, target dbTarge
 }
 
 func (f *runFlags) register(fs *flag.FlagSet) {
-	f.common.register(fs, "brokers", "registry-url", "database-url", "identity", "config", "log")
+	f.common.register(fs, "brokers", "registry-url")
+	f.registerEngine(fs)
+}
+
+// registerEngine registers the flags of the engine itself, which run and
+// dev share.
+func (f *runFlags) registerEngine(fs *flag.FlagSet) {
+	f.common.register(fs, "database-url", "identity", "config", "log")
 	f.dbFlags.register(fs, "pool", "sessions", "startup")
 	fs.StringVar(&f.httpAddr, "http-addr", ":8080", "address of /metrics, /livez, /readyz (PROJECTOR_HTTP_ADDR); empty disables")
 	fs.StringVar(&f.startFrom, "start-from", projector.StartEarliest, "where a partition without a stored offset starts: earliest or latest (PROJECTOR_START_FROM)")
@@ -248,6 +306,7 @@ func (f *runFlags) register(fs *flag.FlagSet) {
 	fs.IntVar(&f.maxRecordBytes, "max-record-bytes", 1<<20, "records with a larger value are dead-lettered (PROJECTOR_MAX_RECORD_BYTES)")
 	registerRetry(fs, &f.retryBase, &f.retryCap)
 	fs.DurationVar(&f.unreadyAfter, "unready-after", 30*time.Second, "a partition backing off longer than this makes /readyz fail (PROJECTOR_UNREADY_AFTER)")
+	fs.DurationVar(&f.progressEvery, "progress-every", projector.DefaultProgressEvery, "how often each projection logs one line of progress (records applied, stale, dead-lettered, lag) when anything moved; 0: never (PROJECTOR_PROGRESS_EVERY)")
 	fs.DurationVar(&f.stallAfter, "stall-after", partition.DefaultStallAfter, "a partition with records to apply that commits nothing for this long is stalled: an error line, projector_partition_stalled, and /livez fails so that the member is restarted (PROJECTOR_STALL_AFTER)")
 	fs.StringVar(&f.dlqTopic, "dlq-topic", "", "also publish dead letters to this Kafka topic, with Kafka Connect's __connect.errors.* headers (PROJECTOR_DLQ_TOPIC)")
 	fs.StringVar(&f.onOffsetLost, "on-offset-lost", projector.OffsetLostHalt, "when retention deleted records before they were applied: halt the partition, or skip to the log start (PROJECTOR_ON_OFFSET_LOST)")
@@ -284,6 +343,9 @@ func (f *runFlags) validate() error {
 	if err := validateRetry(f.retryBase, f.retryCap); err != nil {
 		return err
 	}
+	if f.progressEvery < 0 {
+		return fmt.Errorf("--progress-every %s: must be 0 (never) or positive", f.progressEvery)
+	}
 	if f.stallAfter <= f.retryCap {
 		return fmt.Errorf("--stall-after %s: must be longer than --retry-cap %s, or a partition waiting out one backoff would count as stalled", f.stallAfter, f.retryCap)
 	}
@@ -295,9 +357,6 @@ func (f *runFlags) validate() error {
 	}
 	if f.startFrom != projector.StartEarliest && f.startFrom != projector.StartLatest {
 		return fmt.Errorf("--start-from %q: want earliest or latest", f.startFrom)
-	}
-	if f.registryURL == "" {
-		return errors.New("--registry-url (PROJECTOR_REGISTRY_URL) is required: the Schema Registry the producers use")
 	}
 	return f.dbFlags.validate()
 }
@@ -314,6 +373,56 @@ func readerSchemas(ctx context.Context, reg *sr.Client, projs []*projection.Proj
 		out[p.Name] = s
 	}
 	return out, nil
+}
+
+// schemaPoll is how often a projection waiting for its schema asks the
+// registry again.
+const schemaPoll = 500 * time.Millisecond
+
+// awaitReaderSchemas is readerSchemas on a registry that may not hold a
+// projection's schema yet: a subject not found is waited for, said once
+// per projection, until every projection has its reader schema or ctx
+// ends. Any other failure stops startup as readerSchemas does.
+func awaitReaderSchemas(ctx context.Context, log *slog.Logger, reg *sr.Client, projs []*projection.Projection) (map[string]avro.Schema, error) {
+	out := map[string]avro.Schema{}
+	told := map[string]bool{}
+	t := time.NewTicker(schemaPoll)
+	defer t.Stop()
+	for {
+		waiting := 0
+		for _, p := range projs {
+			if _, ok := out[p.Name]; ok {
+				continue
+			}
+			subject := p.Topic + "-value"
+			s, err := schemas.ReaderSchema(ctx, reg, p.Schema, subject)
+			var re *sr.ResponseError
+			switch {
+			case err == nil:
+				out[p.Name] = s
+				if told[p.Name] {
+					log.Info("schema registered: the projection starts", "projection", p.Name, "subject", subject)
+				}
+			case p.Schema == "" && errors.As(err, &re) && re.ErrorCode == sr.ErrSubjectNotFound.Code:
+				waiting++
+				if !told[p.Name] {
+					told[p.Name] = true
+					log.Info(fmt.Sprintf("waiting for a schema under subject %s: register one with projector produce --topic %s --schema FILE.avsc", subject, p.Topic),
+						"projection", p.Name, "subject", subject)
+				}
+			default:
+				return nil, fmt.Errorf("projection %q: set schema: in the projection file or register the topic's value schema: %w", p.Name, err)
+			}
+		}
+		if waiting == 0 {
+			return out, nil
+		}
+		select {
+		case <-ctx.Done():
+			return nil, ctx.Err()
+		case <-t.C:
+		}
+	}
 }
 
 // listen binds the HTTP address (nil for an empty one), so that an address
@@ -402,6 +511,7 @@ func newEngine(f *runFlags, brokers []string, projs []*projection.Projection, re
 		ShutdownTimeout:  f.shutdownTimeout,
 		SessionTimeout:   f.sessionTimeout,
 		InstanceID:       f.instanceID,
+		ProgressEvery:    cliflag.OffDuration(f.progressEvery),
 		Logger:           log,
 		Registerer:       metrics,
 		TracerProvider:   tp,

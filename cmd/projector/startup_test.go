@@ -338,3 +338,31 @@ func TestRunSaysWhereItWrites(t *testing.T) {
 		t.Errorf("run did not stop cleanly: %v", err)
 	}
 }
+
+// `projector run` against brokers that do not answer does not log
+// "projector running" and then nothing: within seconds the Kafka client's
+// warning, and the engine's own naming the seed brokers, once each.
+func TestRunWithUnreachableBrokersSpeaks(t *testing.T) {
+	e := newRunEnv(t, 1, 0)
+	args := e.args("unreachable")
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	dead := l.Addr().String()
+	l.Close()
+	args[slices.Index(args, "--brokers")+1] = dead
+	r := start(t, args...)
+	testenv.WaitFor(t, 30*time.Second, func() error {
+		logs := r.out.String()
+		for _, want := range []string{`"msg":"unable to open connection to broker"`, `"msg":"no Kafka broker answers (seed brokers ` + dead} {
+			if !strings.Contains(logs, want) {
+				return fmt.Errorf("no line %s in:\n%s", want, logs)
+			}
+		}
+		return nil
+	})
+	if n := strings.Count(r.out.String(), "no Kafka broker answers"); n != 1 {
+		t.Errorf("%d warnings that no broker answers, want 1:\n%s", n, r.out)
+	}
+}

@@ -4,8 +4,9 @@
 package cliflag
 
 import (
+	"time"
+
 	"errors"
-	"fmt"
 	"math"
 
 	"github.com/dustin/go-humanize"
@@ -21,10 +22,10 @@ func (b *ByteSize) String() string { return humanize.IBytes(uint64(*b)) }
 func (b *ByteSize) Set(s string) error {
 	n, err := humanize.ParseBytes(s)
 	if err != nil {
-		return errors.New("want a size in bytes, with or without a unit, such as 256MiB")
+		return errors.New("a size like 64MiB, 300MB or 268435456 (bytes)")
 	}
 	if n > math.MaxInt64 {
-		return fmt.Errorf("%s: too large", s)
+		return errors.New("too large")
 	}
 	*b = ByteSize(n)
 	return nil
@@ -47,4 +48,14 @@ func CacheBytes(flag ByteSize) int64 {
 		return -1
 	}
 	return int64(flag)
+}
+
+// OffDuration maps a duration flag whose 0 turns its feature off
+// (--progress-every) to the engine's setting, where 0 means the default
+// and a negative value off.
+func OffDuration(flag time.Duration) time.Duration {
+	if flag == 0 {
+		return -1
+	}
+	return flag
 }

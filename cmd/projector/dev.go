@@ -1,0 +1,166 @@
+package main
+
+import (
+	"context"
+	"flag"
+	"fmt"
+	"io"
+	"net/url"
+	"slices"
+	"strings"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/peterbourgon/ff/v3/ffcli"
+	"github.com/twmb/franz-go/pkg/sr"
+
+	"github.com/projector-dev/projector/internal/embedded"
+	"github.com/projector-dev/projector/internal/redact"
+	"github.com/projector-dev/projector/projection"
+	"github.com/projector-dev/projector/sinks"
+	"github.com/projector-dev/projector/sinks/postgres"
+)
+
+// DefaultDevPartitions is how many partitions dev gives each topic.
+const DefaultDevPartitions = 3
+
+type devFlags struct {
+	runFlags
+	brokersAddr  string
+	registryAddr string
+	partitions   int
+}
+
+func devCommand(stdout, stderr io.Writer) *ffcli.Command {
+	f := &devFlags{}
+	return newCommand("dev", "projector dev --config FILE [flags]",
+		"Run the engine on your projections with an embedded broker and registry, for local development.", stderr,
+		func(fs *flag.FlagSet) {
+			f.registerEngine(fs)
+			fs.StringVar(&f.brokersAddr, "brokers-addr", DevBrokers, "host:port the embedded Kafka broker listens on and advertises (PROJECTOR_BROKERS_ADDR)")
+			fs.StringVar(&f.registryAddr, "registry-addr", strings.TrimPrefix(DevRegistryURL, "http://"), "host:port the embedded Schema Registry listens on (PROJECTOR_REGISTRY_ADDR)")
+			fs.IntVar(&f.partitions, "partitions", DefaultDevPartitions, "partitions of each topic of the projection file, created at start (PROJECTOR_PARTITIONS)")
+		},
+		func(ctx context.Context, args []string) error { return f.run(ctx, args, stdout, stderr) })
+}
+
+// run starts the embedded broker, with the projection file's topics, and
+// the registry, then runs the engine exactly as projector run does, on
+// them. The registry starts empty: a projection without schema: in its
+// file waits until a producer registers its topic's value schema.
+func (f *devFlags) run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
+	if len(args) > 0 {
+		return fmt.Errorf("unexpected argument %q: dev takes only flags", args[0])
+	}
+	if f.partitions < 1 {
+		return fmt.Errorf("--partitions %d: must be at least 1", f.partitions)
+	}
+	if err := f.validate(); err != nil {
+		return err
+	}
+	projs, err := projection.Load(f.config)
+	if err != nil {
+		return fmt.Errorf("--config: %w", err)
+	}
+	var topics []string
+	for _, p := range projs {
+		if !slices.Contains(topics, p.Topic) {
+			topics = append(topics, p.Topic)
+		}
+	}
+	broker, err := embedded.NewBroker(ctx, embedded.BrokerConfig{Addr: f.brokersAddr, Topics: topics, Partitions: int32(f.partitions)})
+	if err != nil {
+		return fmt.Errorf("--brokers-addr: %w", err)
+	}
+	defer broker.Close()
+	registry, err := embedded.NewRegistry(f.registryAddr)
+	if err != nil {
+		return fmt.Errorf("--registry-addr: %w", err)
+	}
+	defer registry.Close()
+	reg, err := sr.NewClient(sr.URLs(registry.URL()))
+	if err != nil {
+		return err
+	}
+	brokers := broker.ListenAddrs()
+	fmt.Fprintf(stdout, "projector dev: your projections on an embedded Kafka broker and Schema Registry (Ctrl-C stops)\n")
+	fmt.Fprintf(stdout, "  kafka      %s, topics %s (%d partitions each)\n", brokers[0], strings.Join(topics, ", "), f.partitions)
+	fmt.Fprintf(stdout, "  registry   %s\n", registry.URL())
+	return f.runOn(ctx, stderr, engineEnv{
+		brokers:      brokers,
+		registry:     reg,
+		awaitSchemas: true,
+		migrated: func(ctx context.Context, pool *pgxpool.Pool) error {
+			return f.restartOffsets(ctx, stdout, pool, topics)
+		},
+		running: func(target dbTarget) {
+			f.banner(stdout, target, brokers[0], registry.URL(), projs)
+		},
+	})
+}
+
+// restartOffsets moves the identity's stored offsets of the topics back to
+// 0. The embedded broker keeps its log in memory, so every dev start
+// begins with empty topics: an offset stored by the previous start points
+// past their end and would halt its partition. The tables keep their rows
+// and versions, so an event the previous start applied, produced again,
+// is ignored as stale.
+func (f *devFlags) restartOffsets(ctx context.Context, stdout io.Writer, pool *pgxpool.Pool, topics []string) error {
+	offsets := postgres.NewOffsets(pool, f.identity)
+	stored, err := offsets.List(ctx)
+	if err != nil {
+		return err
+	}
+	to := map[sinks.TP]int64{}
+	for _, s := range stored {
+		if slices.Contains(topics, s.Topic) && s.NextOffset != nil && *s.NextOffset > 0 {
+			to[s.TP] = 0
+		}
+	}
+	if len(to) == 0 {
+		return nil
+	}
+	if _, err := offsets.Reset(ctx, "projector dev", "the embedded broker's topics start empty on every dev start", to); err != nil {
+		return err
+	}
+	fmt.Fprintf(stdout, "  offsets    %d stored offsets of identity %s moved back to 0: the embedded topics start empty; the tables keep their rows\n", len(to), f.identity)
+	return nil
+}
+
+// banner says where dev writes and the commands to type next.
+func (f *devFlags) banner(w io.Writer, target dbTarget, brokers, registryURL string, projs []*projection.Projection) {
+	dbURL := redact.String(f.databaseURL)
+	fmt.Fprintf(w, "  postgres   %s\n", target)
+	fmt.Fprintf(w, "  identity   %s\n", f.identity)
+	fmt.Fprintf(w, "running; next, in another terminal:\n")
+	produceFlags := ""
+	if brokers != DevBrokers || registryURL != DevRegistryURL {
+		produceFlags = fmt.Sprintf(" --brokers %s --registry-url %s", brokers, registryURL)
+	}
+	for _, p := range projs {
+		fmt.Fprintf(w, "  projector produce%s --topic %s --schema SCHEMA.avsc < events.jsonl\n", produceFlags, p.Topic)
+	}
+	for _, p := range projs {
+		table := p.Table
+		if !strings.Contains(table, ".") && target.Schema != "" {
+			table = target.Schema + "." + table
+		}
+		fmt.Fprintf(w, "  psql %s -c 'TABLE %s'\n", shellQuote(libpqURL(dbURL)), table)
+	}
+	fmt.Fprintf(w, "  projector status --brokers %s --database-url %s --identity %s\n", brokers, shellQuote(dbURL), f.identity)
+	fmt.Fprintf(w, "  projector dlq list --database-url %s\n", shellQuote(dbURL))
+}
+
+// libpqURL drops the parameters pgx takes from a URL and psql refuses
+// (search_path); the banner names the table with its schema instead.
+func libpqURL(s string) string {
+	u, err := url.Parse(s)
+	if err != nil {
+		return s
+	}
+	q := u.Query()
+	q.Del("search_path")
+	u.RawQuery = q.Encode()
+	return u.String()
+}
+
+// shellQuote quotes s for a POSIX shell.

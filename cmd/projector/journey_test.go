@@ -1,0 +1,370 @@
+package main
+
+import (
+	"bufio"
+	"context"
+	"encoding/json"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"os"
+	"path/filepath"
+	"regexp"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/hamba/avro/v2"
+	"github.com/twmb/franz-go/pkg/kgo"
+	"github.com/twmb/franz-go/pkg/sr"
+
+	"github.com/projector-dev/projector/internal/testenv"
+	"github.com/projector-dev/projector/schemas"
+)
+
+// readmeBlocks returns the README's fenced code blocks that follow a
+// "<!-- journey: NAME -->" line, by NAME.
+func readmeBlocks(t *testing.T) map[string]string {
+	t.Helper()
+	text, err := os.ReadFile("../../README.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	marker := regexp.MustCompile(`(?m)^<!-- journey: (\S+) -->\n` + "```" + `[a-z]*\n((?s:.*?))` + "```" + `\n`)
+	out := map[string]string{}
+	for _, m := range marker.FindAllStringSubmatch(string(text), -1) {
+		out[m[1]] = m[2]
+	}
+	return out
+}
+
+// shellWords splits a README command line as a POSIX shell would for the
+// forms the README uses: words, single quotes, a trailing comment and
+// "< file".
+func shellWords(line string) (words []string, stdin string) {
+	var (
+		w      strings.Builder
+		inWord bool
+		quoted bool
+	)
+	flush := func() {
+		if inWord {
+			words = append(words, w.String())
+		}
+		w.Reset()
+		inWord = false
+	}
+	for i := 0; i < len(line); i++ {
+		c := line[i]
+		switch {
+		case quoted && c == '\'':
+			quoted = false
+		case quoted:
+			w.WriteByte(c)
+		case c == '\'':
+			quoted, inWord = true, true
+		case c == '#' && !inWord:
+			flush()
+			return words, stdin
+		case c == ' ' || c == '\t':
+			flush()
+		default:
+			w.WriteByte(c)
+			inWord = true
+		}
+	}
+	flush()
+	if i := slices.Index(words, "<"); i >= 0 && i+1 < len(words) {
+		stdin = words[i+1]
+		words = slices.Delete(words, i, i+2)
+	}
+	return words, stdin
+}
+
+// withFlags returns args with each flag of set given that value, replacing
+// the README's value or appended when the README has none.
+func withFlags(args []string, set map[string]string) []string {
+	out := slices.Clone(args)
+	for _, name := range slices.Sorted(func(yield func(string) bool) {
+		for k := range set {
+			if !yield(k) {
+				return
+			}
+		}
+	}) {
+		if i := slices.Index(out, "--"+name); i >= 0 && i+1 < len(out) {
+			out[i+1] = set[name]
+			continue
+		}
+		out = append(out, "--"+name, set[name])
+	}
+	return out
+}
+
+// TestReadmeJourney runs the README's five-minute path as it is written:
+// the projection file, schema and events of its code blocks, projector dev,
+// produce, the psql query (its rows must equal the README's), status and
+// dlq list; addresses and the database are the test's own.
+func TestReadmeJourney(t *testing.T) {
+	blocks := readmeBlocks(t)
+	for _, name := range []string{"projections.yaml", "account.avsc", "events.jsonl", "shell", "psql-output"} {
+		if blocks[name] == "" {
+			t.Fatalf("README has no code block marked <!-- journey: %s -->", name)
+		}
+	}
+	dir := t.TempDir()
+	for _, name := range []string{"projections.yaml", "account.avsc", "events.jsonl"} {
+		if err := os.WriteFile(filepath.Join(dir, name), []byte(blocks[name]), 0o600); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// File names on the README's command lines are relative to where the
+	// user wrote the files.
+	inDir := func(args []string) []string {
+		out := slices.Clone(args)
+		for i, a := range out {
+			if p := filepath.Join(dir, a); !strings.HasPrefix(a, "-") && fileExists(p) {
+				out[i] = p
+			}
+		}
+		return out
+	}
+	db := testenv.NewDB(t)
+
+	ctx, cancel := context.WithCancel(t.Context())
+	defer cancel()
+	var (
+		devOut, devErr syncBuffer
+		devDone        = make(chan error, 1)
+		brokers        string
+		registryURL    string
+		started        bool
+	)
+	// Stop dev before the test's schema is dropped.
+	defer func() {
+		if started {
+			cancel()
+			if err := <-devDone; err != nil {
+				t.Errorf("projector dev did not stop cleanly on cancel: %v\n%s", err, devErr.String())
+			}
+		}
+	}()
+	devRunning := func() {
+		t.Helper()
+		testenv.WaitFor(t, 30*time.Second, func() error {
+			select {
+			case err := <-devDone:
+				started = false
+				t.Fatalf("projector dev ended: %v\nstdout:\n%s\nstderr:\n%s", err, devOut.String(), devErr.String())
+			default:
+			}
+			if !strings.Contains(devOut.String(), "running; next") {
+				return fmt.Errorf("dev has not said it is running:\n%s", devOut.String())
+			}
+			return nil
+		})
+		out := devOut.String()
+		if m := regexp.MustCompile(`(?m)^  kafka +(\S+),`).FindStringSubmatch(out); m != nil {
+			brokers = m[1]
+		}
+		if m := regexp.MustCompile(`(?m)^  registry +(\S+)`).FindStringSubmatch(out); m != nil {
+			registryURL = m[1]
+		}
+		if brokers == "" || registryURL == "" {
+			t.Fatalf("dev's banner names no broker or registry address:\n%s", out)
+		}
+		for _, want := range []string{"identity   projector", fmt.Sprintf("schema %q", db.Schema), "projector produce", "projector status", "psql"} {
+			if !strings.Contains(out, want) {
+				t.Errorf("dev's banner does not say %q:\n%s", want, out)
+			}
+		}
+	}
+
+	sc := bufio.NewScanner(strings.NewReader(blocks["shell"]))
+	ran := map[string]bool{}
+	for sc.Scan() {
+		words, stdin := shellWords(sc.Text())
+		if len(words) == 0 {
+			continue
+		}
+		if len(words) < 2 {
+			t.Fatalf("the journey test does not know the README's command %q: teach it", sc.Text())
+		}
+		switch {
+		case words[0] == "projector" && words[1] == "dev":
+			args := withFlags(inDir(words[1:]), map[string]string{
+				"brokers-addr": "127.0.0.1:0", "registry-addr": "127.0.0.1:0", "http-addr": "",
+				"database-url": db.URL, "log-format": "text",
+			})
+			started = true
+			go func() { devDone <- Main(ctx, args, &devOut, &devErr) }()
+			devRunning()
+		case words[0] == "projector" && words[1] == "produce":
+			args := withFlags(inDir(words[1:]), map[string]string{"brokers": brokers, "registry-url": registryURL})
+			f, err := os.Open(filepath.Join(dir, stdin))
+			if err != nil {
+				t.Fatalf("%s: %v", sc.Text(), err)
+			}
+			journeyProduce(t, ctx, args, f)
+			f.Close()
+		case words[0] == "psql":
+			i := slices.Index(words, "-c")
+			if i < 0 {
+				t.Fatalf("README's psql line has no -c: %s", sc.Text())
+			}
+			want := psqlRows(blocks["psql-output"])
+			testenv.WaitFor(t, 30*time.Second, func() error {
+				got, err := queryRows(ctx, db, words[i+1])
+				if err != nil {
+					return err
+				}
+				if !slices.EqualFunc(got, want, slices.Equal) {
+					return fmt.Errorf("%s: got %q, the README shows %q", words[i+1], got, want)
+				}
+				return nil
+			})
+		case words[0] == "projector" && words[1] == "status":
+			var out syncBuffer
+			args := withFlags(words[1:], map[string]string{"brokers": brokers, "database-url": db.URL})
+			if err := Main(ctx, args, &out, &out); err != nil {
+				t.Fatalf("projector %s: %v\n%s", strings.Join(args, " "), err, out.String())
+			}
+			// Every partition of the topic is applied to its end: lag 0.
+			lines := strings.Split(strings.TrimSpace(out.String()), "\n")
+			if len(lines) != 1+DefaultDevPartitions || !strings.HasPrefix(lines[0], "TOPIC") {
+				t.Fatalf("status: want a header and %d partitions, got\n%s", DefaultDevPartitions, out.String())
+			}
+			for _, l := range lines[1:] {
+				f := strings.Fields(l)
+				if f[0] != "accounts.events" || f[5] != "0" || f[7] != "ok" {
+					t.Errorf("status: want accounts.events with lag 0 and state ok, got %q", l)
+				}
+			}
+		case words[0] == "projector" && words[1] == "dlq":
+			var out syncBuffer
+			args := withFlags(words[1:], map[string]string{"database-url": db.URL})
+			if err := Main(ctx, args, &out, &out); err != nil {
+				t.Fatalf("projector %s: %v\n%s", strings.Join(args, " "), err, out.String())
+			}
+			lines := strings.Split(strings.TrimSpace(out.String()), "\n")
+			if len(lines) != 1 || !strings.HasPrefix(lines[0], "ID") {
+				t.Errorf("dlq list: the README's events are all good, want no dead letters, got\n%s", out.String())
+			}
+		default:
+			t.Fatalf("the journey test does not know the README's command %q: teach it", sc.Text())
+		}
+		ran[words[0]+" "+words[1]] = true
+	}
+	t.Logf("projector dev printed:\n%s", devOut.String())
+	for _, step := range []string{"projector dev", "projector produce", "projector status", "projector dlq"} {
+		if !ran[step] {
+			t.Errorf("the README's five-minute path has no %s step", step)
+		}
+	}
+}
+
+// journeyProduce does what `projector produce` does with args (the
+// README's, with the test's addresses): each JSON line of stdin, fields
+// missing from it taking their schema default, Avro-encoded in the
+// Confluent wire format under the schema file registered for the topic,
+// keyed by --key-field.
+func journeyProduce(t *testing.T, ctx context.Context, args []string, stdin io.Reader) {
+	t.Helper()
+	fs := flag.NewFlagSet("produce", flag.ContinueOnError)
+	topic := fs.String("topic", "", "")
+	schemaFile := fs.String("schema", "", "")
+	keyField := fs.String("key-field", "", "")
+	brokers := fs.String("brokers", DevBrokers, "")
+	registryURL := fs.String("registry-url", DevRegistryURL, "")
+	if err := fs.Parse(args[1:]); err != nil {
+		t.Fatalf("produce %q: %v", args, err)
+	}
+	text, err := os.ReadFile(*schemaFile)
+	if err != nil {
+		t.Fatal(err)
+	}
+	schema, err := avro.Parse(string(text))
+	if err != nil {
+		t.Fatalf("--schema %s: %v", *schemaFile, err)
+	}
+	reg, err := sr.NewClient(sr.URLs(*registryURL))
+	if err != nil {
+		t.Fatal(err)
+	}
+	ids, err := schemas.Register(ctx, reg, *topic+"-value", string(text))
+	if err != nil {
+		t.Fatalf("register --schema %s: %v", *schemaFile, err)
+	}
+	cl, err := kgo.NewClient(kgo.SeedBrokers(*brokers))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cl.Close()
+	rec := schema.(*avro.RecordSchema)
+	sc := bufio.NewScanner(stdin)
+	for n := 1; sc.Scan(); n++ {
+		var v map[string]any
+		if err := json.Unmarshal(sc.Bytes(), &v); err != nil {
+			t.Fatalf("line %d: %v", n, err)
+		}
+		for _, f := range rec.Fields() {
+			if _, ok := v[f.Name()]; !ok && f.HasDefault() {
+				v[f.Name()] = f.Default()
+			}
+			if x, ok := v[f.Name()].(float64); ok && f.Type().Type() == avro.Long {
+				v[f.Name()] = int64(x)
+			}
+		}
+		value, err := schemas.AppendWire(nil, ids[0], schema, v)
+		if err != nil {
+			t.Fatalf("line %d: encode: %v", n, err)
+		}
+		key := fmt.Sprint(v[*keyField])
+		if err := cl.ProduceSync(ctx, &kgo.Record{Topic: *topic, Key: []byte(key), Value: value}).FirstErr(); err != nil {
+			t.Fatalf("line %d: produce: %v", n, err)
+		}
+	}
+}
+
+// psqlRows parses psql's aligned output: the rows under the header's rule.
+func psqlRows(out string) [][]string {
+	var rows [][]string
+	lines := strings.Split(strings.TrimRight(out, "\n"), "\n")
+	for _, l := range lines[2:] {
+		var row []string
+		for _, c := range strings.Split(l, "|") {
+			row = append(row, strings.TrimSpace(c))
+		}
+		rows = append(rows, row)
+	}
+	return rows
+}
+
+// queryRows runs q and returns its rows as psql prints their values.
+func queryRows(ctx context.Context, db *testenv.DB, q string) ([][]string, error) {
+	rows, err := db.Pool.Query(ctx, q)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	var out [][]string
+	for rows.Next() {
+		vals, err := rows.Values()
+		if err != nil {
+			return nil, err
+		}
+		var row []string
+		for _, v := range vals {
+			row = append(row, fmt.Sprint(v))
+		}
+		out = append(out, row)
+	}
+	return out, rows.Err()
+}
+
+func fileExists(p string) bool {
+	_, err := os.Stat(p)
+	return !errors.Is(err, os.ErrNotExist)
+}
