@@ -5,7 +5,6 @@ import (
 	"flag"
 	"fmt"
 	"io"
-	"net/url"
 	"slices"
 	"strings"
 
@@ -128,7 +127,12 @@ func (f *devFlags) restartOffsets(ctx context.Context, stdout io.Writer, pool *p
 
 // banner says where dev writes and the commands to type next.
 func (f *devFlags) banner(w io.Writer, target dbTarget, brokers, registryURL string, projs []*projection.Projection) {
+	// One URL for psql, status and dlq: psql ignores pgx's search_path
+	// parameter, both take the schema as a session option.
 	dbURL := redact.String(f.databaseURL)
+	if target.Schema != "" {
+		dbURL = withSearchPath(dbURL, target.Schema)
+	}
 	fmt.Fprintf(w, "  postgres   %s\n", target)
 	fmt.Fprintf(w, "  identity   %s\n", f.identity)
 	fmt.Fprintf(w, "running; next, in another terminal:\n")
@@ -140,27 +144,8 @@ func (f *devFlags) banner(w io.Writer, target dbTarget, brokers, registryURL str
 		fmt.Fprintf(w, "  projector produce%s --topic %s --schema SCHEMA.avsc < events.jsonl\n", produceFlags, p.Topic)
 	}
 	for _, p := range projs {
-		table := p.Table
-		if !strings.Contains(table, ".") && target.Schema != "" {
-			table = target.Schema + "." + table
-		}
-		fmt.Fprintf(w, "  psql %s -c 'TABLE %s'\n", shellQuote(libpqURL(dbURL)), table)
+		fmt.Fprintf(w, "  psql %s -c 'TABLE %s'\n", shellQuote(dbURL), p.Table)
 	}
 	fmt.Fprintf(w, "  projector status --brokers %s --database-url %s --identity %s\n", brokers, shellQuote(dbURL), f.identity)
 	fmt.Fprintf(w, "  projector dlq list --database-url %s\n", shellQuote(dbURL))
 }
-
-// libpqURL drops the parameters pgx takes from a URL and psql refuses
-// (search_path); the banner names the table with its schema instead.
-func libpqURL(s string) string {
-	u, err := url.Parse(s)
-	if err != nil {
-		return s
-	}
-	q := u.Query()
-	q.Del("search_path")
-	u.RawQuery = q.Encode()
-	return u.String()
-}
-
-// shellQuote quotes s for a POSIX shell.
