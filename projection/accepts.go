@@ -13,8 +13,8 @@ import (
 var ErrNotAccepted = errors.New("column type does not take the field's Avro type")
 
 // Accepts reports whether a column of Postgres type pgType may be filled
-// from a field of Avro schema field, following the mapping documented in
-// docs/types.md: nil when it may, an error wrapping ErrNotAccepted saying
+// from a field of Avro schema field, following the type mapping (see
+// docs/check.md): nil when it may, an error wrapping ErrNotAccepted saying
 // which types it would take when it may not. A nullable union
 // (["null", T]) is taken as T. pgType is compared on its canonical name
 // (what format_type prints) or a common spelling of it (int8, timestamptz,
@@ -27,12 +27,26 @@ var ErrNotAccepted = errors.New("column type does not take the field's Avro type
 func Accepts(pgType string, field avro.Schema) error {
 	s, _ := Nullable(field)
 	base, array := canonicalType(pgType)
+	if u, ok := s.(*avro.UnionSchema); ok && !isJSON(base, array) {
+		return acceptsBranches(pgType, u)
+	}
 	if array {
-		if a, ok := s.(*avro.ArraySchema); ok {
+		switch a := s.(type) {
+		case *avro.ArraySchema:
+			items, _ := Nullable(a.Items())
+			if _, nested := items.(*avro.ArraySchema); nested {
+				// An array of arrays fills a multidimensional array,
+				// which Postgres types as the one-dimensional one.
+				return Accepts(pgType, items)
+			}
 			if err := Accepts(base, a.Items()); err != nil {
 				return fmt.Errorf("%w: array items: %w", ErrNotAccepted, err)
 			}
 			return nil
+		case *avro.PrimitiveSchema:
+			if a.Type() == avro.String && a.Logical() == nil {
+				return nil // an array literal, such as {a,b}, cast by Postgres
+			}
 		}
 		return refuse(pgType, s, "an Avro array")
 	}
@@ -44,6 +58,27 @@ func Accepts(pgType string, field avro.Schema) error {
 		return nil
 	}
 	return refuse(pgType, s, want.String())
+}
+
+func isJSON(base string, array bool) bool { return !array && (base == "json" || base == "jsonb") }
+
+// acceptsBranches accepts a union of several non-null branches into a
+// column that is not JSON when every branch is a string, number or
+// boolean the column takes: the engine writes the branch's value.
+func acceptsBranches(pgType string, u *avro.UnionSchema) error {
+	for _, b := range u.Types() {
+		switch b.Type() {
+		case avro.Null:
+			continue
+		case avro.String, avro.Int, avro.Long, avro.Float, avro.Double, avro.Boolean:
+			if err := Accepts(pgType, b); err != nil {
+				return fmt.Errorf("%w: union branch %s: %w", ErrNotAccepted, b.Type(), err)
+			}
+		default:
+			return refuse(pgType, u, "jsonb or json; a union of strings, numbers and booleans also fills a column each branch fills")
+		}
+	}
+	return nil
 }
 
 // Nullable returns s without its null branch when s is the union of null
@@ -125,7 +160,7 @@ func acceptedBy(s avro.Schema) *accepted {
 	case avro.Float, avro.Double:
 		return set("real, double precision, numeric or text", with(floats, textLike)...)
 	case avro.String:
-		return &accepted{anyType: true, hint: "any type but an array (Postgres casts the text)"}
+		return &accepted{anyType: true, hint: "any type (Postgres casts the text)"}
 	case avro.Bytes, avro.Fixed:
 		return set("bytea", "bytea")
 	case avro.Enum:
