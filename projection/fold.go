@@ -304,13 +304,12 @@ func (d *declFold) apply(state Row, ev Event, owned bool) (Row, error) {
 		vals = append(vals, v)
 	}
 	for _, op := range eo.add {
-		if op.field == "" {
-			vals = append(vals, op.literal)
-			continue
-		}
-		f, ok := ev.Field(op.field)
-		if !ok || f == nil {
-			return nil, Terminal(fmt.Errorf("%s: add to %s: event has no value in field %q", ev.Type, op.col.Name, op.field))
+		f := op.literal // converted already: converting it again keeps it
+		if op.field != "" {
+			var ok bool
+			if f, ok = ev.Field(op.field); !ok || f == nil {
+				return nil, Terminal(fmt.Errorf("%s: add to %s: event has no value in field %q", ev.Type, op.col.Name, op.field))
+			}
 		}
 		delta, err := op.col.Convert(f)
 		if err != nil {
