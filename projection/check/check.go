@@ -261,8 +261,8 @@ func checkFields(p *projection.Projection, reader avro.Schema, r *Report) {
 				r.problem(p, u.Where, "field %q is %s: want a non-null string or enum naming the event type; fix: name the event type field", u.Field, typeName(f.Type()))
 			}
 		case projection.UseAdd:
-			if !oneOf(t, avro.Int, avro.Long, avro.Float, avro.Double) || logical(t) {
-				r.problem(p, u.Where, "field %q is %s: add needs a numeric field (int, long, float, double); fix: name a numeric field, or use set", u.Field, typeName(f.Type()))
+			if !numeric(t) {
+				r.problem(p, u.Where, "field %q is %s: add needs a numeric field (int, long, float, double, decimal); fix: name a numeric field, or use set", u.Field, typeName(f.Type()))
 			} else if err := projection.Accepts(u.Column.Type, f.Type()); err != nil {
 				r.problem(p, u.Where, "field %q: %v; fix: change the column's type", u.Field, stripSentinel(err))
 			}
@@ -294,6 +294,15 @@ func columnHint(u projection.FieldUse) string {
 }
 
 func oneOf(s avro.Schema, types ...avro.Type) bool { return slices.Contains(types, s.Type()) }
+
+// numeric reports whether s is a number add can add: an int, long, float
+// or double, or a decimal.
+func numeric(s avro.Schema) bool {
+	if l, ok := s.(avro.LogicalTypeSchema); ok && l.Logical() != nil {
+		return l.Logical().Type() == avro.Decimal
+	}
+	return oneOf(s, avro.Int, avro.Long, avro.Float, avro.Double)
+}
 
 // logical reports whether s carries a logical type (a timestamp-millis
 // long is no version).
