@@ -31,12 +31,19 @@
 //
 //   - Claim: one SELECT (its own short transaction) reads up to BatchSize
 //     unpublished rows of the shards it owns, in seq order. It takes no
-//     row locks (only a shard's owner reads its rows) and walks the
-//     partial index of unpublished rows, whatever the table statistics
-//     say (the session disables sorts and bitmap scans).
+//     row locks (only a shard's owner reads its rows). It reads each owned
+//     shard from the partial index of unpublished rows by (shard, seq) of
+//     its shard count and merges them, so it reads about as many rows as
+//     it returns however far other shards lag, whatever the table
+//     statistics say (the session disables sorts and bitmap scans). The
+//     table is created with the index of DefaultShards; a relay with
+//     another count, or an outbox from an older version, builds its index
+//     with CREATE INDEX CONCURRENTLY in the background and walks the
+//     unpublished rows of every shard by seq until it is built.
 //   - Publish: it produces them with the idempotent producer
 //     (acks from all in-sync replicas) and waits for every acknowledgement.
-//     No transaction is open meanwhile.
+//     No transaction is open meanwhile; the relay reads its session's
+//     connection, so that it hears at once when the session ends.
 //   - Mark: one UPDATE sets published_at on the acknowledged rows; per
 //     aggregate only the acknowledged prefix (franz-go fails every later
 //     record of a partition after a failed one, so in practice that is
@@ -62,12 +69,21 @@
 // use the same Shards; while relays with different counts run, none of
 // them publishes, and each logs an error, until they agree.
 //
+// A relay whose session ends while its records are in flight withdraws
+// the ones not yet sent (franz-go fails them once no request of theirs is
+// on the wire) and ends its round without marking, so the shards' next
+// owner, which can lock them only once the session is gone, does not
+// publish beside it. Only a produce request already on the wire, or a
+// session whose end the relay cannot see (a network partition from
+// PostgreSQL before the server ends the session), can still overlap with
+// the next owner's records.
+//
 // Per aggregate the records reach Kafka in version order: a claim starts
 // at the aggregate's lowest unpublished row, every row below it was
 // acknowledged before it was marked, and one producer keeps a partition's
-// order across retries. Even a relay that lost its session while
-// producing can only repeat versions from the lowest unpublished one on,
-// never send a new version ahead of an older one. This assumes the
+// order across retries. Even such an overlap can only repeat versions
+// from the lowest unpublished one on, never send a new version ahead of
+// an older one. This assumes the
 // writers append an aggregate's versions in order (each after the previous
 // one committed, as optimistic concurrency on the aggregate gives).
 //
@@ -80,7 +96,16 @@
 //
 // While the broker is unavailable, produce calls are retried (franz-go's
 // default: without limit) and the rows wait; nothing is marked that was
-// not acknowledged. A registry failure makes the round retry with
+// not acknowledged. Records waiting longer than UnreadyAfter are logged
+// (once, then once a minute), set projector_outbox_produce_stalled and
+// fail Ready's "kafka" check until the broker acknowledges again.
+//
+// A session that ends (the connection lost, the server restarting) is
+// started again on a fresh connection: a pooled connection that fails its
+// ping is discarded. After a session that did its work the retry is
+// immediate (with jitter); repeated failures back off as RetryBase and
+// RetryCap say. Each end counts in
+// projector_outbox_session_restarts_total{reason}. A registry failure makes the round retry with
 // backoff. A value that cannot be encoded with its topic's schema (or a
 // topic without a registered schema) blocks its row (columns error,
 // failed_at) and the aggregate's later rows, not the other aggregates;
@@ -96,5 +121,7 @@
 // projector_outbox_shards_owned, projector_outbox_published_total{topic}
 // and projector_outbox_publish_duration_seconds (row insert to broker
 // acknowledgement, measured with Postgres's clock up to the claim and the
-// relay's after it).
+// relay's after it), projector_outbox_produce_failures_total,
+// projector_outbox_produce_stalled and
+// projector_outbox_session_restarts_total{reason}.
 package outbox

@@ -13,6 +13,9 @@ type metrics struct {
 	owned     prometheus.Gauge
 	published *prometheus.CounterVec
 	duration  prometheus.Histogram
+	failures  prometheus.Counter
+	stalled   prometheus.Gauge
+	restarts  *prometheus.CounterVec
 }
 
 func newMetrics(reg prometheus.Registerer) *metrics {
@@ -37,6 +40,15 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 			Help:    "From an outbox row's insert to the broker's acknowledgement of its record.",
 			Buckets: []float64{.005, .01, .025, .05, .1, .25, .5, 1, 2.5, 5, 10, 30, 60, 300},
 		})),
+		failures: register(reg, prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "projector_outbox_produce_failures_total", Help: "Outbox records the Kafka client gave up on (after its own retries); their rows stay unpublished and are retried.",
+		})),
+		stalled: register(reg, prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "projector_outbox_produce_stalled", Help: "1 while this relay's records have waited longer than its unready-after for the broker's acknowledgement (the broker unreachable or refusing produce requests), else 0.",
+		})),
+		restarts: register(reg, prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "projector_outbox_session_restarts_total", Help: "Database sessions of this relay that ended and were started again, by reason (connect, connection_lost, no_table, database_error); its shards are released each time.",
+		}, []string{"reason"})),
 	}
 }
 

@@ -6,11 +6,13 @@ import (
 	"fmt"
 	"log/slog"
 	"math/rand/v2"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/twmb/franz-go/pkg/kerr"
@@ -28,6 +30,7 @@ const (
 	DefaultShards          = 16
 	DefaultRetention       = 24 * time.Hour
 	DefaultCleanupInterval = time.Minute
+	DefaultUnreadyAfter    = 5 * time.Second
 )
 
 // MaxShards bounds Config.Shards.
@@ -70,6 +73,12 @@ type Config struct {
 	// retry n is random in [0, min(RetryCap, RetryBase·2^n)] (defaults
 	// 100ms and 30s, as projector run's --retry-base and --retry-cap).
 	RetryBase, RetryCap time.Duration
+	// UnreadyAfter is how long records may wait for the broker's
+	// acknowledgement before the relay logs a warning (again once a
+	// minute while it lasts), sets projector_outbox_produce_stalled and
+	// fails Ready's "kafka" check, until the broker acknowledges again
+	// (default 5s).
+	UnreadyAfter time.Duration
 	// Logger receives the relay's logs (default slog.Default()).
 	Logger *slog.Logger
 	// Registerer receives the relay's metrics (default: a private
@@ -114,6 +123,12 @@ func (c *Config) validate() error {
 	if c.CleanupInterval <= 0 {
 		c.CleanupInterval = DefaultCleanupInterval
 	}
+	switch {
+	case c.UnreadyAfter == 0:
+		c.UnreadyAfter = DefaultUnreadyAfter
+	case c.UnreadyAfter < 0:
+		return fmt.Errorf("outbox: Config.UnreadyAfter %s: must be positive (0: the default %s)", c.UnreadyAfter, DefaultUnreadyAfter)
+	}
 	if c.RetryBase < 0 {
 		return fmt.Errorf("outbox: Config.RetryBase %s: must not be negative", c.RetryBase)
 	}
@@ -140,6 +155,9 @@ type Relay struct {
 
 	up      atomic.Bool
 	lastErr atomic.Pointer[error]
+	stall   stall
+	// indexed: the claim index of the shard count is built.
+	indexed atomic.Bool
 }
 
 // New returns a relay publishing the outbox of pool's database (the
@@ -166,30 +184,88 @@ func New(pool *pgxpool.Pool, cfg Config) (*Relay, error) {
 func (r *Relay) Run(ctx context.Context) error {
 	var wg sync.WaitGroup
 	wg.Go(func() { r.housekeeping(ctx) })
+	wg.Go(func() { r.buildShardIndex(ctx) })
 	defer wg.Wait()
+	var (
+		lastLog    time.Time
+		lastReason string
+		suppressed int
+	)
 	for attempt := 0; ; attempt++ {
-		start := time.Now()
-		err := r.session(ctx)
+		var healthy bool
+		err := r.session(ctx, &healthy)
 		r.up.Store(false)
+		r.stall.reset(r) // this relay has no records waiting any more
 		if ctx.Err() != nil {
 			return nil
 		}
 		r.lastErr.Store(&err)
-		if time.Since(start) > time.Minute {
+		// A session that did its work ended for a new reason: retry at
+		// once (with jitter), not after the backoff of earlier failures.
+		if healthy {
 			attempt = 0
 		}
+		reason := sessionEndReason(err)
+		r.m.restarts.WithLabelValues(reason).Inc()
 		d := r.retryDelay(attempt)
-		r.log.Error("outbox relay: database session ended; its shards are released", "err", err, "retry_in", d)
+		// Sessions that keep ending right after doing their work restart
+		// without backoff: one reason is logged once per sessionLogEvery.
+		if now := time.Now(); reason != lastReason || now.Sub(lastLog) >= sessionLogEvery {
+			r.log.Error("outbox relay: database session ended; its shards are released", "reason", reason, "err", err, "retry_in", d, "repeated", suppressed)
+			lastLog, lastReason, suppressed = now, reason, 0
+		} else {
+			suppressed++
+		}
 		if !sleep(ctx, d) {
 			return nil
 		}
 	}
 }
 
+// sessionLogEvery is how often the end of a session is logged at most.
+const sessionLogEvery = 10 * time.Second
+
+// sessionEndReason is the reason label of a session's end: the connection
+// could not be made, the connection was lost (the server ended the
+// session, restarted, or the network failed), the outbox table is
+// missing, or a statement failed.
+func sessionEndReason(err error) string {
+	var (
+		pg *pgconn.PgError
+		ce *connectError
+	)
+	switch {
+	case errors.As(err, &ce):
+		return "connect"
+	case errors.As(err, &pg) && pg.Code == pgUndefinedTable:
+		return "no_table"
+	case errors.As(err, &pg) && !connectionSQLState(pg.Code):
+		return "database_error"
+	}
+	return "connection_lost"
+}
+
+// pgUndefinedTable is SQLSTATE undefined_table: the only failure that
+// means Migrate has not run.
+const pgUndefinedTable = "42P01"
+
+// connectionSQLState reports whether a SQLSTATE says the session itself
+// ended: connection exceptions (08), the server shutting down or the
+// session terminated (57P).
+func connectionSQLState(code string) bool {
+	return strings.HasPrefix(code, "08") || strings.HasPrefix(code, "57P")
+}
+
+// connectError is a failure to open the session's connection.
+type connectError struct{ err error }
+
+func (e *connectError) Error() string { return "connect: " + e.err.Error() }
+func (e *connectError) Unwrap() error { return e.err }
+
 // Ready reports whether the relay has its database session (and so may
 // own shards) and whether Postgres answers; it fits projector.Handler.
 func (r *Relay) Ready(ctx context.Context) map[string]error {
-	checks := map[string]error{"postgres": r.pool.Ping(ctx)}
+	checks := map[string]error{"postgres": r.pool.Ping(ctx), "kafka": r.stall.err()}
 	if !r.up.Load() {
 		err := errors.New("no database session yet")
 		if last := r.lastErr.Load(); last != nil {
@@ -213,6 +289,7 @@ type session struct {
 	owned    []bool
 	count    int
 	mismatch bool // relays with another shard count are running
+	notified bool // a notification arrived while records were in flight
 }
 
 func (s *session) list() []int64 {
@@ -232,12 +309,12 @@ const namespaceSQL = `SELECT n.nspname, hashtext('projector_outbox.shard:' || c.
 	FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
 	WHERE c.oid = 'projector_outbox'::regclass`
 
-func (r *Relay) session(ctx context.Context) (err error) {
-	pc, err := r.pool.Acquire(ctx)
+func (r *Relay) session(ctx context.Context, healthy *bool) (err error) {
+	conn, err := r.connect(ctx)
 	if err != nil {
-		return fmt.Errorf("connect: %w", err)
+		return err
 	}
-	s := &session{conn: pc.Hijack(), owned: make([]bool, r.cfg.Shards)}
+	s := &session{conn: conn, owned: make([]bool, r.cfg.Shards)}
 	defer func() {
 		r.m.owned.Sub(float64(s.count))
 		cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
@@ -245,10 +322,15 @@ func (r *Relay) session(ctx context.Context) (err error) {
 		_ = s.conn.Close(cctx) // ends the session: its locks go with it
 	}()
 	if err := s.conn.QueryRow(ctx, namespaceSQL).Scan(&s.schema, &s.shardNS, &s.memberNS); err != nil {
-		return fmt.Errorf("find the outbox table (run outbox.Migrate): %w", err)
+		var pg *pgconn.PgError
+		if errors.As(err, &pg) && pg.Code == pgUndefinedTable {
+			return fmt.Errorf("no table projector_outbox on the search_path (run outbox.Migrate or projector migrate): %w", err)
+		}
+		return fmt.Errorf("find the outbox table: %w", err)
 	}
-	// The claim must walk the unpublished index in seq order and stop
-	// after BatchSize rows whatever the statistics say: right after a
+	// The claim must walk an index of unpublished rows in seq order (per
+	// owned shard, or all of them) and stop after BatchSize rows whatever
+	// the statistics say: right after a
 	// burst they can still describe an empty table, and the planner would
 	// sort the whole backlog for every batch. The session runs nothing
 	// else that needs a sort or a bitmap scan.
@@ -291,12 +373,42 @@ func (r *Relay) session(ctx context.Context) (err error) {
 				continue
 			}
 			failures = 0
-			if n == r.cfg.BatchSize {
+			*healthy = true
+			if n == r.cfg.BatchSize || s.notified {
+				s.notified = false
 				continue // more is waiting
 			}
 		}
 		if err := r.wait(ctx, s, nextTick); err != nil {
 			return err
+		}
+		*healthy = true
+	}
+}
+
+// connect returns a connection of the pool's for a session, taken out of
+// the pool. A pooled connection the server has ended (a restart, a
+// terminated backend) fails its ping and is closed; the next one, or a
+// new one, is tried in its place, so a stale connection never costs a
+// session and a backoff.
+func (r *Relay) connect(ctx context.Context) (*pgx.Conn, error) {
+	for tries := 1; ; tries++ {
+		pc, err := r.pool.Acquire(ctx)
+		if err != nil {
+			return nil, &connectError{err}
+		}
+		conn := pc.Hijack()
+		pctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+		err = conn.Ping(pctx)
+		cancel()
+		if err == nil {
+			return conn, nil
+		}
+		cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), time.Second)
+		_ = conn.Close(cctx)
+		cancel()
+		if ctx.Err() != nil || tries > int(r.pool.Config().MaxConns) {
+			return nil, &connectError{err}
 		}
 	}
 }
@@ -405,20 +517,65 @@ type fatalError struct{ err error }
 
 func (e *fatalError) Error() string { return e.err.Error() }
 
-// claimSQL reads the next rows of the owned shards in seq order, leaving
-// out every aggregate from a row blocked by an unencodable value on. It
-// takes no row locks: only the owner of a shard reads its rows.
-const claimSQL = `SELECT o.seq, o.id, o.aggregate_id, o.version, o.event_type, o.topic, o.payload, o.value,
+// claimColumns are what a claim reads of a row o.
+const claimColumns = `o.seq, o.id, o.aggregate_id, o.version, o.event_type, o.topic, o.payload, o.value,
 		o.tenant, o.source, o.subject, o.event_time, o.traceparent, o.tracestate,
-		extract(epoch FROM clock_timestamp() - o.created_at)::float8
-	FROM projector_outbox o
-	WHERE o.published_at IS NULL AND o.error IS NULL
-	  AND ((hashtextextended(o.aggregate_id, 0) % $1) + $1) % $1 = ANY($2::bigint[])
+		extract(epoch FROM clock_timestamp() - o.created_at)::float8`
+
+// claimable is the condition on a row o a claim returns: unpublished, and
+// not behind a row of its aggregate blocked by an unencodable value.
+const claimable = `o.published_at IS NULL AND o.error IS NULL
 	  AND NOT EXISTS (SELECT 1 FROM projector_outbox b
 		WHERE b.published_at IS NULL AND b.error IS NOT NULL
-		  AND b.topic = o.topic AND b.aggregate_id = o.aggregate_id AND b.seq < o.seq)
+		  AND b.topic = o.topic AND b.aggregate_id = o.aggregate_id AND b.seq < o.seq)`
+
+// maxMergedShards is the most owned shards a claim reads one by one; a
+// relay owning more claims in one walk of the seq index.
+const maxMergedShards = 64
+
+// claimSQL returns the claim of a relay owning owned of shards shards:
+// the next rows of the owned shards in seq order, at most the limit. It
+// takes no row locks: only the owner of a shard reads its rows.
+//
+// With the shard index built, each owned shard's rows are read from it in
+// seq order and merged (a Merge Append under the limit), so that a claim
+// reads about as many rows as it returns however far other shards lag;
+// the shard numbers are $1…$n and the limit $n+1. Without it, the claim
+// walks the unpublished rows of every shard in seq order and keeps its
+// own: $1 the shard count, $2 the owned shards, $3 the limit.
+func claimSQL(shards, owned int, indexed bool) string {
+	if !indexed || owned > maxMergedShards {
+		return `SELECT ` + claimColumns + `
+	FROM projector_outbox o
+	WHERE ` + claimable + `
+	  AND ((hashtextextended(o.aggregate_id, 0) % $1) + $1) % $1 = ANY($2::bigint[])
 	ORDER BY o.seq
 	LIMIT $3`
+	}
+	var b strings.Builder
+	b.WriteString("SELECT * FROM (")
+	for i := range owned {
+		if i > 0 {
+			b.WriteString("\n\tUNION ALL ")
+		}
+		fmt.Fprintf(&b, "(SELECT %s\n\tFROM projector_outbox o WHERE %s = $%d::bigint AND %s\n\tORDER BY o.seq LIMIT $%d)",
+			claimColumns, shardExpr("o", shards), i+1, claimable, owned+1)
+	}
+	fmt.Fprintf(&b, ") c ORDER BY 1 LIMIT $%d", owned+1)
+	return b.String()
+}
+
+// claimArgs are the arguments of claimSQL(shards, len(owned), indexed).
+func claimArgs(shards int, owned []int64, limit int, indexed bool) []any {
+	if !indexed || len(owned) > maxMergedShards {
+		return []any{int64(shards), owned, limit}
+	}
+	args := make([]any, 0, len(owned)+1)
+	for _, o := range owned {
+		args = append(args, o)
+	}
+	return append(args, limit)
+}
 
 const markSQL = `UPDATE projector_outbox SET published_at = clock_timestamp() WHERE seq = ANY($1::bigint[]) AND published_at IS NULL`
 
@@ -433,7 +590,8 @@ type aggKey struct{ topic, id string }
 // returns how many rows it claimed; a *fatalError ends the session.
 func (r *Relay) round(ctx context.Context, s *session) (int, error) {
 	claimedAt := time.Now()
-	rows, err := s.conn.Query(ctx, claimSQL, int64(r.cfg.Shards), s.list(), r.cfg.BatchSize)
+	owned, indexed := s.list(), r.indexed.Load()
+	rows, err := s.conn.Query(ctx, claimSQL(r.cfg.Shards, len(owned), indexed), claimArgs(r.cfg.Shards, owned, r.cfg.BatchSize, indexed)...)
 	if err != nil {
 		return 0, &fatalError{fmt.Errorf("claim: %w", err)}
 	}
@@ -489,21 +647,10 @@ func (r *Relay) round(ctx context.Context, s *session) (int, error) {
 		sent = append(sent, c)
 	}
 
-	errs := make([]error, len(recs))
-	var wg sync.WaitGroup
-	for i, rec := range recs {
-		c := sent[i]
-		wg.Add(1)
-		r.cfg.Client.Produce(ctx, rec, func(_ *kgo.Record, err error) {
-			defer wg.Done()
-			errs[i] = err
-			if err == nil {
-				r.m.published.WithLabelValues(c.topic).Inc()
-				r.m.duration.Observe(c.age + time.Since(claimedAt).Seconds())
-			}
-		})
+	errs, lost := r.produce(ctx, s, recs, sent, claimedAt)
+	if lost != nil {
+		return len(batch), &fatalError{lost}
 	}
-	wg.Wait()
 
 	// Mark the acknowledged prefix of each aggregate. franz-go fails every
 	// later record of a partition after a failed one, so this is every
@@ -556,6 +703,167 @@ func (r *Relay) round(ctx context.Context, s *session) (int, error) {
 	return len(batch), nil
 }
 
+// produce produces recs and waits for every acknowledgement. Meanwhile
+// it watches the session, so that a relay whose session ends (and with it
+// its shard locks) stops producing at once: the records not yet sent are
+// withdrawn (franz-go fails them, once no request of theirs is on the
+// wire), and the next owner of the shards publishes them. It returns
+// each record's error, or why the session was lost, and reports records
+// that wait longer than UnreadyAfter.
+func (r *Relay) produce(ctx context.Context, s *session, recs []*kgo.Record, sent []*claimed, claimedAt time.Time) ([]error, error) {
+	errs := make([]error, len(recs))
+	if len(recs) == 0 {
+		return errs, nil
+	}
+	pctx, withdraw := context.WithCancel(ctx)
+	defer withdraw()
+	// The watcher is the only user of the connection until it returns.
+	wctx, stopWatching := context.WithCancel(ctx)
+	watched := make(chan error, 1)
+	go func() { watched <- r.watch(wctx, s) }()
+	watching := true
+	defer func() {
+		stopWatching()
+		if watching {
+			<-watched
+		}
+	}()
+
+	var (
+		left     atomic.Int64
+		lastAck  atomic.Int64 // unix nanoseconds
+		acked    atomic.Int64
+		finished = make(chan struct{})
+	)
+	left.Store(int64(len(recs)))
+	lastAck.Store(time.Now().UnixNano())
+	for i, rec := range recs {
+		c := sent[i]
+		r.cfg.Client.Produce(pctx, rec, func(_ *kgo.Record, err error) {
+			errs[i] = err
+			if err == nil {
+				acked.Add(1)
+				lastAck.Store(time.Now().UnixNano())
+				r.m.published.WithLabelValues(c.topic).Inc()
+				r.m.duration.Observe(c.age + time.Since(claimedAt).Seconds())
+			} else if !errors.Is(err, context.Canceled) {
+				r.m.failures.Inc() // not withdrawn: the client gave up
+			}
+			if left.Add(-1) == 0 {
+				close(finished)
+			}
+		})
+	}
+
+	check := min(max(r.cfg.UnreadyAfter/5, 10*time.Millisecond), time.Second)
+	tick := time.NewTicker(check)
+	defer tick.Stop()
+	var lost error
+	for {
+		select {
+		case <-finished:
+			if acked.Load() > 0 {
+				r.stall.clear(r)
+			}
+			return errs, lost
+		case err := <-watched:
+			watching, watched = false, nil // a nil channel is never ready
+			if err != nil {
+				lost = fmt.Errorf("session lost with %d of %d records unacknowledged; they are withdrawn and its shards' next owner publishes them: %w",
+					left.Load(), len(recs), err)
+				withdraw()
+			}
+		case <-tick.C:
+			waited := time.Since(time.Unix(0, lastAck.Load()))
+			switch {
+			case waited >= r.cfg.UnreadyAfter:
+				r.stall.set(r, int(left.Load()), waited)
+			case acked.Load() > 0:
+				r.stall.clear(r)
+			}
+		}
+	}
+}
+
+// watch waits on the session's connection while records are in flight,
+// until ctx ends (nil) or the connection fails (its error). The
+// notifications it reads are remembered, so that the next round starts
+// at once.
+func (r *Relay) watch(ctx context.Context, s *session) error {
+	for {
+		n, err := s.conn.WaitForNotification(ctx)
+		if err != nil {
+			if ctx.Err() != nil {
+				return nil
+			}
+			return err
+		}
+		if n.Payload == s.schema || n.Payload == "" {
+			s.notified = true
+		}
+	}
+}
+
+// stall is whether the relay's records have waited longer than
+// UnreadyAfter for the broker: Ready reports it, and it is logged when it
+// starts, once a minute while it lasts, and when it ends.
+type stall struct {
+	mu      sync.Mutex
+	since   time.Time // zero: not stalled
+	logged  time.Time
+	records int
+	waited  time.Duration
+}
+
+// stallLogEvery is how often a stall that lasts is logged again.
+const stallLogEvery = time.Minute
+
+func (st *stall) set(r *Relay, records int, waited time.Duration) {
+	st.mu.Lock()
+	defer st.mu.Unlock()
+	now := time.Now()
+	st.records, st.waited = records, waited
+	if st.since.IsZero() {
+		st.since = now.Add(-waited)
+		r.m.stalled.Set(1)
+	} else if now.Sub(st.logged) < stallLogEvery {
+		return
+	}
+	st.logged = now
+	r.log.Warn("outbox relay: records wait for the broker's acknowledgement; the broker is unreachable or refuses produce requests (the Kafka client's own warnings say which)",
+		"records", records, "waited", waited.Round(time.Millisecond), "stalled_for", now.Sub(st.since).Round(time.Millisecond))
+}
+
+// clear ends a stall: the broker acknowledged records.
+func (st *stall) clear(r *Relay) {
+	st.mu.Lock()
+	defer st.mu.Unlock()
+	if st.since.IsZero() {
+		return
+	}
+	r.log.Info("outbox relay: the broker acknowledges records again", "stalled_for", time.Since(st.since).Round(time.Millisecond))
+	st.since = time.Time{}
+	r.m.stalled.Set(0)
+}
+
+// reset ends a stall without a word: the session ended, and with it the
+// relay's waiting records.
+func (st *stall) reset(r *Relay) {
+	st.mu.Lock()
+	defer st.mu.Unlock()
+	st.since = time.Time{}
+	r.m.stalled.Set(0)
+}
+
+func (st *stall) err() error {
+	st.mu.Lock()
+	defer st.mu.Unlock()
+	if st.since.IsZero() {
+		return nil
+	}
+	return fmt.Errorf("%d records unacknowledged for %s: the broker is unreachable or refuses produce requests", st.records, st.waited.Round(time.Millisecond))
+}
+
 // refusedForGood tells a produce error retrying cannot fix (a record too
 // large, a topic that does not exist or may not be written) from one that
 // may pass (the broker unavailable, a timeout, shutting down).
@@ -570,6 +878,39 @@ func refusedForGood(err error) bool {
 		return !ke.Retriable || ke == kerr.UnknownTopicOrPartition || ke == kerr.UnknownTopicID
 	}
 	return false
+}
+
+// buildShardIndex makes sure the claim index of the relay's shard count
+// exists, building it without blocking writers when it does not, and
+// retrying every CleanupInterval until it is built; claims use it from
+// then on.
+func (r *Relay) buildShardIndex(ctx context.Context) {
+	for {
+		start := time.Now()
+		ready, err := ensureShardIndex(ctx, r.pool, r.cfg.Shards, func() {
+			r.log.Info("outbox relay: building the claim index of this shard count (CREATE INDEX CONCURRENTLY); until it is built, claims read every shard's backlog",
+				"index", shardIndexName(r.cfg.Shards))
+		})
+		if ready {
+			if time.Since(start) > time.Second {
+				r.log.Info("outbox relay: claim index ready", "index", shardIndexName(r.cfg.Shards), "took", time.Since(start).Round(time.Millisecond))
+			}
+			r.indexed.Store(true)
+			return
+		}
+		if ctx.Err() != nil {
+			return
+		}
+		retry := r.cfg.PollInterval // another relay is building it
+		if !errors.Is(err, errIndexBusy) {
+			retry = r.cfg.CleanupInterval
+			r.log.Warn("outbox relay: the claim index of this shard count could not be built; claims read every shard's backlog until it is; retried",
+				"index", shardIndexName(r.cfg.Shards), "err", err, "retry_in", retry)
+		}
+		if !sleep(ctx, retry) {
+			return
+		}
+	}
 }
 
 // housekeeping refreshes the backlog gauges every PollInterval and, every

@@ -16,8 +16,10 @@ import (
 // transaction and commits them with the offset end. A transient failure
 // tries again after a backoff; rows Postgres refuses dead-letter their
 // aggregates' events on the next attempt, and a fold that keeps failing
-// dead-letters its event after MaxAttempts.
-func (w *Worker) commitBatch(ctx context.Context, n int, items []*item, end int64, keys sinks.Keys) error {
+// dead-letters its event after MaxAttempts. A plan that would make a
+// dead-letter storm is not committed: commitBatch returns its
+// *stormTrip.
+func (w *Worker) commitBatch(ctx context.Context, n int, items []*item, end int64, keys sinks.Keys) (err error) {
 	var (
 		out      outcomes
 		changes  sinks.Changes
@@ -25,10 +27,23 @@ func (w *Worker) commitBatch(ctx context.Context, n int, items []*item, end int6
 		giveUp   bool // dead-letter events whose fold keeps failing
 		folds    int
 	)
+	mark := w.guard.pos()
+	defer func() {
+		if err != nil {
+			w.guard.truncate(mark) // the batch did not commit
+		}
+	}()
 	plan := func(st sinks.State) (sinks.Changes, error) {
 		var err error
 		changes, out, err = w.plan(ctx, items, keys.All, st, nil, rejected, giveUp)
-		return changes, err
+		if err != nil {
+			return changes, err
+		}
+		w.guard.truncate(mark) // planned again: an earlier plan's outcomes go
+		if trip := w.guard.add(items, changes.DeadLetters); trip != nil {
+			return sinks.Changes{}, trip
+		}
+		return changes, nil
 	}
 	for attempt := 0; ; attempt++ {
 		began := time.Now()
@@ -39,7 +54,8 @@ func (w *Worker) commitBatch(ctx context.Context, n int, items []*item, end int6
 			w.metrics.commitBatches.Observe(1)
 			break
 		}
-		if errors.Is(err, sinks.ErrFenced) || ctx.Err() != nil {
+		var trip *stormTrip
+		if errors.Is(err, sinks.ErrFenced) || ctx.Err() != nil || errors.As(err, &trip) {
 			return err
 		}
 		var rej *sinks.RejectedRows
@@ -60,6 +76,7 @@ func (w *Worker) commitBatch(ctx context.Context, n int, items []*item, end int6
 		}
 	}
 	w.done()
+	w.guard.commit(w.guard.pos())
 	w.committed(end, changes, out)
 	return nil
 }
@@ -95,12 +112,8 @@ func (w *Worker) committed(end int64, changes sinks.Changes, out outcomes) {
 	w.totals.applied.Add(int64(out.applied))
 	w.totals.stale.Add(int64(out.stale))
 	w.totals.dead.Add(int64(dead))
-	if n := out.deadLettered[sinks.ClassKeyMismatch]; n > 0 {
-		w.keyWarn.Do(func() {
-			w.log.Warn("dead-lettered records whose record key is not the aggregate their key field names; the producer must key each record by its aggregate id",
-				"class", sinks.ClassKeyMismatch, "records", n, "key_field", w.proj.KeyField)
-		})
-	}
+	w.logDeadLetters(changes.DeadLetters)
+	w.stormOver()
 }
 
 // commitTraced runs the batch transaction, as a child span when tracing.

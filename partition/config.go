@@ -1,6 +1,7 @@
 package partition
 
 import (
+	"fmt"
 	"time"
 
 	"go.opentelemetry.io/otel/trace"
@@ -81,6 +82,17 @@ type Config struct {
 	// UnreadyAfter is how long a partition may back off before it counts
 	// as not ready (default 30s).
 	UnreadyAfter time.Duration
+	// DeadLetterStormShare and DeadLetterStormWindow guard against a
+	// dead-letter storm: a batch that would make more than
+	// DeadLetterStormShare of the partition's last DeadLetterStormWindow
+	// records dead letters of one class is not committed, and the
+	// partition halts until its records stop failing so (see storm.go).
+	// The guard judges once 100 records, or the whole window when it is
+	// smaller, are in view. Defaults DefaultDeadLetterStormShare and
+	// DefaultDeadLetterStormWindow; a negative share turns the guard off,
+	// and every failing record is dead-lettered however many fail.
+	DeadLetterStormShare  float64
+	DeadLetterStormWindow int
 	// StallAfter is how long a worker that has records to apply may go
 	// without committing before it counts as stalled (default
 	// DefaultStallAfter): whatever holds it up, retried failures or a
@@ -135,4 +147,22 @@ func (c *Config) defaults() {
 	if c.StallAfter <= 0 {
 		c.StallAfter = DefaultStallAfter
 	}
+	if c.DeadLetterStormShare == 0 {
+		c.DeadLetterStormShare = DefaultDeadLetterStormShare
+	}
+	if c.DeadLetterStormWindow <= 0 {
+		c.DeadLetterStormWindow = DefaultDeadLetterStormWindow
+	}
+}
+
+// Validate reports the first setting that has no meaning, by its field.
+// Zero fields are valid: they take their defaults.
+func (c Config) Validate() error {
+	if c.DeadLetterStormShare > 1 || c.DeadLetterStormShare != c.DeadLetterStormShare {
+		return fmt.Errorf("DeadLetterStormShare %v: want a share in (0, 1], 0 for the default or negative for off", c.DeadLetterStormShare)
+	}
+	if c.DeadLetterStormWindow < 0 {
+		return fmt.Errorf("DeadLetterStormWindow %d: want at least 1 record, or 0 for the default", c.DeadLetterStormWindow)
+	}
+	return nil
 }

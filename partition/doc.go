@@ -19,7 +19,10 @@
 //   - window.go: a worker that is behind plans several batches into one
 //     transaction, committed while it plans the next;
 //   - retry.go and refused.go: backing off between attempts, and halting
-//     a partition whose statements Postgres refuses.
+//     a partition whose statements Postgres refuses;
+//   - storm.go: halting a partition, rather than committing, when most of
+//     its recent records would be dead letters of one class;
+//     deadletterlog.go: the rate-limited log lines of its dead letters.
 //
 // worker.go holds the worker's lifecycle and the loop that drives the
 // stages; config.go its settings; repair.go gap repair; trace.go the

@@ -228,6 +228,7 @@ type Rewinder interface {
 // the window's first record.
 func (w *Worker) replay(ctx context.Context, win *window, cause error) error {
 	w.metrics.replays.Inc()
+	w.guard.truncate(win.guardStart) // its records are applied again
 	w.log.Info("applying the batches of a transaction again one by one", "reason", cause.Error(),
 		"from", win.start, "to", win.end)
 	w.mu.Lock()

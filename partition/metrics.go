@@ -11,6 +11,7 @@ type Metrics struct {
 	replays        prometheus.Counter
 	fenced         prometheus.Counter
 	refused        *prometheus.GaugeVec
+	storm          *prometheus.GaugeVec
 	retries        *prometheus.CounterVec
 	backoff        *prometheus.GaugeVec
 	deadLetters    *prometheus.CounterVec
@@ -59,6 +60,7 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 		Help: "1 while the partition's worker backs off after a failure (its fetching is paused), else 0.",
 	}, []string{"group", "topic", "partition"})
 	m.refused = newRefusedGauge(reg)
+	m.storm = newStormGauge(reg)
 	m.deadLetters = prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name: "projector_dead_letters_total",
 		Help: "Records dead-lettered, by reason: decode, invalid, key_mismatch, fold, oversized, rejected, gap.",

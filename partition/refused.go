@@ -64,6 +64,8 @@ func (w *Worker) leaveRefused() {
 		return
 	}
 	w.refusing = false
-	w.halted.Store(nil) // fetching resumes with the backoff's end (see done)
+	if !w.storm.on {
+		w.halted.Store(nil) // fetching resumes with the backoff's end (see done)
+	}
 	w.metrics.refused.DeleteLabelValues(w.group, w.claim.Topic, strconv.Itoa(int(w.claim.Partition)))
 }

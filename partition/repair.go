@@ -302,6 +302,7 @@ func (w *Worker) commitRepair(ctx context.Context, key string, plan func(sinks.S
 	for class, n := range out.deadLettered {
 		w.metrics.deadLetters.WithLabelValues(name, class).Add(float64(n))
 	}
+	w.logDeadLetters(ch.DeadLetters)
 	return nil
 }
 

@@ -53,7 +53,7 @@ func (w *Worker) backoffUnless(ctx context.Context, attempt int, what string, ca
 		w.mu.Unlock()
 		w.metrics.backoff.WithLabelValues(w.group, w.claim.Topic, strconv.Itoa(int(w.claim.Partition))).Set(1)
 	}
-	quiet := w.refusedBy(what, cause)
+	quiet := w.refusedBy(what, cause) || w.storm.on
 	delay := backoff.Policy{Base: w.cfg.RetryBase, Cap: w.cfg.RetryCap}.Delay(attempt)
 	w.metrics.retries.WithLabelValues(w.group, w.claim.Topic, strconv.Itoa(int(w.claim.Partition)), reasonOf(cause)).Inc()
 	if quiet {
@@ -95,12 +95,15 @@ func (w *Worker) done() {
 // reasonOf labels a transient failure for the retries metric.
 func reasonOf(err error) string {
 	var (
-		ne interface{ Timeout() bool }
-		fr *foldRetry
+		ne   interface{ Timeout() bool }
+		fr   *foldRetry
+		trip *stormTrip
 	)
 	switch {
 	case errors.As(err, &fr):
 		return "fold"
+	case errors.As(err, &trip):
+		return "dead_letter_storm"
 	case errors.As(err, &ne) && ne.Timeout():
 		return "timeout"
 	}

@@ -57,6 +57,9 @@ type window struct {
 	out      outcomes
 	// waited is how long the window has waited for its batches.
 	waited time.Duration
+	// guardStart and guardEnd are the storm guard's positions before and
+	// after the outcomes of the window's records (see stormGuard).
+	guardStart, guardEnd int64
 }
 
 // windowAgg is one aggregate of a window: its state when it entered it
@@ -98,6 +101,8 @@ func (w *Worker) processWindow(ctx context.Context, recs []*kgo.Record) (err err
 	// batches sharing aggregates seldom outgrows by much.
 	win := &window{start: start, end: start, aggs: make(map[string]*windowAgg, 2*len(recs)),
 		list: make([]*windowAgg, 0, 2*len(recs)), parked: map[string][]sinks.StoredEvent{}, unparked: map[sinks.ParkedRef]bool{}}
+	win.guardStart = w.guard.pos()
+	win.guardEnd = win.guardStart
 	ctx, span := w.startSpan(ctx, recs)
 	launched := false
 	defer func() {
@@ -227,6 +232,14 @@ func (w *Worker) planBatch(ctx context.Context, win *window, recs []*kgo.Record)
 	if err != nil {
 		return &planFailed{err}
 	}
+	if trip := w.guard.add(items, changes.DeadLetters); trip != nil {
+		// Applied batch by batch, the batch halts the partition (see
+		// process) after those before it have committed: the replay
+		// covers it.
+		win.end = end
+		return &planFailed{trip}
+	}
+	win.guardEnd = w.guard.pos()
 	// Upserts and deletes come in the order of keys.All.
 	i := 0
 	for _, u := range changes.Upserts {
@@ -360,6 +373,7 @@ func (w *Worker) windowCommitted(win *window, wc windowCommit, took time.Duratio
 	}
 	w.metrics.commitBatches.Observe(float64(len(win.sizes)))
 	w.done()
+	w.guard.commit(win.guardEnd)
 	w.committed(win.end, wc.ch, win.out)
 }
 

@@ -11,7 +11,6 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/twmb/franz-go/pkg/kgo"
-	"golang.org/x/time/rate"
 
 	"github.com/projector-dev/projector/projection"
 	"github.com/projector-dev/projector/sinks"
@@ -80,6 +79,14 @@ type Worker struct {
 	// partition (see refusedBy). Only Run's goroutine touches them.
 	badStatements int
 	refusing      bool
+	// guard keeps the outcomes of the partition's recent records, storm
+	// its halt when most of them would be dead letters of one class (see
+	// storm.go); deadLog what it has to say of its dead letters (see
+	// logDeadLetters). Only Run's goroutine touches them.
+	guard   stormGuard
+	storm   stormHalt
+	deadLog map[string]*classLog
+	now     func() time.Time
 
 	gaps     gaps
 	repairer Repairer // nil: no repair
@@ -89,9 +96,6 @@ type Worker struct {
 	repairDown, repairLogged time.Time
 	skips                    chan skipRequest
 	halted                   atomic.Pointer[string]
-	// keyWarn says, at most once a minute, that records were keyed as
-	// another aggregate: a producer that does it does it for many.
-	keyWarn rate.Sometimes
 }
 
 // WorkerDeps are what a worker works with besides its Config: the
@@ -121,6 +125,9 @@ type WorkerDeps struct {
 	// Metrics are shared by an engine's workers (nil: the worker's own,
 	// registered nowhere).
 	Metrics *Metrics
+	// Now is the clock that paces the worker's rate-limited log lines
+	// (nil: time.Now).
+	Now func() time.Time
 }
 
 // NewWorker returns a worker for a claimed partition.
@@ -140,7 +147,11 @@ func NewWorker(cfg Config, d WorkerDeps) *Worker {
 		skips: make(chan skipRequest),
 		stop:  make(chan struct{}),
 	}
-	w.keyWarn.Interval = time.Minute
+	w.now = d.Now
+	if w.now == nil {
+		w.now = time.Now
+	}
+	w.guard = newStormGuard(cfg)
 	w.peeker, _ = sink.(sinks.Peeker)
 	if vd, ok := dec.(ValuesDecoder); ok && vd.Width() > 0 && !p.ReadsFieldsMap() {
 		w.values = vd
@@ -250,6 +261,7 @@ func (w *Worker) Status() Status {
 // ErrFenced when a newer owner took the partition, ctx.Err() when
 // cancelled, and nil after Stop.
 func (w *Worker) Run(ctx context.Context) error {
+	defer w.leaveStorm()
 	defer w.leaveRefused()
 	var parked map[string]sinks.ParkedInfo
 	err := w.retry(ctx, "load parked", func() (err error) {
@@ -340,16 +352,30 @@ func (w *Worker) Run(ctx context.Context) error {
 // process applies recs, a batch taken while the worker is not behind, in
 // a transaction of its own: the records are decoded, the batch's
 // aggregates listed, and then planned and committed together.
+//
+// A batch that would make a dead-letter storm halts the partition (see
+// storm.go) and is tried again, decoded afresh, every RetryCap until it
+// commits.
 func (w *Worker) process(ctx context.Context, recs []*kgo.Record) (err error) {
 	start := w.claim.NextOffset
 	ctx, span := w.startSpan(ctx, recs)
 	defer endSpan(span, &err)
-	items, end, err := w.items(ctx, recs, start, nil)
-	if err != nil || end <= start {
-		return err
+	for attempt := 0; ; attempt++ {
+		items, end, err := w.items(ctx, recs, start, nil)
+		if err != nil || end <= start {
+			return err
+		}
+		keys := batchKeys(items, w.gaps.has, w.keys())
+		err = w.commitBatch(ctx, len(recs), items, end, keys)
+		var trip *stormTrip
+		if !errors.As(err, &trip) {
+			return err
+		}
+		w.stormed(trip)
+		if err := w.backoff(ctx, attempt, "commit batch", trip); err != nil {
+			return err
+		}
 	}
-	keys := batchKeys(items, w.gaps.has, w.keys())
-	return w.commitBatch(ctx, len(recs), items, end, keys)
 }
 
 // job is the worker's next piece of work: a batch of records, a repair

@@ -68,7 +68,7 @@ type Config struct {
 	// "earliest" (default) or "latest".
 	StartFrom string
 	// Partition tunes the partition workers (batch size and wait, buffer,
-	// retry backoff); its RetryBase and RetryCap also pace the engine's
+	// retry backoff, the dead-letter storm guard); its RetryBase and RetryCap also pace the engine's
 	// retries of claims and start offsets. A nil ClassifyDecode is the
 	// engine's own, ClassifyDecode.
 	Partition partition.Config
@@ -179,6 +179,9 @@ func (c *Config) validate() error {
 			return fmt.Errorf("config: Projections: topic %q feeds two projections", p.Topic)
 		}
 		topics[p.Topic] = true
+	}
+	if err := c.Partition.Validate(); err != nil {
+		return fmt.Errorf("config: Partition: %w", err)
 	}
 	if c.Partition.ClassifyDecode == nil {
 		// Without it a registry that does not answer would dead-letter
@@ -786,7 +789,7 @@ func (e *Engine) start(c sinks.Claim) {
 	f := &fetcher{e: e, tp: c.TP}
 	w := partition.NewWorker(e.cfg.Partition, partition.WorkerDeps{
 		Group: e.gen.identity, Claim: c, Projection: p, Sink: e.gen.sinks[c.Topic].Sink, Decoder: e.decoders[c.Topic],
-		Repairer: e.repairers[c.Topic], Fetcher: f, Log: e.log, Metrics: e.metrics,
+		Repairer: e.repairers[c.Topic], Fetcher: f, Log: e.log, Metrics: e.metrics, Now: e.now,
 	})
 	f.w = w
 	parent := e.runCtx

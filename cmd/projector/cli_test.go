@@ -124,6 +124,9 @@ func TestBadInputStopsWithAClearMessage(t *testing.T) {
 		{[]string{"run", "--brokers", "b", "--registry-url", "r", "--member-max-records", "-1"}, "--member-max-records"},
 		{[]string{"run", "--brokers", "b", "--registry-url", "r", "--state-cache-bytes", "lots"}, "-state-cache-bytes"},
 		{[]string{"run", "--brokers", "b", "--registry-url", "r", "--state-cache-bytes", "-5MiB"}, "-state-cache-bytes"},
+		{[]string{"run", "--brokers", "b", "--registry-url", "r", "--dead-letter-storm-share", "1.5"}, "-dead-letter-storm-share"},
+		{[]string{"run", "--brokers", "b", "--registry-url", "r", "--dead-letter-storm-share", "half"}, "-dead-letter-storm-share"},
+		{[]string{"run", "--brokers", "b", "--registry-url", "r", "--dead-letter-storm-window", "0"}, "--dead-letter-storm-window"},
 		{[]string{"migrate", "--config", filepath.Join(dir, "missing.yaml")}, "missing.yaml"},
 		{[]string{"migrate", "--config", bad}, `events.Opened.set: no column "nope"`},
 		{[]string{"migrate", "--config", bad}, `projection "x"`},
@@ -156,6 +159,23 @@ func TestByteSizeFlag(t *testing.T) {
 		var b cliflag.ByteSize
 		if err := b.Set(in); err != nil || int64(b) != want {
 			t.Errorf("%q: got %d, %v; want %d", in, b, err, want)
+		}
+	}
+}
+
+// Shares are fractions of 1, and off (or 0) turns the guard off, which
+// the engine reads as a negative share (its 0 is the default).
+func TestShareFlag(t *testing.T) {
+	for in, want := range map[string]float64{"0.5": 0.5, "1": 1, "0.05": 0.05, "off": -1, "OFF": -1, "0": -1} {
+		var s cliflag.Share
+		if err := s.Set(in); err != nil || cliflag.ShareOff(s) != want {
+			t.Errorf("%q: got %v, %v; want %v", in, cliflag.ShareOff(s), err, want)
+		}
+	}
+	for _, in := range []string{"-0.1", "1.01", "NaN", "half", ""} {
+		var s cliflag.Share
+		if err := s.Set(in); err == nil {
+			t.Errorf("%q: accepted as %v", in, s)
 		}
 	}
 }

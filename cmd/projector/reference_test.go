@@ -306,7 +306,7 @@ func renderMetrics(b *strings.Builder, rows []metricRow) {
 	}
 }
 
-// startupRetries is the one metric `run` registers itself, inside its
+// startupRetries is the one metric `run` and `relay` register themselves, inside their
 // startup: it is not reachable from a test, and TestMetricsReference
 // checks that every metric named in the code is in the reference.
 var startupRetries = metricRow{"projector_startup_retries_total", "counter", "step",
@@ -338,9 +338,10 @@ Reading them:
   (` + "`projector_state_cache_bytes`" + ` near ` + "`--state-cache-bytes`" + `) says the cache is too
   small for the stream's aggregates. About 1% probes is the tombstone filter
   at work; nearly all probes, a table with more than 1,000,000 tombstones.
-- ` + "`projector_retries_total`" + `'s ` + "`reason`" + ` is ` + "`postgres`, `timeout`, `fold`" + ` or ` + "`error`" + `.
+- ` + "`projector_retries_total`" + `'s ` + "`reason`" + ` is ` + "`postgres`, `timeout`, `fold`, `dead_letter_storm`" + ` or ` + "`error`" + `.
 - ` + "`projector_partition_stalled`" + ` makes ` + "`/livez`" + ` fail, so that the member is
-  restarted; ` + "`projector_partition_halted`" + `, ` + "`projector_partition_statements_refused`" + ` and
+  restarted; ` + "`projector_partition_halted`" + `, ` + "`projector_partition_statements_refused`" + `,
+  ` + "`projector_partition_dead_letter_storm`" + ` and
   ` + "`projector_backoff_active`" + ` (past ` + "`--unready-after`" + `) make ` + "`/readyz`" + ` fail.
 `
 
@@ -430,7 +431,7 @@ func TestMetricsReference(t *testing.T) {
 	renderMetrics(&b, append(rowsOf(engineFams), startupRetries))
 	b.WriteString(metricsNotes)
 	b.WriteString("\n## `projector relay`\n\n")
-	renderMetrics(&b, rowsOf(relayFams))
+	renderMetrics(&b, append(rowsOf(relayFams), startupRetries))
 	doc := b.String()
 	if err := namedInCode(doc); err != nil {
 		t.Fatal(err)

@@ -6,9 +6,11 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"sync/atomic"
 	"time"
 
 	"github.com/peterbourgon/ff/v3/ffcli"
+	"github.com/prometheus/client_golang/prometheus"
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/projector-dev/projector/internal/kafkaclient"
@@ -17,12 +19,14 @@ import (
 
 type relayFlags struct {
 	common
+	dbFlags
 	httpAddr        string
 	batchSize       int
 	shards          int
 	pollInterval    time.Duration
 	retention       time.Duration
 	cleanupInterval time.Duration
+	unreadyAfter    time.Duration
 	retryBase       time.Duration
 	retryCap        time.Duration
 }
@@ -43,37 +47,20 @@ func relayCommand(_, stderr io.Writer) *ffcli.Command {
 			if err != nil {
 				return err
 			}
-			pool, err := connect(ctx, f.databaseURL)
+			poolCfg, err := f.dbFlags.poolConfig(f.databaseURL)
 			if err != nil {
 				return err
 			}
-			defer pool.Close()
-			if err := outbox.Migrate(ctx, pool); err != nil {
-				return err
-			}
-			metrics := newRegistry()
-			// franz-go's defaults make the producer idempotent with acks
-			// from all in-sync replicas; the relay waits for every batch's
-			// acknowledgements, so lingering would only add latency.
-			cl, err := kafkaclient.New(kafkaclient.Config{Brokers: brokers, Registerer: metrics},
-				kgo.RequiredAcks(kgo.AllISRAcks()),
-				kgo.ProducerLinger(0),
-			)
-			if err != nil {
-				return fmt.Errorf("--brokers: %w", err)
-			}
-			defer cl.Close()
 			cfg := outbox.Config{
-				Client:          cl,
 				BatchSize:       f.batchSize,
 				PollInterval:    f.pollInterval,
 				Shards:          f.shards,
 				Retention:       f.retention,
 				CleanupInterval: f.cleanupInterval,
+				UnreadyAfter:    f.unreadyAfter,
 				RetryBase:       f.retryBase,
 				RetryCap:        f.retryCap,
 				Logger:          log,
-				Registerer:      metrics,
 			}
 			if f.registryURL != "" {
 				reg, err := f.registryClient()
@@ -84,23 +71,95 @@ func relayCommand(_, stderr io.Writer) *ffcli.Command {
 			} else {
 				log.Warn("no --registry-url: events written with a Value (not a Payload) cannot be encoded and wait")
 			}
-			r, err := outbox.New(pool, cfg)
+			// /readyz answers while startup waits for PostgreSQL, and
+			// says what it waits for.
+			ln, err := listen(f.httpAddr)
 			if err != nil {
 				return err
 			}
-			log.Info("outbox relay running", "shards", f.shards, "batch_size", f.batchSize, "poll_interval", f.pollInterval)
+			metrics := newRegistry()
+			cfg.Registerer = metrics
+			// franz-go's defaults make the producer idempotent with acks
+			// from all in-sync replicas; the relay waits for every batch's
+			// acknowledgements, so lingering would only add latency. Its
+			// logger makes an unreachable broker heard.
+			cl, err := kafkaclient.New(kafkaclient.Config{Brokers: brokers, Registerer: metrics, Logger: log},
+				kgo.RequiredAcks(kgo.AllISRAcks()),
+				kgo.ProducerLinger(0),
+			)
+			if err != nil {
+				if ln != nil {
+					ln.Close()
+				}
+				return fmt.Errorf("--brokers: %w", err)
+			}
+			defer cl.Close()
+			cfg.Client = cl
 
-			return serve(ctx, log, f.httpAddr, metrics, r.Ready, nil, r.Run)
+			var (
+				relay    atomic.Pointer[outbox.Relay]
+				starting atomic.Pointer[error] // what startup is doing or last failed at
+			)
+			step := func(what string) {
+				err := errors.New("starting: " + what)
+				starting.Store(&err)
+			}
+			step("connecting to PostgreSQL")
+			ready := func(ctx context.Context) map[string]error {
+				if r := relay.Load(); r != nil {
+					return r.Ready(ctx)
+				}
+				return map[string]error{"startup": *starting.Load()}
+			}
+			retries := prometheus.NewCounterVec(prometheus.CounterOpts{
+				Name: "projector_startup_retries_total",
+				Help: "Attempts of startup's database work (step: connect, migrate) that failed and were retried.",
+			}, []string{"step"})
+			metrics.MustRegister(retries)
+			su := startup{log: log, timeout: f.startupTimeout, base: f.retryBase, cap: f.retryCap,
+				failed: func(what string, err error) {
+					retries.WithLabelValues(what).Inc()
+					err = fmt.Errorf("starting: %s failed, retrying: %w", what, err)
+					starting.Store(&err)
+				}}
+			return serveOn(ctx, log, ln, metrics, ready, nil, func(ctx context.Context) error {
+				sctx, cancel := su.bound(ctx)
+				defer cancel()
+				pool, target, err := openDatabase(sctx, poolCfg, su, false)
+				if err != nil {
+					if ctx.Err() != nil {
+						return nil // stopped while starting
+					}
+					return err
+				}
+				defer pool.Close()
+				step("creating the outbox table if it is missing")
+				if err := su.do(sctx, "migrate", func(ctx context.Context) error { return outbox.Migrate(ctx, pool) }); err != nil {
+					if ctx.Err() != nil {
+						return nil
+					}
+					return fmt.Errorf("PostgreSQL at %s: %w", target, err)
+				}
+				r, err := outbox.New(pool, cfg)
+				if err != nil {
+					return err
+				}
+				relay.Store(r)
+				log.Info("outbox relay running", append(target.attrs(), "shards", f.shards, "batch_size", f.batchSize, "poll_interval", f.pollInterval)...)
+				return r.Run(ctx)
+			})
 		})
 }
 
 func (f *relayFlags) register(fs *flag.FlagSet) {
 	f.common.register(fs, "brokers", "registry-url", "database-url", "log")
+	f.dbFlags.register(fs, "startup")
 	fs.StringVar(&f.httpAddr, "http-addr", ":8080", "address of /metrics, /livez, /readyz (PROJECTOR_HTTP_ADDR); empty disables")
 	fs.IntVar(&f.batchSize, "batch-size", outbox.DefaultBatchSize, "most outbox rows one round claims and publishes; a crash between acknowledgement and marking republishes at most this many (PROJECTOR_BATCH_SIZE)")
 	fs.IntVar(&f.shards, "shards", outbox.DefaultShards, "aggregate shards the replicas share; every replica must use the same number (PROJECTOR_SHARDS)")
 	fs.DurationVar(&f.pollInterval, "poll-interval", outbox.DefaultPollInterval, "how often to look for rows without a notification and to rebalance shards among replicas (PROJECTOR_POLL_INTERVAL)")
 	fs.DurationVar(&f.retention, "retention", outbox.DefaultRetention, "how long published rows are kept before they are deleted; negative keeps them (PROJECTOR_RETENTION)")
+	fs.DurationVar(&f.unreadyAfter, "unready-after", outbox.DefaultUnreadyAfter, "records waiting this long for the broker's acknowledgement make /readyz fail and log a warning, until the broker acknowledges again (PROJECTOR_UNREADY_AFTER)")
 	fs.DurationVar(&f.cleanupInterval, "cleanup-interval", outbox.DefaultCleanupInterval, "how often published rows past --retention are deleted and blocked rows retried (PROJECTOR_CLEANUP_INTERVAL)")
 	registerRetry(fs, &f.retryBase, &f.retryCap)
 }
@@ -120,6 +179,12 @@ func (f *relayFlags) validate() error {
 	}
 	if f.cleanupInterval <= 0 {
 		return fmt.Errorf("--cleanup-interval %s: must be positive", f.cleanupInterval)
+	}
+	if f.unreadyAfter <= 0 {
+		return fmt.Errorf("--unready-after %s: must be positive", f.unreadyAfter)
+	}
+	if err := f.dbFlags.validate(); err != nil {
+		return err
 	}
 	return validateRetry(f.retryBase, f.retryCap)
 }

@@ -3,8 +3,13 @@ package main
 import (
 	"bytes"
 	"context"
+	"errors"
 	"fmt"
+	"io"
 	"math/rand/v2"
+	"net"
+	"net/http"
+	"regexp"
 	"strings"
 	"sync"
 	"syscall"
@@ -322,12 +327,106 @@ func TestRelayFlags(t *testing.T) {
 		{[]string{"relay", "--brokers", "b", "--retention", "0s"}, "--retention"},
 		{[]string{"relay", "--brokers", "b", "--retry-base", "0s"}, "--retry-base"},
 		{[]string{"relay", "--brokers", "b", "--retry-base", "1s", "--retry-cap", "100ms"}, "--retry-cap"},
-		{[]string{"relay", "--brokers", "b", "--database-url", "postgres://postgres@127.0.0.1:1/test?connect_timeout=2"}, "cannot connect to PostgreSQL"},
+		{[]string{"relay", "--brokers", "b", "--unready-after", "0s"}, "--unready-after"},
+		{[]string{"relay", "--brokers", "b", "--startup-timeout", "0s"}, "--startup-timeout"},
+		{[]string{"relay", "--brokers", "b", "--startup-timeout", "1s", "--http-addr", "", "--database-url", "postgres://postgres@127.0.0.1:1/test?connect_timeout=2"}, "cannot connect to PostgreSQL"},
 	} {
 		var out bytes.Buffer
 		err := Main(t.Context(), tc.args, &out, &out)
 		if err == nil || !strings.Contains(err.Error(), tc.want) {
 			t.Errorf("projector %s: got error %v, want one naming %q", strings.Join(tc.args, " "), err, tc.want)
 		}
+	}
+}
+
+// relayHTTP waits for the relay started as s to log its HTTP address and
+// returns a GET of a path there (status and body).
+func relayHTTP(t *testing.T, s *started) func(path string) (int, string) {
+	t.Helper()
+	addr := regexp.MustCompile(`"msg":"serving metrics and health","addr":"([^"]+)"`)
+	var base string
+	testenv.WaitFor(t, 30*time.Second, func() error {
+		s.running(t)
+		m := addr.FindStringSubmatch(s.out.String())
+		if m == nil {
+			return errors.New("no HTTP address logged yet")
+		}
+		base = "http://" + m[1]
+		return nil
+	})
+	return func(path string) (int, string) {
+		t.Helper()
+		resp, err := http.Get(base + path)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer resp.Body.Close()
+		body, err := io.ReadAll(resp.Body)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return resp.StatusCode, string(body)
+	}
+}
+
+// TestRelayStartupWaitsForPostgres: the relay serves /readyz before it has
+// PostgreSQL, saying that connecting is retried, and retries instead of
+// exiting, as projector run does.
+func TestRelayStartupWaitsForPostgres(t *testing.T) {
+	cluster := testenv.Kafka(t, demo.Topic, 1)
+	s := start(t, "relay", "--brokers", cluster.ListenAddrs()[0], "--http-addr", "127.0.0.1:0",
+		"--database-url", "postgres://postgres@127.0.0.1:1/test?sslmode=disable", "--startup-timeout", "1m")
+	get := relayHTTP(t, s)
+	testenv.WaitFor(t, 30*time.Second, func() error {
+		s.running(t)
+		code, body := get("/readyz")
+		if code != http.StatusServiceUnavailable || !strings.Contains(body, "startup") || !strings.Contains(body, "connect failed, retrying") {
+			return fmt.Errorf("/readyz while starting: %d %q, want 503 saying that connecting is retried", code, body)
+		}
+		return nil
+	})
+	if _, body := get("/metrics"); !regexp.MustCompile(`projector_startup_retries_total\{step="connect"\} [1-9]`).MatchString(body) {
+		t.Errorf("/metrics does not count the retries of connecting:\n%s", body)
+	}
+}
+
+// TestRelayBrokerUnreachableHeard: with rows waiting and no broker to take
+// them, the relay logs a warning within seconds (its own, and the Kafka
+// client's), and /readyz fails naming Kafka.
+func TestRelayBrokerUnreachableHeard(t *testing.T) {
+	ctx := t.Context()
+	db := testenv.NewDB(t)
+	if err := outbox.Migrate(ctx, db.Pool); err != nil {
+		t.Fatal(err)
+	}
+	if err := outbox.AppendPool(ctx, db.Pool, outbox.Event{AggregateType: "account", AggregateID: "acc-1", Version: 1, Type: "Deposited",
+		Topic: demo.Topic, Payload: []byte{0, 0, 0, 0, 1}}); err != nil {
+		t.Fatal(err)
+	}
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	nobody := ln.Addr().String()
+	ln.Close()
+	s := start(t, "relay", "--brokers", nobody, "--http-addr", "127.0.0.1:0", "--database-url", db.URL,
+		"--unready-after", "1s", "--log-level", "info")
+	get := relayHTTP(t, s)
+	testenv.WaitFor(t, 30*time.Second, func() error {
+		s.running(t)
+		out := s.out.String()
+		code, body := get("/readyz")
+		switch {
+		case !strings.Contains(out, "records wait for the broker's acknowledgement"):
+			return fmt.Errorf("no warning of the relay's yet:\n%s", out)
+		case !strings.Contains(out, `"component":"kafka-client"`):
+			return fmt.Errorf("no warning of the Kafka client's yet:\n%s", out)
+		case code != http.StatusServiceUnavailable || !strings.Contains(body, "kafka"):
+			return fmt.Errorf("/readyz %d %q, want 503 naming kafka", code, body)
+		}
+		return nil
+	})
+	if _, body := get("/metrics"); !strings.Contains(body, "projector_outbox_produce_stalled 1") {
+		t.Errorf("/metrics does not show the stall:\n%s", body)
 	}
 }

@@ -62,6 +62,8 @@ type runFlags struct {
 	dlqTopic        string
 	onOffsetLost    string
 	checkWriters    string
+	stormShare      cliflag.Share
+	stormWindow     int
 }
 
 func runCommand(_, stderr io.Writer) *ffcli.Command {
@@ -308,6 +310,9 @@ func (f *runFlags) registerEngine(fs *flag.FlagSet) {
 	fs.DurationVar(&f.unreadyAfter, "unready-after", 30*time.Second, "a partition backing off longer than this makes /readyz fail (PROJECTOR_UNREADY_AFTER)")
 	fs.DurationVar(&f.progressEvery, "progress-every", projector.DefaultProgressEvery, "how often each projection logs one line of progress (records applied, stale, dead-lettered, lag) when anything moved; 0: never (PROJECTOR_PROGRESS_EVERY)")
 	fs.DurationVar(&f.stallAfter, "stall-after", partition.DefaultStallAfter, "a partition with records to apply that commits nothing for this long is stalled: an error line, projector_partition_stalled, and /livez fails so that the member is restarted (PROJECTOR_STALL_AFTER)")
+	f.stormShare = partition.DefaultDeadLetterStormShare
+	fs.Var(&f.stormShare, "dead-letter-storm-share", "a partition halts, rather than commit a batch and move its offset on, when more than this share of its last --dead-letter-storm-window records would be dead letters of one class; it tries the batch again every --retry-cap. The guard judges once 100 records (or the whole window) are in view; off lets every failing record be dead-lettered (PROJECTOR_DEAD_LETTER_STORM_SHARE)")
+	fs.IntVar(&f.stormWindow, "dead-letter-storm-window", partition.DefaultDeadLetterStormWindow, "how many of a partition's most recent records the dead-letter storm guard looks at (PROJECTOR_DEAD_LETTER_STORM_WINDOW)")
 	fs.StringVar(&f.dlqTopic, "dlq-topic", "", "also publish dead letters to this Kafka topic, with Kafka Connect's __connect.errors.* headers (PROJECTOR_DLQ_TOPIC)")
 	fs.StringVar(&f.onOffsetLost, "on-offset-lost", projector.OffsetLostHalt, "when retention deleted records before they were applied: halt the partition, or skip to the log start (PROJECTOR_ON_OFFSET_LOST)")
 	fs.StringVar(&f.checkWriters, "check-writers", check.WritersAll, "which registered writer versions of each subject the startup check proves the reader schema against: all, or latest when the topics no longer hold events of older ones (PROJECTOR_CHECK_WRITERS)")
@@ -339,6 +344,9 @@ func (f *runFlags) validate() error {
 	}
 	if f.maxRecordBytes < 1 {
 		return fmt.Errorf("--max-record-bytes %d: must be at least 1", f.maxRecordBytes)
+	}
+	if f.stormWindow < 1 {
+		return fmt.Errorf("--dead-letter-storm-window %d: must be at least 1 record", f.stormWindow)
 	}
 	if err := validateRetry(f.retryBase, f.retryCap); err != nil {
 		return err
@@ -501,6 +509,9 @@ func newEngine(f *runFlags, brokers []string, projs []*projection.Projection, re
 			RetryCap:         f.retryCap,
 			UnreadyAfter:     f.unreadyAfter,
 			StallAfter:       f.stallAfter,
+			// The flag's off is the engine's negative share.
+			DeadLetterStormShare:  cliflag.ShareOff(f.stormShare),
+			DeadLetterStormWindow: f.stormWindow,
 		},
 		MemberMaxRecords: cliflag.Off(f.memberMax),
 		StateCacheRows:   cliflag.Off(f.stateCacheRows),

@@ -8,6 +8,8 @@ import (
 
 	"errors"
 	"math"
+	"strconv"
+	"strings"
 
 	"github.com/dustin/go-humanize"
 )
@@ -58,4 +60,39 @@ func OffDuration(flag time.Duration) time.Duration {
 		return -1
 	}
 	return flag
+}
+
+// Share is a flag of a share of records, more than 0 and at most 1, or
+// off: 0.5, 1, off (0 is off too).
+type Share float64
+
+func (s *Share) String() string {
+	if *s == 0 {
+		return "off"
+	}
+	return strconv.FormatFloat(float64(*s), 'g', -1, 64)
+}
+
+// Set parses v as a share, or off.
+func (s *Share) Set(v string) error {
+	if strings.EqualFold(strings.TrimSpace(v), "off") {
+		*s = 0
+		return nil
+	}
+	f, err := strconv.ParseFloat(strings.TrimSpace(v), 64)
+	if err != nil || math.IsNaN(f) || f < 0 || f > 1 {
+		return errors.New("want a share more than 0 and at most 1, such as 0.5, or off")
+	}
+	*s = Share(f)
+	return nil
+}
+
+// ShareOff maps a share flag whose off (or 0) turns its feature off
+// (--dead-letter-storm-share) to the engine's setting, where 0 means the
+// default and a negative value off.
+func ShareOff(flag Share) float64 {
+	if flag == 0 {
+		return -1
+	}
+	return float64(flag)
 }
