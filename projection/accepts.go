@@ -3,6 +3,7 @@ package projection
 import (
 	"errors"
 	"fmt"
+	"slices"
 	"strings"
 
 	"github.com/hamba/avro/v2"
@@ -13,8 +14,8 @@ import (
 var ErrNotAccepted = errors.New("column type does not take the field's Avro type")
 
 // Accepts reports whether a column of Postgres type pgType may be filled
-// from a field of Avro schema field, following the type mapping (see
-// docs/check.md): nil when it may, an error wrapping ErrNotAccepted saying
+// from a field of Avro schema field, following the type mapping documented in
+// docs/types.md: nil when it may, an error wrapping ErrNotAccepted saying
 // which types it would take when it may not. A nullable union
 // (["null", T]) is taken as T. pgType is compared on its canonical name
 // (what format_type prints) or a common spelling of it (int8, timestamptz,
@@ -40,7 +41,7 @@ func Accepts(pgType string, field avro.Schema) error {
 				return Accepts(pgType, items)
 			}
 			if err := Accepts(base, a.Items()); err != nil {
-				return fmt.Errorf("%w: array items: %w", ErrNotAccepted, err)
+				return fmt.Errorf("array items: %w", err) // err names ErrNotAccepted
 			}
 			return nil
 		case *avro.PrimitiveSchema:
@@ -63,19 +64,25 @@ func Accepts(pgType string, field avro.Schema) error {
 func isJSON(base string, array bool) bool { return !array && (base == "json" || base == "jsonb") }
 
 // acceptsBranches accepts a union of several non-null branches into a
-// column that is not JSON when every branch is a string, number or
-// boolean the column takes: the engine writes the branch's value.
+// column that is not JSON when the column takes every string, number or
+// boolean branch, whose value the engine writes, and, if it has others, is
+// a text column, which takes their JSON text.
 func acceptsBranches(pgType string, u *avro.UnionSchema) error {
 	for _, b := range u.Types() {
+		b = deref(b)
 		switch b.Type() {
 		case avro.Null:
 			continue
 		case avro.String, avro.Int, avro.Long, avro.Float, avro.Double, avro.Boolean:
 			if err := Accepts(pgType, b); err != nil {
-				return fmt.Errorf("%w: union branch %s: %w", ErrNotAccepted, b.Type(), err)
+				return fmt.Errorf("union branch %s: %w", b.Type(), err) // err names ErrNotAccepted
 			}
 		default:
-			return refuse(pgType, u, "jsonb or json; a union of strings, numbers and booleans also fills a column each branch fills")
+			// Another branch (a record, a map, an array) is written as its
+			// JSON text, which only a text column holds as it is.
+			if base, array := canonicalType(pgType); array || !slices.Contains(textLike, base) {
+				return refuse(pgType, u, "jsonb or json; a union of strings, numbers and booleans also fills a column each branch fills, and one with other branches a text column")
+			}
 		}
 	}
 	return nil
@@ -83,17 +90,27 @@ func acceptsBranches(pgType string, u *avro.UnionSchema) error {
 
 // Nullable returns s without its null branch when s is the union of null
 // and one other type, and whether it was.
+// A reference to a named type is taken as the type it names.
 func Nullable(s avro.Schema) (avro.Schema, bool) {
+	s = deref(s)
 	u, ok := s.(*avro.UnionSchema)
 	if !ok || len(u.Types()) != 2 || !u.Nullable() {
 		return s, false
 	}
 	for _, t := range u.Types() {
 		if t.Type() != avro.Null {
-			return t, true
+			return deref(t), true
 		}
 	}
 	return s, false
+}
+
+// deref returns the type a reference to a named type names.
+func deref(s avro.Schema) avro.Schema {
+	if r, ok := s.(*avro.RefSchema); ok {
+		return r.Schema()
+	}
+	return s
 }
 
 // accepted is the column types one Avro type may fill.

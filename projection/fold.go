@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"maps"
+	"math/big"
 	"slices"
 	"strings"
 )
@@ -156,8 +157,8 @@ func compileFold(p *Projection, defs map[string]EventDef) (*declFold, error) {
 			if !ok {
 				return nil, fmt.Errorf("events.%s.add: no column %q", typ, col)
 			}
-			if k := c.Kind(); k != KindInt && k != KindFloat {
-				return nil, fmt.Errorf("events.%s.add.%s: column type %s is not numeric (integer or floating point)", typ, col, c.Type)
+			if k := c.Kind(); k != KindInt && k != KindFloat && !isNumeric(c.Type) {
+				return nil, fmt.Errorf("events.%s.add.%s: column type %s is not numeric: add needs an integer, floating-point or numeric column", typ, col, c.Type)
 			}
 			op, err := compileAdd(c, src)
 			if err != nil {
@@ -315,6 +316,24 @@ func (d *declFold) apply(state Row, ev Event, owned bool) (Row, error) {
 		if err != nil {
 			return nil, Terminal(fmt.Errorf("%s: add from field %s: %w", ev.Type, op.field, err))
 		}
+		if isNumeric(op.col.Type) {
+			// Exact decimals: the sum is computed now, so that a value
+			// that is no number fails the event before the row changes.
+			var cur any
+			if state != nil {
+				cur = state[op.col.Name]
+			} else {
+				cur = d.blank[op.col.Name]
+			}
+			for i, s := range eo.set {
+				if s.col.Name == op.col.Name {
+					cur = vals[i]
+				}
+			}
+			if delta, err = addDecimal(op.col.Type, cur, delta, op.negate); err != nil {
+				return nil, Terminal(fmt.Errorf("%s: add to %s from field %s: %w", ev.Type, op.col.Name, op.field, err))
+			}
+		}
 		vals = append(vals, delta)
 	}
 	var row Row
@@ -331,6 +350,10 @@ func (d *declFold) apply(state Row, ev Event, owned bool) (Row, error) {
 		row[op.col.Name] = vals[i]
 	}
 	for i, op := range eo.add {
+		if isNumeric(op.col.Type) {
+			row[op.col.Name] = vals[len(eo.set)+i] // the sum already
+			continue
+		}
 		row[op.col.Name] = addValues(row[op.col.Name], vals[len(eo.set)+i], op.negate)
 	}
 	return row, nil
@@ -353,6 +376,41 @@ func addValues(cur, delta any, negate bool) any {
 		return c + d
 	}
 	return cur
+}
+
+// isNumeric reports whether a column of type typ holds exact decimals
+// (numeric, numeric(p,s)), in text form in a Row.
+func isNumeric(typ string) bool {
+	typ = strings.TrimPrefix(typ, "pg_catalog.")
+	return typ == "numeric" || typ == "decimal" || strings.HasPrefix(typ, "numeric(") || strings.HasPrefix(typ, "decimal(")
+}
+
+// addDecimal adds two exact decimals in text form for a column of type
+// typ, rounded as the column rounds them; a NULL counts as zero.
+func addDecimal(typ string, cur, delta any, negate bool) (string, error) {
+	parse := func(what string, v any) (*big.Rat, error) {
+		r := new(big.Rat)
+		if v == nil {
+			return r, nil
+		}
+		s, _ := v.(string)
+		if _, ok := r.SetString(s); !ok {
+			return nil, fmt.Errorf("%s %v is not a finite decimal", what, v)
+		}
+		return r, nil
+	}
+	c, err := parse("current value", cur)
+	if err != nil {
+		return "", err
+	}
+	d, err := parse("value", delta)
+	if err != nil {
+		return "", err
+	}
+	if negate {
+		d.Neg(d)
+	}
+	return decimalText(typ, c.Add(c, d)), nil
 }
 
 // Constant is a value a projection writes into a column whatever the

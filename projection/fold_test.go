@@ -1,9 +1,11 @@
 package projection_test
 
 import (
+	"encoding/json"
 	"fmt"
 	"maps"
 	"math"
+	"math/big"
 	"reflect"
 	"slices"
 	"strings"
@@ -182,6 +184,62 @@ func TestFoldAdd(t *testing.T) {
 				t.Errorf("key column = %v, want a1", row["id"])
 			}
 		})
+	}
+}
+
+const decimalFoldYAML = `
+projections:
+  - name: ledger
+    topic: ledger
+    table: ledger
+    key: id
+    mode: fold
+    type_field: type
+    columns:
+      id:      {type: text, primary_key: true}
+      total:   {type: numeric, default: 0}
+      cents:   {type: "numeric(12,2)"}
+    events:
+      Booked:
+        add: {total: amount, cents: amount}
+      Reversed:
+        add: {total: -amount, cents: -amount}
+`
+
+// TestFoldAddDecimal: add to a numeric column is exact, rounded as a
+// numeric(p,s) column rounds, and a current value that is no number fails
+// the event without changing the row.
+func TestFoldAddDecimal(t *testing.T) {
+	p := mustParse(t, decimalFoldYAML)
+	ev := func(typ string, amount any) projection.Event {
+		return projection.Event{Key: "a", Version: 2, Type: typ, Fields: map[string]any{"amount": amount}}
+	}
+	row, err := fold(t, p, nil, ev("Booked", big.NewRat(1, 10)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	row, err = fold(t, p, row, ev("Booked", big.NewRat(2, 10)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	row, err = fold(t, p, row, ev("Reversed", big.NewRat(-5, 1000))) // "-" of a negative amount
+	if err != nil {
+		t.Fatal(err)
+	}
+	if row["total"] != "0.305" || row["cents"] != "0.31" {
+		t.Errorf("total, cents = %v, %v; want 0.305, 0.31", row["total"], row["cents"])
+	}
+	row, err = fold(t, p, projection.Row{"id": "a", "total": "12.50", "cents": nil}, ev("Booked", int64(3)))
+	if err != nil || row["total"] != "15.5" || row["cents"] != "3.00" {
+		t.Errorf("from a value read back: %v, %v; want total 15.5, cents 3.00", row, err)
+	}
+	bad := projection.Row{"id": "a", "total": "NaN", "cents": "1.00"}
+	if _, err := fold(t, p, bad, ev("Booked", int64(1))); err == nil || !projection.IsTerminal(err) || !strings.Contains(err.Error(), "total") {
+		t.Errorf("add to NaN: %v, want a terminal error naming total", err)
+	}
+	if _, err := projection.Parse([]byte(strings.Replace(decimalFoldYAML, "total:   {type: numeric, default: 0}", "total:   {type: jsonb}", 1)), "."); err == nil ||
+		!strings.Contains(err.Error(), "events.Booked.add.total") || !strings.Contains(err.Error(), "jsonb") {
+		t.Errorf("add to jsonb: %v, want refused at load naming events.Booked.add.total", err)
 	}
 }
 
@@ -409,6 +467,35 @@ func TestConvertRoundTrip(t *testing.T) {
 		{"bytea", []byte{0x00, 0x01, 0xab, 0xff}, `\x0001abff`, `\x0001abff`},
 		{"bytea", []byte{}, `\x`, `\x`},
 		{"jsonb", map[string]any{"a": 1}, `{"a":1}`, `{"a":1}`},
+		// The documented mapping (docs/types.md) beyond scalars.
+		{"text[]", []any{"a", "b c", nil, "", `q"u\o`}, `{"a","b c",NULL,"","q\"u\\o"}`, `{"a","b c",NULL,"","q\"u\\o"}`},
+		{"text[]", []any{}, `{}`, `{}`},
+		{"bigint[]", []any{int64(1), int32(-2), nil}, `{"1","-2",NULL}`, `{"1","-2",NULL}`},
+		{"integer[]", []any{[]any{1, 2}, []any{3, 4}}, `{{"1","2"},{"3","4"}}`, `{{"1","2"},{"3","4"}}`},
+		{"bytea[]", []any{[]byte{0xab}}, `{"\\xab"}`, `{"\\xab"}`},
+		{"timestamp with time zone[]", []any{at}, `{"2026-05-06T14:08:07.654321Z"}`, `{"2026-05-06T14:08:07.654321Z"}`},
+		{"jsonb", []any{"a", int64(1), nil, []byte{1}, big.NewRat(-5, 4)}, `["a",1,null,"AQ==",-1.25]`, `["a",1,null,"AQ==",-1.25]`},
+		{"jsonb", `{"already": "json"}`, `{"already": "json"}`, `{"already": "json"}`},
+		{"jsonb", json.RawMessage(`"branch"`), `"branch"`, `"branch"`},
+		{"numeric", big.NewRat(-123456789, 1000000), "-123.456789", "-123.456789"},
+		{"numeric(10,2)", big.NewRat(12345, 1000), "12.35", "12.35"},
+		{"numeric(10,2)", big.NewRat(-12345, 1000), "-12.35", "-12.35"},
+		{"text", big.NewRat(1, 8), "0.125", "0.125"},
+		{"date", time.Date(1969, 7, 20, 0, 0, 0, 0, time.UTC), "1969-07-20", "1969-07-20"},
+		{"date", time.Date(0, 3, 1, 0, 0, 0, 0, time.UTC), "0001-03-01 BC", "0001-03-01 BC"},
+		{"time without time zone", 13*time.Hour + 14*time.Minute + 15*time.Second + 678*time.Millisecond, "13:14:15.678000", "13:14:15.678000"},
+		{"time without time zone", 5 * time.Second, "00:00:05", "00:00:05"},
+		{"timestamp without time zone", at, "2026-05-06T09:08:07.654321", "2026-05-06T09:08:07.654321"},
+		{"timestamp without time zone", at.UTC(), "2026-05-06T14:08:07.654321Z", "2026-05-06T14:08:07.654321Z"},
+		{"bytea", [2]byte{0xca, 0xfe}, `\xcafe`, `\xcafe`},
+		// A union of several branches, as JSON, into columns that are not
+		// JSON: the branch's value.
+		{"text", json.RawMessage(`"a\"b"`), `a"b`, `a"b`},
+		{"text", json.RawMessage(`12.50`), `12.50`, `12.50`},
+		{"bigint", json.RawMessage(`-42`), int64(-42), "-42"},
+		{"double precision", json.RawMessage(`2.5`), 2.5, "2.5"},
+		{"boolean", json.RawMessage(`true`), true, "true"},
+		{"text", json.RawMessage(`{"a":1}`), `{"a":1}`, `{"a":1}`},
 	}
 	same := func(a, b any) bool {
 		if fa, ok := a.(float64); ok && math.IsNaN(fa) {

@@ -55,7 +55,10 @@ func (ev Event) Tombstone() bool { return ev.Fields == nil && ev.names == nil }
 // Row is the state of one aggregate as stored in the projection's table,
 // column name → value. Values use the Go types of the column's kind:
 // int64 (smallint, integer, bigint), float64 (real, double precision),
-// bool (boolean), string (every other type, in Postgres text form), or nil.
+// bool (boolean), string (every other type, in Postgres text form: an
+// array as an array literal, json and jsonb as JSON text, numeric as an
+// exact decimal), or nil. Being strings, such values are compared and
+// copied safely.
 type Row map[string]any
 
 // FoldFunc folds one event into the aggregate's state. state is nil when the

@@ -29,6 +29,18 @@ func RegistryDecoders(ctx context.Context, registry *sr.Client, ps ...*projectio
 	return func(p *projection.Projection) partition.Decoder {
 		// New calls this once the projection has its defaults, which
 		// name the fields it reads.
-		return schemas.NewDecoder(registry, schemas.Prune(readers[p.Name], p.ReadFields()))
+		return schemas.NewDecoder(registry, schemas.Prune(readers[p.Name], p.ReadFields()), DecodeOptions(p)...)
 	}, nil
+}
+
+// DecodeOptions are the decoder options projection p is decoded with: a
+// projection compiled from a file takes a union of several non-null
+// branches as JSON (the columns it fills are json or jsonb, see
+// schemas.UnionsAsJSON); a Go fold gets such unions as schemas.Decoder
+// documents them.
+func DecodeOptions(p *projection.Projection) []schemas.Option {
+	if p.ReadsFieldsMap() {
+		return nil
+	}
+	return []schemas.Option{schemas.UnionsAsJSON()}
 }

@@ -3,6 +3,7 @@ package schemas
 import (
 	"context"
 	"encoding/binary"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -14,6 +15,8 @@ import (
 	"github.com/hamba/avro/v2"
 	"github.com/twmb/franz-go/pkg/sr"
 	"golang.org/x/sync/singleflight"
+
+	"github.com/projector-dev/projector/internal/avrojson"
 )
 
 // Terminal decode failures. Each is about the value itself (or its schema),
@@ -124,7 +127,8 @@ const (
 // map[string]any{"<branch name>": value} is kept, the branch name being
 // the full name of a named type ("demo.accounts.Money") or the type
 // ("array", "map", "long.local-timestamp-millis"), so that the branch can
-// be told apart.
+// be told apart. With UnionsAsJSON such a union (of two or more non-null
+// branches) decodes to a json.RawMessage instead.
 //
 // For the demo schemas (account_event.avsc): account_id, type: string;
 // version, amount: int64; owner: nil or string; occurred_at: time.Time
@@ -136,6 +140,8 @@ type Decoder struct {
 	pool   sync.Pool // *avro.Reader bound to api
 
 	names []string // the reader's field names; nil without a reader schema
+
+	unionsJSON bool // see UnionsAsJSON
 
 	mu      sync.Mutex                     // serialises writers of entries
 	entries atomic.Pointer[map[int]*entry] // copy-on-write, read without locks
@@ -157,13 +163,16 @@ type entry struct {
 // NewDecoder returns a Decoder that looks writer schemas up in reg and
 // decodes into reader. With a nil reader every value is decoded with its
 // writer schema as-is.
-func NewDecoder(reg Registry, reader avro.Schema) *Decoder {
+func NewDecoder(reg Registry, reader avro.Schema, opts ...Option) *Decoder {
 	// A private API per Decoder: hamba's decoder cache is keyed by schema
 	// fingerprints and its union type resolver by global registrations
 	// (avro.Register); keeping them private makes decoding independent of
 	// whatever else the process does with avro.DefaultConfig.
 	api := avro.Config{MaxSliceAllocSize: maxSliceElems}.Freeze()
 	d := &Decoder{reg: reg, reader: reader, api: api}
+	for _, o := range opts {
+		o(d)
+	}
 	if rec, ok := deref(reader).(*avro.RecordSchema); ok {
 		for _, f := range rec.Fields() {
 			d.names = append(d.names, f.Name())
@@ -174,6 +183,16 @@ func NewDecoder(reg Registry, reader avro.Schema) *Decoder {
 	d.entries.Store(&empty)
 	return d
 }
+
+// Option configures a Decoder.
+type Option func(*Decoder)
+
+// UnionsAsJSON makes a union with two or more non-null branches decode to
+// a json.RawMessage: its branch's value as JSON (avrojson.Marshal), null
+// for null, without the branch's name. Its values then fill a json or
+// jsonb column as they are, and a string branch is told from JSON text.
+// By default such a union decodes as described under Decoder.
+func UnionsAsJSON() Option { return func(d *Decoder) { d.unionsJSON = true } }
 
 // Decode decodes one wire-format value. It returns the decoded record and
 // the writer schema id taken from the value's header (0 when the value is
@@ -340,7 +359,7 @@ func (d *Decoder) build(id int, s sr.Schema) (e *entry) {
 	}
 	e = &entry{schema: schema, flat: newFlatRecord(writer, d.reader)}
 	if e.flat == nil { // the flat decoder produces the documented form itself
-		e.norm = newNormalizer(d.api, schema)
+		e.norm = newNormalizer(d.api, schema, d.unionsJSON)
 	}
 	if rec, ok := deref(d.reader).(*avro.RecordSchema); ok {
 		e.fields = len(rec.Fields())
@@ -458,14 +477,15 @@ type normalizer func(any) any
 // newNormalizer returns the normalizer for values of schema s, or nil when
 // hamba/avro's output already has the documented form (as for the demo
 // schemas), so that the common case costs nothing.
-func newNormalizer(api avro.API, s avro.Schema) normalizer {
-	b := normBuilder{api: api, recs: map[*avro.RecordSchema]*recState{}}
+func newNormalizer(api avro.API, s avro.Schema, unionsJSON bool) normalizer {
+	b := normBuilder{api: api, recs: map[*avro.RecordSchema]*recState{}, unionsJSON: unionsJSON}
 	return b.build(s)
 }
 
 type normBuilder struct {
-	api  avro.API
-	recs map[*avro.RecordSchema]*recState
+	api        avro.API
+	recs       map[*avro.RecordSchema]*recState
+	unionsJSON bool // see UnionsAsJSON
 }
 
 // recState breaks recursion through named records.
@@ -580,6 +600,11 @@ func (b *normBuilder) record(t *avro.RecordSchema) normalizer {
 // and their logical types), values come out plain; otherwise every non-null
 // value comes out tagged as map[string]any{branchName: value}.
 func (b *normBuilder) union(t *avro.UnionSchema) normalizer {
+	if b.unionsJSON {
+		if fn := b.jsonUnion(t); fn != nil {
+			return fn
+		}
+	}
 	tagged := false
 	for _, br := range t.Types() {
 		if _, err := b.api.TypeOf(unionResolutionName(br)); err != nil {
@@ -639,6 +664,53 @@ func (b *normBuilder) union(t *avro.UnionSchema) normalizer {
 			}
 		}
 		return m
+	}
+}
+
+// jsonUnion is the normalizer of a union with two or more non-null
+// branches under UnionsAsJSON, nil for any other union. A value without a
+// JSON form (a NaN) is left as it is, for whoever converts it to fail with
+// a message naming its column.
+func (b *normBuilder) jsonUnion(t *avro.UnionSchema) normalizer {
+	nonNull := 0
+	for _, br := range t.Types() {
+		if br.Type() != avro.Null {
+			nonNull++
+		}
+	}
+	if nonNull < 2 {
+		return nil
+	}
+	tagged := false
+	branches := map[string]normalizer{}
+	for _, br := range t.Types() {
+		if _, err := b.api.TypeOf(unionResolutionName(br)); err != nil {
+			tagged = true
+		}
+		branches[typeName(br)] = b.build(br)
+	}
+	return func(v any) any {
+		if v == nil {
+			return nil
+		}
+		x := v
+		if m, ok := v.(map[string]any); ok && tagged && len(m) == 1 {
+			for k, bv := range m {
+				if fn, ok := branches[k]; ok {
+					x = bv
+					if fn != nil {
+						x = fn(bv)
+					}
+				}
+			}
+		} else {
+			x = clipBytes(x)
+		}
+		js, err := avrojson.Marshal(x)
+		if err != nil {
+			return x
+		}
+		return json.RawMessage(js)
 	}
 }
 

@@ -3,6 +3,7 @@ package schemas
 import (
 	"bytes"
 	"context"
+	"encoding/json"
 	"errors"
 	"math/big"
 	"net"
@@ -729,5 +730,47 @@ func BenchmarkDecode(b *testing.B) {
 				}
 			}
 		})
+	}
+}
+
+// TestUnionsAsJSON: with the option a union of several non-null branches
+// decodes to its branch's value as JSON, so that a string branch is told
+// from JSON text and no branch name reaches a json column; a union with one
+// non-null branch decodes as without it.
+func TestUnionsAsJSON(t *testing.T) {
+	e := newEnv(t)
+	ids, err := Register(t.Context(), e.cl, "rich-value", richText)
+	if err != nil {
+		t.Fatal(err)
+	}
+	s := parse(t, richText)
+	tagged := func() map[string]any {
+		return map[string]any{"demo.test.Inner": map[string]any{"note": "n", "tags": map[string]any{"array": []any{map[string]any{"demo.test.Color": "RED"}, nil}}}}
+	}
+	in := map[string]any{
+		"i": 7, "f": float32(1.5), "d": 2.5, "b": true, "raw": []byte{1, 2},
+		"color": "GREEN", "fx": [2]byte{3, 4}, "day": time.Date(2024, 5, 17, 0, 0, 0, 0, time.UTC), "dec": big.NewRat(1234, 100),
+		"opt_str_first": "s", "opt_bytes": []byte{5}, "opt_ts": at, "opt_local": nil,
+		"opt_rec": tagged(), "opt_map": nil, "list": []any{},
+		"multi": tagged(), "prim_multi": map[string]any{"string": `{"not": "json"}`},
+	}
+	d := NewDecoder(e.cl, nil, UnionsAsJSON())
+	rec, _ := mustDecode(t, d, wire(t, ids[0], s, in))
+	if got, ok := rec["multi"].(json.RawMessage); !ok || string(got) != `{"note":"n","tags":["RED",null]}` {
+		t.Errorf("multi = %#v, want its record as JSON", rec["multi"])
+	}
+	if got, ok := rec["prim_multi"].(json.RawMessage); !ok || string(got) != `"{\"not\": \"json\"}"` {
+		t.Errorf("prim_multi = %#v, want a JSON string", rec["prim_multi"])
+	}
+	if _, ok := rec["opt_rec"].(map[string]any); !ok {
+		t.Errorf("opt_rec = %#v, want the record, as without the option", rec["opt_rec"])
+	}
+	in["multi"], in["prim_multi"] = nil, int64(-3)
+	rec, _ = mustDecode(t, d, wire(t, ids[0], s, in))
+	if rec["multi"] != nil {
+		t.Errorf("multi = %#v, want nil", rec["multi"])
+	}
+	if got, ok := rec["prim_multi"].(json.RawMessage); !ok || string(got) != `-3` {
+		t.Errorf("prim_multi = %#v, want -3", rec["prim_multi"])
 	}
 }

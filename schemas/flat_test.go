@@ -180,7 +180,7 @@ func TestFlatDecodeMatchesHamba(t *testing.T) {
 		}
 		flatBuilt++
 		generic := *e // as build makes it when the flat decoder does not apply
-		generic.flat, generic.norm = nil, newNormalizer(d.api, e.schema)
+		generic.flat, generic.norm = nil, newNormalizer(d.api, e.schema, false)
 
 		check := func(label string, body []byte) {
 			got, gotErr := d.decode(e, body)
@@ -412,7 +412,7 @@ func FuzzFlatMatchesHamba(f *testing.F) {
 		f.Fatalf("flat decoder not built: %v", e.err)
 	}
 	generic := *e
-	generic.flat, generic.norm = nil, newNormalizer(d.api, e.schema)
+	generic.flat, generic.norm = nil, newNormalizer(d.api, e.schema, false)
 
 	writer := avro.MustParse(writerText)
 	for _, rec := range []map[string]any{

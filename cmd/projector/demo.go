@@ -174,7 +174,7 @@ func runDemo(ctx context.Context, f *demoFlags, stdout, stderr io.Writer) error 
 			Registerer:  m.metrics,
 			Store:       postgres.NewStore(pool),
 		}, func(p *projection.Projection) partition.Decoder {
-			return schemas.NewDecoder(regClient, schemas.Prune(reader, p.ReadFields()))
+			return schemas.NewDecoder(regClient, schemas.Prune(reader, p.ReadFields()), projector.DecodeOptions(p)...)
 		})
 		if err != nil {
 			return nil, err

@@ -529,6 +529,6 @@ func newEngine(f *runFlags, brokers []string, projs []*projection.Projection, re
 		Store:            postgres.NewStore(pool),
 	}, func(p *projection.Projection) partition.Decoder {
 		// Only the fields the projection reads are decoded.
-		return schemas.NewDecoder(reg, schemas.Prune(readers[p.Name], p.ReadFields()))
+		return schemas.NewDecoder(reg, schemas.Prune(readers[p.Name], p.ReadFields()), projector.DecodeOptions(p)...)
 	})
 }

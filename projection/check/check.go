@@ -325,7 +325,7 @@ func typeName(s avro.Schema) string {
 // stripSentinel drops the ErrNotAccepted prefix from a message the user
 // reads.
 func stripSentinel(err error) string {
-	return strings.TrimPrefix(err.Error(), projection.ErrNotAccepted.Error()+": ")
+	return strings.ReplaceAll(err.Error(), projection.ErrNotAccepted.Error()+": ", "")
 }
 
 // NoteNoDatabase is the note of a check run without a database.

@@ -191,3 +191,57 @@ func TestCheckFindsEachProblem(t *testing.T) {
 		})
 	}
 }
+
+// TestCheckNamedTypeReferences: a field whose type names a type defined
+// earlier in the schema (an enum used twice, a record in a union) is
+// checked as the type it names.
+func TestCheckNamedTypeReferences(t *testing.T) {
+	reader := `{"type": "record", "name": "Painted", "fields": [
+		{"name": "id", "type": "string"},
+		{"name": "version", "type": "long"},
+		{"name": "color", "type": {"type": "enum", "name": "Color", "symbols": ["RED", "GREEN"]}},
+		{"name": "colors", "type": {"type": "array", "items": "Color"}},
+		{"name": "kind", "type": "Color"},
+		{"name": "spot", "type": {"type": "record", "name": "Spot", "fields": [{"name": "x", "type": "long"}]}},
+		{"name": "choice", "type": ["null", "string", "Spot"], "default": null}
+	]}`
+	projs := parse(t, `projections:
+  - name: painted
+    topic: painted
+    table: painted
+    key: id
+    mode: snapshot
+    columns:
+      id:     {type: text, primary_key: true}
+      color:  {type: text}
+      colors: {type: "text[]"}
+      kind:   {type: text}
+      spot:   {type: jsonb}
+      choice: {type: text}
+`)
+	projs[0].Schema = reader
+	rep, err := check.Run(t.Context(), check.Config{Projections: projs})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(rep.Problems) > 0 {
+		t.Fatalf("problems with a good file: %v", rep.Err())
+	}
+	projs = parse(t, `projections:
+  - name: painted
+    topic: painted
+    table: painted
+    key: id
+    mode: snapshot
+    columns:
+      id:     {type: text, primary_key: true}
+      colors: {type: "bigint[]"}
+`)
+	projs[0].Schema = reader
+	if rep, err = check.Run(t.Context(), check.Config{Projections: projs}); err != nil {
+		t.Fatal(err)
+	}
+	if len(rep.Problems) != 1 || !strings.Contains(rep.Problems[0].String(), "columns.colors.field: field \"colors\" into column colors: array items: column type bigint cannot hold Avro enum Color") {
+		t.Fatalf("problems %v, want one saying the enum items cannot fill bigint[]", rep.Err())
+	}
+}

@@ -771,10 +771,17 @@ func (s *Sink) isolateUpserts(ctx context.Context, tx pgx.Tx, rows []sinks.RowWr
 			if !rowLevel(err) {
 				return fmt.Errorf("write row %q: %w", w.Key, err)
 			}
-			rejected[w.Key] = err.Error()
 			if _, err := tx.Exec(ctx, "ROLLBACK TO SAVEPOINT projector_row"); err != nil {
 				return fmt.Errorf("rollback to savepoint: %w", err)
 			}
+			msg, cerr := s.refusedColumn(ctx, tx, w)
+			if cerr != nil {
+				return cerr
+			}
+			if msg == "" {
+				msg = err.Error()
+			}
+			rejected[w.Key] = msg
 			continue
 		}
 		if _, err := tx.Exec(ctx, "RELEASE SAVEPOINT projector_row"); err != nil {
@@ -785,6 +792,42 @@ func (s *Sink) isolateUpserts(ctx context.Context, tx pgx.Tx, rows []sinks.RowWr
 		return &sinks.RejectedRows{Keys: rejected}
 	}
 	return nil
+}
+
+// refusedColumn finds the column of a row Postgres refused whose value
+// its type does not take (Postgres's message names the type, not the
+// column) by casting each value on its own, and returns the refusal
+// naming that column; "" when every value casts, as when the row breaks
+// a constraint instead.
+func (s *Sink) refusedColumn(ctx context.Context, tx pgx.Tx, w sinks.RowWrite) (string, error) {
+	for _, c := range s.p.Columns {
+		v := w.Row[c.Name]
+		if v == nil || c.Kind() != projection.KindText {
+			continue // numbers and booleans travel in binary, range-checked already
+		}
+		text, err := c.EncodeText(v)
+		if err != nil {
+			return fmt.Sprintf("column %s (%s): %v", c.Name, c.Type, err), nil
+		}
+		if _, err := tx.Exec(ctx, "SAVEPOINT projector_cast"); err != nil {
+			return "", fmt.Errorf("savepoint: %w", err)
+		}
+		_, castErr := tx.Exec(ctx, "SELECT $1::text::"+c.Type, *text)
+		undo := "RELEASE SAVEPOINT projector_cast"
+		if castErr != nil {
+			undo = "ROLLBACK TO SAVEPOINT projector_cast"
+		}
+		if _, err := tx.Exec(ctx, undo); err != nil {
+			return "", fmt.Errorf("%s: %w", strings.ToLower(undo), err)
+		}
+		if castErr != nil {
+			if !rowLevel(castErr) {
+				return "", fmt.Errorf("write row %q: column %s: %w", w.Key, c.Name, castErr)
+			}
+			return fmt.Sprintf("column %s (%s): %v", c.Name, c.Type, castErr), nil
+		}
+	}
+	return "", nil
 }
 
 // load reads the state of keys and the parked events of parkedKeys into st.
