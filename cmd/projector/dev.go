@@ -141,7 +141,7 @@ func (f *devFlags) banner(w io.Writer, target dbTarget, brokers, registryURL str
 		produceFlags = fmt.Sprintf(" --brokers %s --registry-url %s", brokers, registryURL)
 	}
 	for _, p := range projs {
-		fmt.Fprintf(w, "  projector produce%s --topic %s --schema SCHEMA.avsc < events.jsonl\n", produceFlags, p.Topic)
+		fmt.Fprintf(w, "  projector produce%s --topic %s --schema SCHEMA.avsc --key-field %s < events.jsonl\n", produceFlags, p.Topic, p.KeyField)
 	}
 	for _, p := range projs {
 		fmt.Fprintf(w, "  psql %s -c 'TABLE %s'\n", shellQuote(dbURL), p.Table)

@@ -54,7 +54,7 @@ func TestDevWaitsForTheRegistrysSchema(t *testing.T) {
 	}
 	db := testenv.NewDB(t)
 	d := startDev(t, config, db)
-	const waiting = "waiting for a schema under subject accounts.events-value: register one with projector produce --topic accounts.events --schema FILE.avsc"
+	const waiting = "waiting for a schema under subject accounts.events-value: register one with projector produce --topic accounts.events --schema FILE.avsc --key-field account_id < events.jsonl"
 	testenv.WaitFor(t, 20*time.Second, func() error {
 		if !strings.Contains(d.stderr.String(), waiting) {
 			return fmt.Errorf("dev has not logged %q:\nstdout:\n%s\nstderr:\n%s", waiting, d.stdout.String(), d.stderr.String())

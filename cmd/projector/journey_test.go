@@ -2,10 +2,9 @@ package main
 
 import (
 	"bufio"
+	"bytes"
 	"context"
-	"encoding/json"
 	"errors"
-	"flag"
 	"fmt"
 	"io"
 	"os"
@@ -16,12 +15,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/hamba/avro/v2"
-	"github.com/twmb/franz-go/pkg/kgo"
-	"github.com/twmb/franz-go/pkg/sr"
-
+	"github.com/projector-dev/projector/internal/redact"
 	"github.com/projector-dev/projector/internal/testenv"
-	"github.com/projector-dev/projector/schemas"
 )
 
 // readmeBlocks returns the README's fenced code blocks that follow a
@@ -265,66 +260,13 @@ func TestReadmeJourney(t *testing.T) {
 	}
 }
 
-// journeyProduce does what `projector produce` does with args (the
-// README's, with the test's addresses): each JSON line of stdin, fields
-// missing from it taking their schema default, Avro-encoded in the
-// Confluent wire format under the schema file registered for the topic,
-// keyed by --key-field.
+// journeyProduce runs projector produce with args (the README's, with
+// the test's addresses) on stdin.
 func journeyProduce(t *testing.T, ctx context.Context, args []string, stdin io.Reader) {
 	t.Helper()
-	fs := flag.NewFlagSet("produce", flag.ContinueOnError)
-	topic := fs.String("topic", "", "")
-	schemaFile := fs.String("schema", "", "")
-	keyField := fs.String("key-field", "", "")
-	brokers := fs.String("brokers", DevBrokers, "")
-	registryURL := fs.String("registry-url", DevRegistryURL, "")
-	if err := fs.Parse(args[1:]); err != nil {
-		t.Fatalf("produce %q: %v", args, err)
-	}
-	text, err := os.ReadFile(*schemaFile)
-	if err != nil {
-		t.Fatal(err)
-	}
-	schema, err := avro.Parse(string(text))
-	if err != nil {
-		t.Fatalf("--schema %s: %v", *schemaFile, err)
-	}
-	reg, err := sr.NewClient(sr.URLs(*registryURL))
-	if err != nil {
-		t.Fatal(err)
-	}
-	ids, err := schemas.Register(ctx, reg, *topic+"-value", string(text))
-	if err != nil {
-		t.Fatalf("register --schema %s: %v", *schemaFile, err)
-	}
-	cl, err := kgo.NewClient(kgo.SeedBrokers(*brokers))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer cl.Close()
-	rec := schema.(*avro.RecordSchema)
-	sc := bufio.NewScanner(stdin)
-	for n := 1; sc.Scan(); n++ {
-		var v map[string]any
-		if err := json.Unmarshal(sc.Bytes(), &v); err != nil {
-			t.Fatalf("line %d: %v", n, err)
-		}
-		for _, f := range rec.Fields() {
-			if _, ok := v[f.Name()]; !ok && f.HasDefault() {
-				v[f.Name()] = f.Default()
-			}
-			if x, ok := v[f.Name()].(float64); ok && f.Type().Type() == avro.Long {
-				v[f.Name()] = int64(x)
-			}
-		}
-		value, err := schemas.AppendWire(nil, ids[0], schema, v)
-		if err != nil {
-			t.Fatalf("line %d: encode: %v", n, err)
-		}
-		key := fmt.Sprint(v[*keyField])
-		if err := cl.ProduceSync(ctx, &kgo.Record{Topic: *topic, Key: []byte(key), Value: value}).FirstErr(); err != nil {
-			t.Fatalf("line %d: produce: %v", n, err)
-		}
+	var out bytes.Buffer
+	if err := redact.Error(produceCommand(stdin, &out, &out).ParseAndRun(ctx, args[1:])); err != nil {
+		t.Fatalf("projector %s: %v\n%s", strings.Join(args, " "), err, &out)
 	}
 }
 

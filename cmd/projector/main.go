@@ -1,5 +1,6 @@
 // Command projector turns Kafka event streams into versioned read models in
-// PostgreSQL. Subcommands: run, dev, relay, demo, migrate, status, offsets, dlq.
+// PostgreSQL. Subcommands: run, dev, produce, relay, demo, migrate, status,
+// offsets, dlq.
 // The benchmark is the command projector-bench.
 //
 // Every flag can also be set through an environment variable: PROJECTOR_
@@ -65,6 +66,7 @@ func rootCommand(stdout, stderr io.Writer) *ffcli.Command {
 			runCommand(stdout, stderr),
 			devCommand(stdout, stderr),
 			demoCommand(stdout, stderr),
+			produceCommand(os.Stdin, stdout, stderr),
 			checkCommand(stdout, stderr),
 			migrateCommand(stdout, stderr),
 			statusCommand(stdout, stderr),

@@ -415,7 +415,7 @@ func awaitReaderSchemas(ctx context.Context, log *slog.Logger, reg *sr.Client, p
 				waiting++
 				if !told[p.Name] {
 					told[p.Name] = true
-					log.Info(fmt.Sprintf("waiting for a schema under subject %s: register one with projector produce --topic %s --schema FILE.avsc", subject, p.Topic),
+					log.Info(fmt.Sprintf("waiting for a schema under subject %s: register one with projector produce --topic %s --schema FILE.avsc --key-field %s < events.jsonl", subject, p.Topic, p.KeyField),
 						"projection", p.Name, "subject", subject)
 				}
 			default:
