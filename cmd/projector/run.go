@@ -241,7 +241,7 @@ func (f *runFlags) runOn(ctx context.Context, stderr io.Writer, env engineEnv) e
 			env.running(target)
 		}
 		log.Info("projector running", "identity", f.identity, "config", f.config,
-			"batch_max_records", f.batchMaxRecords, "batch_max_wait", f.batchMaxWait, "commit_max_batches", f.commitMax,
+			"batch_max_records", f.batchMaxRecords, "batch_max_wait", f.batchMaxWait.String(), "commit_max_batches", f.commitMax,
 			"member_max_records", f.memberMax,
 			"state_cache_rows", f.stateCacheRows, "state_cache_bytes", f.stateCacheBytes.String())
 		return e.Run(ctx)
