@@ -70,12 +70,16 @@ type ColumnSpec struct {
 
 // EventDef says what one event type does to the row in fold mode.
 type EventDef struct {
-	// Set: column ← Avro field name (a YAML string), or a literal (a YAML
-	// number, boolean or null, or {literal: value} for a string).
+	// Set: column ← Avro field name (a YAML string), or a literal:
+	// {literal: value} (a number, boolean or string), or a bare YAML
+	// number, boolean or null.
 	Set map[string]any `yaml:"set"`
-	// Add: column += Avro field; a leading "-" subtracts.
-	Add    map[string]string `yaml:"add"`
-	Delete bool              `yaml:"delete"`
+	// Add: column += Avro field (a YAML string), a leading "-" subtracts;
+	// or += a constant, written {literal: 5}. A bare YAML number is
+	// refused: Avro names start with a letter or _, so it could only name
+	// a field that no event has.
+	Add    map[string]any `yaml:"add"`
+	Delete bool           `yaml:"delete"`
 }
 
 // Load reads and validates a projection file.

@@ -310,6 +310,18 @@ func TestParseRejects(t *testing.T) {
 		{"missing schema file", func(t *testing.T) string {
 			return edit(t, baseYAML, "    mode: fold\n", "    mode: fold\n    schema: does-not-exist.avsc\n")
 		}, []string{`projection "p1"`, "schema", "does-not-exist.avsc"}},
+		{"add with a number", func(t *testing.T) string {
+			return edit(t, baseYAML, "{set: {name: name}}", "{add: {n: 5}}")
+		}, []string{`projection "p1"`, "events.Created.add.n", "5 is not a field name", "{literal: 5}"}},
+		{"add with a boolean", func(t *testing.T) string {
+			return edit(t, baseYAML, "{set: {name: name}}", "{add: {n: true}}")
+		}, []string{`projection "p1"`, "events.Created.add.n", "{literal: true}"}},
+		{"add a string literal", func(t *testing.T) string {
+			return edit(t, baseYAML, "{set: {name: name}}", "{add: {n: {literal: five}}}")
+		}, []string{`projection "p1"`, "events.Created.add.n", "want a number"}},
+		{"add literal with another key", func(t *testing.T) string {
+			return edit(t, baseYAML, "{set: {name: name}}", "{add: {n: {literal: 5, field: x}}}")
+		}, []string{`projection "p1"`, "events.Created.add.n", "{literal: number}"}},
 		{"empty file", func(*testing.T) string { return "" }, []string{"no projections defined"}},
 		{"empty list", func(*testing.T) string { return "projections: []\n" }, []string{"no projections defined"}},
 		{"not YAML", func(*testing.T) string { return "projections: [\n" }, []string{"parse"}},
@@ -502,5 +514,39 @@ func TestValidateCodeProjection(t *testing.T) {
 				t.Errorf("Validate = %v, want an error naming the projection and %q", err, tc.want)
 			}
 		})
+	}
+}
+
+// TestParseLiterals: {literal: v} adds or sets a constant whatever the
+// event holds, and a bare YAML number under set stays a literal as the
+// projection file's documentation says.
+func TestParseLiterals(t *testing.T) {
+	src := edit(t, baseYAML, "      Created: {set: {name: name}}\n", `      Created: {set: {name: {literal: opened}, flag: {literal: true}, score: 1.5}, add: {n: {literal: 5}}}
+      Bumped: {add: {n: {literal: -2}}, set: {score: {literal: 7}}}
+`)
+	src = edit(t, src, "      n: {type: bigint}\n", "      n: {type: bigint, default: 10}\n      flag: {type: boolean}\n      score: {type: double precision}\n")
+	ps, err := projection.Parse([]byte(src), ".")
+	if err != nil {
+		t.Fatal(err)
+	}
+	p := ps[0]
+	if got := p.ReadFields(); !slices.Equal(got, []string{"id", "type", "version"}) {
+		t.Errorf("read fields = %v: a literal is no field to decode", got)
+	}
+	row, err := p.Apply(nil, projection.Event{Key: "a", Version: 1, Type: "Created", Fields: map[string]any{"id": "a"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := projection.Row{"id": "a", "name": "opened", "n": int64(15), "flag": true, "score": 1.5}
+	if !reflect.DeepEqual(row, want) {
+		t.Errorf("after Created: %v, want %v", row, want)
+	}
+	row, err = p.Apply(row, projection.Event{Key: "a", Version: 2, Type: "Bumped", Fields: map[string]any{"id": "a"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	want = projection.Row{"id": "a", "name": "opened", "n": int64(13), "flag": true, "score": 7.0}
+	if !reflect.DeepEqual(row, want) {
+		t.Errorf("after Bumped: %v, want %v", row, want)
 	}
 }

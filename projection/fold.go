@@ -1,6 +1,7 @@
 package projection
 
 import (
+	"errors"
 	"fmt"
 	"maps"
 	"math/big"
@@ -95,9 +96,10 @@ type setOp struct {
 }
 
 type addOp struct {
-	col    Column
-	field  string
-	negate bool
+	col     Column
+	field   string // "" when literal
+	literal any    // the constant added, in the column's kind
+	negate  bool
 }
 
 type eventOps struct {
@@ -158,12 +160,9 @@ func compileFold(p *Projection, defs map[string]EventDef) (*declFold, error) {
 			if k := c.Kind(); k != KindInt && k != KindFloat && !isNumeric(c.Type) {
 				return nil, fmt.Errorf("events.%s.add.%s: column type %s is not numeric: add needs an integer, floating-point or numeric column", typ, col, c.Type)
 			}
-			op := addOp{col: c, field: strings.TrimSpace(src)}
-			if strings.HasPrefix(op.field, "-") {
-				op.negate, op.field = true, strings.TrimSpace(op.field[1:])
-			}
-			if op.field == "" {
-				return nil, fmt.Errorf("events.%s.add.%s: field name is empty", typ, col)
+			op, err := compileAdd(c, src)
+			if err != nil {
+				return nil, fmt.Errorf("events.%s.add.%s: %w", typ, col, err)
 			}
 			eo.add = append(eo.add, op)
 		}
@@ -174,6 +173,43 @@ func compileFold(p *Projection, defs map[string]EventDef) (*declFold, error) {
 		blank[c.Name] = c.Default // the key's is overwritten
 	}
 	return &declFold{cols: p.Columns, ops: ops, blank: blank, defs: defs}, nil
+}
+
+// compileAdd compiles one add: src is a field name, with a leading "-"
+// to subtract, or {literal: n} to add a constant.
+func compileAdd(c Column, src any) (addOp, error) {
+	switch v := src.(type) {
+	case string:
+		op := addOp{col: c, field: strings.TrimSpace(v)}
+		if strings.HasPrefix(op.field, "-") {
+			op.negate, op.field = true, strings.TrimSpace(op.field[1:])
+		}
+		if op.field == "" {
+			return addOp{}, errors.New("field name is empty")
+		}
+		return op, nil
+	case map[string]any:
+		lit, ok := v["literal"]
+		if !ok || len(v) != 1 {
+			return addOp{}, errors.New("want a field name or {literal: number}")
+		}
+		switch lit.(type) {
+		case int, int64, uint64, float64:
+		default:
+			return addOp{}, fmt.Errorf("literal %v: want a number", lit)
+		}
+		conv, err := c.Convert(lit)
+		if err != nil {
+			return addOp{}, err
+		}
+		return addOp{col: c, literal: conv}, nil
+	case nil:
+		return addOp{}, errors.New("want a field name or {literal: number}")
+	default:
+		// A YAML number or boolean: as a field name it could never match,
+		// since Avro names start with a letter or _.
+		return addOp{}, fmt.Errorf("%v is not a field name: to add a constant write {literal: %v}", v, v)
+	}
 }
 
 // declFold is the fold a fold-mode projection declares.
@@ -223,7 +259,9 @@ func (p *Projection) ReadFields() []string {
 				}
 			}
 			for _, op := range eo.add {
-				fields = append(fields, op.field)
+				if op.field != "" {
+					fields = append(fields, op.field)
+				}
 			}
 		}
 	default:
@@ -267,9 +305,12 @@ func (d *declFold) apply(state Row, ev Event, owned bool) (Row, error) {
 		vals = append(vals, v)
 	}
 	for _, op := range eo.add {
-		f, ok := ev.Field(op.field)
-		if !ok || f == nil {
-			return nil, Terminal(fmt.Errorf("%s: add to %s: event has no value in field %q", ev.Type, op.col.Name, op.field))
+		f := op.literal // converted already: converting it again keeps it
+		if op.field != "" {
+			var ok bool
+			if f, ok = ev.Field(op.field); !ok || f == nil {
+				return nil, Terminal(fmt.Errorf("%s: add to %s: event has no value in field %q", ev.Type, op.col.Name, op.field))
+			}
 		}
 		delta, err := op.col.Convert(f)
 		if err != nil {
@@ -416,4 +457,65 @@ func (p *Projection) Compiled() FoldFunc {
 		return func(state Row, ev Event) (Row, error) { return p.decl.apply(state, ev, false) }
 	}
 	return nil
+}
+
+// Use is what a projection does with an event field it names.
+type Use uint8
+
+const (
+	UseKey     Use = iota + 1 // the aggregate id
+	UseVersion                // the aggregate version
+	UseType                   // the event type
+	UseColumn                 // a column's value: a snapshot column, or a set
+	UseAdd                    // added to a numeric column
+)
+
+// FieldUse is one place a projection names an event field.
+type FieldUse struct {
+	// Where names the place in the projection file: "key", "version",
+	// "type_field", "columns.<column>.field", "events.<type>.set.<column>"
+	// or "events.<type>.add.<column>".
+	Where string
+	Field string
+	Use   Use
+	// Column is the column the field fills (UseColumn, UseAdd).
+	Column Column
+}
+
+// FieldUses lists every event field p names and what it does with it, in
+// the order of the file's keys: so that the fields can be proved against
+// a reader schema before any event needs them. A Go fold's reads are
+// unknown: only its key, version and type fields are listed.
+func (p *Projection) FieldUses() []FieldUse {
+	out := []FieldUse{
+		{Where: "key", Field: p.KeyField, Use: UseKey},
+		{Where: "version", Field: p.VersionField, Use: UseVersion},
+	}
+	if p.TypeField != "" {
+		out = append(out, FieldUse{Where: "type_field", Field: p.TypeField, Use: UseType})
+	}
+	switch p.foldKind() {
+	case foldSnapshot:
+		for _, c := range p.Columns[1:] {
+			out = append(out, FieldUse{Where: "columns." + c.Name + ".field", Field: c.Field, Use: UseColumn, Column: c})
+		}
+	case foldDecl:
+		for _, typ := range slices.Sorted(maps.Keys(p.decl.ops)) {
+			eo := p.decl.ops[typ]
+			var uses []FieldUse
+			for _, op := range eo.set {
+				if op.field != "" {
+					uses = append(uses, FieldUse{Where: "events." + typ + ".set." + op.col.Name, Field: op.field, Use: UseColumn, Column: op.col})
+				}
+			}
+			for _, op := range eo.add {
+				if op.field != "" {
+					uses = append(uses, FieldUse{Where: "events." + typ + ".add." + op.col.Name, Field: op.field, Use: UseAdd, Column: op.col})
+				}
+			}
+			slices.SortFunc(uses, func(a, b FieldUse) int { return strings.Compare(a.Where, b.Where) })
+			out = append(out, uses...)
+		}
+	}
+	return out
 }

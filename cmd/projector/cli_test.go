@@ -374,9 +374,11 @@ func TestMissingEngineTables(t *testing.T) {
 // adds the schema in a form psql reads too, and never shows a password.
 func TestWithSearchPath(t *testing.T) {
 	for in, want := range map[string]string{
-		"postgres://u:secret@db:5432/app?sslmode=disable":                 "postgres://u:xxxxx@db:5432/app?options=-csearch_path%3Dprojector_demo&sslmode=disable",
-		"postgres://u@db/app?search_path=other&options=-cwork_mem%3D64MB": "postgres://u@db/app?options=-cwork_mem%3D64MB+-csearch_path%3Dprojector_demo",
-		"host=db dbname=app password=secret":                              "host=db dbname=app password=xxxxx options='-csearch_path=projector_demo'",
+		"postgres://u:secret@db:5432/app?sslmode=disable":                  "postgres://u:xxxxx@db:5432/app?options=-csearch_path%3Dprojector_demo&sslmode=disable",
+		"postgres://u@db/app?search_path=other&options=-cwork_mem%3D64MB":  "postgres://u@db/app?options=-cwork_mem%3D64MB+-csearch_path%3Dprojector_demo",
+		"postgres://u@db/app?options=-csearch_path%3Dprojector_demo":       "postgres://u@db/app?options=-csearch_path%3Dprojector_demo",
+		"postgres://u@db/app?options=-csearch_path%3Dold+-cwork_mem%3D1MB": "postgres://u@db/app?options=-cwork_mem%3D1MB+-csearch_path%3Dprojector_demo",
+		"host=db dbname=app password=secret":                               "host=db dbname=app password=xxxxx options='-csearch_path=projector_demo'",
 	} {
 		got := withSearchPath(in, "projector_demo")
 		if r := redact.String(got); r != want {

@@ -367,9 +367,14 @@ func withSearchPath(raw, schema string) string {
 	if u, err := url.Parse(raw); err == nil && (u.Scheme == "postgres" || u.Scheme == "postgresql") {
 		q := u.Query()
 		q.Del("search_path")
-		if o := q.Get("options"); o != "" {
-			opt = o + " " + opt
+		// A search path the options already set gives way to schema's.
+		var keep []string
+		for _, o := range strings.Fields(q.Get("options")) {
+			if !strings.HasPrefix(o, "-csearch_path=") {
+				keep = append(keep, o)
+			}
 		}
+		opt = strings.Join(append(keep, opt), " ")
 		q.Set("options", opt)
 		u.RawQuery = q.Encode()
 		return u.String()

@@ -204,6 +204,15 @@ func TestReadmeJourney(t *testing.T) {
 			}
 			journeyProduce(t, ctx, args, f)
 			f.Close()
+		case words[0] == "projector" && words[1] == "check":
+			var out syncBuffer
+			args := withFlags(inDir(words[1:]), map[string]string{"registry-url": registryURL, "database-url": db.URL})
+			if err := Main(ctx, args, &out, &out); err != nil {
+				t.Fatalf("projector %s: %v\n%s", strings.Join(args, " "), err, out.String())
+			}
+			if !strings.Contains(out.String(), "ok: accounts") {
+				t.Errorf("check: want the README's file to pass, got\n%s", out.String())
+			}
 		case words[0] == "psql":
 			i := slices.Index(words, "-c")
 			if i < 0 {
@@ -253,7 +262,7 @@ func TestReadmeJourney(t *testing.T) {
 		ran[words[0]+" "+words[1]] = true
 	}
 	t.Logf("projector dev printed:\n%s", devOut.String())
-	for _, step := range []string{"projector dev", "projector produce", "projector status", "projector dlq"} {
+	for _, step := range []string{"projector dev", "projector produce", "projector check", "projector status", "projector dlq"} {
 		if !ran[step] {
 			t.Errorf("the README's five-minute path has no %s step", step)
 		}

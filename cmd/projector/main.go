@@ -67,6 +67,7 @@ func rootCommand(stdout, stderr io.Writer) *ffcli.Command {
 			devCommand(stdout, stderr),
 			demoCommand(stdout, stderr),
 			produceCommand(os.Stdin, stdout, stderr),
+			checkCommand(stdout, stderr),
 			migrateCommand(stdout, stderr),
 			statusCommand(stdout, stderr),
 			offsetsCommand(stdout, stderr),

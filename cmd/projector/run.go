@@ -25,6 +25,7 @@ import (
 	"github.com/projector-dev/projector/internal/cliflag"
 	"github.com/projector-dev/projector/partition"
 	"github.com/projector-dev/projector/projection"
+	"github.com/projector-dev/projector/projection/check"
 	"github.com/projector-dev/projector/projector"
 	"github.com/projector-dev/projector/schemas"
 	"github.com/projector-dev/projector/sinks/postgres"
@@ -60,6 +61,7 @@ type runFlags struct {
 	progressEvery   time.Duration
 	dlqTopic        string
 	onOffsetLost    string
+	checkWriters    string
 	stormShare      cliflag.Share
 	stormWindow     int
 }
@@ -207,6 +209,13 @@ func (f *runFlags) runOn(ctx context.Context, stderr io.Writer, env engineEnv) e
 		log.Info("writing to PostgreSQL", append(target.attrs(), "max_conns", poolCfg.MaxConns,
 			"lock_timeout", poolCfg.ConnConfig.RuntimeParams["lock_timeout"],
 			"idle_in_transaction_session_timeout", poolCfg.ConnConfig.RuntimeParams["idle_in_transaction_session_timeout"])...)
+		step("checking the projection file")
+		if err := checkBeforeRun(sctx, su, log, projs, reg, readers, pool, f.checkWriters); err != nil {
+			if ctx.Err() != nil {
+				return nil
+			}
+			return err
+		}
 		step("creating what is missing of the tables")
 		if err := migrate(sctx, su, pool, target, projs); err != nil {
 			if ctx.Err() != nil {
@@ -232,11 +241,34 @@ func (f *runFlags) runOn(ctx context.Context, stderr io.Writer, env engineEnv) e
 			env.running(target)
 		}
 		log.Info("projector running", "identity", f.identity, "config", f.config,
-			"batch_max_records", f.batchMaxRecords, "batch_max_wait", f.batchMaxWait, "commit_max_batches", f.commitMax,
+			"batch_max_records", f.batchMaxRecords, "batch_max_wait", f.batchMaxWait.String(), "commit_max_batches", f.commitMax,
 			"member_max_records", f.memberMax,
 			"state_cache_rows", f.stateCacheRows, "state_cache_bytes", f.stateCacheBytes.String())
 		return e.Run(ctx)
 	})
+}
+
+// checkBeforeRun proves the projections as projector check does, against
+// every writer version or the latest (writers), before anything is
+// created or joined: a file with problems would dead-letter or fail every
+// event it meets. Its error lists every problem, one a line.
+func checkBeforeRun(ctx context.Context, su startup, log *slog.Logger, projs []*projection.Projection, reg *sr.Client, readers map[string]avro.Schema, pool *pgxpool.Pool, writers string) error {
+	var rep *check.Report
+	err := su.do(ctx, "check", func(ctx context.Context) error {
+		var err error
+		rep, err = check.Run(ctx, check.Config{Projections: projs, Registry: reg, Readers: readers, DB: pool, RequireDB: true, Writers: writers})
+		return err
+	})
+	if err != nil {
+		return err
+	}
+	for _, n := range rep.Notes {
+		log.Info("check: " + n)
+	}
+	if err := rep.Err(); err != nil {
+		return fmt.Errorf("refusing to start: %w", err)
+	}
+	return nil
 }
 
 // migrate creates what is missing of the engine's and the projections'
@@ -283,6 +315,7 @@ func (f *runFlags) registerEngine(fs *flag.FlagSet) {
 	fs.IntVar(&f.stormWindow, "dead-letter-storm-window", partition.DefaultDeadLetterStormWindow, "how many of a partition's most recent records the dead-letter storm guard looks at (PROJECTOR_DEAD_LETTER_STORM_WINDOW)")
 	fs.StringVar(&f.dlqTopic, "dlq-topic", "", "also publish dead letters to this Kafka topic, with Kafka Connect's __connect.errors.* headers (PROJECTOR_DLQ_TOPIC)")
 	fs.StringVar(&f.onOffsetLost, "on-offset-lost", projector.OffsetLostHalt, "when retention deleted records before they were applied: halt the partition, or skip to the log start (PROJECTOR_ON_OFFSET_LOST)")
+	fs.StringVar(&f.checkWriters, "check-writers", check.WritersAll, "which registered writer versions of each subject the startup check proves the reader schema against: all, or latest when the topics no longer hold events of older ones (PROJECTOR_CHECK_WRITERS)")
 	fs.DurationVar(&f.revokeTimeout, "revoke-timeout", 10*time.Second, "longest a revoked partition may take to finish its open batch (PROJECTOR_REVOKE_TIMEOUT)")
 	fs.DurationVar(&f.shutdownTimeout, "shutdown-timeout", projector.DefaultShutdownTimeout, "on SIGTERM, longest the member waits for its planned batches to commit before it abandons them and leaves the group; keep it below the grace period the process is given, 30s on Kubernetes (PROJECTOR_SHUTDOWN_TIMEOUT)")
 }
@@ -326,6 +359,9 @@ func (f *runFlags) validate() error {
 	}
 	if f.onOffsetLost != projector.OffsetLostHalt && f.onOffsetLost != projector.OffsetLostSkip {
 		return fmt.Errorf("--on-offset-lost %q: want halt or skip", f.onOffsetLost)
+	}
+	if f.checkWriters != check.WritersAll && f.checkWriters != check.WritersLatest {
+		return fmt.Errorf("--check-writers %q: want all or latest", f.checkWriters)
 	}
 	if f.startFrom != projector.StartEarliest && f.startFrom != projector.StartLatest {
 		return fmt.Errorf("--start-from %q: want earliest or latest", f.startFrom)

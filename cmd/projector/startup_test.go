@@ -224,7 +224,8 @@ func (s *started) exited(t *testing.T, timeout time.Duration) error {
 }
 
 // TestRunChecksBeforeItWrites: a run that cannot start, because its HTTP
-// address is taken or a projection has no schema, exits with an error
+// address is taken, a projection has no schema or names a field its
+// schema does not have, exits with an error
 // naming the cause before it creates a table or joins the group.
 func TestRunChecksBeforeItWrites(t *testing.T) {
 	e := newRunEnv(t, 3, 0)
@@ -235,6 +236,10 @@ func TestRunChecksBeforeItWrites(t *testing.T) {
 	defer busy.Close()
 	empty := srfake.New() // knows no subject
 	defer empty.Close()
+	bad := filepath.Join(t.TempDir(), "bad.yaml")
+	if err := os.WriteFile(bad, bytes.Replace(demo.Projections, []byte("{balance: amount}"), []byte("{balance: amout}"), 1), 0o600); err != nil {
+		t.Fatal(err)
+	}
 	for _, tc := range []struct {
 		name string
 		args []string
@@ -242,6 +247,7 @@ func TestRunChecksBeforeItWrites(t *testing.T) {
 	}{
 		{"http address in use", e.args("busy", "--http-addr", busy.Addr().String()), "--http-addr " + busy.Addr().String()},
 		{"schema not registered", e.args("noschema", "--registry-url", empty.URL()), `projection "accounts"`},
+		{"a field not in the schema", e.args("badfield", "--config", bad), `projection accounts: events.Deposited.add.balance: field "amout" is not in the reader schema`},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			var out bytes.Buffer

@@ -208,6 +208,19 @@ func byteOrderable(typ string) bool { return keyTypeRe.MatchString(strings.TrimS
 // key column must be the primary key, and a bigint version column must
 // exist. Extra columns are allowed.
 func checkTable(ctx context.Context, tx pgx.Tx, p *projection.Projection) error {
+	problems, err := tableProblems(ctx, tx, p)
+	if err != nil {
+		return err
+	}
+	if len(problems) > 0 {
+		return fmt.Errorf("projection %q: table %s: %w: %s", p.Name, p.Table, ErrTableMismatch, strings.Join(problems, "; "))
+	}
+	return nil
+}
+
+// tableProblems lists how an existing table differs from the projection
+// (see checkTable), one problem a line.
+func tableProblems(ctx context.Context, tx pgx.Tx, p *projection.Projection) ([]string, error) {
 	rows, err := tx.Query(ctx, `
 		SELECT a.attname, format_type(a.atttypid, NULL),
 		       coalesce((SELECT i.indnatts = 1 AND i.indkey[0] = a.attnum
@@ -215,7 +228,7 @@ func checkTable(ctx context.Context, tx pgx.Tx, p *projection.Projection) error 
 		FROM pg_attribute a
 		WHERE a.attrelid = $1::regclass AND a.attnum > 0 AND NOT a.attisdropped`, p.Table)
 	if err != nil {
-		return fmt.Errorf("projection %q: inspect table %s: %w", p.Name, p.Table, err)
+		return nil, fmt.Errorf("projection %q: inspect table %s: %w", p.Name, p.Table, err)
 	}
 	type col struct {
 		typ string
@@ -226,12 +239,12 @@ func checkTable(ctx context.Context, tx pgx.Tx, p *projection.Projection) error 
 		var name, typ string
 		var pk bool
 		if err := rows.Scan(&name, &typ, &pk); err != nil {
-			return fmt.Errorf("projection %q: inspect table %s: %w", p.Name, p.Table, err)
+			return nil, fmt.Errorf("projection %q: inspect table %s: %w", p.Name, p.Table, err)
 		}
 		have[name] = col{typ, pk}
 	}
 	if err := rows.Err(); err != nil {
-		return fmt.Errorf("projection %q: inspect table %s: %w", p.Name, p.Table, err)
+		return nil, fmt.Errorf("projection %q: inspect table %s: %w", p.Name, p.Table, err)
 	}
 	var problems []string
 	for i, c := range p.Columns {
@@ -253,10 +266,7 @@ func checkTable(ctx context.Context, tx pgx.Tx, p *projection.Projection) error 
 	if v, ok := have["version"]; !ok || v.typ != "bigint" {
 		problems = append(problems, "column version bigint is missing")
 	}
-	if len(problems) > 0 {
-		return fmt.Errorf("projection %q: table %s: %w: %s", p.Name, p.Table, ErrTableMismatch, strings.Join(problems, "; "))
-	}
-	return nil
+	return problems, nil
 }
 
 func quoteIdent(s string) string { return pgx.Identifier{s}.Sanitize() }
