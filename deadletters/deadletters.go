@@ -246,9 +246,9 @@ func Get(ctx context.Context, pool *pgxpool.Pool, id int64) (Entry, error) {
 	return d, nil
 }
 
-// MarkReplayed records that the dead letters ids were produced again:
+// MarkReplayed records that the dead letters ids are produced again:
 // status replayed, one more replay, replayed_at now. Purged entries are
-// left alone.
+// left alone. Call it before producing them (see UnmarkReplayed).
 func MarkReplayed(ctx context.Context, pool *pgxpool.Pool, ids []int64) error {
 	if len(ids) == 0 {
 		return nil
@@ -258,6 +258,19 @@ func MarkReplayed(ctx context.Context, pool *pgxpool.Pool, ids []int64) error {
 		WHERE id = ANY($1::bigint[]) AND status <> 'purged'`, ids)
 	if err != nil {
 		return fmt.Errorf("mark dead letters replayed: %w", err)
+	}
+	return nil
+}
+
+// UnmarkReplayed undoes MarkReplayed of one entry whose record was not
+// produced after all, giving it back status (its status before), unless
+// something changed it since.
+func UnmarkReplayed(ctx context.Context, pool *pgxpool.Pool, id int64, status string) error {
+	_, err := pool.Exec(ctx, `UPDATE projector_dead_letters
+		SET status = $2, replays = greatest(replays - 1, 0)
+		WHERE id = $1 AND status = 'replayed'`, id, status)
+	if err != nil {
+		return fmt.Errorf("mark dead letter %d as before its replay: %w", id, err)
 	}
 	return nil
 }

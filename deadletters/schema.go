@@ -49,6 +49,17 @@ func Schema() []string {
 				ON projector_dead_letters (projection, first_seen) WHERE status = 'open';
 		END IF;
 	END $$`,
+		// A record may be dead-lettered once for each projection of its
+		// topic: entries are unique per projection. The older constraint,
+		// without the projection, stays until projections share a topic
+		// (see SharedTopics), so that replicas of an earlier release,
+		// whose writes name it, keep working through a rolling deploy.
+		`DO $$ BEGIN
+		IF to_regclass('projector_dead_letters_projection_offset') IS NULL THEN
+			CREATE UNIQUE INDEX IF NOT EXISTS projector_dead_letters_projection_offset
+				ON projector_dead_letters (identity, topic, partition, "offset", projection);
+		END IF;
+	END $$`,
 		// Every replay and purge, who did it and what it touched.
 		`CREATE TABLE IF NOT EXISTS projector_dlq_audit (
 		id        bigserial   PRIMARY KEY,
@@ -67,4 +78,20 @@ func Schema() []string {
 		created_at     timestamptz NOT NULL DEFAULT now()
 	)`,
 	}
+}
+
+// SharedTopics returns the statement that lets one record be
+// dead-lettered for several projections: it drops the uniqueness of a
+// dead letter per identity and offset alone, which earlier releases
+// wrote with. Run it once projections share a topic (replicas of an
+// earlier release then fail their dead-letter writes, and retry them
+// until they are replaced).
+func SharedTopics() string {
+	return `DO $$ DECLARE c text; BEGIN
+		SELECT conname INTO c FROM pg_constraint
+		WHERE conrelid = 'projector_dead_letters'::regclass AND contype = 'u' AND array_length(conkey, 1) = 4;
+		IF c IS NOT NULL THEN
+			EXECUTE format('ALTER TABLE projector_dead_letters DROP CONSTRAINT %I', c);
+		END IF;
+	END $$`
 }

@@ -11,13 +11,15 @@ import (
 
 const (
 	// writeSQL stores dead letters. A replayed record that failed
-	// again ($15 names the entry it replays) reopens that entry of this
-	// identity with one more attempt instead of adding one (found by its
-	// id alone, see resolvedSQL: planned on few dead letters, a join read
-	// all of them for every batch once they had grown); otherwise, and
-	// when that entry is gone, a new entry is added. With a dead-letter
-	// topic configured ($16 not empty) new entries are queued for
-	// publishing in the same transaction.
+	// again ($15 names the entry it replays) reopens this projection's
+	// entry of the same original record, with one more attempt, instead
+	// of adding one: the replayed entry itself, or, on a topic feeding
+	// several projections, this projection's entry of that record (the
+	// replayed entry found by its id alone, see resolvedSQL: planned on
+	// few dead letters, a join read all of them for every batch once they
+	// had grown). Otherwise, and when there is no such entry, a new entry
+	// is added. With a dead-letter topic configured ($16 not empty) new
+	// entries are queued for publishing in the same transaction.
 	writeSQL = `WITH u AS (
 		SELECT * FROM unnest($5::bigint[], $6::bytea[], $7::bytea[], $8::jsonb[], $9::timestamptz[], $10::text[],
 		                     $11::text[], $12::int[], $13::int[], $14::text[], $15::bigint[])
@@ -25,9 +27,11 @@ const (
 	), reopened AS (
 		UPDATE projector_dead_letters d
 		SET attempts = d.attempts + 1, last_seen = now(), error = r.err, error_class = r.class, status = 'open'
-		FROM (SELECT u.off, u.err, u.class, t.tid FROM u
-		      CROSS JOIN LATERAL (SELECT t.ctid AS tid FROM projector_dead_letters t WHERE t.id = u.replay_of LIMIT 1) t) r
-		WHERE d.ctid = r.tid AND d.identity = $1 AND d.status <> 'purged'
+		FROM (SELECT u.off, u.err, u.class, t.topic, t.partition, t.orig FROM u
+		      CROSS JOIN LATERAL (SELECT t.topic, t.partition, t."offset" AS orig FROM projector_dead_letters t
+		                          WHERE t.id = u.replay_of LIMIT 1) t) r
+		WHERE d.identity = $1 AND d.topic = r.topic AND d.partition = r.partition AND d."offset" = r.orig
+		  AND d.projection = $2 AND d.status <> 'purged'
 		RETURNING r.off
 	), dl AS (
 		INSERT INTO projector_dead_letters AS d
@@ -35,20 +39,25 @@ const (
 		 error_class, attempts, schema_id, trace_id)
 		SELECT $1, $2, $3, $4, u.off, u.rkey, u.value, u.headers, u.ts, u.err, u.class, u.attempts, u.schema_id, u.trace_id
 		FROM u WHERE u.off NOT IN (SELECT off FROM reopened)
-		ON CONFLICT (identity, topic, partition, "offset")
+		ON CONFLICT (identity, topic, partition, "offset", projection)
 		DO UPDATE SET last_seen = now(), attempts = d.attempts + 1, error = excluded.error, error_class = excluded.error_class
 		RETURNING d.id)
 	INSERT INTO projector_dlq_outbox (dead_letter_id, topic)
 	SELECT id, $16 FROM dl WHERE $16 <> ''
 	ON CONFLICT (dead_letter_id) DO NOTHING`
-	// resolvedSQL, as the reopening above, finds each dead letter by its
-	// id alone (LATERAL ... LIMIT 1), then checks the rest: with the
-	// identity's conditions beside it, Postgres could take the index that
-	// starts with the identity and read all of its dead letters.
+	// resolvedSQL, as the reopening above, finds each replayed dead
+	// letter by its id alone (LATERAL ... LIMIT 1): with the identity's
+	// conditions beside it, Postgres could take the index that starts
+	// with the identity and read all of its dead letters. The entry it
+	// resolves, found through the key of the record and projection, is
+	// this projection's of the replayed entry's original record: the
+	// replayed entry itself, or on a topic feeding several projections,
+	// this projection's entry of the same record.
 	resolvedSQL = `UPDATE projector_dead_letters d SET status = 'resolved', resolved_at = now()
 		FROM unnest($1::bigint[]) AS r(id)
-		CROSS JOIN LATERAL (SELECT t.ctid AS tid FROM projector_dead_letters t WHERE t.id = r.id LIMIT 1) t
-		WHERE d.ctid = t.tid AND d.identity = $2 AND d.status NOT IN ('resolved', 'purged')`
+		CROSS JOIN LATERAL (SELECT t.topic, t.partition, t."offset" AS orig FROM projector_dead_letters t WHERE t.id = r.id LIMIT 1) t
+		WHERE d.identity = $2 AND d.topic = t.topic AND d.partition = t.partition AND d."offset" = t.orig
+		  AND d.projection = $3 AND d.status NOT IN ('resolved', 'purged')`
 )
 
 // QueueWrite queues on b, a batch's transaction, the statement that
@@ -92,10 +101,12 @@ func QueueWrite(b *pgx.Batch, identity, projection string, tp sinks.TP, dls []si
 }
 
 // QueueResolved queues on b the statement that marks as resolved the
-// dead letters of identity whose replayed record has now applied.
-func QueueResolved(b *pgx.Batch, identity string, ids []int64) {
+// dead letters of a projection of identity whose replayed record has now
+// applied. A replayed record reaches every projection of its topic: each
+// resolves its own entry of that record, if it has one.
+func QueueResolved(b *pgx.Batch, identity, projection string, ids []int64) {
 	if len(ids) > 0 {
-		b.Queue(resolvedSQL, ids, identity)
+		b.Queue(resolvedSQL, ids, identity, projection)
 	}
 }
 

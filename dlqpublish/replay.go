@@ -70,17 +70,24 @@ func Replay(ctx context.Context, pool *pgxpool.Pool, cl *kgo.Client, entries []d
 		if err := lim.Wait(ctx); err != nil {
 			return n, fmt.Errorf("replay: %d of %d produced: %w", n, len(entries), err)
 		}
+		// Marked before the record goes out: the engine may apply it (and
+		// resolve the entry) or fail it again (and reopen the entry)
+		// before a mark made after the broker's acknowledgement would
+		// land, which would then hide what the replay did.
+		if err := deadletters.MarkReplayed(ctx, pool, []int64{d.ID}); err != nil {
+			return n, fmt.Errorf("replay dead letter %d: nothing produced: %w", d.ID, err)
+		}
 		if err := cl.ProduceSync(ctx, ReplayRecord(d)).FirstErr(); err != nil {
+			// Not out: the entry is as it was, even if ctx ended meanwhile.
+			mctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), markTimeout)
+			uerr := deadletters.UnmarkReplayed(mctx, pool, d.ID, d.Status)
+			cancel()
+			if uerr != nil {
+				err = fmt.Errorf("%w (and marking it as before failed: %w)", err, uerr)
+			}
 			return n, fmt.Errorf("replay dead letter %d to %s: %d of %d produced: %w", d.ID, d.Topic, n, len(entries), err)
 		}
 		n++
-		// The record is out: record it even if ctx ended meanwhile.
-		mctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), markTimeout)
-		err := deadletters.MarkReplayed(mctx, pool, []int64{d.ID})
-		cancel()
-		if err != nil {
-			return n, fmt.Errorf("replay dead letter %d: produced, but: %w", d.ID, err)
-		}
 	}
 	return n, nil
 }

@@ -84,10 +84,16 @@ func (w *Worker) commitBatch(ctx context.Context, n int, items []*item, end int6
 // committed moves the worker past a committed transaction that ended
 // before offset end, with changes and outcomes out.
 func (w *Worker) committed(end int64, changes sinks.Changes, out outcomes) {
+	w.notifyCommitted(end, changes)
+	w.moved(end, changes, out)
+}
+
+// moved is committed but for telling Config.Committed, which a worker
+// with lanes tells once for all of them.
+func (w *Worker) moved(end int64, changes sinks.Changes, out outcomes) {
 	w.claim.NextOffset = end
 	w.next.Store(end)
 	w.progress.Store(time.Now().UnixNano())
-	w.notifyCommitted(end, changes)
 	if closed := w.gaps.update(changes.Park, changes.Unpark, time.Now()); closed > 0 {
 		w.metrics.gaps.WithLabelValues(w.proj.Name, "filled").Add(float64(closed))
 	}

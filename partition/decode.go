@@ -199,14 +199,14 @@ func (w *Worker) decodeAll(ctx context.Context, items []*item) error {
 		}
 		if len(again) == 0 {
 			if attempt > 0 {
-				w.done()
+				w.owner().done()
 			}
 			return nil
 		}
 		if w.cfg.ClassifyDecode(cause) == Retryable {
 			retries++
 		}
-		if err := w.backoff(ctx, attempt, fmt.Sprintf("decode %d records", len(again)), cause); err != nil {
+		if err := w.owner().backoff(ctx, attempt, fmt.Sprintf("decode %d records", len(again)), cause); err != nil {
 			return err
 		}
 	}
@@ -236,6 +236,14 @@ func (w *Worker) decode(ctx context.Context, it *item) error {
 	if err != nil {
 		return err
 	}
+	w.extract(it)
+	return nil
+}
+
+// extract fills the decoded item's aggregate key, version and type from
+// the fields the projection names; a record without usable ones fails
+// the item.
+func (w *Worker) extract(it *item) {
 	p := w.proj
 	ev := it.event(0)
 	field := func(name string) any {
@@ -247,7 +255,7 @@ func (w *Worker) decode(ctx context.Context, it *item) error {
 		it.key = k
 	case nil:
 		it.fail(sinks.ClassInvalid, fmt.Errorf("key field %q is missing or null", p.KeyField))
-		return nil
+		return
 	case []byte:
 		it.key = string(k)
 	default:
@@ -256,7 +264,7 @@ func (w *Worker) decode(ctx context.Context, it *item) error {
 	if string(it.recordKey) != it.key {
 		it.fail(sinks.ClassKeyMismatch, fmt.Errorf("record key %q is not %q, the aggregate key field %q names: the record's partition does not own that aggregate",
 			clip(string(it.recordKey)), clip(it.key), p.KeyField))
-		return nil
+		return
 	}
 	switch v := field(p.VersionField).(type) {
 	case int64:
@@ -267,21 +275,20 @@ func (w *Worker) decode(ctx context.Context, it *item) error {
 		it.version = int64(v)
 	default:
 		it.fail(sinks.ClassInvalid, fmt.Errorf("version field %q: want a long, got %T", p.VersionField, v))
-		return nil
+		return
 	}
 	if it.version < 1 {
 		it.fail(sinks.ClassInvalid, fmt.Errorf("version field %q: %d is below 1", p.VersionField, it.version))
-		return nil
+		return
 	}
 	if p.TypeField != "" {
 		t, ok := field(p.TypeField).(string)
 		if !ok {
 			it.fail(sinks.ClassInvalid, fmt.Errorf("type field %q: want a string, got %T", p.TypeField, field(p.TypeField)))
-			return nil
+			return
 		}
 		it.typ = t
 	}
-	return nil
 }
 
 // keyTombstone gives a tombstone its aggregate, the one its record key

@@ -18,6 +18,10 @@
 //     once committed (where Config.Committed is called);
 //   - window.go: a worker that is behind plans several batches into one
 //     transaction, committed while it plans the next;
+//   - lanes.go: a topic that feeds several projections: one lane per
+//     projection (its decoder, gate, parked events and sink), records
+//     decoded once per reader schema, every lane committed in one
+//     transaction with the partition's offset;
 //   - retry.go and refused.go: backing off between attempts, and halting
 //     a partition whose statements Postgres refuses;
 //   - storm.go: halting a partition, rather than committing, when most of

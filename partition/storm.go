@@ -50,13 +50,16 @@ const stormLogEvery = time.Minute
 // stormTrip is the record of a batch that makes a dead-letter storm: the
 // batch is not committed.
 type stormTrip struct {
-	class   string
-	dead    int // of the class among the last records
-	records int // in view
-	share   float64
-	offset  int64
-	key     []byte
-	err     string
+	// projection is the one whose dead letters make the storm, on a topic
+	// feeding several ("": the worker's own).
+	projection string
+	class      string
+	dead       int // of the class among the last records
+	records    int // in view
+	share      float64
+	offset     int64
+	key        []byte
+	err        string
 }
 
 func (s *stormTrip) Error() string {
@@ -211,8 +214,12 @@ func (w *Worker) stormed(trip *stormTrip) {
 	s.on, s.class, s.logged = true, trip.class, now
 	w.Halt(fmt.Sprintf("%v; the partition tries the batch again every %s and resumes once its records are no longer dead-lettered so", trip, w.cfg.RetryCap))
 	w.metrics.storm.WithLabelValues(w.group, w.claim.Topic, p, trip.class).Set(1)
+	name := w.proj.Name
+	if trip.projection != "" {
+		name = trip.projection
+	}
 	w.log.Error("partition halted: dead-letter storm; the batch is not committed and the stored offset stays before it",
-		"projection", w.proj.Name, "class", trip.class, "share", float64(trip.dead)/float64(trip.records),
+		"projection", name, "class", trip.class, "share", float64(trip.dead)/float64(trip.records),
 		"dead", trip.dead, "records", trip.records, "offset", trip.offset, "key", clip(string(trip.key)),
 		"err", redact.String(trip.err), "retry_every", w.cfg.RetryCap)
 }

@@ -81,6 +81,11 @@ type windowAgg struct {
 // sink peeks and its fetcher rewinds, and it is not applying a replayed
 // window's records again.
 func (w *Worker) windowing(n int) bool {
+	for _, o := range w.others {
+		if o.peeker == nil {
+			return false
+		}
+	}
 	_, rewinds := w.fetcher.(Rewinder)
 	if !rewinds || w.peeker == nil || w.cfg.CommitMaxBatches <= 1 || w.claim.NextOffset < w.alone {
 		return false
@@ -97,12 +102,20 @@ func (w *Worker) processWindow(ctx context.Context, recs []*kgo.Record) (err err
 	if w.pending != nil {
 		start = w.pending.win.end
 	}
-	// Room for the aggregates of a batch or two, which a window of
-	// batches sharing aggregates seldom outgrows by much.
-	win := &window{start: start, end: start, aggs: make(map[string]*windowAgg, 2*len(recs)),
-		list: make([]*windowAgg, 0, 2*len(recs)), parked: map[string][]sinks.StoredEvent{}, unparked: map[sinks.ParkedRef]bool{}}
-	win.guardStart = w.guard.pos()
-	win.guardEnd = win.guardStart
+	// One window per projection of the topic (see lanes.go), the
+	// worker's own first.
+	wins := make([]*window, 1+len(w.others))
+	for i := range wins {
+		// Room for the aggregates of a batch or two, which a window of
+		// batches sharing aggregates seldom outgrows by much.
+		wins[i] = &window{start: start, end: start, aggs: make(map[string]*windowAgg, 2*len(recs)),
+			list: make([]*windowAgg, 0, 2*len(recs)), parked: map[string][]sinks.StoredEvent{}, unparked: map[sinks.ParkedRef]bool{}}
+	}
+	for i, l := range w.lanes() {
+		wins[i].guardStart = l.guard.pos()
+		wins[i].guardEnd = wins[i].guardStart
+	}
+	win := wins[0]
 	ctx, span := w.startSpan(ctx, recs)
 	launched := false
 	defer func() {
@@ -114,7 +127,7 @@ func (w *Worker) processWindow(ctx context.Context, recs []*kgo.Record) (err err
 		if !first {
 			w.linkSpan(span, recs)
 		}
-		err := w.planBatch(ctx, win, recs)
+		err := w.planBatches(ctx, wins, recs)
 		var pf *planFailed
 		if errors.As(err, &pf) {
 			// The records are applied again from the window's first,
@@ -123,12 +136,12 @@ func (w *Worker) processWindow(ctx context.Context, recs []*kgo.Record) (err err
 				return err
 			}
 			w.done()
-			return w.replay(ctx, win, pf)
+			return w.replayWindows(ctx, wins, pf)
 		}
 		if err != nil {
 			return err
 		}
-		if w.windowFull(win) || w.stopping() {
+		if w.windowFull(wins) || w.stopping() {
 			break
 		}
 		if recs = w.more(ctx, win); recs == nil {
@@ -146,7 +159,7 @@ func (w *Worker) processWindow(ctx context.Context, recs []*kgo.Record) (err err
 	if ok, err := w.settle(ctx); !ok || err != nil {
 		return err // the window before did not commit as planned: this one is void
 	}
-	w.launch(ctx, win, w.windowCommit(win), span)
+	w.launch(ctx, wins, span)
 	launched = true
 	return nil
 }
@@ -159,25 +172,58 @@ func (w *Worker) processWindow(ctx context.Context, recs []*kgo.Record) (err err
 // planned, see launch). With many more aggregates than that, the batches of a
 // transaction share few of them and it ends early, so that its rows do not
 // grow with the aggregates.
-func (w *Worker) windowFull(win *window) bool {
+func (w *Worker) windowFull(wins []*window) bool {
 	batchMax, _ := w.limits()
 	n := 0
-	for _, size := range win.sizes {
+	for _, size := range wins[0].sizes {
 		n += size
 	}
 	aggs := 2 * batchMax
 	if w.cfg.Share != nil {
 		aggs = max(aggs, 2*w.cfg.Share())
 	}
-	return n >= w.cfg.CommitMaxBatches*batchMax || len(win.list) >= aggs
+	if n >= w.cfg.CommitMaxBatches*batchMax {
+		return true
+	}
+	for _, win := range wins {
+		if len(win.list) >= aggs {
+			return true
+		}
+	}
+	return false
 }
 
-// planBatch plans one batch of the window.
-func (w *Worker) planBatch(ctx context.Context, win *window, recs []*kgo.Record) error {
-	items, end, err := w.items(ctx, recs, win.end, &w.batchMem)
-	if err != nil || end <= win.end {
+// planBatches plans one batch into the window of each projection of the
+// topic (wins, the worker's own first), decoding it once per reader
+// schema.
+func (w *Worker) planBatches(ctx context.Context, wins []*window, recs []*kgo.Record) error {
+	items, end, err := w.items(ctx, recs, wins[0].end, &w.batchMem)
+	if err != nil || end <= wins[0].end {
 		return err
 	}
+	if len(w.others) == 0 {
+		return w.planBatch(ctx, wins[0], items, end, len(recs))
+	}
+	lanes := make([][]*item, len(wins))
+	lanes[0] = items
+	for i, o := range w.others {
+		if by := w.decodedBy[i]; by >= 0 {
+			lanes[i+1] = o.shareDecoded(lanes[by])
+		} else if lanes[i+1], _, err = o.items(ctx, recs, wins[i+1].end, &o.batchMem); err != nil {
+			return err
+		}
+	}
+	for i, l := range w.lanes() {
+		if err := l.planBatch(ctx, wins[i], lanes[i], end, len(recs)); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// planBatch plans the items of one batch of records records, ending
+// before offset end, into the window.
+func (w *Worker) planBatch(ctx context.Context, win *window, items []*item, end int64, records int) error {
 	keys := batchKeys(items, w.gaps.has, w.keys())
 	// Aggregates the window knows are not read again; the others are.
 	aggs := make([]*windowAgg, len(keys.All)) // of keys.All, in order
@@ -203,7 +249,7 @@ func (w *Worker) planBatch(ctx context.Context, win *window, recs []*kgo.Record)
 	}
 	peek.Parked = keys.Parked
 	var known sinks.State
-	err = w.retry(ctx, "read the state of a batch", func() (err error) {
+	err := w.owner().retry(ctx, "read the state of a batch", func() (err error) {
 		known, err = w.peeker.Peek(ctx, w.claim, peek)
 		return err
 	})
@@ -258,7 +304,7 @@ func (w *Worker) planBatch(ctx context.Context, win *window, recs []*kgo.Record)
 		a.version, a.row, a.dirty, a.deleted = d.Version, nil, true, true
 	}
 	win.end = end
-	win.sizes = append(win.sizes, len(recs))
+	win.sizes = append(win.sizes, records)
 	win.out.add(out)
 	// An event the window parked that no longer waits was never stored;
 	// one parked earlier is unparked once, however many batches read it.
@@ -340,12 +386,13 @@ func (w *Worker) windowCommit(win *window) windowCommit {
 // with backoff. When Postgres contradicts the state the window was
 // planned on, or refuses a row, the window's records are applied again
 // batch by batch, and replayed is true.
-func (w *Worker) commitLoop(ctx context.Context, win *window, wc windowCommit, err error) (replayed bool, _ error) {
+func (w *Worker) commitLoop(ctx context.Context, wins []*window, wcs []windowCommit, err error) (replayed bool, _ error) {
+	win := wins[0]
 	for attempt := 0; ; attempt++ {
 		if err == nil {
 			began := time.Now()
-			if err = w.commitTraced(ctx, win.end, wc.keys, wc.plan); err == nil {
-				w.windowCommitted(win, wc, time.Since(began))
+			if err = w.commitWindows(ctx, w.claim, win.end, wcs); err == nil {
+				w.windowCommitted(wins, wcs, time.Since(began))
 				return false, nil
 			}
 		}
@@ -355,7 +402,7 @@ func (w *Worker) commitLoop(ctx context.Context, win *window, wc windowCommit, e
 		var rej *sinks.RejectedRows
 		if errors.Is(err, errWindowStale) || errors.As(err, &rej) {
 			w.done()
-			return true, w.replay(ctx, win, err)
+			return true, w.replayWindows(ctx, wins, err)
 		}
 		if err := w.backoffPlanned(ctx, attempt, "commit batches", err); err != nil {
 			return false, err
@@ -364,24 +411,52 @@ func (w *Worker) commitLoop(ctx context.Context, win *window, wc windowCommit, e
 	}
 }
 
-// windowCommitted moves the worker past win's committed transaction, which
-// took took.
-func (w *Worker) windowCommitted(win *window, wc windowCommit, took time.Duration) {
+// commitWindows runs the transaction of the windows of a topic's
+// projections (wcs, the worker's own first) under claim.
+func (w *Worker) commitWindows(ctx context.Context, claim sinks.Claim, end int64, wcs []windowCommit) error {
+	if len(wcs) == 1 {
+		return w.commitAs(ctx, claim, end, wcs[0].keys, wcs[0].plan)
+	}
+	lanes := make([]sinks.Lane, len(wcs))
+	for i, l := range w.lanes() {
+		lanes[i] = sinks.Lane{Sink: l.sink, Keys: wcs[i].keys, Plan: wcs[i].plan}
+	}
+	return w.commitLanesTraced(ctx, w.sink.(sinks.LaneCommitter), claim, end, lanes)
+}
+
+// windowCommitted moves the worker (and its lanes) past the committed
+// transaction of wins, which took took.
+func (w *Worker) windowCommitted(wins []*window, wcs []windowCommit, took time.Duration) {
+	win := wins[0]
 	w.metrics.commitDuration.Observe(took.Seconds())
 	for _, n := range win.sizes {
 		w.metrics.batchRecords.Observe(float64(n))
 	}
 	w.metrics.commitBatches.Observe(float64(len(win.sizes)))
 	w.done()
-	w.guard.commit(win.guardEnd)
-	w.committed(win.end, wc.ch, win.out)
+	if len(wins) == 1 {
+		w.guard.commit(win.guardEnd)
+		w.committed(win.end, wcs[0].ch, win.out)
+		return
+	}
+	var all sinks.Changes // the rows every lane wrote, for Config.Committed
+	for _, wc := range wcs {
+		all.Upserts = append(all.Upserts, wc.ch.Upserts...)
+		all.Deletes = append(all.Deletes, wc.ch.Deletes...)
+	}
+	w.notifyCommitted(win.end, all)
+	for i, l := range w.lanes() {
+		l.guard.commit(wins[i].guardEnd)
+		l.moved(win.end, wcs[i].ch, wins[i].out)
+	}
 }
 
 // pendingCommit is the transaction of a window that commits while its
 // worker plans the next one.
 type pendingCommit struct {
-	win  *window
-	wc   windowCommit
+	win  *window // wins[0]
+	wins []*window
+	wcs  []windowCommit
 	span trace.Span
 	done chan struct{} // closed when the attempt has returned
 	err  error
@@ -394,16 +469,24 @@ type pendingCommit struct {
 // anything else, repairs or skips a gap, or waits for records. The two
 // use the processor and Postgres at once, where a worker that committed
 // each window before planning the next used one while the other waited.
-func (w *Worker) launch(ctx context.Context, win *window, wc windowCommit, span trace.Span) {
-	p := &pendingCommit{win: win, wc: wc, span: span, done: make(chan struct{})}
+func (w *Worker) launch(ctx context.Context, wins []*window, span trace.Span) {
+	wcs := make([]windowCommit, len(wins))
+	for i, l := range w.lanes() {
+		wcs[i] = l.windowCommit(wins[i])
+	}
+	p := &pendingCommit{win: wins[0], wins: wins, wcs: wcs, span: span, done: make(chan struct{})}
 	claim := w.claim
 	go func() {
 		defer close(p.done)
 		began := time.Now()
-		p.err = w.commitAs(ctx, claim, win.end, wc.keys, wc.plan)
+		p.err = w.commitWindows(ctx, claim, wins[0].end, wcs)
 		p.took = time.Since(began)
 	}()
 	w.pending = p
+	// Each lane plans the next window on the state its window leaves.
+	for i, o := range w.others {
+		o.pending = &pendingCommit{win: wins[i+1]}
+	}
 }
 
 // settle waits for the transaction launch began, if any, and completes
@@ -418,13 +501,16 @@ func (w *Worker) settle(ctx context.Context) (ok bool, err error) {
 		return true, nil
 	}
 	w.pending = nil
+	for _, o := range w.others {
+		o.pending = nil
+	}
 	<-p.done
 	if p.err == nil {
-		w.windowCommitted(p.win, p.wc, p.took)
+		w.windowCommitted(p.wins, p.wcs, p.took)
 		p.span.End()
 		return true, nil
 	}
-	replayed, err := w.commitLoop(ctx, p.win, p.wc, p.err)
+	replayed, err := w.commitLoop(ctx, p.wins, p.wcs, p.err)
 	endSpan(p.span, &err)
 	return !replayed && err == nil, err
 }

@@ -16,9 +16,10 @@ import (
 	"github.com/projector-dev/projector/sinks"
 )
 
-// Worker consumes one topic-partition for one projection: it batches the
-// records pushed to it, decodes them, gates versions, and commits each
-// batch through the sink. Push is called by the poll loop; Run by the
+// Worker consumes one topic-partition for one projection, or for every
+// projection of its topic (see lanes.go): it batches the records pushed
+// to it, decodes them, gates versions, and commits each batch through the
+// sink. Push is called by the poll loop; Run by the
 // goroutine that owns the worker.
 type Worker struct {
 	cfg    Config
@@ -96,6 +97,16 @@ type Worker struct {
 	repairDown, repairLogged time.Time
 	skips                    chan skipRequest
 	halted                   atomic.Pointer[string]
+
+	// others are the lanes of the other projections the partition's topic
+	// feeds (see lanes.go); lead is the worker a lane belongs to (nil: a
+	// worker of its own).
+	others []*Worker
+	lead   *Worker
+	// decodedBy gives, for each of others, the lane whose decoded records
+	// it shares (-1: it decodes them itself; 0: this worker's, i+1: that
+	// of others[i]).
+	decodedBy []int
 }
 
 // WorkerDeps are what a worker works with besides its Config: the
@@ -128,10 +139,29 @@ type WorkerDeps struct {
 	// Now is the clock that paces the worker's rate-limited log lines
 	// (nil: time.Now).
 	Now func() time.Time
+	// Others are the other projections the partition's topic feeds: each
+	// batch is planned for each of them with its own version gate and
+	// parked events, and committed with Projection's in one transaction
+	// (Sink must be a sinks.LaneCommitter). A projection with on_gap
+	// repair cannot share its topic.
+	Others []Lane
 }
 
 // NewWorker returns a worker for a claimed partition.
 func NewWorker(cfg Config, d WorkerDeps) *Worker {
+	w := newWorker(cfg, d)
+	w.newLanes(d)
+	// An earlier worker of the partition may have left its fetching
+	// paused (one replaced before it was removed, or one that stopped on
+	// an error): the new worker starts with it resumed.
+	w.fetchPaused = true
+	w.syncFetch()
+	return w
+}
+
+// newWorker is NewWorker without lanes, and without touching the
+// partition's fetching: what a lane is (see newLanes).
+func newWorker(cfg Config, d WorkerDeps) *Worker {
 	cfg.defaults()
 	if d.Log == nil {
 		d.Log = slog.New(slog.DiscardHandler)
@@ -159,11 +189,6 @@ func NewWorker(cfg Config, d WorkerDeps) *Worker {
 	w.next.Store(claim.NextOffset)
 	w.hwm.Store(-1)
 	w.progress.Store(time.Now().UnixNano())
-	// An earlier worker of the partition may have left its fetching
-	// paused (one replaced before it was removed, or one that stopped on
-	// an error): the new worker starts with it resumed.
-	w.fetchPaused = true
-	w.syncFetch()
 	return w
 }
 
@@ -206,8 +231,12 @@ func (w *Worker) Drain() {
 // Status is the worker's position for lag metrics and readiness.
 type Status struct {
 	sinks.TP
-	// Projection is the projection the partition feeds.
+	// Projection is the projection the partition feeds; Others are the
+	// other projections of its topic, with their parked events and
+	// counts (the other fields but the partition's own are
+	// Projection's).
 	Projection string
+	Others     []LaneStatus
 	// Applied, Stale and DeadLettered count the records the worker's
 	// committed transactions applied, ignored as duplicates or older
 	// versions, and dead-lettered, since the worker started.
@@ -245,6 +274,13 @@ func (w *Worker) Status() Status {
 	st := Status{TP: w.claim.TP, Projection: w.proj.Name, NextOffset: w.next.Load(), HighWatermark: w.hwm.Load(), Oldest: oldest,
 		Applied: w.totals.applied.Load(), Stale: w.totals.stale.Load(), DeadLettered: w.totals.dead.Load()}
 	st.Parked, st.OldestParked, st.RepairUnavailable = w.gaps.totals()
+	for _, o := range w.others {
+		var ls LaneStatus
+		ls.Projection = o.proj.Name
+		ls.Parked, ls.OldestParked, _ = o.gaps.totals()
+		ls.Applied, ls.Stale, ls.DeadLettered = o.totals.applied.Load(), o.totals.stale.Load(), o.totals.dead.Load()
+		st.Others = append(st.Others, ls)
+	}
 	if h := w.halted.Load(); h != nil {
 		st.Halted = *h
 	}
@@ -263,25 +299,31 @@ func (w *Worker) Status() Status {
 func (w *Worker) Run(ctx context.Context) error {
 	defer w.leaveStorm()
 	defer w.leaveRefused()
-	var parked map[string]sinks.ParkedInfo
-	err := w.retry(ctx, "load parked", func() (err error) {
-		parked, err = w.sink.Parked(ctx, w.claim.TP)
-		return err
-	})
-	if errors.Is(err, errStopped) {
-		w.done()
-		return nil
-	}
-	if err != nil {
+	if err := w.lanesCommit(); err != nil {
 		return err
 	}
-	w.gaps.mu.Lock()
-	w.gaps.aggs = make(map[string]*gap, len(parked))
-	for k, info := range parked {
-		w.gaps.aggs[k] = &gap{count: info.Count, since: info.Since}
+	for _, l := range append([]*Worker{w}, w.others...) {
+		var parked map[string]sinks.ParkedInfo
+		err := w.retry(ctx, "load parked", func() (err error) {
+			parked, err = l.sink.Parked(ctx, w.claim.TP)
+			return err
+		})
+		if errors.Is(err, errStopped) {
+			w.done()
+			return nil
+		}
+		if err != nil {
+			return err
+		}
+		l.gaps.mu.Lock()
+		l.gaps.aggs = make(map[string]*gap, len(parked))
+		for k, info := range parked {
+			l.gaps.aggs[k] = &gap{count: info.Count, since: info.Since}
+		}
+		l.gaps.mu.Unlock()
 	}
-	w.gaps.mu.Unlock()
 
+	var err error
 	var repairs chan repaired
 	if w.repairer != nil && w.proj.OnGap == projection.GapRepair {
 		repairs = make(chan repaired)
@@ -357,6 +399,9 @@ func (w *Worker) Run(ctx context.Context) error {
 // storm.go) and is tried again, decoded afresh, every RetryCap until it
 // commits.
 func (w *Worker) process(ctx context.Context, recs []*kgo.Record) (err error) {
+	if len(w.others) > 0 {
+		return w.processLanes(ctx, recs)
+	}
 	start := w.claim.NextOffset
 	ctx, span := w.startSpan(ctx, recs)
 	defer endSpan(span, &err)

@@ -111,7 +111,7 @@ func Parse(content []byte, dir string) ([]*Projection, error) {
 		return nil, errors.New("no projections defined")
 	}
 	out := make([]*Projection, 0, len(f.Projections))
-	names, topics := map[string]bool{}, map[string]bool{}
+	names := map[string]bool{}
 	// tables: which projection writes each table, as written. Names that
 	// differ in the file may still name one table (t and public.t):
 	// postgres.Migrate resolves them as Postgres does and refuses those.
@@ -127,14 +127,14 @@ func Parse(content []byte, dir string) ([]*Projection, error) {
 		if names[p.Name] {
 			return nil, fmt.Errorf("projection %q is defined twice", p.Name)
 		}
-		if topics[p.Topic] {
-			return nil, fmt.Errorf("projection %q: topic %q already feeds another projection", p.Name, p.Topic)
-		}
 		if other, ok := tables[p.Table]; ok {
 			return nil, fmt.Errorf("projection %q: table %q is already written by projection %q: two projections would overwrite each other's rows", p.Name, p.Table, other)
 		}
-		names[p.Name], topics[p.Topic], tables[p.Table] = true, true, p.Name
+		names[p.Name], tables[p.Table] = true, p.Name
 		out = append(out, p)
+	}
+	if err := CheckShared(out); err != nil {
+		return nil, err
 	}
 	return out, nil
 }

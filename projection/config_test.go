@@ -168,6 +168,18 @@ func TestParseTwoProjections(t *testing.T) {
 	}
 }
 
+// TestParseSharedTopic: several read models of one stream are declared
+// by giving them one topic and each its own table.
+func TestParseSharedTopic(t *testing.T) {
+	ps, err := projection.Parse([]byte(baseYAML+edit(t, secondYAML, "topic: t2", "topic: t1")), ".")
+	if err != nil {
+		t.Fatalf("two projections of one topic refused: %v", err)
+	}
+	if len(ps) != 2 || ps[0].Topic != "t1" || ps[1].Topic != "t1" {
+		t.Fatalf("got %v, want p1 and p2 both on t1", ps)
+	}
+}
+
 // edit returns base with old replaced by new, failing when old is absent so
 // a case cannot silently test the valid file.
 func edit(t *testing.T, base, old, new string) string {
@@ -287,8 +299,9 @@ func TestParseRejects(t *testing.T) {
 		}, []string{`projection "p1"`, "events.Created", "delete cannot be combined"}},
 		{"duplicate names", func(t *testing.T) string { return baseYAML + edit(t, secondYAML, "name: p2", "name: p1") },
 			[]string{`projection "p1" is defined twice`}},
-		{"two projections on one topic", func(t *testing.T) string { return baseYAML + edit(t, secondYAML, "topic: t2", "topic: t1") },
-			[]string{`projection "p2"`, `topic "t1"`}},
+		{"repair on a shared topic", func(t *testing.T) string {
+			return baseYAML + edit(t, edit(t, secondYAML, "topic: t2", "topic: t1"), "mode: snapshot\n", "mode: snapshot\n    on_gap: repair\n    repair: {http: {url: \"http://src/{key}\"}}\n")
+		}, []string{`projection "p2"`, "on_gap repair", `topic "t1"`, `projection "p1"`}},
 		{"two projections on one table", func(t *testing.T) string { return baseYAML + edit(t, secondYAML, "table: tbl2", "table: tbl") },
 			[]string{`projection "p2"`, `table "tbl"`, `projection "p1"`}},
 		{"a comment in a column type", func(t *testing.T) string {

@@ -403,3 +403,29 @@ func (p *Projection) SetTypes(types []string) error {
 	p.decl = decl
 	return nil
 }
+
+// CheckShared refuses projections that cannot share their topic: one
+// topic may feed several projections (each its own table, version gate
+// and parked events, committed in one transaction with the partition's
+// offset), but a partition has one repair loop, so a projection with
+// on_gap repair must have its topic to itself. Each record's key is the
+// aggregate id for every projection of its topic: a record whose key
+// field names another aggregate is dead-lettered for that projection.
+func CheckShared(ps []*Projection) error {
+	byTopic := map[string][]*Projection{}
+	for _, p := range ps {
+		byTopic[p.Topic] = append(byTopic[p.Topic], p)
+	}
+	for _, p := range ps {
+		shared := byTopic[p.Topic]
+		if len(shared) < 2 || p.OnGap != GapRepair {
+			continue
+		}
+		other := shared[0]
+		if other == p {
+			other = shared[1]
+		}
+		return fmt.Errorf("projection %q: on_gap repair needs topic %q to itself, and projection %q also reads it: use on_gap hold, or give the repaired projection its own consumer identity", p.Name, p.Topic, other.Name)
+	}
+	return nil
+}

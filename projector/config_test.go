@@ -5,9 +5,11 @@ import (
 	"testing"
 
 	"github.com/projector-dev/projector/internal/demo"
+	"github.com/projector-dev/projector/internal/memsink"
 	"github.com/projector-dev/projector/partition"
 	"github.com/projector-dev/projector/projection"
 	"github.com/projector-dev/projector/projector"
+	"github.com/projector-dev/projector/sinks"
 	"github.com/projector-dev/projector/sinks/postgres"
 )
 
@@ -22,6 +24,50 @@ func TestConfigWithoutStoreNamesTheField(t *testing.T) {
 		func(*projection.Projection) partition.Decoder { return nil })
 	if err == nil || !strings.Contains(err.Error(), "Store") {
 		t.Fatalf("New without a Store: %v, want an error naming Store", err)
+	}
+}
+
+// plainStore hands out sinks that commit one projection at a time only.
+type plainStore struct{ *memsink.Store }
+
+type plainSink struct{ sinks.Sink }
+
+func (s plainStore) Sink(t sinks.Target) (sinks.Sink, error) {
+	k, err := s.Store.Sink(t)
+	return plainSink{k}, err
+}
+
+// Projections sharing a topic are refused at New, naming them, when one
+// has on_gap repair (a partition has one repair loop) or when the store
+// cannot commit them together; otherwise they are taken.
+func TestConfigSharedTopic(t *testing.T) {
+	parse := func(t *testing.T) []*projection.Projection {
+		t.Helper()
+		a, err := projection.Parse(demo.Projections, ".")
+		if err != nil {
+			t.Fatal(err)
+		}
+		b, err := projection.Parse(demo.SnapshotProjections, ".")
+		if err != nil {
+			t.Fatal(err)
+		}
+		return append(a, b...)
+	}
+	newEngine := func(projs []*projection.Projection, store projector.Store) error {
+		_, err := projector.New(projector.Config{Brokers: []string{"127.0.0.1:1"}, Identity: "shared", Projections: projs, Store: store},
+			func(*projection.Projection) partition.Decoder { return nil })
+		return err
+	}
+	if err := newEngine(parse(t), memsink.New(nil)); err != nil {
+		t.Errorf("two projections of one topic: %v", err)
+	}
+	projs := parse(t)
+	projs[1].OnGap, projs[1].Repair = projection.GapRepair, &projection.RepairSpec{HTTPURL: "http://source/{key}"}
+	if err := newEngine(projs, memsink.New(nil)); err == nil || !strings.Contains(err.Error(), "on_gap repair") || !strings.Contains(err.Error(), `"last_event"`) {
+		t.Errorf("repair on a shared topic: %v, want it refused naming the projection", err)
+	}
+	if err := newEngine(parse(t), plainStore{memsink.New(nil)}); err == nil || !strings.Contains(err.Error(), "LaneCommitter") || !strings.Contains(err.Error(), demo.Topic) {
+		t.Errorf("a store that cannot commit projections together: %v, want it refused naming the topic", err)
 	}
 }
 

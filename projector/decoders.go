@@ -3,6 +3,7 @@ package projector
 import (
 	"context"
 	"fmt"
+	"sync"
 
 	"github.com/hamba/avro/v2"
 	"github.com/twmb/franz-go/pkg/sr"
@@ -26,11 +27,32 @@ func RegistryDecoders(ctx context.Context, registry *sr.Client, ps ...*projectio
 		}
 		readers[p.Name] = r
 	}
+	return PrunedDecoders(registry, readers), nil
+}
+
+// PrunedDecoders returns decoders into each projection's reader schema
+// (readers, by projection name) cut to the fields its fold reads.
+// Projections of one topic whose cut schemas are the same get one
+// decoder: a worker running them decodes each record once for all.
+func PrunedDecoders(registry schemas.Registry, readers map[string]avro.Schema) Decoders {
+	var mu sync.Mutex
+	byReader := map[string]*schemas.Decoder{}
 	return func(p *projection.Projection) partition.Decoder {
 		// New calls this once the projection has its defaults, which
 		// name the fields it reads.
-		return schemas.NewDecoder(registry, schemas.Prune(readers[p.Name], p.ReadFields()), DecodeOptions(p)...)
-	}, nil
+		reader := schemas.Prune(readers[p.Name], p.ReadFields())
+		// The options follow from whether the fold reads maps (see
+		// DecodeOptions), so they are part of the key.
+		key := fmt.Sprintf("%s\x00%v\x00%s", p.Topic, p.ReadsFieldsMap(), reader.String())
+		mu.Lock()
+		defer mu.Unlock()
+		if d := byReader[key]; d != nil {
+			return d
+		}
+		d := schemas.NewDecoder(registry, reader, DecodeOptions(p)...)
+		byReader[key] = d
+		return d
+	}
 }
 
 // DecodeOptions are the decoder options projection p is decoded with: a

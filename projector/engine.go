@@ -170,15 +170,18 @@ func (c *Config) validate() error {
 	if c.Store == nil {
 		return errors.New("config: Store: the store of sinks and offsets is required (postgres.NewStore for Postgres)")
 	}
-	topics := map[string]bool{}
+	names := map[string]bool{}
 	for _, p := range c.Projections {
 		if err := p.Validate(); err != nil {
 			return fmt.Errorf("config: Projections: %w", err)
 		}
-		if topics[p.Topic] {
-			return fmt.Errorf("config: Projections: topic %q feeds two projections", p.Topic)
+		if names[p.Name] {
+			return fmt.Errorf("config: Projections: projection %q is given twice", p.Name)
 		}
-		topics[p.Topic] = true
+		names[p.Name] = true
+	}
+	if err := projection.CheckShared(c.Projections); err != nil {
+		return fmt.Errorf("config: Projections: %w", err)
 	}
 	if err := c.Partition.Validate(); err != nil {
 		return fmt.Errorf("config: Partition: %w", err)
@@ -252,7 +255,7 @@ type DeadLetterStore interface {
 type generation struct {
 	identity string
 	offsets  sinks.Offsets
-	sinks    map[string]*sinkOf // by topic
+	sinks    map[string]*sinkOf // by projection name
 }
 
 // sinkOf is a projection's sink with its optional capabilities, resolved
@@ -275,11 +278,13 @@ func newSinkOf(s sinks.Sink) *sinkOf {
 // Engine runs the projections of one consumer identity as one member of
 // its consumer group: one worker goroutine per assigned partition.
 type Engine struct {
-	cfg       Config
-	gen       *generation
-	dead      DeadLetterStore // nil: the store keeps no dead letters to count or publish
-	byTopic   map[string]*projection.Projection
-	decoders  map[string]partition.Decoder
+	cfg  Config
+	gen  *generation
+	dead DeadLetterStore // nil: the store keeps no dead letters to count or publish
+	// byTopic lists the projections each topic feeds, in the order of
+	// Config.Projections; the first one's worker runs the others as lanes.
+	byTopic   map[string][]*projection.Projection
+	decoders  map[string]partition.Decoder // by projection name
 	repairers map[string]partition.Repairer
 	// sqlRepairs are the SQL repair sources, whose pools Run opens.
 	sqlRepairs []sqlRepair
@@ -403,7 +408,7 @@ func New(cfg Config, decoderOf Decoders) (*Engine, error) {
 	e := &Engine{
 		cfg:         cfg,
 		gen:         &generation{identity: cfg.Identity, offsets: cfg.Store.Offsets(cfg.Identity), sinks: map[string]*sinkOf{}},
-		byTopic:     map[string]*projection.Projection{},
+		byTopic:     map[string][]*projection.Projection{},
 		decoders:    map[string]partition.Decoder{},
 		repairers:   map[string]partition.Repairer{},
 		log:         cfg.Logger.With("group", cfg.Identity),
@@ -426,7 +431,10 @@ func New(cfg Config, decoderOf Decoders) (*Engine, error) {
 	}
 	var topics []string
 	for _, p := range cfg.Projections {
-		e.byTopic[p.Topic] = p
+		if len(e.byTopic[p.Topic]) == 0 {
+			topics = append(topics, p.Topic)
+		}
+		e.byTopic[p.Topic] = append(e.byTopic[p.Topic], p)
 		sink, err := cfg.Store.Sink(sinks.Target{
 			Identity: cfg.Identity, Projection: p, DLQTopic: cfg.DLQTopic,
 			StateCacheRows: cfg.StateCacheRows, StateCacheBytes: cfg.StateCacheBytes,
@@ -435,9 +443,8 @@ func New(cfg Config, decoderOf Decoders) (*Engine, error) {
 			e.close()
 			return nil, fmt.Errorf("sink of projection %s: %w", p.Name, err)
 		}
-		e.gen.sinks[p.Topic] = newSinkOf(sink)
-		e.decoders[p.Topic] = decoderOf(p)
-		topics = append(topics, p.Topic)
+		e.gen.sinks[p.Name] = newSinkOf(sink)
+		e.decoders[p.Name] = decoderOf(p)
 		if p.OnGap != projection.GapRepair {
 			continue
 		}
@@ -447,6 +454,12 @@ func New(cfg Config, decoderOf Decoders) (*Engine, error) {
 		}
 		if r != nil { // nil: a SQL source, which Run opens
 			e.repairers[p.Topic] = r
+		}
+	}
+	for t, ps := range e.byTopic {
+		if _, ok := e.gen.sinks[ps[0].Name].Sink.(sinks.LaneCommitter); len(ps) > 1 && !ok {
+			e.close()
+			return nil, fmt.Errorf("config: Projections: topic %q feeds projections %q and %q, and the store's sinks cannot commit them in one transaction (no sinks.LaneCommitter): give each its own topic or consumer identity", t, ps[0].Name, ps[1].Name)
 		}
 	}
 	if cfg.TracerProvider != nil {
@@ -785,11 +798,16 @@ func (e *Engine) start(c sinks.Claim) {
 		old.w.Stop()
 		old.cancel()
 	}
-	p := e.byTopic[c.Topic]
+	ps := e.byTopic[c.Topic]
+	p := ps[0]
+	var others []partition.Lane
+	for _, o := range ps[1:] {
+		others = append(others, partition.Lane{Projection: o, Sink: e.gen.sinks[o.Name].Sink, Decoder: e.decoders[o.Name]})
+	}
 	f := &fetcher{e: e, tp: c.TP}
 	w := partition.NewWorker(e.cfg.Partition, partition.WorkerDeps{
-		Group: e.gen.identity, Claim: c, Projection: p, Sink: e.gen.sinks[c.Topic].Sink, Decoder: e.decoders[c.Topic],
-		Repairer: e.repairers[c.Topic], Fetcher: f, Log: e.log, Metrics: e.metrics, Now: e.now,
+		Group: e.gen.identity, Claim: c, Projection: p, Sink: e.gen.sinks[p.Name].Sink, Decoder: e.decoders[p.Name],
+		Repairer: e.repairers[c.Topic], Fetcher: f, Log: e.log, Metrics: e.metrics, Now: e.now, Others: others,
 	})
 	f.w = w
 	parent := e.runCtx
@@ -858,10 +876,12 @@ func (e *Engine) stop(tps map[string][]int32) {
 	e.forgetLost(tps)
 	e.cl.ResumeFetchPartitions(tps)
 	e.wait(stopping, e.cfg.RevokeTimeout, "revoked")
-	for t, ps := range tps {
-		if f := e.gen.sinks[t].forget; f != nil {
-			for _, p := range ps {
-				f.Forget(sinks.TP{Topic: t, Partition: p})
+	for t, parts := range tps {
+		for _, proj := range e.byTopic[t] {
+			if f := e.gen.sinks[proj.Name].forget; f != nil {
+				for _, p := range parts {
+					f.Forget(sinks.TP{Topic: t, Partition: p})
+				}
 			}
 		}
 	}

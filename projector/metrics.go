@@ -113,12 +113,17 @@ func (c *lagCollector) Collect(ch chan<- prometheus.Metric) {
 	for _, p := range c.e.cfg.Projections {
 		parked[p.Name] = 0
 	}
+	add := func(name string, n int, since time.Time) {
+		parked[name] += n
+		if !since.IsZero() && (oldest[name].IsZero() || since.Before(oldest[name])) {
+			oldest[name] = since
+		}
+	}
 	for _, s := range c.e.Workers() {
-		name := c.e.byTopic[s.Topic].Name
-		parked[name] += s.Parked
-		unavailable[name] += s.RepairUnavailable
-		if !s.OldestParked.IsZero() && (oldest[name].IsZero() || s.OldestParked.Before(oldest[name])) {
-			oldest[name] = s.OldestParked
+		add(s.Projection, s.Parked, s.OldestParked)
+		unavailable[s.Projection] += s.RepairUnavailable
+		for _, o := range s.Others {
+			add(o.Projection, o.Parked, o.OldestParked)
 		}
 	}
 	for name, n := range parked {
@@ -141,7 +146,7 @@ func (c *lagCollector) Collect(ch chan<- prometheus.Metric) {
 		}
 	}
 	for _, p := range c.e.cfg.Projections {
-		cs := c.e.gen.sinks[p.Topic].cache
+		cs := c.e.gen.sinks[p.Name].cache
 		if cs == nil {
 			continue
 		}
@@ -152,7 +157,7 @@ func (c *lagCollector) Collect(ch chan<- prometheus.Metric) {
 		ch <- prometheus.MustNewConstMetric(cacheLookupsDesc, prometheus.CounterValue, float64(st.Misses), p.Name, "miss")
 	}
 	for _, p := range c.e.cfg.Projections {
-		tc := c.e.gen.sinks[p.Topic].tombstones
+		tc := c.e.gen.sinks[p.Name].tombstones
 		if tc == nil {
 			continue
 		}

@@ -11,6 +11,8 @@ import (
 	"time"
 
 	"github.com/twmb/franz-go/pkg/kerr"
+
+	"github.com/projector-dev/projector/partition"
 )
 
 // A member that cannot reach its brokers, consumes a topic that does not
@@ -200,26 +202,32 @@ func (p *progress) tick(now time.Time) {
 	by := map[string]*sum{}
 	seen := map[string]progressTotals{}
 	for _, s := range p.e.Workers() {
-		name := s.Projection
-		if by[name] == nil {
-			by[name] = &sum{}
+		// The partition's projection, and the others of its topic (each
+		// with the partition's lag).
+		lanes := append([]partition.LaneStatus{{Projection: s.Projection, Parked: s.Parked,
+			Applied: s.Applied, Stale: s.Stale, DeadLettered: s.DeadLettered}}, s.Others...)
+		for _, l := range lanes {
+			name := l.Projection
+			if by[name] == nil {
+				by[name] = &sum{}
+			}
+			b := by[name]
+			id := fmt.Sprintf("%s/%s/%d", name, s.Topic, s.Partition)
+			t := progressTotals{applied: l.Applied, stale: l.Stale, dead: l.DeadLettered}
+			was := p.seen[id]
+			if t.applied < was.applied || t.stale < was.stale || t.dead < was.dead {
+				was = progressTotals{} // a new worker for the partition
+			}
+			b.applied += t.applied - was.applied
+			b.stale += t.stale - was.stale
+			b.dead += t.dead - was.dead
+			seen[id] = t
+			if s.HighWatermark >= 0 {
+				b.lag += max(s.HighWatermark-s.NextOffset, 0)
+			}
+			b.parked += l.Parked
+			b.partitions++
 		}
-		b := by[name]
-		id := fmt.Sprintf("%s/%d", s.Topic, s.Partition)
-		t := progressTotals{applied: s.Applied, stale: s.Stale, dead: s.DeadLettered}
-		was := p.seen[id]
-		if t.applied < was.applied || t.stale < was.stale || t.dead < was.dead {
-			was = progressTotals{} // a new worker for the partition
-		}
-		b.applied += t.applied - was.applied
-		b.stale += t.stale - was.stale
-		b.dead += t.dead - was.dead
-		seen[id] = t
-		if s.HighWatermark >= 0 {
-			b.lag += max(s.HighWatermark-s.NextOffset, 0)
-		}
-		b.parked += s.Parked
-		b.partitions++
 	}
 	p.seen = seen
 	names := make([]string, 0, len(by))

@@ -137,6 +137,9 @@ type Changes struct {
 // commits the rest.
 type RejectedRows struct {
 	Keys map[string]string // aggregate key → Postgres error
+	// Lane is the index, in the lanes given to CommitLanes, of the
+	// projection whose rows they are (0 for CommitBatch).
+	Lane int
 }
 
 func (r *RejectedRows) Error() string {
@@ -188,6 +191,29 @@ type Sink interface {
 	// Load reads the state of keys and their parked events outside a
 	// batch (safe: only the partition's owner writes them).
 	Load(ctx context.Context, tp TP, keys []string) (State, error)
+}
+
+// Lane is one projection's part of a partition's transaction when one
+// topic feeds several projections: its sink, the aggregates its events
+// name, and its plan (see Sink.CommitBatch).
+type Lane struct {
+	Sink Sink
+	Keys Keys
+	Plan func(State) (Changes, error)
+}
+
+// LaneCommitter is a Sink that commits the batches of several sinks of
+// one consumer identity, one per projection of a topic, in one
+// transaction with the partition's stored offset: the offset stays the
+// single fence of every projection's table, so that a crash leaves all of
+// them at one offset.
+type LaneCommitter interface {
+	// CommitLanes is CommitBatch for every lane at once (their sinks of
+	// the same kind and store as the receiver): each lane's state is
+	// loaded and its plan called, every lane's changes are written, and
+	// the offset moves from claim.NextOffset to end, or nothing is. A
+	// *RejectedRows it returns names its lane.
+	CommitLanes(ctx context.Context, claim Claim, end int64, lanes []Lane) error
 }
 
 // Peeker is a Sink that reads state outside a transaction, which lets a

@@ -140,8 +140,12 @@ func (f *devFlags) banner(w io.Writer, target dbTarget, brokers, registryURL str
 	if brokers != DevBrokers || registryURL != DevRegistryURL {
 		produceFlags = fmt.Sprintf(" --brokers %s --registry-url %s", brokers, registryURL)
 	}
+	said := map[string]bool{} // one line per topic, however many projections it feeds
 	for _, p := range projs {
-		fmt.Fprintf(w, "  projector produce%s --topic %s --schema SCHEMA.avsc --key-field %s < events.jsonl\n", produceFlags, p.Topic, p.KeyField)
+		if !said[p.Topic] {
+			said[p.Topic] = true
+			fmt.Fprintf(w, "  projector produce%s --topic %s --schema SCHEMA.avsc --key-field %s < events.jsonl\n", produceFlags, p.Topic, p.KeyField)
+		}
 	}
 	for _, p := range projs {
 		fmt.Fprintf(w, "  psql %s -c 'TABLE %s'\n", shellQuote(dbURL), p.Table)

@@ -527,8 +527,5 @@ func newEngine(f *runFlags, brokers []string, projs []*projection.Projection, re
 		Registerer:       metrics,
 		TracerProvider:   tp,
 		Store:            postgres.NewStore(pool),
-	}, func(p *projection.Projection) partition.Decoder {
-		// Only the fields the projection reads are decoded.
-		return schemas.NewDecoder(reg, schemas.Prune(readers[p.Name], p.ReadFields()), projector.DecodeOptions(p)...)
-	})
+	}, projector.PrunedDecoders(reg, readers)) // only the fields each projection reads are decoded
 }

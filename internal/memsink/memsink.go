@@ -42,9 +42,11 @@ type stored struct {
 	next  *int64
 }
 
+// partKey names one projection's parked events of a partition.
 type partKey struct {
-	identity string
-	tp       sinks.TP
+	identity   string
+	projection string
+	tp         sinks.TP
 }
 
 type parkedKey struct {
@@ -92,7 +94,7 @@ func (s *Store) Sink(t sinks.Target) (sinks.Sink, error) {
 	if t.Projection == nil {
 		return nil, fmt.Errorf("memory sink of identity %q: no projection", t.Identity)
 	}
-	return &Sink{s: s, identity: t.Identity, table: t.Projection.Table}, nil
+	return &Sink{s: s, identity: t.Identity, name: t.Projection.Name, table: t.Projection.Table}, nil
 }
 
 // Ping reports that the store answers: it always does.
@@ -156,7 +158,7 @@ func (s *Store) table(name string) *table {
 
 // load reads the state of keys and the parked events of parked, as a
 // batch sees it (under s.mu). Rows are copies: the plan folds into them.
-func (s *Store) load(identity, name string, tp sinks.TP, keys, parked []string) sinks.State {
+func (s *Store) load(identity, proj, name string, tp sinks.TP, keys, parked []string) sinks.State {
 	t := s.table(name)
 	st := sinks.State{Rows: make(map[string]projection.Row, len(keys)), Versions: make(map[string]int64, len(keys))}
 	for _, k := range keys {
@@ -173,7 +175,7 @@ func (s *Store) load(identity, name string, tp sinks.TP, keys, parked []string) 
 		for _, k := range parked {
 			want[k] = true
 		}
-		for pk, p := range s.parked[partKey{identity, tp}] {
+		for pk, p := range s.parked[partKey{identity, proj, tp}] {
 			if want[pk.key] {
 				st.Parked = append(st.Parked, p.ev)
 			}
@@ -187,17 +189,28 @@ func (s *Store) load(identity, name string, tp sinks.TP, keys, parked []string) 
 type Sink struct {
 	s        *Store
 	identity string
+	name     string // the projection's
 	table    string
 }
 
 var (
-	_ sinks.Sink   = (*Sink)(nil)
-	_ sinks.Peeker = (*Sink)(nil)
+	_ sinks.Sink          = (*Sink)(nil)
+	_ sinks.Peeker        = (*Sink)(nil)
+	_ sinks.LaneCommitter = (*Sink)(nil)
 )
 
 // CommitBatch implements sinks.Sink: the whole batch is planned and
 // applied under the store's lock, so it is one transaction.
 func (k *Sink) CommitBatch(ctx context.Context, claim sinks.Claim, end int64, keys sinks.Keys, plan func(sinks.State) (sinks.Changes, error)) error {
+	if err := ctx.Err(); err != nil {
+		return fmt.Errorf("commit batch of %s/%d: %w", claim.Topic, claim.Partition, err)
+	}
+	return k.CommitLanes(ctx, claim, end, []sinks.Lane{{Sink: k, Keys: keys, Plan: plan}})
+}
+
+// CommitLanes implements sinks.LaneCommitter: every lane is planned, then
+// all are applied, under the store's lock.
+func (k *Sink) CommitLanes(ctx context.Context, claim sinks.Claim, end int64, lanes []sinks.Lane) error {
 	if err := ctx.Err(); err != nil {
 		return fmt.Errorf("commit batch of %s/%d: %w", claim.Topic, claim.Partition, err)
 	}
@@ -208,10 +221,29 @@ func (k *Sink) CommitBatch(ctx context.Context, claim sinks.Claim, end int64, ke
 	if o == nil || o.epoch != claim.Epoch || o.next == nil || *o.next != claim.NextOffset {
 		return sinks.ErrFenced
 	}
-	ch, err := plan(s.load(k.identity, k.table, claim.TP, keys.All, keys.Parked))
-	if err != nil {
-		return err
+	planned := make([]sinks.Changes, len(lanes))
+	for i, l := range lanes {
+		ls, ok := l.Sink.(*Sink)
+		if !ok || ls.s != s || ls.identity != k.identity {
+			return fmt.Errorf("commit lanes of %s/%d: lane %d is not a sink of this store and identity %q", claim.Topic, claim.Partition, i, k.identity)
+		}
+		ch, err := l.Plan(s.load(ls.identity, ls.name, ls.table, claim.TP, l.Keys.All, l.Keys.Parked))
+		if err != nil {
+			return err
+		}
+		planned[i] = ch
 	}
+	for i, l := range lanes {
+		l.Sink.(*Sink).apply(claim, planned[i])
+	}
+	next := end
+	o.next = &next
+	return nil
+}
+
+// apply writes a lane's planned changes (under s.mu).
+func (k *Sink) apply(claim sinks.Claim, ch sinks.Changes) {
+	s := k.s
 	t := s.table(k.table)
 	for _, u := range ch.Upserts {
 		if cur, has := t.rows[u.Key]; !has || cur.v < u.Version {
@@ -219,12 +251,13 @@ func (k *Sink) CommitBatch(ctx context.Context, claim sinks.Claim, end int64, ke
 		}
 	}
 	for _, d := range ch.Deletes {
-		if cur, has := t.rows[d.Key]; has && cur.v < d.Version {
+		// A record tombstone deletes the row at the version it holds.
+		if cur, has := t.rows[d.Key]; has && cur.v <= d.Version {
 			delete(t.rows, d.Key)
 		}
 		t.tombs[d.Key] = max(t.tombs[d.Key], d.Version)
 	}
-	pk := partKey{k.identity, claim.TP}
+	pk := partKey{k.identity, k.name, claim.TP}
 	if len(ch.Park) > 0 && s.parked[pk] == nil {
 		s.parked[pk] = map[parkedKey]parkedEvent{}
 	}
@@ -239,9 +272,6 @@ func (k *Sink) CommitBatch(ctx context.Context, claim sinks.Claim, end int64, ke
 		delete(s.parked[pk], parkedKey{u.Key, u.Version})
 	}
 	s.dead = append(s.dead, ch.DeadLetters...)
-	next := end
-	o.next = &next
-	return nil
 }
 
 // Parked implements sinks.Sink.
@@ -249,7 +279,7 @@ func (k *Sink) Parked(ctx context.Context, tp sinks.TP) (map[string]sinks.Parked
 	k.s.mu.Lock()
 	defer k.s.mu.Unlock()
 	out := map[string]sinks.ParkedInfo{}
-	for pk, p := range k.s.parked[partKey{k.identity, tp}] {
+	for pk, p := range k.s.parked[partKey{k.identity, k.name, tp}] {
 		info := out[pk.key]
 		if info.Count == 0 || p.at.Before(info.Since) {
 			info.Since = p.at
@@ -264,14 +294,14 @@ func (k *Sink) Parked(ctx context.Context, tp sinks.TP) (map[string]sinks.Parked
 func (k *Sink) Load(ctx context.Context, tp sinks.TP, keys []string) (sinks.State, error) {
 	k.s.mu.Lock()
 	defer k.s.mu.Unlock()
-	return k.s.load(k.identity, k.table, tp, keys, keys), nil
+	return k.s.load(k.identity, k.name, k.table, tp, keys, keys), nil
 }
 
 // Peek implements sinks.Peeker.
 func (k *Sink) Peek(ctx context.Context, claim sinks.Claim, keys sinks.Keys) (sinks.State, error) {
 	k.s.mu.Lock()
 	defer k.s.mu.Unlock()
-	return k.s.load(k.identity, k.table, claim.TP, keys.All, keys.Parked), nil
+	return k.s.load(k.identity, k.name, k.table, claim.TP, keys.All, keys.Parked), nil
 }
 
 // offsets is the offset store of one identity.

@@ -12,7 +12,7 @@ import (
 func TestConformance(t *testing.T) {
 	sinktest.Run(t, func(t *testing.T) sinktest.Store {
 		db := testenv.NewDB(t)
-		if err := postgres.Migrate(t.Context(), db.Pool, sinktest.Projection()); err != nil {
+		if err := postgres.Migrate(t.Context(), db.Pool, sinktest.Projections()...); err != nil {
 			t.Fatal(err)
 		}
 		return postgres.NewStore(db.Pool)

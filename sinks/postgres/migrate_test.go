@@ -8,7 +8,9 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/projector-dev/projector/internal/demo"
 	"github.com/projector-dev/projector/internal/testenv"
+	"github.com/projector-dev/projector/projection"
 	"github.com/projector-dev/projector/sinks/postgres"
 )
 
@@ -51,5 +53,71 @@ func TestMigrateWaitsForNoTransaction(t *testing.T) {
 	defer cancel()
 	if err := postgres.Migrate(mctx, pool, p); err != nil {
 		t.Fatalf("migrating current tables waited for an open transaction: %v", err)
+	}
+}
+
+// TestMigrateKeepsParkedAndDeadLettersPerProjection upgrades the tables
+// of an earlier release, whose parked events and dead letters were
+// unique per identity and offset alone. Migrating keeps their rows, keys
+// parked events by projection too, and keeps the dead letters' old
+// uniqueness (which the earlier release's writes name, through a rolling
+// deploy) until projections share a topic.
+func TestMigrateKeepsParkedAndDeadLettersPerProjection(t *testing.T) {
+	ctx := t.Context()
+	db := testenv.NewDB(t)
+	p := demoProjection(t)
+	if err := postgres.Migrate(ctx, db.Pool, p); err != nil {
+		t.Fatal(err)
+	}
+	// The earlier release's keys, and a row of each.
+	for _, stmt := range []string{
+		`ALTER TABLE projector_parked DROP CONSTRAINT projector_parked_pkey, ADD PRIMARY KEY (identity, topic, partition, key, version)`,
+		`DROP INDEX projector_dead_letters_projection_offset`,
+		`INSERT INTO projector_parked (identity, projection, topic, partition, key, version, "offset") VALUES ('id', 'accounts', 't', 0, 'a', 3, 7)`,
+		`INSERT INTO projector_dead_letters (identity, projection, topic, partition, "offset", error) VALUES ('id', 'accounts', 't', 0, 8, 'bad')`,
+	} {
+		if _, err := db.Pool.Exec(ctx, stmt); err != nil {
+			t.Fatalf("%s: %v", stmt, err)
+		}
+	}
+	keys := func() (parked, deadOld int, deadNew bool) {
+		t.Helper()
+		err := db.Pool.QueryRow(ctx, `SELECT
+			(SELECT array_length(conkey, 1) FROM pg_constraint WHERE conrelid = 'projector_parked'::regclass AND contype = 'p'),
+			(SELECT count(*) FROM pg_constraint WHERE conrelid = 'projector_dead_letters'::regclass AND contype = 'u' AND array_length(conkey, 1) = 4),
+			to_regclass('projector_dead_letters_projection_offset') IS NOT NULL`).Scan(&parked, &deadOld, &deadNew)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return parked, deadOld, deadNew
+	}
+	if err := postgres.Migrate(ctx, db.Pool, p); err != nil {
+		t.Fatal(err)
+	}
+	if parked, deadOld, deadNew := keys(); parked != 6 || deadOld != 1 || !deadNew {
+		t.Errorf("after migrating one projection per topic: parked key of %d columns, %d old dead-letter keys, new one %v; want 6, 1 (kept for the earlier release), true",
+			parked, deadOld, deadNew)
+	}
+	other, err := projection.Parse(demo.SnapshotProjections, ".")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := postgres.Migrate(ctx, db.Pool, p, other[0]); err != nil {
+		t.Fatal(err)
+	}
+	if parked, deadOld, deadNew := keys(); parked != 6 || deadOld != 0 || !deadNew {
+		t.Errorf("after migrating projections sharing a topic: parked key of %d columns, %d old dead-letter keys, new one %v; want 6, 0, true",
+			parked, deadOld, deadNew)
+	}
+	var rows int
+	if err := db.Pool.QueryRow(ctx, `SELECT (SELECT count(*) FROM projector_parked) + (SELECT count(*) FROM projector_dead_letters)`).Scan(&rows); err != nil {
+		t.Fatal(err)
+	}
+	if rows != 2 {
+		t.Errorf("%d parked events and dead letters after migrating, want the 2 there were", rows)
+	}
+	// One record, dead-lettered for each projection of its topic.
+	if _, err := db.Pool.Exec(ctx, `INSERT INTO projector_dead_letters (identity, projection, topic, partition, "offset", error) VALUES ('id', 'last_event', 't', 0, 8, 'bad')`); err != nil {
+		t.Errorf("a second projection's dead letter of one record: %v", err)
 	}
 }

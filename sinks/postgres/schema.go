@@ -64,8 +64,20 @@ var engineDDL = []string{
 		headers    jsonb       NOT NULL DEFAULT '[]',
 		record_time timestamptz,
 		parked_at  timestamptz NOT NULL DEFAULT now(),
-		PRIMARY KEY (identity, topic, partition, key, version)
+		PRIMARY KEY (identity, topic, partition, key, projection, version)
 	)`,
+	// Each projection of a topic parks its own events: one aggregate's
+	// version may wait in two of them. The key of earlier releases lacked
+	// the projection; theirs still find their rows through the new key's
+	// leading columns, and insert with ON CONFLICT DO NOTHING, which any
+	// key satisfies.
+	`DO $$ DECLARE pk text; n int; BEGIN
+		SELECT conname, array_length(conkey, 1) INTO pk, n FROM pg_constraint
+		WHERE conrelid = 'projector_parked'::regclass AND contype = 'p';
+		IF n = 5 THEN
+			EXECUTE format('ALTER TABLE projector_parked DROP CONSTRAINT %I, ADD PRIMARY KEY (identity, topic, partition, key, projection, version)', pk);
+		END IF;
+	END $$`,
 }
 
 // ErrTableMismatch reports a projection whose table exists with other
@@ -93,6 +105,11 @@ func Migrate(ctx context.Context, pool *pgxpool.Pool, projections ...*projection
 				return fmt.Errorf("migrate: %w", err)
 			}
 		}
+		if sharesTopic(projections) {
+			if _, err := tx.Exec(ctx, deadletters.SharedTopics()); err != nil {
+				return fmt.Errorf("migrate: dead letters of projections sharing a topic: %w", err)
+			}
+		}
 		for _, p := range projections {
 			if err := ensureTable(ctx, tx, p); err != nil {
 				return err
@@ -100,6 +117,18 @@ func Migrate(ctx context.Context, pool *pgxpool.Pool, projections ...*projection
 		}
 		return nil
 	})
+}
+
+// sharesTopic reports whether two of ps read one topic.
+func sharesTopic(ps []*projection.Projection) bool {
+	seen := map[string]bool{}
+	for _, p := range ps {
+		if seen[p.Topic] {
+			return true
+		}
+		seen[p.Topic] = true
+	}
+	return false
 }
 
 func ensureTable(ctx context.Context, tx pgx.Tx, p *projection.Projection) error {

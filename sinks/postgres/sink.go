@@ -291,9 +291,10 @@ const (
 		FROM unnest($4::text[]) AS k(key)
 		CROSS JOIN LATERAL (SELECT * FROM projector_parked p
 		                    WHERE p.identity = $1 AND p.topic = $2 AND p.partition = $3 AND p.key = k.key
+		                      AND p.projection = $5
 		                    OFFSET 0) p`
 	parkedKeysSQL = `SELECT DISTINCT key FROM projector_parked
-		WHERE identity = $1 AND topic = $2 AND partition = $3`
+		WHERE identity = $1 AND topic = $2 AND partition = $3 AND projection = $4`
 	parkSQL = `INSERT INTO projector_parked
 		(identity, projection, topic, partition, key, version, "offset", record_key, value, headers, record_time)
 		SELECT $1, $2, $3, $4, u.key, u.version, u.off, u.rkey, u.value, u.headers, u.ts
@@ -308,7 +309,7 @@ const (
 		USING unnest($4::text[], $5::bigint[]) AS u(key, version)
 		CROSS JOIN LATERAL (SELECT t.ctid AS tid FROM projector_parked t
 		                    WHERE t.identity = $1 AND t.topic = $2 AND t.partition = $3
-		                      AND t.key = u.key AND t.version = u.version LIMIT 1) t
+		                      AND t.key = u.key AND t.projection = $6 AND t.version = u.version LIMIT 1) t
 		WHERE p.ctid = t.tid`
 	tombstoneSQL = `INSERT INTO projector_tombstones (table_name, key, version)
 		SELECT $1, u.key, u.version FROM unnest($2::text[], $3::bigint[]) AS u(key, version)
@@ -324,10 +325,51 @@ const (
 // returned as *sinks.RejectedRows. When it refuses a statement itself
 // (see refused), the error is marked sinks.ErrBadStatement.
 func (s *Sink) CommitBatch(ctx context.Context, claim sinks.Claim, end int64, keys sinks.Keys, plan func(sinks.State) (sinks.Changes, error)) error {
-	return refused(s.commitBatch(ctx, claim, end, keys, plan))
+	return refused(s.commitBatch(ctx, claim, end, []*lane{{s: s, keys: keys, plan: plan}}))
 }
 
-func (s *Sink) commitBatch(ctx context.Context, claim sinks.Claim, end int64, keys sinks.Keys, plan func(sinks.State) (sinks.Changes, error)) error {
+// CommitLanes implements sinks.LaneCommitter: the lanes' sinks must be
+// this package's, of this sink's pool and identity.
+func (s *Sink) CommitLanes(ctx context.Context, claim sinks.Claim, end int64, lanes []sinks.Lane) error {
+	ls := make([]*lane, len(lanes))
+	for i, l := range lanes {
+		o, ok := l.Sink.(*Sink)
+		if !ok || o.pool != s.pool || o.identity != s.identity {
+			return fmt.Errorf("commit lanes of %s/%d: lane %d is not a sink of this store and identity %q", claim.Topic, claim.Partition, i, s.identity)
+		}
+		ls[i] = &lane{s: o, keys: l.Keys, plan: l.Plan}
+	}
+	return refused(s.commitBatch(ctx, claim, end, ls))
+}
+
+var _ sinks.LaneCommitter = (*Sink)(nil)
+
+// lane is one projection's part of a transaction: what it was given,
+// and what staging it found and queued.
+type lane struct {
+	s    *Sink
+	keys sinks.Keys
+	plan func(sinks.State) (sinks.Changes, error)
+
+	state    sinks.State
+	misses   []string
+	caching  bool
+	ruledOut int // aggregates assumed new the tombstone filter ruled out
+	g        upsertGroups
+	counts   *writeCounts
+	upserts  []sinks.RowWrite
+	inexact  []int
+	deletes  []sinks.RowDelete
+}
+
+// dropAll forgets what the lanes' sinks cache of the partition.
+func dropAll(lanes []*lane, tp sinks.TP) {
+	for _, l := range lanes {
+		l.s.cache.drop(tp)
+	}
+}
+
+func (s *Sink) commitBatch(ctx context.Context, claim sinks.Claim, end int64, lanes []*lane) error {
 	if unsure, ok := s.unsure.take(claim); ok {
 		// The last attempt's COMMIT went out and its reply never came: if
 		// it landed, the batch is done, as that attempt planned it (plan
@@ -343,32 +385,45 @@ func (s *Sink) commitBatch(ctx context.Context, claim sinks.Claim, end int64, ke
 			return nil
 		}
 	}
-	err := s.commit(ctx, claim, end, keys, plan, true, false)
+	err := s.commit(ctx, claim, end, lanes, true, false)
 	var u *unverifiable
 	if errors.As(err, &u) {
 		// A few aggregates first seen in the batch are also closed in it:
 		// read just those.
-		keys.New = slices.DeleteFunc(slices.Clone(keys.New), func(k string) bool { return u.keys[k] })
-		err = s.commit(ctx, claim, end, keys, plan, true, false)
+		for _, l := range lanes {
+			l.keys.New = slices.DeleteFunc(slices.Clone(l.keys.New), func(k string) bool { return u.keys[k] })
+		}
+		err = s.commit(ctx, claim, end, lanes, true, false)
 	}
 	if errors.Is(err, errNotNew) {
 		// Postgres knows an aggregate assumed new: plan again from what it
 		// holds (the cache is not in question).
-		err = s.commit(ctx, claim, end, keys, plan, false, false)
+		err = s.commit(ctx, claim, end, lanes, false, false)
 	}
-	if errors.Is(err, errStaleState) || s.keyConflict(ctx, err) {
+	if errors.Is(err, errStaleState) || keyConflict(ctx, lanes, err) {
 		// Planned on what the sink remembered, which Postgres contradicts:
 		// forget it and plan again from what Postgres holds.
-		s.cache.drop(claim.TP)
-		err = s.commit(ctx, claim, end, keys, plan, false, false)
+		dropAll(lanes, claim.TP)
+		err = s.commit(ctx, claim, end, lanes, false, false)
 	}
 	if rowLevel(err) {
-		err = s.commit(ctx, claim, end, keys, plan, false, true)
+		err = s.commit(ctx, claim, end, lanes, false, true)
 	}
 	if err != nil {
-		s.cache.drop(claim.TP)
+		dropAll(lanes, claim.TP)
 	}
 	return err
+}
+
+// keyConflict reports err to be the violation of a lane's table's
+// primary key (see Sink.keyConflict).
+func keyConflict(ctx context.Context, lanes []*lane, err error) bool {
+	for _, l := range lanes {
+		if l.s.keyConflict(ctx, err) {
+			return true
+		}
+	}
+	return false
 }
 
 // keyConflict reports err to be the violation of the table's primary key
@@ -430,83 +485,29 @@ func rowLevel(err error) bool {
 	return false
 }
 
-// commit runs the batch transaction. With assume, the aggregates of
+// commit runs the batch transaction of the lanes, with the stored offset
+// written once after all of them. With assume, the aggregates of
 // keys.New that are not cached are planned as new instead of read (see
 // sinks.Keys); with isolate, every row is written under its own
 // savepoint.
-func (s *Sink) commit(ctx context.Context, claim sinks.Claim, end int64, keys sinks.Keys, plan func(sinks.State) (sinks.Changes, error), assume, isolate bool) error {
+func (s *Sink) commit(ctx context.Context, claim sinks.Claim, end int64, lanes []*lane, assume, isolate bool) error {
 	tx, err := begin(ctx, s.pool, s.acquireTimeout, pgx.TxOptions{})
 	if err != nil {
 		return err
 	}
 	defer tx.Rollback(context.WithoutCancel(ctx)) //nolint:errcheck // a no-op after commit
 
-	state := sinks.State{
-		Rows:     make(map[string]projection.Row, len(keys.All)),
-		Versions: make(map[string]int64, len(keys.All)),
-	}
-	// A window is planned on what Peek found, and its aggregates assumed
-	// new are those neither the cache nor an earlier window held: nothing
-	// stores them before this transaction does, so they are not looked up
-	// again. (Were one held after all, its insert would fail and the
-	// window be planned again from Postgres.)
-	var unheld []string
-	if keys.Planned {
-		unheld = keys.New
-	}
-	misses, hits, caching := s.cache.lookupUnheld(claim, keys.All, unheld, state, !keys.Planned)
-	read, assumed := misses, map[string]bool(nil)
-	if assume && !isolate && len(keys.New) > 0 {
-		read, assumed = splitNew(keys.All, misses, keys.New, true)
-	}
-	if caching {
-		caching = s.cache.tally(claim, hits+len(read), hits)
-	}
-	s.hits.Add(int64(hits))
-	s.misses.Add(int64(len(read)))
-	if err := s.load(ctx, tx, claim.TP, read, keys.Parked, &state); err != nil {
-		return err
-	}
-	ch, err := plan(state)
-	if err != nil {
-		return err
-	}
-	ruledOut := 0 // aggregates assumed new the tombstone filter ruled out
-	if len(assumed) > 0 {
-		if err := onlyInserts(ch, assumed); err != nil {
-			return err
-		}
-		// Those surely without a tombstone are inserted as rows known
-		// not to exist: one that does exist fails on the primary key.
-		n := len(assumed)
-		if err := s.tombs.rule(ctx, tx, claim, assumed); err != nil {
-			return err
-		}
-		ruledOut = n - len(assumed)
-		s.ruledOut.Add(int64(ruledOut))
-		s.probed.Add(int64(len(assumed)))
-	}
-	// Rows the state says exist are updated, the others inserted, those of
-	// aggregates assumed new last; upserts lists them in that order.
-	var g upsertGroups
-	ch.Upserts, g = groupUpserts(ch.Upserts, state.Rows, assumed)
-	upserts, inexact := ch.Upserts, []int{} // inexact: rows storedRows must convert
-	if isolate {
-		if err := s.isolateUpserts(ctx, tx, ch.Upserts); err != nil {
-			return err
-		}
-		ch.Upserts, g = nil, upsertGroups{} // written one by one above
-	}
 	b := &pgx.Batch{}
 	b.Queue(planIndexProbes)
-	counts, err := s.queueChanges(b, claim.TP, ch, g, &inexact)
-	if err != nil {
-		return err
+	for i, l := range lanes {
+		if err := l.s.stage(ctx, tx, b, claim, l, assume, isolate); err != nil {
+			var rej *sinks.RejectedRows
+			if errors.As(err, &rej) {
+				rej.Lane = i
+			}
+			return err
+		}
 	}
-	if isolate {
-		inexact = nil // not known: check every row
-	}
-	s.tombs.deleted(claim, ch.Deletes)
 	advance := b.Queue(advanceSQL, end, s.identity, claim.Topic, claim.Partition, claim.Epoch, claim.NextOffset)
 	var fenced bool
 	advance.Exec(func(tag pgconn.CommandTag) error {
@@ -519,8 +520,10 @@ func (s *Sink) commit(ctx context.Context, claim sinks.Claim, end int64, keys si
 		// many partitions as the pool has connections meeting a conflict
 		// at once would each wait for a connection another one holds.
 		_ = tx.Rollback(context.WithoutCancel(ctx)) // aborted already; a failed rollback closes the connection
-		if ruledOut > 0 && s.keyConflict(ctx, err) {
-			return errNotNew // most likely one of those: no reason to doubt the cache yet
+		for _, l := range lanes {
+			if l.ruledOut > 0 && l.s.keyConflict(ctx, err) {
+				return errNotNew // most likely one of those: no reason to doubt the cache yet
+			}
 		}
 		return fmt.Errorf("write batch: %w", err)
 	}
@@ -529,7 +532,7 @@ func (s *Sink) commit(ctx context.Context, claim sinks.Claim, end int64, keys si
 		// partition. The offset this batch would store, under this
 		// claim, says that an earlier attempt of it landed after all.
 		if st, err := readStored(ctx, tx, s.identity, claim.TP, false); err == nil && st.landed(claim, end) {
-			s.cache.drop(claim.TP) // planned again on what that attempt wrote: not worth keeping
+			dropAll(lanes, claim.TP) // planned again on what that attempt wrote: not worth keeping
 			return nil
 		}
 		return sinks.ErrFenced
@@ -539,11 +542,13 @@ func (s *Sink) commit(ctx context.Context, claim sinks.Claim, end int64, keys si
 	// from a stale cache or the table was written behind projector's back:
 	// retry from Postgres. An aggregate assumed new that has a tombstone
 	// was not inserted: plan again from what Postgres holds.
-	if counts.updated < int64(g.existing) {
-		return errStaleState
-	}
-	if counts.insertedNew < int64(g.assumed) {
-		return errNotNew
+	for _, l := range lanes {
+		if l.counts.updated < int64(l.g.existing) {
+			return errStaleState
+		}
+		if l.counts.insertedNew < int64(l.g.assumed) {
+			return errNotNew
+		}
 	}
 	if err := tx.Commit(ctx); err != nil {
 		if !outcomeUnknown(err) {
@@ -559,21 +564,103 @@ func (s *Sink) commit(ctx context.Context, claim sinks.Claim, end int64, keys si
 		if !landed {
 			return fmt.Errorf("commit: %w", err)
 		}
-		s.cache.drop(claim.TP) // what the cache would hold is right, but this is rare enough not to reason about
+		dropAll(lanes, claim.TP) // what the cache would hold is right, but this is rare enough not to reason about
 		return nil
 	}
-	if caching {
-		stored, err := upserts, error(nil)
-		if s.readsRows {
-			stored, err = s.storedRows(upserts, inexact)
-		}
-		if err != nil {
-			s.cache.drop(claim.TP) // committed; the next batch reads from Postgres
-			return nil
-		}
-		s.cache.store(claim, misses, state, stored, ch.Deletes)
+	for _, l := range lanes {
+		l.s.committed(claim, l)
 	}
 	return nil
+}
+
+// stage loads the lane's state in tx, plans it, and queues its writes on
+// b (rows written one by one, with isolate, are written now).
+func (s *Sink) stage(ctx context.Context, tx pgx.Tx, b *pgx.Batch, claim sinks.Claim, l *lane, assume, isolate bool) error {
+	keys := l.keys
+	l.state = sinks.State{
+		Rows:     make(map[string]projection.Row, len(keys.All)),
+		Versions: make(map[string]int64, len(keys.All)),
+	}
+	l.ruledOut, l.g, l.counts, l.inexact = 0, upsertGroups{}, &writeCounts{}, nil
+	// A window is planned on what Peek found, and its aggregates assumed
+	// new are those neither the cache nor an earlier window held: nothing
+	// stores them before this transaction does, so they are not looked up
+	// again. (Were one held after all, its insert would fail and the
+	// window be planned again from Postgres.)
+	var unheld []string
+	if keys.Planned {
+		unheld = keys.New
+	}
+	misses, hits, caching := s.cache.lookupUnheld(claim, keys.All, unheld, l.state, !keys.Planned)
+	read, assumed := misses, map[string]bool(nil)
+	if assume && !isolate && len(keys.New) > 0 {
+		read, assumed = splitNew(keys.All, misses, keys.New, true)
+	}
+	if caching {
+		caching = s.cache.tally(claim, hits+len(read), hits)
+	}
+	l.misses, l.caching = misses, caching
+	s.hits.Add(int64(hits))
+	s.misses.Add(int64(len(read)))
+	if err := s.load(ctx, tx, claim.TP, read, keys.Parked, &l.state); err != nil {
+		return err
+	}
+	ch, err := l.plan(l.state)
+	if err != nil {
+		return err
+	}
+	if len(assumed) > 0 {
+		if err := onlyInserts(ch, assumed); err != nil {
+			return err
+		}
+		// Those surely without a tombstone are inserted as rows known
+		// not to exist: one that does exist fails on the primary key.
+		n := len(assumed)
+		if err := s.tombs.rule(ctx, tx, claim, assumed); err != nil {
+			return err
+		}
+		l.ruledOut = n - len(assumed)
+		s.ruledOut.Add(int64(l.ruledOut))
+		s.probed.Add(int64(len(assumed)))
+	}
+	// Rows the state says exist are updated, the others inserted, those of
+	// aggregates assumed new last; upserts lists them in that order.
+	var g upsertGroups
+	ch.Upserts, g = groupUpserts(ch.Upserts, l.state.Rows, assumed)
+	upserts, inexact := ch.Upserts, []int{} // inexact: rows storedRows must convert
+	if isolate {
+		if err := s.isolateUpserts(ctx, tx, ch.Upserts); err != nil {
+			return err
+		}
+		ch.Upserts, g = nil, upsertGroups{} // written one by one above
+	}
+	counts, err := s.queueChanges(b, claim.TP, ch, g, &inexact)
+	if err != nil {
+		return err
+	}
+	if isolate {
+		inexact = nil // not known: check every row
+	}
+	s.tombs.deleted(claim, ch.Deletes)
+	l.g, l.counts, l.upserts, l.inexact, l.deletes = g, counts, upserts, inexact, ch.Deletes
+	return nil
+}
+
+// committed keeps in the cache what the lane's committed transaction
+// wrote.
+func (s *Sink) committed(claim sinks.Claim, l *lane) {
+	if !l.caching {
+		return
+	}
+	stored, err := l.upserts, error(nil)
+	if s.readsRows {
+		stored, err = s.storedRows(l.upserts, l.inexact)
+	}
+	if err != nil {
+		s.cache.drop(claim.TP) // committed; the next batch reads from Postgres
+		return
+	}
+	s.cache.store(claim, l.misses, l.state, stored, l.deletes)
 }
 
 // splitNew splits misses, some of all, into the keys to read and those of
@@ -894,7 +981,7 @@ func (s *Sink) load(ctx context.Context, tx pgx.Tx, tp sinks.TP, keys, parkedKey
 		return rows.Err()
 	})
 	if len(parkedKeys) > 0 {
-		b.Queue(parkedLoadSQL, s.identity, tp.Topic, tp.Partition, parkedKeys).Query(func(rows pgx.Rows) error {
+		b.Queue(parkedLoadSQL, s.identity, tp.Topic, tp.Partition, parkedKeys, s.p.Name).Query(func(rows pgx.Rows) error {
 			for rows.Next() {
 				var (
 					ev      sinks.StoredEvent
@@ -978,7 +1065,7 @@ func (s *Sink) queueChanges(b *pgx.Batch, tp sinks.TP, ch sinks.Changes, g upser
 		for i, u := range ch.Unpark {
 			keys[i], versions[i] = u.Key, u.Version
 		}
-		b.Queue(unparkSQL, s.identity, tp.Topic, tp.Partition, keys, versions)
+		b.Queue(unparkSQL, s.identity, tp.Topic, tp.Partition, keys, versions, s.p.Name)
 	}
 	if n := len(ch.Park); n > 0 {
 		var (
@@ -998,7 +1085,7 @@ func (s *Sink) queueChanges(b *pgx.Batch, tp sinks.TP, ch sinks.Changes, g upser
 		b.Queue(parkSQL, s.identity, s.p.Name, tp.Topic, tp.Partition, keys, versions, offsets, rkeys, values, headers, times)
 	}
 	deadletters.QueueWrite(b, s.identity, s.p.Name, tp, ch.DeadLetters, s.dlqTopic)
-	deadletters.QueueResolved(b, s.identity, ch.Resolved)
+	deadletters.QueueResolved(b, s.identity, s.p.Name, ch.Resolved)
 	return counts, nil
 }
 
@@ -1040,7 +1127,7 @@ func (s *Sink) Parked(ctx context.Context, tp sinks.TP) (map[string]sinks.Parked
 	}
 	defer conn.Release()
 	rows, err := conn.Query(ctx, `SELECT key, count(*), min(parked_at) FROM projector_parked
-		WHERE identity = $1 AND topic = $2 AND partition = $3 GROUP BY key`, s.identity, tp.Topic, tp.Partition)
+		WHERE identity = $1 AND topic = $2 AND partition = $3 AND projection = $4 GROUP BY key`, s.identity, tp.Topic, tp.Partition, s.p.Name)
 	if err != nil {
 		return nil, refused(fmt.Errorf("list parked aggregates of %s/%d: %w", tp.Topic, tp.Partition, err))
 	}
@@ -1119,7 +1206,7 @@ func (s *Sink) ParkedKeys(ctx context.Context, tp sinks.TP) ([]string, error) {
 		return nil, fmt.Errorf("list parked aggregates of %s/%d: %w", tp.Topic, tp.Partition, err)
 	}
 	defer conn.Release()
-	rows, err := conn.Query(ctx, parkedKeysSQL, s.identity, tp.Topic, tp.Partition)
+	rows, err := conn.Query(ctx, parkedKeysSQL, s.identity, tp.Topic, tp.Partition, s.p.Name)
 	if err != nil {
 		return nil, fmt.Errorf("list parked aggregates of %s/%d: %w", tp.Topic, tp.Partition, err)
 	}

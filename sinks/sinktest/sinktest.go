@@ -26,8 +26,28 @@ type Store interface {
 	Sink(t sinks.Target) (sinks.Sink, error)
 }
 
-// Projection is the projection the suite writes: make its table before
-// handing the suite a store.
+// Projections are the projections the suite writes: Projection and a
+// second read model of its topic, in a table of its own. Make their
+// tables before handing the suite a store.
+func Projections() []*projection.Projection {
+	ps, err := projection.Parse([]byte(`projections:
+  - name: conformance_owners
+    topic: conformance.events
+    table: conformance_owners
+    key: id
+    mode: snapshot
+    columns:
+      id:    {type: text, primary_key: true}
+      owner: {type: text}
+`), ".")
+	if err != nil {
+		panic(fmt.Sprintf("the second conformance projection does not parse: %v", err))
+	}
+	return []*projection.Projection{Projection(), ps[0]}
+}
+
+// Projection is the projection the suite writes most: make its table
+// (and those of Projections) before handing the suite a store.
 func Projection() *projection.Projection {
 	ps, err := projection.Parse([]byte(`projections:
   - name: conformance
@@ -52,7 +72,9 @@ func Projection() *projection.Projection {
 }
 
 // Run runs the suite. newStore returns an empty store in which the
-// tables of Projection() exist; it is called once per test.
+// tables of Projections() exist; it is called once per test. A sink that
+// is a sinks.LaneCommitter also runs the tests of projections sharing a
+// topic.
 func Run(t *testing.T, newStore func(t *testing.T) Store) {
 	tests := []struct {
 		name string
@@ -66,10 +88,14 @@ func Run(t *testing.T, newStore func(t *testing.T) Store) {
 		{"PlanErrorWritesNothing", planErrorWritesNothing},
 		{"NewerVersionReplacesTheRow", newerVersionReplaces},
 		{"DeleteKeepsTheVersion", deleteKeepsVersion},
+		{"TombstoneDeletesAtTheRowsVersion", tombstoneDeletes},
 		{"ParkedEventsKeptPerPartitionAndIdentity", parkedEvents},
 		{"AssumedNewThatExistsIsPlannedFromItsState", assumedNew},
 		{"PeekSeesWhatABatchLoads", peek},
 		{"NothingToAdoptWithoutAReset", nothingToAdopt},
+		{"LanesCommitTogetherWithOneOffset", lanesCommit},
+		{"LaneFailureWritesNoLane", laneFailure},
+		{"LanesAreFencedTogether", lanesFenced},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
@@ -317,6 +343,17 @@ func newerVersionReplaces(t *testing.T, h *harness) {
 	}
 }
 
+// A record tombstone deletes the row at the version it has: the delete
+// carries the row's own version.
+func tombstoneDeletes(t *testing.T, h *harness) {
+	c := h.claim(h.offs, h.tp, 0)
+	h.mustCommit(&c, 1, sinks.Changes{Upserts: []sinks.RowWrite{upsert("a1", 2, "ann", 10)}})
+	h.mustCommit(&c, 2, sinks.Changes{Deletes: []sinks.RowDelete{{Key: "a1", Version: 2}}})
+	if st := h.load("a1"); st.Rows["a1"] != nil || st.Versions["a1"] != 2 {
+		t.Errorf("a1 after its tombstone = %v v%d, want no row and version 2 kept", st.Rows["a1"], st.Versions["a1"])
+	}
+}
+
 func deleteKeepsVersion(t *testing.T, h *harness) {
 	c := h.claim(h.offs, h.tp, 0)
 	h.mustCommit(&c, 1, sinks.Changes{Upserts: []sinks.RowWrite{upsert("a1", 1, "ann", 10)}})
@@ -432,5 +469,117 @@ func nothingToAdopt(t *testing.T, h *harness) {
 	c := h.claim(h.offs, h.tp, 0)
 	if _, ok, err := h.offs.Adopt(h.ctx, h.tp, c.Epoch); err != nil || ok {
 		t.Errorf("Adopt without a reset = %v, %v; want nothing to adopt", ok, err)
+	}
+}
+
+// lanes returns the sinks of both Projections, skipping the test when
+// the sink cannot commit projections of one topic together.
+func (h *harness) lanes() (sinks.LaneCommitter, sinks.Sink) {
+	h.t.Helper()
+	lc, ok := h.sink.(sinks.LaneCommitter)
+	if !ok {
+		h.t.Skip("the sink is no sinks.LaneCommitter: a topic feeds one projection")
+	}
+	other, err := h.store.Sink(sinks.Target{Identity: identity, Projection: Projections()[1]})
+	if err != nil {
+		h.t.Fatalf("sink of %s: %v", Projections()[1].Name, err)
+	}
+	return lc, other
+}
+
+func changes(ch sinks.Changes) func(sinks.State) (sinks.Changes, error) {
+	return func(sinks.State) (sinks.Changes, error) { return ch, nil }
+}
+
+// Two projections of one topic: each gets its own rows, parked events and
+// dead letters of one record, and the stored offset moves once.
+func lanesCommit(t *testing.T, h *harness) {
+	lc, other := h.lanes()
+	c := h.claim(h.offs, h.tp, 0)
+	park := sinks.StoredEvent{Key: "a2", Version: 3, Offset: 1, RecordKey: []byte("a2"), Value: []byte("x")}
+	dead := sinks.DeadLetter{Offset: 2, RecordKey: []byte("a3"), Value: []byte{0xff}, Err: "decode: bad", Class: sinks.ClassDecode}
+	err := lc.CommitLanes(h.ctx, c, 3, []sinks.Lane{
+		{Sink: h.sink, Keys: sinks.Keys{All: []string{"a1", "a2"}}, Plan: changes(sinks.Changes{
+			Upserts: []sinks.RowWrite{upsert("a1", 1, "ann", 10)}, Park: []sinks.StoredEvent{park}, DeadLetters: []sinks.DeadLetter{dead}})},
+		{Sink: other, Keys: sinks.Keys{All: []string{"a1", "a2"}}, Plan: changes(sinks.Changes{
+			Upserts:     []sinks.RowWrite{{Key: "a1", Version: 1, Row: projection.Row{"id": "a1", "owner": "ann"}}},
+			Park:        []sinks.StoredEvent{park},
+			DeadLetters: []sinks.DeadLetter{dead}})},
+	})
+	if err != nil {
+		t.Fatalf("CommitLanes: %v", err)
+	}
+	if st := h.load("a1"); !same(st.Rows["a1"], row("a1", "ann", 10)) {
+		t.Errorf("first lane's a1 = %v, want ann/10", st.Rows["a1"])
+	}
+	st, err := other.Load(h.ctx, h.tp, []string{"a1", "a2"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	// The second projection's fold does not read rows: a sink may say
+	// only that the row exists.
+	if _, has := st.Rows["a1"]; !has || st.Versions["a1"] != 1 {
+		t.Errorf("second lane's a1 = %v v%d, want a row at v1", st.Rows["a1"], st.Versions["a1"])
+	}
+	for i, s := range []sinks.Sink{h.sink, other} {
+		p, err := s.Parked(h.ctx, h.tp)
+		if err != nil || p["a2"].Count != 1 {
+			t.Errorf("lane %d: parked = %v, %v; want a2's one event in each projection", i, p, err)
+		}
+	}
+	// Unparked in one projection, it stays parked in the other.
+	c.NextOffset = 3
+	if err := lc.CommitLanes(h.ctx, c, 4, []sinks.Lane{
+		{Sink: h.sink, Keys: sinks.Keys{All: []string{"a2"}, Parked: []string{"a2"}}, Plan: changes(sinks.Changes{Unpark: []sinks.ParkedRef{{Key: "a2", Version: 3}}})},
+		{Sink: other, Keys: sinks.Keys{All: []string{"a2"}, Parked: []string{"a2"}}, Plan: changes(sinks.Changes{})},
+	}); err != nil {
+		t.Fatalf("CommitLanes: %v", err)
+	}
+	if p, _ := h.sink.Parked(h.ctx, h.tp); len(p) != 0 {
+		t.Errorf("first lane's parked after its unpark = %v, want none", p)
+	}
+	if p, _ := other.Parked(h.ctx, h.tp); p["a2"].Count != 1 {
+		t.Errorf("second lane's parked after the first lane's unpark = %v, want a2's event", p)
+	}
+	if next := h.stored(h.tp); next == nil || *next != 4 {
+		t.Errorf("stored offset = %v, want 4", next)
+	}
+}
+
+// A lane whose plan fails writes nothing in any lane, nor the offset.
+func laneFailure(t *testing.T, h *harness) {
+	lc, other := h.lanes()
+	c := h.claim(h.offs, h.tp, 0)
+	boom := errors.New("boom")
+	err := lc.CommitLanes(h.ctx, c, 5, []sinks.Lane{
+		{Sink: h.sink, Keys: sinks.Keys{All: []string{"a1"}}, Plan: changes(sinks.Changes{Upserts: []sinks.RowWrite{upsert("a1", 1, "ann", 10)}})},
+		{Sink: other, Keys: sinks.Keys{All: []string{"a1"}}, Plan: func(sinks.State) (sinks.Changes, error) { return sinks.Changes{}, boom }},
+	})
+	if !errors.Is(err, boom) {
+		t.Fatalf("CommitLanes = %v, want the second lane's plan error", err)
+	}
+	if st := h.load("a1"); st.Rows["a1"] != nil {
+		t.Errorf("the first lane wrote a1 although the second failed: %v", st.Rows["a1"])
+	}
+	h.mustCommit(&c, 5, sinks.Changes{}) // the offset did not move: it commits from 0
+}
+
+// A newer owner fences every lane of the partition at once.
+func lanesFenced(t *testing.T, h *harness) {
+	lc, other := h.lanes()
+	old := h.claim(h.offs, h.tp, 0)
+	h.claim(h.offs, h.tp, 0)
+	err := lc.CommitLanes(h.ctx, old, 5, []sinks.Lane{
+		{Sink: h.sink, Keys: sinks.Keys{All: []string{"a1"}}, Plan: changes(sinks.Changes{Upserts: []sinks.RowWrite{upsert("a1", 1, "ann", 10)}})},
+		{Sink: other, Keys: sinks.Keys{All: []string{"a1"}}, Plan: changes(sinks.Changes{Upserts: []sinks.RowWrite{{Key: "a1", Version: 1, Row: projection.Row{"id": "a1", "owner": "ann"}}}})},
+	})
+	if !errors.Is(err, sinks.ErrFenced) {
+		t.Fatalf("CommitLanes of the older owner = %v, want ErrFenced", err)
+	}
+	if st := h.load("a1"); st.Rows["a1"] != nil {
+		t.Errorf("a fenced commit wrote a1: %v", st.Rows["a1"])
+	}
+	if st, err := other.Load(h.ctx, h.tp, []string{"a1"}); err != nil || st.Rows["a1"] != nil {
+		t.Errorf("a fenced commit wrote a1 of the second lane: %v, %v", st.Rows["a1"], err)
 	}
 }

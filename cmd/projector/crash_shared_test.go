@@ -1,0 +1,119 @@
+package main
+
+import (
+	"bytes"
+	"encoding/json"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"github.com/twmb/franz-go/pkg/kadm"
+	"github.com/twmb/franz-go/pkg/kgo"
+
+	"github.com/projector-dev/projector/internal/demo"
+	"github.com/projector-dev/projector/internal/testenv"
+)
+
+// TestCrashRecoverySharedTopic kills a projector process with SIGKILL
+// mid-stream, several times, while one topic feeds two projections (the
+// demo's fold and a snapshot of the same events, with tombstones). Both
+// tables are committed with the partition's one stored offset, so after
+// the restarts each equals the reference fold, nothing applied twice, and
+// each projection holds its parked events and dead letters once; status
+// lists each partition once.
+func TestCrashRecoverySharedTopic(t *testing.T) {
+	ctx := t.Context()
+	db := testenv.NewDB(t)
+	cluster := testenv.Kafka(t, demo.Topic, 4)
+	reg, regClient := testenv.Registry(t)
+	enc, err := demo.RegisterSchemas(ctx, regClient)
+	if err != nil {
+		t.Fatal(err)
+	}
+	opts := demo.DefaultOptions()
+	opts.Aggregates, opts.Seed, opts.TombstoneEvery = 2000, 5, 4
+	records := demo.Generate(opts)
+	prod, err := kgo.NewClient(kgo.SeedBrokers(cluster.ListenAddrs()...))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer prod.Close()
+	if err := demo.Produce(ctx, prod, enc, records, nil); err != nil {
+		t.Fatal(err)
+	}
+	end, err := demo.EndOffsets(ctx, kadm.NewClient(prod), demo.Topic)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// The demo's file with the snapshot projection as a second entry.
+	_, snapshot, ok := strings.Cut(string(demo.SnapshotProjections), "projections:\n")
+	if !ok {
+		t.Fatal("test bug: the snapshot file has no projections list")
+	}
+	config := filepath.Join(t.TempDir(), "projections.yaml")
+	if err := os.WriteFile(config, append(append([]byte{}, demo.Projections...), snapshot...), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	args := []string{"run",
+		"--brokers", cluster.ListenAddrs()[0],
+		"--registry-url", reg.URL(),
+		"--database-url", db.URL,
+		"--identity", "crash",
+		"--config", config,
+		"--http-addr", "",
+		"--batch-max-records", "100",
+		"--log-level", "warn",
+		"--session-timeout", "6s",
+	}
+	var out bytes.Buffer
+	if err := Main(ctx, []string{"migrate", "--database-url", db.URL, "--config", config}, &out, &out); err != nil {
+		t.Fatalf("migrate: %v\n%s", err, &out)
+	}
+	crashAndFinish(t, db, args, "crash", end, int64(len(records)), 3)
+
+	out.Reset()
+	if err := Main(ctx, []string{"status", "--json", "--brokers", cluster.ListenAddrs()[0], "--database-url", db.URL, "--identity", "crash"}, &out, &out); err != nil {
+		t.Fatalf("status: %v\n%s", err, &out)
+	}
+	var status []struct {
+		Partition  int32 `json:"partition"`
+		NextOffset int64 `json:"next_offset"`
+		Lag        int64 `json:"lag"`
+	}
+	if err := json.Unmarshal(out.Bytes(), &status); err != nil {
+		t.Fatalf("status --json: %v\n%s", err, &out)
+	}
+	if len(status) != len(end) {
+		t.Errorf("status lists %d partitions, want %d: one per partition, whatever the projections of its topic", len(status), len(end))
+	}
+	for _, s := range status {
+		if s.NextOffset != end[s.Partition] || s.Lag != 0 {
+			t.Errorf("status of partition %d: %+v, want next offset %d, lag 0", s.Partition, s, end[s.Partition])
+		}
+	}
+
+	exp := demo.Fold(records)
+	if err := demo.Verify(ctx, db.Pool, demo.Table, exp); err != nil {
+		t.Errorf("fold projection: %v", err)
+	}
+	if err := demo.VerifySnapshots(ctx, db.Pool, exp); err != nil {
+		t.Errorf("snapshot projection: %v", err)
+	}
+	for _, name := range []string{"accounts", demo.SnapshotTable} {
+		var parked, dead, deadRows int
+		err := db.Pool.QueryRow(ctx, `SELECT
+			(SELECT count(*) FROM projector_parked WHERE projection = $1),
+			(SELECT count(DISTINCT (partition, "offset")) FROM projector_dead_letters WHERE projection = $1),
+			(SELECT count(*) FROM projector_dead_letters WHERE projection = $1)`, name).Scan(&parked, &dead, &deadRows)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if parked != exp.Parked {
+			t.Errorf("projection %s: parked events: got %d, want %d", name, parked, exp.Parked)
+		}
+		if dead != exp.Poison || deadRows != exp.Poison {
+			t.Errorf("projection %s: dead letters: %d distinct offsets in %d rows; want %d, each once", name, dead, deadRows, exp.Poison)
+		}
+	}
+}
