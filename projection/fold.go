@@ -112,7 +112,10 @@ type eventOps struct {
 // file does not name advance the version and change nothing.
 func compileFold(p *Projection, defs map[string]EventDef) (*declFold, error) {
 	ops := make(map[string]eventOps, len(defs))
-	for typ, d := range defs {
+	// In the file's names' order, so that a file with several mistakes
+	// is always refused with the same one first.
+	for _, typ := range slices.Sorted(maps.Keys(defs)) {
+		d := defs[typ]
 		var eo eventOps
 		eo.delete = d.Delete
 		if d.Delete && (len(d.Set) > 0 || len(d.Add) > 0) {
@@ -121,7 +124,8 @@ func compileFold(p *Projection, defs map[string]EventDef) (*declFold, error) {
 		if d.Delete {
 			p.DeleteTypes[typ] = true
 		}
-		for col, src := range d.Set {
+		for _, col := range slices.Sorted(maps.Keys(d.Set)) {
+			src := d.Set[col]
 			c, ok := p.Column(col)
 			if !ok {
 				return nil, fmt.Errorf("events.%s.set: no column %q", typ, col)
@@ -152,7 +156,8 @@ func compileFold(p *Projection, defs map[string]EventDef) (*declFold, error) {
 			}
 			eo.set = append(eo.set, op)
 		}
-		for col, src := range d.Add {
+		for _, col := range slices.Sorted(maps.Keys(d.Add)) {
+			src := d.Add[col]
 			c, ok := p.Column(col)
 			if !ok {
 				return nil, fmt.Errorf("events.%s.add: no column %q", typ, col)
