@@ -13,11 +13,13 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"sync/atomic"
 	"time"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/projector-dev/projector/internal/backoff"
 	"github.com/projector-dev/projector/repair"
@@ -248,6 +250,23 @@ type startup struct {
 	base, cap time.Duration
 	// failed, when set, hears of each failed attempt, for /readyz.
 	failed func(step string, err error)
+}
+
+// newStartup is the startup of a command serving /readyz: each failed
+// attempt is counted in projector_startup_retries_total{step}, registered
+// with reg, and stored in starting for /readyz to show.
+func newStartup(log *slog.Logger, reg prometheus.Registerer, timeout, base, cap time.Duration, starting *atomic.Pointer[error]) startup {
+	retries := prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "projector_startup_retries_total",
+		Help: "Attempts of startup's database work (step: connect, migrate) that failed and were retried.",
+	}, []string{"step"})
+	reg.MustRegister(retries)
+	return startup{log: log, timeout: timeout, base: base, cap: cap,
+		failed: func(what string, err error) {
+			retries.WithLabelValues(what).Inc()
+			err = fmt.Errorf("starting: %s failed, retrying: %w", what, err)
+			starting.Store(&err)
+		}}
 }
 
 // errStartupTimeout marks a startup that gave up after its timeout.

@@ -10,7 +10,6 @@ import (
 	"time"
 
 	"github.com/peterbourgon/ff/v3/ffcli"
-	"github.com/prometheus/client_golang/prometheus"
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/projector-dev/projector/internal/kafkaclient"
@@ -111,17 +110,7 @@ func relayCommand(_, stderr io.Writer) *ffcli.Command {
 				}
 				return map[string]error{"startup": *starting.Load()}
 			}
-			retries := prometheus.NewCounterVec(prometheus.CounterOpts{
-				Name: "projector_startup_retries_total",
-				Help: "Attempts of startup's database work (step: connect, migrate) that failed and were retried.",
-			}, []string{"step"})
-			metrics.MustRegister(retries)
-			su := startup{log: log, timeout: f.startupTimeout, base: f.retryBase, cap: f.retryCap,
-				failed: func(what string, err error) {
-					retries.WithLabelValues(what).Inc()
-					err = fmt.Errorf("starting: %s failed, retrying: %w", what, err)
-					starting.Store(&err)
-				}}
+			su := newStartup(log, metrics, f.startupTimeout, f.retryBase, f.retryCap, &starting)
 			return serveOn(ctx, log, ln, metrics, ready, nil, func(ctx context.Context) error {
 				sctx, cancel := su.bound(ctx)
 				defer cancel()

@@ -184,17 +184,7 @@ func (f *runFlags) runOn(ctx context.Context, stderr io.Writer, env engineEnv) e
 		}
 		return map[string]error{"startup": nil}
 	}
-	retries := prometheus.NewCounterVec(prometheus.CounterOpts{
-		Name: "projector_startup_retries_total",
-		Help: "Attempts of startup's database work (step: connect, migrate) that failed and were retried.",
-	}, []string{"step"})
-	metrics.MustRegister(retries)
-	su := startup{log: log, timeout: f.startupTimeout, base: f.retryBase, cap: f.retryCap,
-		failed: func(what string, err error) {
-			retries.WithLabelValues(what).Inc()
-			err = fmt.Errorf("starting: %s failed, retrying: %w", what, err)
-			starting.Store(&err)
-		}}
+	su := newStartup(log, metrics, f.startupTimeout, f.retryBase, f.retryCap, &starting)
 	return serveOn(ctx, log, ln, metrics, ready, live, func(ctx context.Context) error {
 		sctx, cancel := su.bound(ctx)
 		defer cancel()
