@@ -2,7 +2,6 @@ package main
 
 import (
 	"bytes"
-	"encoding/json"
 	"os"
 	"path/filepath"
 	"strings"
@@ -72,26 +71,7 @@ func TestCrashRecoverySharedTopic(t *testing.T) {
 	}
 	crashAndFinish(t, db, args, "crash", end, int64(len(records)), 3)
 
-	out.Reset()
-	if err := Main(ctx, []string{"status", "--json", "--brokers", cluster.ListenAddrs()[0], "--database-url", db.URL, "--identity", "crash"}, &out, &out); err != nil {
-		t.Fatalf("status: %v\n%s", err, &out)
-	}
-	var status []struct {
-		Partition  int32 `json:"partition"`
-		NextOffset int64 `json:"next_offset"`
-		Lag        int64 `json:"lag"`
-	}
-	if err := json.Unmarshal(out.Bytes(), &status); err != nil {
-		t.Fatalf("status --json: %v\n%s", err, &out)
-	}
-	if len(status) != len(end) {
-		t.Errorf("status lists %d partitions, want %d: one per partition, whatever the projections of its topic", len(status), len(end))
-	}
-	for _, s := range status {
-		if s.NextOffset != end[s.Partition] || s.Lag != 0 {
-			t.Errorf("status of partition %d: %+v, want next offset %d, lag 0", s.Partition, s, end[s.Partition])
-		}
-	}
+	statusCaughtUp(t, cluster.ListenAddrs()[0], db.URL, "crash", end)
 
 	exp := demo.Fold(records)
 	if err := demo.Verify(ctx, db.Pool, demo.Table, exp); err != nil {

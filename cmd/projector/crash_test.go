@@ -132,28 +132,7 @@ func TestCrashRecovery(t *testing.T) {
 	// last start, so each kill lands mid-stream with batches in flight.
 	crashAndFinish(t, db, args, "crash", end, int64(len(records)), 4)
 
-	out.Reset()
-	if err := Main(ctx, []string{"status", "--json", "--brokers", cluster.ListenAddrs()[0], "--database-url", db.URL, "--identity", "crash"}, &out, &out); err != nil {
-		t.Fatalf("status: %v\n%s", err, &out)
-	}
-	var status []struct {
-		Topic         string `json:"topic"`
-		Partition     int32  `json:"partition"`
-		NextOffset    int64  `json:"next_offset"`
-		HighWatermark int64  `json:"high_watermark"`
-		Lag           int64  `json:"lag"`
-	}
-	if err := json.Unmarshal(out.Bytes(), &status); err != nil {
-		t.Fatalf("status --json: %v\n%s", err, &out)
-	}
-	if len(status) != len(end) {
-		t.Errorf("status lists %d partitions, want %d", len(status), len(end))
-	}
-	for _, s := range status {
-		if s.Topic != demo.Topic || s.NextOffset != end[s.Partition] || s.HighWatermark != end[s.Partition] || s.Lag != 0 {
-			t.Errorf("status of partition %d: %+v, want next offset and log end %d, lag 0", s.Partition, s, end[s.Partition])
-		}
-	}
+	statusCaughtUp(t, cluster.ListenAddrs()[0], db.URL, "crash", end)
 
 	exp := demo.Fold(records)
 	if err := demo.Verify(ctx, db.Pool, demo.Table, exp); err != nil {
@@ -219,4 +198,32 @@ func crashAndFinish(t *testing.T, db *testenv.DB, args []string, identity string
 		t.Errorf("projector did not stop cleanly on SIGTERM: %v\n%s", err, c.stderr)
 	}
 	c.done <- nil
+}
+
+// statusCaughtUp fails t unless `projector status` lists each partition of
+// end once, with its stored offset and log end at end's and no lag.
+func statusCaughtUp(t *testing.T, broker, dbURL, identity string, end map[int32]int64) {
+	t.Helper()
+	var out bytes.Buffer
+	if err := Main(t.Context(), []string{"status", "--json", "--brokers", broker, "--database-url", dbURL, "--identity", identity}, &out, &out); err != nil {
+		t.Fatalf("status: %v\n%s", err, &out)
+	}
+	var status []struct {
+		Topic         string `json:"topic"`
+		Partition     int32  `json:"partition"`
+		NextOffset    int64  `json:"next_offset"`
+		HighWatermark int64  `json:"high_watermark"`
+		Lag           int64  `json:"lag"`
+	}
+	if err := json.Unmarshal(out.Bytes(), &status); err != nil {
+		t.Fatalf("status --json: %v\n%s", err, &out)
+	}
+	if len(status) != len(end) {
+		t.Errorf("status lists %d partitions, want %d: one per partition, whatever the projections of its topic", len(status), len(end))
+	}
+	for _, s := range status {
+		if s.Topic != demo.Topic || s.NextOffset != end[s.Partition] || s.HighWatermark != end[s.Partition] || s.Lag != 0 {
+			t.Errorf("status of partition %d: %+v, want next offset and log end %d, lag 0", s.Partition, s, end[s.Partition])
+		}
+	}
 }
