@@ -27,11 +27,13 @@ const (
 	), reopened AS (
 		UPDATE projector_dead_letters d
 		SET attempts = d.attempts + 1, last_seen = now(), error = r.err, error_class = r.class, status = 'open'
-		FROM (SELECT u.off, u.err, u.class, t.topic, t.partition, t.orig FROM u
+		FROM (SELECT u.off, u.err, u.class, e.tid FROM u
 		      CROSS JOIN LATERAL (SELECT t.topic, t.partition, t."offset" AS orig FROM projector_dead_letters t
-		                          WHERE t.id = u.replay_of LIMIT 1) t) r
-		WHERE d.identity = $1 AND d.topic = r.topic AND d.partition = r.partition AND d."offset" = r.orig
-		  AND d.projection = $2 AND d.status <> 'purged'
+		                          WHERE t.id = u.replay_of LIMIT 1) t
+		      CROSS JOIN LATERAL (SELECT x.ctid AS tid FROM projector_dead_letters x
+		                          WHERE x.identity = $1 AND x.topic = t.topic AND x.partition = t.partition
+		                            AND x."offset" = t.orig AND x.projection = $2 LIMIT 1) e) r
+		WHERE d.ctid = r.tid AND d.status <> 'purged'
 		RETURNING r.off
 	), dl AS (
 		INSERT INTO projector_dead_letters AS d
@@ -52,12 +54,17 @@ const (
 	// resolves, found through the key of the record and projection, is
 	// this projection's of the replayed entry's original record: the
 	// replayed entry itself, or on a topic feeding several projections,
-	// this projection's entry of the same record.
+	// this projection's entry of the same record. That entry is found
+	// the same way, one row by its unique key (LIMIT 1), and updated by
+	// its ctid: as a join, a plan made while the table was small read
+	// every dead letter of the identity in each batch.
 	resolvedSQL = `UPDATE projector_dead_letters d SET status = 'resolved', resolved_at = now()
 		FROM unnest($1::bigint[]) AS r(id)
 		CROSS JOIN LATERAL (SELECT t.topic, t.partition, t."offset" AS orig FROM projector_dead_letters t WHERE t.id = r.id LIMIT 1) t
-		WHERE d.identity = $2 AND d.topic = t.topic AND d.partition = t.partition AND d."offset" = t.orig
-		  AND d.projection = $3 AND d.status NOT IN ('resolved', 'purged')`
+		CROSS JOIN LATERAL (SELECT x.ctid AS tid FROM projector_dead_letters x
+		                    WHERE x.identity = $2 AND x.topic = t.topic AND x.partition = t.partition
+		                      AND x."offset" = t.orig AND x.projection = $3 LIMIT 1) e
+		WHERE d.ctid = e.tid AND d.status NOT IN ('resolved', 'purged')`
 )
 
 // QueueWrite queues on b, a batch's transaction, the statement that
