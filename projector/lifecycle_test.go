@@ -101,13 +101,15 @@ func TestStopEndsRun(t *testing.T) {
 	if err := e.Stop(stopCtx); err != nil {
 		t.Fatalf("Stop: %v", err)
 	}
+	// Stop returns once Run's last step is done; Run's return reaches
+	// this goroutine just after.
 	select {
 	case err := <-ran:
 		if err != nil {
 			t.Fatalf("Run: %v", err)
 		}
-	default:
-		t.Fatal("Stop returned before Run did")
+	case <-time.After(5 * time.Second):
+		t.Fatal("Stop returned, and Run has not within 5s")
 	}
 	if err := e.Stop(stopCtx); err != nil {
 		t.Fatalf("second Stop: %v", err)
