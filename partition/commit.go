@@ -25,7 +25,6 @@ func (w *Worker) commitBatch(ctx context.Context, n int, items []*item, end int6
 		changes  sinks.Changes
 		rejected = map[string]string{}
 		giveUp   bool // dead-letter events whose fold keeps failing
-		folds    int
 	)
 	mark := w.guard.pos()
 	defer func() {
@@ -45,40 +44,57 @@ func (w *Worker) commitBatch(ctx context.Context, n int, items []*item, end int6
 		}
 		return changes, nil
 	}
+	err = w.retryCommit(ctx, n, &giveUp, func() error { return w.commitTraced(ctx, end, keys, plan) },
+		func(rej *sinks.RejectedRows) bool {
+			for k, msg := range rej.Keys {
+				rejected[k] = msg
+			}
+			w.log.Warn("postgres refused rows; dead-lettering their events", "aggregates", len(rej.Keys))
+			return true
+		})
+	if err != nil {
+		return err
+	}
+	w.done()
+	w.guard.commit(w.guard.pos())
+	w.committed(end, changes, out)
+	return nil
+}
+
+// retryCommit runs commit, the transaction of a batch of n records, until
+// it commits: a transient failure is tried again after a backoff, rows
+// Postgres refused go to refused (which reports whether it took them: the
+// next plan dead-letters their events), and giveUp is set once a fold
+// has failed MaxAttempts-1 times, so that the next plan dead-letters its
+// event. A fenced or storming plan, or the end of ctx, ends it.
+func (w *Worker) retryCommit(ctx context.Context, n int, giveUp *bool, commit func() error, refused func(*sinks.RejectedRows) bool) error {
+	folds := 0
 	for attempt := 0; ; attempt++ {
 		began := time.Now()
-		err := w.commitTraced(ctx, end, keys, plan)
+		err := commit()
 		if err == nil {
 			w.metrics.commitDuration.Observe(time.Since(began).Seconds())
 			w.metrics.batchRecords.Observe(float64(n))
 			w.metrics.commitBatches.Observe(1)
-			break
+			return nil
 		}
 		var trip *stormTrip
 		if errors.Is(err, sinks.ErrFenced) || ctx.Err() != nil || errors.As(err, &trip) {
 			return err
 		}
 		var rej *sinks.RejectedRows
-		if errors.As(err, &rej) {
-			for k, msg := range rej.Keys {
-				rejected[k] = msg
-			}
-			w.log.Warn("postgres refused rows; dead-lettering their events", "aggregates", len(rej.Keys))
+		if errors.As(err, &rej) && refused(rej) {
 			continue
 		}
 		var fr *foldRetry
 		if errors.As(err, &fr) {
 			folds++
-			giveUp = folds+1 >= w.cfg.MaxAttempts
+			*giveUp = folds+1 >= w.cfg.MaxAttempts
 		}
 		if err := w.backoffPlanned(ctx, attempt, "commit batch", err); err != nil {
 			return err
 		}
 	}
-	w.done()
-	w.guard.commit(w.guard.pos())
-	w.committed(end, changes, out)
-	return nil
 }
 
 // committed moves the worker past a committed transaction that ended

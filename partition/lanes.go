@@ -197,7 +197,7 @@ func (w *Worker) shareDecoded(from []*item) []*item {
 // dead-letter their events in their projection only.
 func (w *Worker) commitLanes(ctx context.Context, n int, lanes []laneBatch, end int64) (err error) {
 	lc := w.sink.(sinks.LaneCommitter) // checked by lanesCommit
-	giveUp, folds := false, 0          // giveUp: dead-letter events whose fold keeps failing
+	giveUp := false                    // dead-letter events whose fold keeps failing
 	sl := make([]sinks.Lane, len(lanes))
 	for i := range lanes {
 		l := &lanes[i]
@@ -226,36 +226,20 @@ func (w *Worker) commitLanes(ctx context.Context, n int, lanes []laneBatch, end 
 			}
 		}
 	}()
-	for attempt := 0; ; attempt++ {
-		began := time.Now()
-		err := w.commitLanesTraced(ctx, lc, w.claim, end, sl)
-		if err == nil {
-			w.metrics.commitDuration.Observe(time.Since(began).Seconds())
-			w.metrics.batchRecords.Observe(float64(n))
-			w.metrics.commitBatches.Observe(1)
-			break
-		}
-		var trip *stormTrip
-		if errors.Is(err, sinks.ErrFenced) || ctx.Err() != nil || errors.As(err, &trip) {
-			return err
-		}
-		var rej *sinks.RejectedRows
-		if errors.As(err, &rej) && rej.Lane >= 0 && rej.Lane < len(lanes) {
+	err = w.retryCommit(ctx, n, &giveUp, func() error { return w.commitLanesTraced(ctx, lc, w.claim, end, sl) },
+		func(rej *sinks.RejectedRows) bool {
+			if rej.Lane < 0 || rej.Lane >= len(lanes) {
+				return false
+			}
 			l := &lanes[rej.Lane]
 			for k, msg := range rej.Keys {
 				l.rejected[k] = msg
 			}
 			l.w.log.Warn("postgres refused rows; dead-lettering their events", "projection", l.w.proj.Name, "aggregates", len(rej.Keys))
-			continue
-		}
-		var fr *foldRetry
-		if errors.As(err, &fr) {
-			folds++
-			giveUp = folds+1 >= w.cfg.MaxAttempts
-		}
-		if err := w.backoffPlanned(ctx, attempt, "commit batch", err); err != nil {
-			return err
-		}
+			return true
+		})
+	if err != nil {
+		return err
 	}
 	w.done()
 	var all sinks.Changes // the rows every lane wrote, for Config.Committed
