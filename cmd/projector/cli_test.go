@@ -44,7 +44,7 @@ func TestDemo(t *testing.T) {
 	})
 
 	var out, errs bytes.Buffer
-	err = Main(ctx, []string{"demo", "--database-url", testenv.DatabaseURL(), "--schema", schema, "--aggregates", "2000"}, &out, &errs)
+	err = Main(ctx, []string{"demo", "--database-url", testenv.DatabaseURL(), "--database-schema", schema, "--aggregates", "2000"}, &out, &errs)
 	if err != nil {
 		t.Fatalf("demo: %v\nstdout:\n%s\nstderr:\n%s", err, &out, &errs)
 	}

@@ -50,7 +50,7 @@ func demoCommand(stdout, stderr io.Writer) *ffcli.Command {
 		"Run the engine on an embedded broker and registry against real Postgres, and verify the result.", stderr,
 		func(fs *flag.FlagSet) {
 			fs.StringVar(&f.databaseURL, "database-url", DefaultDatabaseURL, "PostgreSQL connection URL (PROJECTOR_DATABASE_URL)")
-			fs.StringVar(&f.schema, "schema", "projector_demo", "Postgres schema the demo recreates and writes into")
+			fs.StringVar(&f.schema, "database-schema", "projector_demo", "Postgres schema the demo recreates and writes into")
 			fs.IntVar(&f.aggregates, "aggregates", demo.DefaultOptions().Aggregates, "accounts in the generated stream (about 11 events each)")
 			fs.IntVar(&f.partitions, "partitions", 6, "partitions of the demo topic")
 			fs.StringVar(&f.httpAddr, "http-addr", "", "serve the first member's /metrics and /readyz here while the demo runs")
@@ -388,7 +388,7 @@ func shellQuote(s string) string {
 }
 
 // demoMark is the comment the demo puts on the schema it creates. It only
-// ever drops a schema carrying it, so that --schema naming a schema of
+// ever drops a schema carrying it, so that --database-schema naming a schema of
 // another application is refused instead of emptied.
 const demoMark = "projector demo: created by `projector demo`, which drops and recreates it on every run"
 
@@ -398,10 +398,10 @@ const demoMark = "projector demo: created by `projector demo`, which drops and r
 // existing schema.
 func demoDatabase(ctx context.Context, f *demoFlags) (*pgxpool.Pool, error) {
 	if !identLike(f.schema) {
-		return nil, fmt.Errorf("--schema %q: want a plain lower-case identifier", f.schema)
+		return nil, fmt.Errorf("--database-schema %q: want a plain lower-case identifier", f.schema)
 	}
 	if f.schema == "public" || f.schema == "information_schema" || strings.HasPrefix(f.schema, "pg_") {
-		return nil, fmt.Errorf("--schema %s: the demo drops and recreates its schema, so it never uses %s; pick a schema of its own, e.g. projector_demo", f.schema, f.schema)
+		return nil, fmt.Errorf("--database-schema %s: the demo drops and recreates its schema, so it never uses %s; pick a schema of its own, e.g. projector_demo", f.schema, f.schema)
 	}
 	admin, err := connect(ctx, f.databaseURL)
 	if err != nil {
@@ -416,8 +416,8 @@ func demoDatabase(ctx context.Context, f *demoFlags) (*pgxpool.Pool, error) {
 		case err != nil:
 			return fmt.Errorf("look up schema %s: %w", f.schema, err)
 		case mark == nil || *mark != demoMark:
-			return fmt.Errorf("--schema %s: the schema exists and was not created by projector demo, so the demo will not drop it; "+
-				"pick another --schema (the default is projector_demo), or drop it yourself if it is the demo's", f.schema)
+			return fmt.Errorf("--database-schema %s: the schema exists and was not created by projector demo, so the demo will not drop it; "+
+				"pick another --database-schema (the default is projector_demo), or drop it yourself if it is the demo's", f.schema)
 		default:
 			if _, err := tx.Exec(ctx, "DROP SCHEMA "+f.schema+" CASCADE"); err != nil {
 				return fmt.Errorf("drop the previous demo's schema %s: %w", f.schema, err)

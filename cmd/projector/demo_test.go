@@ -38,13 +38,13 @@ func TestDemoDropsOnlyItsOwnSchema(t *testing.T) {
 	}
 
 	for _, tc := range []struct{ schema, want string }{
-		{"public", "--schema public: the demo drops and recreates its schema, so it never uses public"},
-		{"billing", "--schema billing: the schema exists and was not created by projector demo"},
+		{"public", "--database-schema public: the demo drops and recreates its schema, so it never uses public"},
+		{"billing", "--database-schema billing: the schema exists and was not created by projector demo"},
 	} {
 		var out bytes.Buffer
-		err := Main(ctx, []string{"demo", "--database-url", srv.URL, "--schema", tc.schema, "--aggregates", "20", "--timeout", "1m"}, &out, &out)
+		err := Main(ctx, []string{"demo", "--database-url", srv.URL, "--database-schema", tc.schema, "--aggregates", "20", "--timeout", "1m"}, &out, &out)
 		if err == nil || !strings.Contains(err.Error(), tc.want) {
-			t.Errorf("demo --schema %s: got error %v, want one saying %q\n%s", tc.schema, err, tc.want, &out)
+			t.Errorf("demo --database-schema %s: got error %v, want one saying %q\n%s", tc.schema, err, tc.want, &out)
 		}
 	}
 	if n := count("public.orders"); n != 50 {

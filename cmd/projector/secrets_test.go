@@ -208,7 +208,7 @@ func TestSecretsNeverPrinted(t *testing.T) {
 					t.Errorf("drop schema %s: %v", schema, err)
 				}
 			})
-			out, err := runCaptured(t.Context(), "demo", "--database-url", dsn, "--schema", schema, "--aggregates", "20", "--timeout", "1m")
+			out, err := runCaptured(t.Context(), "demo", "--database-url", dsn, "--database-schema", schema, "--aggregates", "20", "--timeout", "1m")
 			if err != nil {
 				t.Errorf("demo: %v\n%s", err, out)
 			}
