@@ -1,5 +1,5 @@
 // Command projector turns Kafka event streams into versioned read models in
-// PostgreSQL. Subcommands: run, dev, produce, relay, demo, migrate, status,
+// PostgreSQL. Subcommands: run, dev, produce, check, relay, demo, migrate, status,
 // offsets, dlq.
 // The benchmark is the command projector-bench.
 //
