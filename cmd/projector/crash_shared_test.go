@@ -1,17 +1,10 @@
 package main
 
 import (
-	"bytes"
-	"os"
-	"path/filepath"
 	"strings"
 	"testing"
 
-	"github.com/twmb/franz-go/pkg/kadm"
-	"github.com/twmb/franz-go/pkg/kgo"
-
 	"github.com/projector-dev/projector/internal/demo"
-	"github.com/projector-dev/projector/internal/testenv"
 )
 
 // TestCrashRecoverySharedTopic kills a projector process with SIGKILL
@@ -23,55 +16,18 @@ import (
 // lists each partition once.
 func TestCrashRecoverySharedTopic(t *testing.T) {
 	ctx := t.Context()
-	db := testenv.NewDB(t)
-	cluster := testenv.Kafka(t, demo.Topic, 4)
-	reg, regClient := testenv.Registry(t)
-	enc, err := demo.RegisterSchemas(ctx, regClient)
-	if err != nil {
-		t.Fatal(err)
-	}
 	opts := demo.DefaultOptions()
 	opts.Aggregates, opts.Seed, opts.TombstoneEvery = 2000, 5, 4
-	records := demo.Generate(opts)
-	prod, err := kgo.NewClient(kgo.SeedBrokers(cluster.ListenAddrs()...))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer prod.Close()
-	if err := demo.Produce(ctx, prod, enc, records, nil); err != nil {
-		t.Fatal(err)
-	}
-	end, err := demo.EndOffsets(ctx, kadm.NewClient(prod), demo.Topic)
-	if err != nil {
-		t.Fatal(err)
-	}
 	// The demo's file with the snapshot projection as a second entry.
 	_, snapshot, ok := strings.Cut(string(demo.SnapshotProjections), "projections:\n")
 	if !ok {
 		t.Fatal("test bug: the snapshot file has no projections list")
 	}
-	config := filepath.Join(t.TempDir(), "projections.yaml")
-	if err := os.WriteFile(config, append(append([]byte{}, demo.Projections...), snapshot...), 0o600); err != nil {
-		t.Fatal(err)
-	}
-	args := []string{"run",
-		"--brokers", cluster.ListenAddrs()[0],
-		"--registry-url", reg.URL(),
-		"--database-url", db.URL,
-		"--identity", "crash",
-		"--config", config,
-		"--http-addr", "",
-		"--batch-max-records", "100",
-		"--log-level", "warn",
-		"--session-timeout", "6s",
-	}
-	var out bytes.Buffer
-	if err := Main(ctx, []string{"migrate", "--database-url", db.URL, "--config", config}, &out, &out); err != nil {
-		t.Fatalf("migrate: %v\n%s", err, &out)
-	}
-	crashAndFinish(t, db, args, "crash", end, int64(len(records)), 3)
+	c := newCrashStream(t, 4, opts, append(append([]byte{}, demo.Projections...), snapshot...), "100")
+	db, records, end := c.db, c.records, c.end
+	crashAndFinish(t, db, c.args, "crash", end, int64(len(records)), 3)
 
-	statusCaughtUp(t, cluster.ListenAddrs()[0], db.URL, "crash", end)
+	statusCaughtUp(t, c.broker, db.URL, "crash", end)
 
 	exp := demo.Fold(records)
 	if err := demo.Verify(ctx, db.Pool, demo.Table, exp); err != nil {

@@ -85,54 +85,16 @@ func (c *child) kill(t *testing.T) {
 // fold, with every parked event and poison pill stored exactly once.
 func TestCrashRecovery(t *testing.T) {
 	ctx := t.Context()
-	db := testenv.NewDB(t)
-	cluster := testenv.Kafka(t, demo.Topic, 6)
-	reg, regClient := testenv.Registry(t)
-	enc, err := demo.RegisterSchemas(ctx, regClient)
-	if err != nil {
-		t.Fatal(err)
-	}
 	opts := demo.DefaultOptions()
 	opts.Aggregates, opts.Seed = 3000, 7
-	records := demo.Generate(opts)
-	prod, err := kgo.NewClient(kgo.SeedBrokers(cluster.ListenAddrs()...))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer prod.Close()
-	if err := demo.Produce(ctx, prod, enc, records, nil); err != nil {
-		t.Fatal(err)
-	}
-	end, err := demo.EndOffsets(ctx, kadm.NewClient(prod), demo.Topic)
-	if err != nil {
-		t.Fatal(err)
-	}
-	config := filepath.Join(t.TempDir(), "projections.yaml")
-	if err := os.WriteFile(config, demo.Projections, 0o600); err != nil {
-		t.Fatal(err)
-	}
-	args := []string{"run",
-		"--brokers", cluster.ListenAddrs()[0],
-		"--registry-url", reg.URL(),
-		"--database-url", db.URL,
-		"--identity", "crash",
-		"--config", config,
-		"--http-addr", "",
-		"--batch-max-records", "100",
-		"--log-level", "warn",
-		"--session-timeout", "6s", // the group notices a killed member sooner
-	}
-
-	var out bytes.Buffer
-	if err := Main(ctx, []string{"migrate", "--database-url", db.URL, "--config", config}, &out, &out); err != nil {
-		t.Fatalf("migrate: %v\n%s", err, &out)
-	}
+	c := newCrashStream(t, 6, opts, demo.Projections, "100")
+	db, records, end := c.db, c.records, c.end
 
 	// Kill after every eighth of the stream has been committed since the
 	// last start, so each kill lands mid-stream with batches in flight.
-	crashAndFinish(t, db, args, "crash", end, int64(len(records)), 4)
+	crashAndFinish(t, db, c.args, "crash", end, int64(len(records)), 4)
 
-	statusCaughtUp(t, cluster.ListenAddrs()[0], db.URL, "crash", end)
+	statusCaughtUp(t, c.broker, db.URL, "crash", end)
 
 	exp := demo.Fold(records)
 	if err := demo.Verify(ctx, db.Pool, demo.Table, exp); err != nil {
@@ -226,4 +188,60 @@ func statusCaughtUp(t *testing.T, broker, dbURL, identity string, end map[int32]
 			t.Errorf("status of partition %d: %+v, want next offset and log end %d, lag 0", s.Partition, s, end[s.Partition])
 		}
 	}
+}
+
+// crashStream is what a crash test kills its child in: a fresh database,
+// the demo's schemas registered, opts' records produced into a fresh
+// cluster of its partitions, the projection file written and migrated,
+// and the child's arguments (identity "crash").
+type crashStream struct {
+	db      *testenv.DB
+	broker  string
+	records []demo.Record
+	end     map[int32]int64
+	args    []string
+}
+
+func newCrashStream(t *testing.T, partitions int, opts demo.Options, file []byte, batchMaxRecords string) *crashStream {
+	t.Helper()
+	ctx := t.Context()
+	c := &crashStream{db: testenv.NewDB(t), records: demo.Generate(opts)}
+	cluster := testenv.Kafka(t, demo.Topic, partitions)
+	c.broker = cluster.ListenAddrs()[0]
+	reg, regClient := testenv.Registry(t)
+	enc, err := demo.RegisterSchemas(ctx, regClient)
+	if err != nil {
+		t.Fatal(err)
+	}
+	prod, err := kgo.NewClient(kgo.SeedBrokers(cluster.ListenAddrs()...))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer prod.Close()
+	if err := demo.Produce(ctx, prod, enc, c.records, nil); err != nil {
+		t.Fatal(err)
+	}
+	if c.end, err = demo.EndOffsets(ctx, kadm.NewClient(prod), demo.Topic); err != nil {
+		t.Fatal(err)
+	}
+	config := filepath.Join(t.TempDir(), "projections.yaml")
+	if err := os.WriteFile(config, file, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	c.args = []string{"run",
+		"--brokers", c.broker,
+		"--registry-url", reg.URL(),
+		"--database-url", c.db.URL,
+		"--identity", "crash",
+		"--config", config,
+		"--http-addr", "",
+		"--batch-max-records", batchMaxRecords,
+		"--log-level", "warn",
+		"--session-timeout", "6s", // the group notices a killed member sooner
+	}
+	var out bytes.Buffer
+	if err := Main(ctx, []string{"migrate", "--database-url", c.db.URL, "--config", config}, &out, &out); err != nil {
+		t.Fatalf("migrate: %v\n%s", err, &out)
+	}
+	return c
 }

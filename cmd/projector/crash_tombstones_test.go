@@ -1,16 +1,9 @@
 package main
 
 import (
-	"bytes"
-	"os"
-	"path/filepath"
 	"testing"
 
-	"github.com/twmb/franz-go/pkg/kadm"
-	"github.com/twmb/franz-go/pkg/kgo"
-
 	"github.com/projector-dev/projector/internal/demo"
-	"github.com/projector-dev/projector/internal/testenv"
 )
 
 // TestCrashRecoveryWithTombstones kills a projector process with SIGKILL
@@ -22,53 +15,17 @@ func TestCrashRecoveryWithTombstones(t *testing.T) {
 	for _, mode := range []string{"fold", "snapshot"} {
 		t.Run(mode, func(t *testing.T) {
 			ctx := t.Context()
-			db := testenv.NewDB(t)
-			cluster := testenv.Kafka(t, demo.Topic, 3)
-			reg, regClient := testenv.Registry(t)
-			enc, err := demo.RegisterSchemas(ctx, regClient)
-			if err != nil {
-				t.Fatal(err)
-			}
 			opts := demo.DefaultOptions()
 			opts.Aggregates, opts.Seed, opts.TombstoneEvery = 1500, 11, 3
-			records := demo.Generate(opts)
-			prod, err := kgo.NewClient(kgo.SeedBrokers(cluster.ListenAddrs()...))
-			if err != nil {
-				t.Fatal(err)
-			}
-			defer prod.Close()
-			if err := demo.Produce(ctx, prod, enc, records, nil); err != nil {
-				t.Fatal(err)
-			}
-			end, err := demo.EndOffsets(ctx, kadm.NewClient(prod), demo.Topic)
-			if err != nil {
-				t.Fatal(err)
-			}
 			file := demo.Projections
 			if mode == "snapshot" {
 				file = demo.SnapshotProjections
 			}
-			config := filepath.Join(t.TempDir(), "projections.yaml")
-			if err := os.WriteFile(config, file, 0o600); err != nil {
-				t.Fatal(err)
-			}
-			args := []string{"run",
-				"--brokers", cluster.ListenAddrs()[0],
-				"--registry-url", reg.URL(),
-				"--database-url", db.URL,
-				"--identity", "crash",
-				"--config", config,
-				"--http-addr", "",
-				"--batch-max-records", "50",
-				"--log-level", "warn",
-				"--session-timeout", "6s", // the group notices a killed member sooner
-			}
-			var out bytes.Buffer
-			if err := Main(ctx, []string{"migrate", "--database-url", db.URL, "--config", config}, &out, &out); err != nil {
-				t.Fatalf("migrate: %v\n%s", err, &out)
-			}
+			c := newCrashStream(t, 3, opts, file, "50")
+			db, records, end := c.db, c.records, c.end
+			var err error
 
-			crashAndFinish(t, db, args, "crash", end, int64(len(records)), 2)
+			crashAndFinish(t, db, c.args, "crash", end, int64(len(records)), 2)
 
 			exp := demo.Fold(records)
 			if mode == "fold" {
