@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"errors"
 	"fmt"
+	"maps"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -117,6 +118,22 @@ func TestAlertRules(t *testing.T) {
 					t.Errorf("%s: annotation %s is missing", name, a)
 				}
 			}
+			// A label the text shows must be one the alert has, or it
+			// renders as "<no value>".
+			result := q.by
+			if result == nil {
+				result = slices.Collect(maps.Keys(targetLabels))
+				for metric := range q.metrics {
+					result = append(result, labels[metric]...)
+				}
+			}
+			for a, text := range r.Annotations {
+				for _, mm := range templateLabel.FindAllStringSubmatch(text, -1) {
+					if !slices.Contains(result, mm[1]) {
+						t.Errorf("%s: annotation %s shows $labels.%s, which the alert does not have (it has %v)", name, a, mm[1], result)
+					}
+				}
+			}
 			// Metrics the text tells the reader to look at must exist too.
 			for _, a := range []string{"summary", "description"} {
 				for _, mm := range annotationMetric.FindAllString(r.Annotations[a], -1) {
@@ -141,6 +158,9 @@ func TestAlertRules(t *testing.T) {
 		t.Fatalf("%s has no alert rules", alertsFile)
 	}
 }
+
+// templateLabel is a label an annotation's template shows.
+var templateLabel = regexp.MustCompile(`\$labels\.([a-zA-Z_][a-zA-Z0-9_]*)`)
 
 // annotationMetric is a metric name in an annotation's text.
 var annotationMetric = regexp.MustCompile(`\b(?:projector|kgo)_[a-z_]*[a-z]`)
@@ -184,6 +204,9 @@ func readAlertRules(t *testing.T) alertRules {
 type query struct {
 	metrics  map[string][]string
 	grouping []string
+	// by are the labels every by clause keeps, the only ones its result
+	// has besides alertname and the rule's labels; nil without one.
+	by []string
 }
 
 // groupingKeywords are the PromQL keywords followed by a label list.
@@ -237,6 +260,13 @@ func parseQuery(expr string) (query, error) {
 				return query{}, err
 			}
 			q.grouping = append(q.grouping, names...)
+			if tok == "by" {
+				if q.by == nil {
+					q.by = names
+				} else {
+					q.by = slices.DeleteFunc(q.by, func(l string) bool { return !slices.Contains(names, l) })
+				}
+			}
 			i = max(next, i+1)
 		case strings.HasPrefix(tok, "projector_") || strings.HasPrefix(tok, "kgo_"):
 			names, next, err := list(i+1, "{", "}", true)
@@ -332,6 +362,11 @@ func TestAlertRuleTestsCover(t *testing.T) {
 	if err := yaml.Unmarshal(src, &tests); err != nil {
 		t.Fatalf("%s: %v", alertTestsFile, err)
 	}
+	// Expected annotations copied from promtool's output would otherwise
+	// hold a template's missing label as if it were right.
+	if bytes.Contains(src, []byte("<no value>")) {
+		t.Errorf("%s expects an annotation with <no value>: its template shows a label the alert does not have", alertTestsFile)
+	}
 	if !slices.Contains(tests.RuleFiles, "alerts.yml") {
 		t.Errorf("%s: rule_files is %v, want alerts.yml", alertTestsFile, tests.RuleFiles)
 	}
@@ -371,6 +406,45 @@ func TestAlertRulesPromtool(t *testing.T) {
 		out, err := exec.CommandContext(t.Context(), promtool, args...).CombinedOutput()
 		if err != nil {
 			t.Errorf("promtool %s: %v\n%s", strings.Join(args, " "), err, out)
+		}
+	}
+}
+
+// TestParseQuery: the tokenizer finds metrics, matchers and grouping labels
+// in the PromQL shapes rules are written in, so that TestAlertRules checks
+// what an expression really uses.
+func TestParseQuery(t *testing.T) {
+	for _, tc := range []struct {
+		expr         string
+		metrics      map[string][]string
+		grouping, by []string
+		wantErr      bool
+	}{
+		{expr: `max by (group, topic) (projector_consumer_lag_seconds) > 300`,
+			metrics: map[string][]string{"projector_consumer_lag_seconds": nil}, grouping: []string{"group", "topic"}, by: []string{"group", "topic"}},
+		{expr: `sum(rate(projector_retries_total{reason=~"postgres|timeout", topic!="x"}[5m])) by (reason) > 1`,
+			metrics: map[string][]string{"projector_retries_total": {"reason", "topic"}}, grouping: []string{"reason"}, by: []string{"reason"}},
+		{expr: `projector_consumer_lag / on (group, topic) group_left (projection) kgo_buffered_fetch_records_total`,
+			metrics:  map[string][]string{"projector_consumer_lag": nil, "kgo_buffered_fetch_records_total": nil},
+			grouping: []string{"group", "topic", "projection"}},
+		{expr: `increase(projector_fenced_batches_total[10m:1m]) > 0`,
+			metrics: map[string][]string{"projector_fenced_batches_total": nil}},
+		{expr: `max by (group (projector_partition_stalled)`, wantErr: true},
+		{expr: `projector_partition_stalled{group="a}`, wantErr: true},
+	} {
+		q, err := parseQuery(tc.expr)
+		if tc.wantErr {
+			if err == nil {
+				t.Errorf("%s: no error", tc.expr)
+			}
+			continue
+		}
+		if err != nil {
+			t.Errorf("%s: %v", tc.expr, err)
+			continue
+		}
+		if fmt.Sprint(q.metrics) != fmt.Sprint(tc.metrics) || !slices.Equal(q.grouping, tc.grouping) || !slices.Equal(q.by, tc.by) {
+			t.Errorf("%s: metrics %v grouping %v by %v, want %v %v %v", tc.expr, q.metrics, q.grouping, q.by, tc.metrics, tc.grouping, tc.by)
 		}
 	}
 }
