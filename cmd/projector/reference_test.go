@@ -348,6 +348,33 @@ Reading them:
 // TestMetricsReference holds docs/metrics.md to the metrics a running
 // engine and a relay register.
 func TestMetricsReference(t *testing.T) {
+	m := codeMetrics(t)
+	var b strings.Builder
+	b.WriteString(metricsPreamble)
+	b.WriteString("\n## `projector run`\n\n")
+	renderMetrics(&b, append(rowsOf(m.engine), startupRetries))
+	b.WriteString(metricsNotes)
+	b.WriteString("\n## `projector relay`\n\n")
+	renderMetrics(&b, append(rowsOf(m.relay), startupRetries))
+	doc := b.String()
+	if err := namedInCode(doc); err != nil {
+		t.Fatal(err)
+	}
+	checkGenerated(t, "docs/metrics.md", doc)
+}
+
+// registeredMetrics are the metric families a running engine and a relay
+// register: the source of the metrics reference and of the alert rules'
+// checks.
+type registeredMetrics struct {
+	engine, relay []*dto.MetricFamily // projector_*
+	client        []*dto.MetricFamily // the engine's Kafka client's kgo_*
+}
+
+// codeMetrics runs an engine and builds a relay against a test database and
+// broker, and gathers what they register once every metric has a sample.
+func codeMetrics(t *testing.T) registeredMetrics {
+	t.Helper()
 	ctx := t.Context()
 	db := testenv.NewDB(t)
 	kafka := testenv.Kafka(t, demo.Topic, 1)
@@ -424,19 +451,17 @@ func TestMetricsReference(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-
-	var b strings.Builder
-	b.WriteString(metricsPreamble)
-	b.WriteString("\n## `projector run`\n\n")
-	renderMetrics(&b, append(rowsOf(engineFams), startupRetries))
-	b.WriteString(metricsNotes)
-	b.WriteString("\n## `projector relay`\n\n")
-	renderMetrics(&b, append(rowsOf(relayFams), startupRetries))
-	doc := b.String()
-	if err := namedInCode(doc); err != nil {
+	all, err := engineMetrics.Gather()
+	if err != nil {
 		t.Fatal(err)
 	}
-	checkGenerated(t, "docs/metrics.md", doc)
+	var client []*dto.MetricFamily
+	for _, f := range all {
+		if strings.HasPrefix(f.GetName(), "kgo_") {
+			client = append(client, f)
+		}
+	}
+	return registeredMetrics{engine: engineFams, relay: relayFams, client: client}
 }
 
 // metricName is a metric name as the code spells it in a literal.
@@ -499,6 +524,26 @@ func slug(heading string) string {
 	return b.String()
 }
 
+// anchors are the anchors of the headings of the Markdown file at path,
+// outside code blocks; nil when it cannot be read.
+func anchors(path string) map[string]bool {
+	src, err := os.ReadFile(path)
+	if err != nil {
+		return nil
+	}
+	out := map[string]bool{}
+	fence := false
+	for _, line := range strings.Split(string(src), "\n") {
+		if strings.HasPrefix(line, "```") {
+			fence = !fence
+		}
+		if !fence && strings.HasPrefix(line, "#") {
+			out[slug(strings.TrimLeft(line, "#"))] = true
+		}
+	}
+	return out
+}
+
 // TestDocLinks: every relative link of the README and of docs/ names a
 // file that exists and, with an anchor, a heading in it, so that pages
 // moved or renamed leave no dead links behind.
@@ -509,23 +554,6 @@ func TestDocLinks(t *testing.T) {
 		t.Fatal(err)
 	}
 	pages = append(pages, filepath.Join(root, "README.md"), filepath.Join(root, "deploy", "README.md"))
-	anchors := func(path string) map[string]bool {
-		src, err := os.ReadFile(path)
-		if err != nil {
-			return nil
-		}
-		out := map[string]bool{}
-		fence := false
-		for _, line := range strings.Split(string(src), "\n") {
-			if strings.HasPrefix(line, "```") {
-				fence = !fence
-			}
-			if !fence && strings.HasPrefix(line, "#") {
-				out[slug(strings.TrimLeft(line, "#"))] = true
-			}
-		}
-		return out
-	}
 	for _, page := range pages {
 		src, err := os.ReadFile(page)
 		if err != nil {
