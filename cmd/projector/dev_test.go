@@ -170,18 +170,23 @@ func TestDevRestartsOnItsOwnTables(t *testing.T) {
 	d.produce(schemaFile, first)
 	waitBalance(t, db, 12, 2)
 	d.stop()
+	// A projector run's offsets in the same database are not dev's to move.
+	if _, err := db.Pool.Exec(t.Context(), `INSERT INTO projector_offsets (identity, topic, partition, next_offset, owner_epoch)
+		VALUES ('projector', 'accounts.events', 0, 500, 3)`); err != nil {
+		t.Fatal(err)
+	}
 
 	d = startDev(t, config, db)
 	d.produce(schemaFile, first+`{"account_id": "a-1", "version": 3, "type": "Deposited", "amount": 100}
 `)
 	waitBalance(t, db, 112, 3)
-	if out := d.stdout.String(); !strings.Contains(out, "stored offsets of identity projector moved back to 0") {
+	if out := d.stdout.String(); !strings.Contains(out, "stored offsets of identity projector-dev moved back to 0") {
 		t.Errorf("the second dev did not say it moved the stored offsets back:\n%s", out)
 	}
 	var out syncBuffer
 	testenv.WaitFor(t, 30*time.Second, func() error {
 		out = syncBuffer{}
-		if err := Main(t.Context(), []string{"status", "--brokers", d.brokers, "--database-url", db.URL}, &out, &out); err != nil {
+		if err := Main(t.Context(), []string{"status", "--brokers", d.brokers, "--database-url", db.URL, "--identity", DevIdentity}, &out, &out); err != nil {
 			return err
 		}
 		for _, l := range strings.Split(strings.TrimSpace(out.String()), "\n")[1:] {
@@ -192,6 +197,10 @@ func TestDevRestartsOnItsOwnTables(t *testing.T) {
 		return nil
 	})
 	d.stop()
+	var next, epoch int64
+	if err := db.Pool.QueryRow(t.Context(), `SELECT next_offset, owner_epoch FROM projector_offsets WHERE identity = 'projector'`).Scan(&next, &epoch); err != nil || next != 500 || epoch != 3 {
+		t.Errorf("run's stored offset after two dev starts: %d at epoch %d (%v), want 500 at epoch 3, untouched", next, epoch, err)
+	}
 	if strings.Contains(d.stderr.String(), "halted") {
 		t.Errorf("a partition halted after the restart:\n%s", d.stderr.String())
 	}

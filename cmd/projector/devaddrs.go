@@ -7,3 +7,9 @@ const (
 	DevBrokers     = "127.0.0.1:9092"
 	DevRegistryURL = "http://127.0.0.1:8081"
 )
+
+// DevIdentity is projector dev's consumer identity unless told otherwise:
+// dev moves its identity's stored offsets back to 0 on every start (its
+// embedded topics start empty), which must never happen to the identity a
+// projector run keeps in the same database.
+const DevIdentity = "projector-dev"
