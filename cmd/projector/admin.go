@@ -208,11 +208,11 @@ func listBounds(ctx context.Context, adm *kadm.Client, topics ...string) (map[si
 
 // admin returns an admin client on --brokers and how to close it.
 func (c *common) admin() (*kadm.Client, func(), error) {
-	brokers, err := c.brokerList()
+	kcfg, err := c.kafkaConfig(nil, nil)
 	if err != nil {
 		return nil, nil, err
 	}
-	cl, err := kafkaclient.New(kafkaclient.Config{Brokers: brokers})
+	cl, err := kafkaclient.New(kcfg)
 	if err != nil {
 		return nil, nil, fmt.Errorf("--brokers: %w", err)
 	}

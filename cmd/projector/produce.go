@@ -338,7 +338,10 @@ func (f *produceFlags) run(ctx context.Context, stdin io.Reader, stdout, stderr 
 	if err := f.validate(); err != nil {
 		return err
 	}
-	brokers, err := f.brokerList()
+	// The client's warnings (an unreachable broker) reach the terminal
+	// once a minute each, as text: this is a command a person runs.
+	log := slog.New(slog.NewTextHandler(stderr, &slog.HandlerOptions{Level: slog.LevelWarn, ReplaceAttr: redact.ReplaceAttr}))
+	kcfg, err := f.kafkaConfig(log, nil)
 	if err != nil {
 		return err
 	}
@@ -384,12 +387,9 @@ func (f *produceFlags) run(ctx context.Context, stdin io.Reader, stdout, stderr 
 		return err
 	}
 
-	// The client's warnings (an unreachable broker) reach the terminal
-	// once a minute each, as text: this is a command a person runs.
-	log := slog.New(slog.NewTextHandler(stderr, &slog.HandlerOptions{Level: slog.LevelWarn, ReplaceAttr: redact.ReplaceAttr}))
 	// franz-go's producer is idempotent with acks from all in-sync replicas
 	// by default; both are stated so that no option can weaken them.
-	cl, err := kafkaclient.New(kafkaclient.Config{Brokers: brokers, Logger: log},
+	cl, err := kafkaclient.New(kcfg,
 		kgo.RequiredAcks(kgo.AllISRAcks()),
 		kgo.ProducerLinger(0),
 		kgo.RecordDeliveryTimeout(f.timeout),
