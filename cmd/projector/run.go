@@ -44,7 +44,7 @@ type runFlags struct {
 	dbFlags
 	// clientOpts are the Kafka client's transport (TLS, SASL) of the
 	// --kafka-* flags, built by run once they are checked.
-	clientOpts []kgo.Opt
+	clientOpts      []kgo.Opt
 	httpAddr        string
 	startFrom       string
 	batchMaxRecords int
