@@ -452,8 +452,22 @@ func (f *produceFlags) deliveryError(results kgo.ProduceResults, total int) erro
 		}
 		fmt.Fprintf(&b, "\n  %s%s: %v", strings.Join(where, ", "), more, g.err)
 	}
-	return errors.New(b.String())
+	errs := make([]error, len(groups))
+	for i, g := range groups {
+		errs[i] = g.err
+	}
+	return &joinedError{msg: b.String(), errs: errs}
 }
+
+// joinedError is a message of its own over errs, which callers can still
+// inspect with errors.Is and errors.As.
+type joinedError struct {
+	msg  string
+	errs []error
+}
+
+func (e *joinedError) Error() string   { return e.msg }
+func (e *joinedError) Unwrap() []error { return e.errs }
 
 // summary is the one line a successful produce prints.
 func (f *produceFlags) summary(results kgo.ProduceResults, vs valueSchema) string {

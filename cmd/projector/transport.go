@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
+	"github.com/twmb/franz-go/pkg/kerr"
 	"github.com/twmb/franz-go/pkg/sasl"
 	"github.com/twmb/franz-go/pkg/sasl/plain"
 	"github.com/twmb/franz-go/pkg/sasl/scram"
@@ -141,6 +142,15 @@ func (k *kafkaTransport) kafkaSASL() (sasl.Mechanism, error) {
 	default:
 		return scram.Auth{User: k.saslUsername, Pass: k.saslPassword}.AsSha512Mechanism(), nil
 	}
+}
+
+// kafkaHint adds to err which flags to check when a broker refused the
+// credentials: the client's own message names only the Kafka error.
+func kafkaHint(err error) error {
+	if errors.Is(err, kerr.SaslAuthenticationFailed) {
+		return fmt.Errorf("%w\nThe brokers refused the SASL credentials: check --kafka-sasl-mechanism, --kafka-sasl-username and --kafka-sasl-password (PROJECTOR_KAFKA_SASL_PASSWORD)", err)
+	}
+	return err
 }
 
 // registryHTTPClient is the HTTP client of --registry-tls-ca-file, nil
