@@ -19,6 +19,7 @@ import (
 
 	"github.com/hamba/avro/v2"
 	"github.com/peterbourgon/ff/v3/ffcli"
+	"github.com/twmb/franz-go/pkg/kerr"
 	"github.com/twmb/franz-go/pkg/kgo"
 	"github.com/twmb/franz-go/pkg/sr"
 
@@ -398,6 +399,13 @@ func (f *produceFlags) run(ctx context.Context, stdin io.Reader, stdout, stderr 
 		return fmt.Errorf("--brokers: %w", err)
 	}
 	defer cl.Close()
+	// Refused credentials fail at once: the producer would retry them
+	// until --timeout and may then report only the deadline. Any other
+	// failure (a broker still starting) is left to the producer's
+	// retries.
+	if err := cl.Ping(ctx); errors.Is(err, kerr.SaslAuthenticationFailed) {
+		return fmt.Errorf("Kafka at %s: %w", strings.Join(kcfg.Brokers, ","), err)
+	}
 	results := cl.ProduceSync(ctx, records...)
 	if err := f.deliveryError(results, len(records)); err != nil {
 		return err
