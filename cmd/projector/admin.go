@@ -102,6 +102,9 @@ func newStatusCommand(name, usage string, stdout, stderr io.Writer) *ffcli.Comma
 			fs.BoolVar(&asJSON, "json", false, "print JSON objects instead of a table")
 		},
 		func(ctx context.Context, _ []string) error {
+			if err := c.checkTransport(); err != nil {
+				return err
+			}
 			pool, err := connectEngine(ctx, c.databaseURL, tableOffsets)
 			if err != nil {
 				return err

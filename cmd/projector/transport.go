@@ -70,6 +70,16 @@ func (c *common) kafkaConfig(log *slog.Logger, metrics prometheus.Registerer) (k
 	return kafkaclient.Config{Brokers: brokers, TLS: tlsCfg, SASL: mech, Logger: log, Registerer: metrics}, nil
 }
 
+// checkTransport reports what is wrong with the transport flags, for a
+// command that builds its client only later.
+func (k *kafkaTransport) checkTransport() error {
+	if _, err := k.kafkaTLS(); err != nil {
+		return err
+	}
+	_, err := k.kafkaSASL()
+	return err
+}
+
 // kafkaTLS is the TLS configuration of the --kafka-tls* flags, nil for
 // plaintext.
 func (k *kafkaTransport) kafkaTLS() (*tls.Config, error) {
