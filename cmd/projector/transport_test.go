@@ -11,8 +11,13 @@ import (
 	"crypto/x509/pkix"
 	"encoding/json"
 	"encoding/pem"
+	"io"
+	"log"
 	"math/big"
 	"net"
+	"net/http/httptest"
+	"net/http/httputil"
+	"net/url"
 	"os"
 	"path/filepath"
 	"strings"
@@ -35,6 +40,9 @@ import (
 type testPKI struct {
 	caFile, certFile, keyFile string
 	server                    *tls.Config
+	// https serves the server certificate without asking for a
+	// client's.
+	https *tls.Config
 	// client is a config that trusts the CA and presents the client
 	// certificate, for the test's own clients.
 	client *tls.Config
@@ -98,6 +106,7 @@ func newTestPKI(t *testing.T) *testPKI {
 		// --kafka-tls-cert-file and --kafka-tls-key-file flags are
 		// exercised along with the CA.
 		server: &tls.Config{Certificates: []tls.Certificate{serverPair}, ClientCAs: pool, ClientAuth: tls.RequireAndVerifyClientCert, MinVersion: tls.VersionTLS12},
+		https:  &tls.Config{Certificates: []tls.Certificate{serverPair}, MinVersion: tls.VersionTLS12},
 		client: &tls.Config{RootCAs: pool, Certificates: []tls.Certificate{clientPair}, MinVersion: tls.VersionTLS12},
 	}
 	for file, data := range map[string][]byte{
@@ -165,6 +174,24 @@ func (k *securedKafka) client(t *testing.T) *kgo.Client {
 	return cl
 }
 
+// httpsRegistry is a registry behind TLS with pki's server certificate,
+// and its URL.
+func httpsRegistry(t *testing.T, pki *testPKI) string {
+	t.Helper()
+	fake, _ := testenv.Registry(t)
+	target, err := url.Parse(fake.URL())
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := httptest.NewUnstartedServer(httputil.NewSingleHostReverseProxy(target))
+	srv.TLS = pki.https
+	// A client that does not trust the CA is expected by one case.
+	srv.Config.ErrorLog = log.New(io.Discard, "", 0)
+	srv.StartTLS()
+	t.Cleanup(srv.Close)
+	return srv.URL
+}
+
 // TestSecuredKafka: against a cluster that takes only TLS with a client
 // certificate and SCRAM, produce, run and status given the transport
 // flags do what they do on a plaintext one: the events produced are
@@ -174,7 +201,7 @@ func (k *securedKafka) client(t *testing.T) *kgo.Client {
 func TestSecuredKafka(t *testing.T) {
 	ctx := t.Context()
 	k := newSecuredKafka(t, demo.Topic, 2)
-	fake, _ := testenv.Registry(t)
+	registry := httpsRegistry(t, k.pki)
 	db := testenv.NewDB(t)
 
 	stream := demo.Generate(demo.Options{Aggregates: 40, MeanEvents: 4, Seed: 7})
@@ -202,10 +229,10 @@ func TestSecuredKafka(t *testing.T) {
 	}
 	events := writeFile(t, "events.jsonl", lines.String())
 	avsc := filepath.Join("..", "..", "internal", "demo", "account_event.avsc")
-	out, err := runCaptured(ctx, append([]string{"produce", "--registry-url", fake.URL(), "--topic", demo.Topic,
-		"--schema", avsc, "--key-field", "account_id", "--file", events, "--timeout", "20s"}, k.flags("SCRAM-SHA-256", secret)...)...)
+	out, err := runCaptured(ctx, append([]string{"produce", "--registry-url", registry, "--topic", demo.Topic,
+		"--schema", avsc, "--key-field", "account_id", "--file", events, "--timeout", "20s", "--registry-tls-ca-file", k.pki.caFile}, k.flags("SCRAM-SHA-256", secret)...)...)
 	if err != nil {
-		t.Fatalf("produce on the secured cluster: %v\n%s", err, out)
+		t.Fatalf("produce on the secured cluster, with an HTTPS registry: %v\n%s", err, out)
 	}
 	noSecret(t, "produce", out)
 	end, err := demo.EndOffsets(ctx, kadm.NewClient(k.client(t)), demo.Topic)
@@ -220,8 +247,8 @@ func TestSecuredKafka(t *testing.T) {
 	var runOut lockedBuffer
 	done := make(chan error, 1)
 	go func() {
-		done <- Main(runCtx, append([]string{"run", "--registry-url", fake.URL(), "--database-url", db.URL,
-			"--identity", "secured", "--http-addr", "", "--log-format", "text",
+		done <- Main(runCtx, append([]string{"run", "--registry-url", registry, "--database-url", db.URL,
+			"--identity", "secured", "--http-addr", "", "--log-format", "text", "--registry-tls-ca-file", k.pki.caFile,
 			"--config", filepath.Join("..", "..", "examples", "projections.yaml")}, k.flags("SCRAM-SHA-256", secret)...), &runOut, &runOut)
 	}()
 	wctx, cancel := context.WithTimeout(ctx, time.Minute)
@@ -262,10 +289,20 @@ func TestSecuredKafka(t *testing.T) {
 		}
 	}
 
+	t.Run("registry CA", func(t *testing.T) {
+		// Without --registry-tls-ca-file the registry's certificate is
+		// not trusted: the flag is what made produce work above.
+		out, err := runCaptured(ctx, append([]string{"produce", "--registry-url", registry, "--topic", demo.Topic,
+			"--schema", avsc, "--key-field", "account_id", "--file", events, "--timeout", "5s"}, k.flags("SCRAM-SHA-256", secret)...)...)
+		if err == nil || !strings.Contains(out, "certificate signed by unknown authority") {
+			t.Errorf("produce trusted the registry's private CA without --registry-tls-ca-file: %v\n%s", err, out)
+		}
+	})
+
 	t.Run("wrong password", func(t *testing.T) {
 		const wrong = "Wr0ng-" + secret
 		for _, args := range [][]string{
-			{"produce", "--registry-url", fake.URL(), "--topic", demo.Topic, "--format", "hex", "--key", "k", "--file", writeFile(t, "one.hex", "0102\n"), "--timeout", "10s"},
+			{"produce", "--registry-url", registry, "--topic", demo.Topic, "--format", "hex", "--key", "k", "--file", writeFile(t, "one.hex", "0102\n"), "--timeout", "10s"},
 			{"status", "--database-url", db.URL, "--identity", "secured"},
 		} {
 			out, err := runCaptured(ctx, append(args, k.flags("plain", wrong)...)...)
@@ -286,8 +323,8 @@ func TestSecuredKafka(t *testing.T) {
 		var runOut lockedBuffer
 		done := make(chan error, 1)
 		go func() {
-			done <- Main(runCtx, append([]string{"run", "--registry-url", fake.URL(), "--database-url", db.URL,
-				"--identity", "wrong-password", "--http-addr", "", "--log-format", "text",
+			done <- Main(runCtx, append([]string{"run", "--registry-url", registry, "--database-url", db.URL,
+				"--identity", "wrong-password", "--http-addr", "", "--log-format", "text", "--registry-tls-ca-file", k.pki.caFile,
 				"--config", filepath.Join("..", "..", "examples", "projections.yaml")}, k.flags("plain", wrong)...), &runOut, &runOut)
 		}()
 		testenv.WaitFor(t, 30*time.Second, testenv.Holds("run logs the SASL authentication failure", func() bool {
