@@ -37,7 +37,7 @@ type kafkaTransport struct {
 }
 
 func (k *kafkaTransport) register(fs *flag.FlagSet) {
-	fs.BoolVar(&k.tls, "kafka-tls", false, "connect to the brokers over TLS, verified against the system's CAs unless --kafka-tls-ca-file; implied by any --kafka-tls-* file flag (PROJECTOR_KAFKA_TLS)")
+	fs.BoolVar(&k.tls, "kafka-tls", false, "connect to the brokers over TLS, verified against the system's CAs unless --kafka-tls-ca-file; implied by any other --kafka-tls-* flag (PROJECTOR_KAFKA_TLS)")
 	fs.StringVar(&k.caFile, "kafka-tls-ca-file", "", "PEM file of the CAs that sign the brokers' certificates, instead of the system's (PROJECTOR_KAFKA_TLS_CA_FILE)")
 	fs.StringVar(&k.certFile, "kafka-tls-cert-file", "", "PEM file of the client certificate, for brokers that require one; needs --kafka-tls-key-file (PROJECTOR_KAFKA_TLS_CERT_FILE)")
 	fs.StringVar(&k.keyFile, "kafka-tls-key-file", "", "PEM file of the client certificate's private key; needs --kafka-tls-cert-file (PROJECTOR_KAFKA_TLS_KEY_FILE)")

@@ -327,9 +327,18 @@ func TestSecuredKafka(t *testing.T) {
 				"--identity", "wrong-password", "--http-addr", "", "--log-format", "text", "--registry-tls-ca-file", k.pki.caFile,
 				"--config", filepath.Join("..", "..", "examples", "projections.yaml")}, k.flags("plain", wrong)...), &runOut, &runOut)
 		}()
+		// First the client's own error, at once; then, once the member
+		// has been out of its group for a while, the engine's warning,
+		// which says the brokers answer and refuse the credentials.
 		testenv.WaitFor(t, 30*time.Second, testenv.Holds("run logs the SASL authentication failure", func() bool {
 			return strings.Contains(runOut.String(), "level=ERROR") && strings.Contains(runOut.String(), "SASL_AUTHENTICATION_FAILED")
 		}))
+		testenv.WaitFor(t, 30*time.Second, testenv.Holds("run warns that the brokers refuse the credentials", func() bool {
+			return strings.Contains(runOut.String(), "refuse this member's SASL credentials")
+		}))
+		if strings.Contains(runOut.String(), "no Kafka broker answers") {
+			t.Errorf("run says no broker answers when the brokers refused its credentials:\n%s", runOut.String())
+		}
 		stop()
 		<-done
 		if strings.Contains(runOut.String(), wrong) {
