@@ -289,6 +289,15 @@ func TestSecuredKafka(t *testing.T) {
 		}
 	}
 
+	t.Run("server name", func(t *testing.T) {
+		// The brokers' certificate is for 127.0.0.1: a server name it
+		// does not hold is refused, so the flag is what is checked.
+		out, err := runCaptured(ctx, append([]string{"status", "--database-url", db.URL, "--identity", "secured", "--kafka-tls-server-name", "kafka.example"}, k.flags("SCRAM-SHA-256", secret)...)...)
+		if err == nil || !strings.Contains(out, "kafka.example") {
+			t.Errorf("status verified the brokers against a name their certificate does not hold: %v\n%s", err, out)
+		}
+	})
+
 	t.Run("registry CA", func(t *testing.T) {
 		// Without --registry-tls-ca-file the registry's certificate is
 		// not trusted: the flag is what made produce work above.
