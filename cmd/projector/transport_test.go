@@ -11,6 +11,7 @@ import (
 	"crypto/x509/pkix"
 	"encoding/json"
 	"encoding/pem"
+	"fmt"
 	"io"
 	"log"
 	"math/big"
@@ -33,6 +34,7 @@ import (
 
 	"github.com/projector-dev/projector/internal/demo"
 	"github.com/projector-dev/projector/internal/testenv"
+	"github.com/projector-dev/projector/outbox"
 )
 
 // testPKI is a throwaway CA with a server certificate for 127.0.0.1 and a
@@ -193,10 +195,10 @@ func httpsRegistry(t *testing.T, pki *testPKI) string {
 }
 
 // TestSecuredKafka: against a cluster that takes only TLS with a client
-// certificate and SCRAM, produce, run and status given the transport
-// flags do what they do on a plaintext one: the events produced are
-// folded into the table as the reference fold says, and status shows no
-// lag. A wrong password fails naming SASL authentication, and the
+// certificate and SASL, produce, run, status and relay given the
+// transport flags do what they do on a plaintext one: the events produced
+// are folded into the table as the reference fold says, status shows no
+// lag, the relay's event reaches the topic. A wrong password fails naming SASL authentication, and the
 // password is printed by none of them.
 func TestSecuredKafka(t *testing.T) {
 	ctx := t.Context()
@@ -353,5 +355,30 @@ func TestSecuredKafka(t *testing.T) {
 		if strings.Contains(runOut.String(), wrong) {
 			t.Errorf("run printed the password:\n%s", runOut.String())
 		}
+	})
+	t.Run("relay", func(t *testing.T) {
+		if err := outbox.Migrate(ctx, db.Pool); err != nil {
+			t.Fatal(err)
+		}
+		payload := []byte{0, 0, 0, 0, 1, 's', 'e', 'c'}
+		if err := outbox.AppendPool(ctx, db.Pool, outbox.Event{AggregateType: "account", AggregateID: "acc-relayed", Version: 1,
+			Type: "Deposited", Topic: demo.Topic, Payload: payload}); err != nil {
+			t.Fatal(err)
+		}
+		s := start(t, append([]string{"relay", "--http-addr", "", "--database-url", db.URL}, k.flags("scram-sha-256", secret)...)...)
+		cl := k.client(t)
+		cl.AddConsumeTopics(demo.Topic)
+		testenv.WaitFor(t, 30*time.Second, func() error {
+			s.running(t)
+			pctx, cancel := context.WithTimeout(ctx, 200*time.Millisecond)
+			defer cancel()
+			for _, r := range cl.PollFetches(pctx).Records() {
+				if string(r.Key) == "acc-relayed" && bytes.Equal(r.Value, payload) {
+					return nil
+				}
+			}
+			return fmt.Errorf("the relayed event is not on the secured cluster yet:\n%s", s.out.String())
+		})
+		noSecret(t, "relay", s.out.String())
 	})
 }
