@@ -96,7 +96,12 @@ func (e *Engine) watchKafka(ctx context.Context) {
 		var problem error
 		var kind string
 		if !joined && now.Sub(started) >= e.watch.joinWarn {
-			if err := e.ping(ctx); err != nil {
+			switch err := e.ping(ctx); {
+			case errors.Is(err, kerr.SaslAuthenticationFailed):
+				// The brokers answer: saying none does would send the
+				// operator to the network instead of the credentials.
+				problem, kind = fmt.Errorf("the Kafka brokers refuse this member's SASL credentials (seed brokers %s): check the SASL mechanism, user name and password: %w", strings.Join(e.cfg.Brokers, ","), err), "brokers"
+			case err != nil:
 				problem, kind = fmt.Errorf("no Kafka broker answers (seed brokers %s): %w", strings.Join(e.cfg.Brokers, ","), err), "brokers"
 			}
 		}

@@ -102,6 +102,9 @@ func newStatusCommand(name, usage string, stdout, stderr io.Writer) *ffcli.Comma
 			fs.BoolVar(&asJSON, "json", false, "print JSON objects instead of a table")
 		},
 		func(ctx context.Context, _ []string) error {
+			if err := c.checkTransport(); err != nil {
+				return err
+			}
 			pool, err := connectEngine(ctx, c.databaseURL, tableOffsets)
 			if err != nil {
 				return err
@@ -208,11 +211,11 @@ func listBounds(ctx context.Context, adm *kadm.Client, topics ...string) (map[si
 
 // admin returns an admin client on --brokers and how to close it.
 func (c *common) admin() (*kadm.Client, func(), error) {
-	brokers, err := c.brokerList()
+	kcfg, err := c.kafkaConfig(nil, nil)
 	if err != nil {
 		return nil, nil, err
 	}
-	cl, err := kafkaclient.New(kafkaclient.Config{Brokers: brokers})
+	cl, err := kafkaclient.New(kcfg)
 	if err != nil {
 		return nil, nil, fmt.Errorf("--brokers: %w", err)
 	}

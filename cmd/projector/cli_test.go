@@ -127,6 +127,20 @@ func TestBadInputStopsWithAClearMessage(t *testing.T) {
 		{[]string{"run", "--brokers", "b", "--registry-url", "r", "--dead-letter-storm-share", "1.5"}, "-dead-letter-storm-share"},
 		{[]string{"run", "--brokers", "b", "--registry-url", "r", "--dead-letter-storm-share", "half"}, "-dead-letter-storm-share"},
 		{[]string{"run", "--brokers", "b", "--registry-url", "r", "--dead-letter-storm-window", "0"}, "--dead-letter-storm-window"},
+		// The Kafka transport is checked before anything connects, by
+		// every command that has it.
+		{[]string{"run", "--brokers", "b", "--registry-url", "r", "--kafka-sasl-mechanism", "gssapi"}, `--kafka-sasl-mechanism "gssapi": want plain, scram-sha-256 or scram-sha-512`},
+		{[]string{"run", "--brokers", "b", "--registry-url", "r", "--kafka-sasl-username", "u"}, "need --kafka-sasl-mechanism"},
+		{[]string{"run", "--brokers", "b", "--registry-url", "r", "--kafka-sasl-mechanism", "PLAIN"}, "--kafka-sasl-mechanism plain needs --kafka-sasl-username"},
+		{[]string{"relay", "--brokers", "b", "--kafka-sasl-mechanism", "scram-sha-512", "--kafka-sasl-username", "u"}, "--kafka-sasl-mechanism scram-sha-512 needs --kafka-sasl-password"},
+		{[]string{"produce", "--brokers", "b", "--topic", "t", "--tombstone", "k", "--kafka-tls-cert-file", "c.pem"}, "--kafka-tls-cert-file needs --kafka-tls-key-file"},
+		{[]string{"status", "--brokers", "b", "--kafka-tls-key-file", "k.pem"}, "--kafka-tls-key-file needs --kafka-tls-cert-file"},
+		{[]string{"offsets", "reset", "--brokers", "b", "--topic", "t", "--to-earliest", "--kafka-tls-ca-file", filepath.Join(dir, "no-ca.pem")}, "--kafka-tls-ca-file: open " + filepath.Join(dir, "no-ca.pem")},
+		{[]string{"dlq", "replay", "--execute", "--brokers", "b", "--kafka-tls-ca-file", bad}, "--kafka-tls-ca-file " + bad + ": no PEM certificate in the file"},
+		{[]string{"run", "--brokers", "b", "--registry-url", "r", "--kafka-tls-cert-file", bad, "--kafka-tls-key-file", bad}, "--kafka-tls-cert-file " + bad + ", --kafka-tls-key-file " + bad},
+		{[]string{"produce", "--topic", "t", "--key", "k", "--file", writeFile(t, "e.jsonl", "{}\n"), "--schema", "s.avsc", "--registry-url", "https://r", "--registry-tls-ca-file", bad}, "--registry-tls-ca-file " + bad + ": no PEM certificate"},
+		// dev's embedded broker is plaintext.
+		{[]string{"dev", "--kafka-tls"}, "flag provided but not defined: -kafka-tls"},
 		{[]string{"migrate", "--config", filepath.Join(dir, "missing.yaml")}, "missing.yaml"},
 		{[]string{"migrate", "--config", bad}, `events.Opened.set: no column "nope"`},
 		{[]string{"migrate", "--config", bad}, `projection "x"`},

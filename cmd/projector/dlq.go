@@ -411,9 +411,9 @@ func dlqReplayCommand(stdout, stderr io.Writer) *ffcli.Command {
 			} else if f.Status == "" {
 				f.Status = deadletters.StatusOpen
 			}
-			var brokers []string
+			var kcfg kafkaclient.Config
 			if !dryRun {
-				if brokers, err = c.brokerList(); err != nil {
+				if kcfg, err = c.kafkaConfig(nil, nil); err != nil {
 					return err
 				}
 			}
@@ -448,7 +448,7 @@ func dlqReplayCommand(stdout, stderr io.Writer) *ffcli.Command {
 				}
 				return tw.Flush()
 			}
-			cl, err := kafkaclient.New(kafkaclient.Config{Brokers: brokers}, kgo.RecordPartitioner(kgo.ManualPartitioner()))
+			cl, err := kafkaclient.New(kcfg, kgo.RecordPartitioner(kgo.ManualPartitioner()))
 			if err != nil {
 				return fmt.Errorf("--brokers: %w", err)
 			}

@@ -52,7 +52,7 @@ func Main(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	}
 	// Whatever failed, its message is masked: errors quote URLs and
 	// connection strings.
-	return redact.Error(execute(ctx, rootCommand(stdout, stderr), args, stdout, stderr))
+	return redact.Error(kafkaHint(execute(ctx, rootCommand(stdout, stderr), args, stdout, stderr)))
 }
 
 // rootCommand builds the command tree; docs/configuration.md is generated
@@ -87,6 +87,7 @@ type common struct {
 	brokers     string
 	registryURL string
 	registryAuth
+	kafkaTransport
 	databaseURL string
 	identity    string
 	config      string
@@ -99,10 +100,12 @@ func (c *common) register(fs *flag.FlagSet, which ...string) {
 		switch w {
 		case "brokers":
 			fs.StringVar(&c.brokers, "brokers", "", "Kafka seed brokers, comma-separated (PROJECTOR_BROKERS)")
+			c.kafkaTransport.register(fs)
 		case "registry-url":
 			fs.StringVar(&c.registryURL, "registry-url", "", "Schema Registry URL (PROJECTOR_REGISTRY_URL)")
 			fs.StringVar(&c.registryUser, "registry-user", "", "Schema Registry basic-auth user, instead of user:password@ in --registry-url (PROJECTOR_REGISTRY_USER)")
 			fs.StringVar(&c.registryPassword, "registry-password", "", "Schema Registry basic-auth password; prefer the environment variable, a flag shows in ps (PROJECTOR_REGISTRY_PASSWORD)")
+			c.kafkaTransport.registerRegistry(fs)
 		case "database-url":
 			fs.StringVar(&c.databaseURL, "database-url", DefaultDatabaseURL, "PostgreSQL connection URL (PROJECTOR_DATABASE_URL)")
 		case "identity":

@@ -19,6 +19,7 @@ import (
 
 	"github.com/hamba/avro/v2"
 	"github.com/peterbourgon/ff/v3/ffcli"
+	"github.com/twmb/franz-go/pkg/kerr"
 	"github.com/twmb/franz-go/pkg/kgo"
 	"github.com/twmb/franz-go/pkg/sr"
 
@@ -338,7 +339,10 @@ func (f *produceFlags) run(ctx context.Context, stdin io.Reader, stdout, stderr 
 	if err := f.validate(); err != nil {
 		return err
 	}
-	brokers, err := f.brokerList()
+	// The client's warnings (an unreachable broker) reach the terminal
+	// once a minute each, as text: this is a command a person runs.
+	log := slog.New(slog.NewTextHandler(stderr, &slog.HandlerOptions{Level: slog.LevelWarn, ReplaceAttr: redact.ReplaceAttr}))
+	kcfg, err := f.kafkaConfig(log, nil)
 	if err != nil {
 		return err
 	}
@@ -384,12 +388,9 @@ func (f *produceFlags) run(ctx context.Context, stdin io.Reader, stdout, stderr 
 		return err
 	}
 
-	// The client's warnings (an unreachable broker) reach the terminal
-	// once a minute each, as text: this is a command a person runs.
-	log := slog.New(slog.NewTextHandler(stderr, &slog.HandlerOptions{Level: slog.LevelWarn, ReplaceAttr: redact.ReplaceAttr}))
 	// franz-go's producer is idempotent with acks from all in-sync replicas
 	// by default; both are stated so that no option can weaken them.
-	cl, err := kafkaclient.New(kafkaclient.Config{Brokers: brokers, Logger: log},
+	cl, err := kafkaclient.New(kcfg,
 		kgo.RequiredAcks(kgo.AllISRAcks()),
 		kgo.ProducerLinger(0),
 		kgo.RecordDeliveryTimeout(f.timeout),
@@ -398,6 +399,13 @@ func (f *produceFlags) run(ctx context.Context, stdin io.Reader, stdout, stderr 
 		return fmt.Errorf("--brokers: %w", err)
 	}
 	defer cl.Close()
+	// Refused credentials fail at once: the producer would retry them
+	// until --timeout and may then report only the deadline. Any other
+	// failure (a broker still starting) is left to the producer's
+	// retries.
+	if err := cl.Ping(ctx); errors.Is(err, kerr.SaslAuthenticationFailed) {
+		return fmt.Errorf("Kafka at %s: %w", strings.Join(kcfg.Brokers, ","), err)
+	}
 	results := cl.ProduceSync(ctx, records...)
 	if err := f.deliveryError(results, len(records)); err != nil {
 		return err
@@ -452,8 +460,22 @@ func (f *produceFlags) deliveryError(results kgo.ProduceResults, total int) erro
 		}
 		fmt.Fprintf(&b, "\n  %s%s: %v", strings.Join(where, ", "), more, g.err)
 	}
-	return errors.New(b.String())
+	errs := make([]error, len(groups))
+	for i, g := range groups {
+		errs[i] = g.err
+	}
+	return &joinedError{msg: b.String(), errs: errs}
 }
+
+// joinedError is a message of its own over errs, which callers can still
+// inspect with errors.Is and errors.As.
+type joinedError struct {
+	msg  string
+	errs []error
+}
+
+func (e *joinedError) Error() string   { return e.msg }
+func (e *joinedError) Unwrap() []error { return e.errs }
 
 // summary is the one line a successful produce prints.
 func (f *produceFlags) summary(results kgo.ProduceResults, vs valueSchema) string {

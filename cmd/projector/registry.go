@@ -45,6 +45,13 @@ func (c *common) registryClient() (*sr.Client, error) {
 		pass = c.registryPassword
 	}
 	opts := []sr.ClientOpt{sr.URLs(u.String())}
+	httpcl, err := c.registryHTTPClient()
+	if err != nil {
+		return nil, err
+	}
+	if httpcl != nil {
+		opts = append(opts, sr.HTTPClient(httpcl))
+	}
 	if auth {
 		opts = append(opts, sr.BasicAuth(user, pass))
 	}

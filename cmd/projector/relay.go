@@ -38,11 +38,11 @@ func relayCommand(_, stderr io.Writer) *ffcli.Command {
 			if err := f.validate(); err != nil {
 				return err
 			}
-			brokers, err := f.brokerList()
+			log, err := f.logger(stderr)
 			if err != nil {
 				return err
 			}
-			log, err := f.logger(stderr)
+			kcfg, err := f.kafkaConfig(log, nil)
 			if err != nil {
 				return err
 			}
@@ -82,7 +82,8 @@ func relayCommand(_, stderr io.Writer) *ffcli.Command {
 			// from all in-sync replicas; the relay waits for every batch's
 			// acknowledgements, so lingering would only add latency. Its
 			// logger makes an unreachable broker heard.
-			cl, err := kafkaclient.New(kafkaclient.Config{Brokers: brokers, Registerer: metrics, Logger: log},
+			kcfg.Registerer = metrics
+			cl, err := kafkaclient.New(kcfg,
 				kgo.RequiredAcks(kgo.AllISRAcks()),
 				kgo.ProducerLinger(0),
 			)

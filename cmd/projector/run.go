@@ -17,12 +17,14 @@ import (
 	"github.com/peterbourgon/ff/v3/ffcli"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
+	"github.com/twmb/franz-go/pkg/kgo"
 	"github.com/twmb/franz-go/pkg/sr"
 	"go.opentelemetry.io/otel/trace"
 	"golang.org/x/sync/errgroup"
 
 	"github.com/projector-dev/projector/internal/backoff"
 	"github.com/projector-dev/projector/internal/cliflag"
+	"github.com/projector-dev/projector/internal/kafkaclient"
 	"github.com/projector-dev/projector/partition"
 	"github.com/projector-dev/projector/projection"
 	"github.com/projector-dev/projector/projection/check"
@@ -40,6 +42,9 @@ const (
 type runFlags struct {
 	common
 	dbFlags
+	// clientOpts are the Kafka client's transport (TLS, SASL) of the
+	// --kafka-* flags, built by run once they are checked.
+	clientOpts      []kgo.Opt
 	httpAddr        string
 	startFrom       string
 	batchMaxRecords int
@@ -84,11 +89,12 @@ func (f *runFlags) run(ctx context.Context, stderr io.Writer) error {
 	if f.registryURL == "" {
 		return errors.New("--registry-url (PROJECTOR_REGISTRY_URL) is required: the Schema Registry the producers use")
 	}
-	brokers, err := f.brokerList()
+	kcfg, err := f.kafkaConfig(nil, nil)
 	if err != nil {
 		return err
 	}
-	return f.runOn(ctx, stderr, engineEnv{brokers: brokers})
+	f.clientOpts = kafkaclient.TransportOptions(kcfg)
+	return f.runOn(ctx, stderr, engineEnv{brokers: kcfg.Brokers})
 }
 
 // engineEnv is where runOn finds Kafka and the registry, and what a
@@ -516,6 +522,7 @@ func newEngine(f *runFlags, brokers []string, projs []*projection.Projection, re
 		Logger:           log,
 		Registerer:       metrics,
 		TracerProvider:   tp,
+		ClientOpts:       f.clientOpts,
 		Store:            postgres.NewStore(pool),
 	}, projector.PrunedDecoders(reg, readers)) // only the fields each projection reads are decoded
 }

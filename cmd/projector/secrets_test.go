@@ -181,6 +181,27 @@ func TestSecretsNeverPrinted(t *testing.T) {
 		}
 	})
 
+	t.Run("Kafka SASL password", func(t *testing.T) {
+		db := testenv.NewDB(t)
+		// Given in the environment, as the flag's help advises; the
+		// help, the configuration errors and the failures to connect
+		// all leave it out.
+		t.Setenv("PROJECTOR_KAFKA_SASL_PASSWORD", secret)
+		for _, args := range [][]string{
+			{"produce", "--help"},
+			{"produce", "--brokers", "127.0.0.1:1", "--topic", "t", "--tombstone", "k", "--timeout", "2s", "--kafka-sasl-mechanism", "plain", "--kafka-sasl-username", "u"},
+			{"status", "--brokers", "127.0.0.1:1", "--database-url", db.URL, "--kafka-sasl-mechanism", "kerberos", "--kafka-sasl-username", "u"},
+			{"relay", "--brokers", "127.0.0.1:1", "--database-url", db.URL, "--kafka-sasl-mechanism", "scram-sha-256"},
+			{"offsets", "reset", "--brokers", "127.0.0.1:1", "--database-url", db.URL, "--topic", "t", "--to-earliest", "--kafka-tls-cert-file", "c.pem"},
+		} {
+			out, _ := runCaptured(t.Context(), args...)
+			noSecret(t, strings.Join(args, " "), out)
+		}
+		out, _ := runCaptured(t.Context(), "produce", "--brokers", "127.0.0.1:1", "--topic", "t", "--tombstone", "k",
+			"--timeout", "2s", "--kafka-sasl-mechanism", "plain", "--kafka-sasl-username", "u", "--kafka-sasl-password", secret)
+		noSecret(t, "produce with --kafka-sasl-password", out)
+	})
+
 	t.Run("demo", func(t *testing.T) {
 		base, err := url.Parse(testenv.DatabaseURL())
 		if err != nil {

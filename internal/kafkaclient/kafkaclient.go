@@ -5,10 +5,12 @@
 package kafkaclient
 
 import (
+	"crypto/tls"
 	"log/slog"
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/twmb/franz-go/pkg/kgo"
+	"github.com/twmb/franz-go/pkg/sasl"
 	"github.com/twmb/franz-go/plugin/kprom"
 )
 
@@ -22,15 +24,22 @@ type Config struct {
 	// unreachable broker, a failed request), each distinct message at most
 	// once a minute.
 	Logger *slog.Logger
-	// Extra are further options (TLS, SASL, timeouts), applied last so
+	// TLS, when set, makes every connection to a broker TLS with this
+	// configuration (Kafka's security.protocol SSL or SASL_SSL); nil is
+	// plaintext.
+	TLS *tls.Config
+	// SASL, when set, authenticates every connection with this mechanism
+	// (Kafka's sasl.mechanism); nil is no authentication.
+	SASL sasl.Mechanism
+	// Extra are further options (timeouts and the like), applied last so
 	// that they override the ones a role sets.
 	Extra []kgo.Opt
 }
 
 // Options returns the options of a client with role's options: c's
-// brokers and metrics, then role, then c.Extra.
+// brokers, transport and metrics, then role, then c.Extra.
 func Options(c Config, role ...kgo.Opt) []kgo.Opt {
-	opts := []kgo.Opt{kgo.SeedBrokers(c.Brokers...)}
+	opts := append([]kgo.Opt{kgo.SeedBrokers(c.Brokers...)}, TransportOptions(c)...)
 	if c.Registerer != nil {
 		opts = append(opts, kgo.WithHooks(kprom.NewMetrics("kgo", kprom.Registerer(c.Registerer))))
 	}
@@ -39,6 +48,21 @@ func Options(c Config, role ...kgo.Opt) []kgo.Opt {
 	}
 	opts = append(opts, role...)
 	return append(opts, c.Extra...)
+}
+
+// TransportOptions are the options of c's TLS and SASL alone, for a
+// client whose other options are built elsewhere.
+func TransportOptions(c Config) []kgo.Opt {
+	var opts []kgo.Opt
+	if c.TLS != nil {
+		// The client clones it on every dial and fills in the broker's
+		// host as the server name when the config has none.
+		opts = append(opts, kgo.DialTLSConfig(c.TLS))
+	}
+	if c.SASL != nil {
+		opts = append(opts, kgo.SASL(c.SASL))
+	}
+	return opts
 }
 
 // ConsumerOptions is Options for a consumer, which reads only committed

@@ -1,0 +1,180 @@
+package main
+
+import (
+	"crypto/tls"
+	"crypto/x509"
+	"errors"
+	"flag"
+	"fmt"
+	"log/slog"
+	"net/http"
+	"os"
+	"strings"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/twmb/franz-go/pkg/kerr"
+	"github.com/twmb/franz-go/pkg/sasl"
+	"github.com/twmb/franz-go/pkg/sasl/plain"
+	"github.com/twmb/franz-go/pkg/sasl/scram"
+
+	"github.com/projector-dev/projector/internal/kafkaclient"
+)
+
+// kafkaTransport are the flags of how a command reaches a secured Kafka
+// cluster: every command given --brokers has them, so that one cluster's
+// settings work with all of them.
+type kafkaTransport struct {
+	tls            bool
+	caFile         string
+	certFile       string
+	keyFile        string
+	serverName     string
+	saslMechanism  string
+	saslUsername   string
+	saslPassword   string
+	registryCAFile string
+}
+
+func (k *kafkaTransport) register(fs *flag.FlagSet) {
+	fs.BoolVar(&k.tls, "kafka-tls", false, "connect to the brokers over TLS, verified against the system's CAs unless --kafka-tls-ca-file; implied by any other --kafka-tls-* flag (PROJECTOR_KAFKA_TLS)")
+	fs.StringVar(&k.caFile, "kafka-tls-ca-file", "", "PEM file of the CAs that sign the brokers' certificates, instead of the system's (PROJECTOR_KAFKA_TLS_CA_FILE)")
+	fs.StringVar(&k.certFile, "kafka-tls-cert-file", "", "PEM file of the client certificate, for brokers that require one; needs --kafka-tls-key-file (PROJECTOR_KAFKA_TLS_CERT_FILE)")
+	fs.StringVar(&k.keyFile, "kafka-tls-key-file", "", "PEM file of the client certificate's private key; needs --kafka-tls-cert-file (PROJECTOR_KAFKA_TLS_KEY_FILE)")
+	fs.StringVar(&k.serverName, "kafka-tls-server-name", "", "name the brokers' certificates are verified against; empty: each broker's host (PROJECTOR_KAFKA_TLS_SERVER_NAME)")
+	fs.StringVar(&k.saslMechanism, "kafka-sasl-mechanism", "", "SASL mechanism: plain, scram-sha-256 or scram-sha-512; empty: no SASL (PROJECTOR_KAFKA_SASL_MECHANISM)")
+	fs.StringVar(&k.saslUsername, "kafka-sasl-username", "", "SASL user name (PROJECTOR_KAFKA_SASL_USERNAME)")
+	fs.StringVar(&k.saslPassword, "kafka-sasl-password", "", "SASL password; prefer the environment variable, a flag shows in ps (PROJECTOR_KAFKA_SASL_PASSWORD)")
+}
+
+func (k *kafkaTransport) registerRegistry(fs *flag.FlagSet) {
+	fs.StringVar(&k.registryCAFile, "registry-tls-ca-file", "", "PEM file of the CAs that sign an https:// --registry-url's certificate, instead of the system's (PROJECTOR_REGISTRY_TLS_CA_FILE)")
+}
+
+// kafkaConfig returns the client configuration of --brokers and the
+// transport flags, with log and metrics; it reads the files the flags
+// name, so that a wrong flag stops the command before anything connects.
+func (c *common) kafkaConfig(log *slog.Logger, metrics prometheus.Registerer) (kafkaclient.Config, error) {
+	brokers, err := c.brokerList()
+	if err != nil {
+		return kafkaclient.Config{}, err
+	}
+	tlsCfg, err := c.kafkaTLS()
+	if err != nil {
+		return kafkaclient.Config{}, err
+	}
+	mech, err := c.kafkaSASL()
+	if err != nil {
+		return kafkaclient.Config{}, err
+	}
+	return kafkaclient.Config{Brokers: brokers, TLS: tlsCfg, SASL: mech, Logger: log, Registerer: metrics}, nil
+}
+
+// checkTransport reports what is wrong with the transport flags, for a
+// command that builds its client only later.
+func (k *kafkaTransport) checkTransport() error {
+	if _, err := k.kafkaTLS(); err != nil {
+		return err
+	}
+	_, err := k.kafkaSASL()
+	return err
+}
+
+// kafkaTLS is the TLS configuration of the --kafka-tls* flags, nil for
+// plaintext.
+func (k *kafkaTransport) kafkaTLS() (*tls.Config, error) {
+	if k.certFile != "" && k.keyFile == "" {
+		return nil, errors.New("--kafka-tls-cert-file needs --kafka-tls-key-file (PROJECTOR_KAFKA_TLS_KEY_FILE): the client certificate's private key")
+	}
+	if k.keyFile != "" && k.certFile == "" {
+		return nil, errors.New("--kafka-tls-key-file needs --kafka-tls-cert-file (PROJECTOR_KAFKA_TLS_CERT_FILE): the client certificate")
+	}
+	if !k.tls && k.caFile == "" && k.certFile == "" && k.serverName == "" {
+		return nil, nil
+	}
+	cfg := &tls.Config{MinVersion: tls.VersionTLS12, ServerName: k.serverName}
+	if k.caFile != "" {
+		pool, err := certPool("--kafka-tls-ca-file", k.caFile)
+		if err != nil {
+			return nil, err
+		}
+		cfg.RootCAs = pool
+	}
+	if k.certFile != "" {
+		cert, err := tls.LoadX509KeyPair(k.certFile, k.keyFile)
+		if err != nil {
+			// The error names the files; it never quotes the key.
+			return nil, fmt.Errorf("--kafka-tls-cert-file %s, --kafka-tls-key-file %s: %w", k.certFile, k.keyFile, err)
+		}
+		cfg.Certificates = []tls.Certificate{cert}
+	}
+	return cfg, nil
+}
+
+// certPool reads the PEM certificates of file, given by flag.
+func certPool(flag, file string) (*x509.CertPool, error) {
+	pem, err := os.ReadFile(file)
+	if err != nil {
+		return nil, fmt.Errorf("%s: %w", flag, err)
+	}
+	pool := x509.NewCertPool()
+	if !pool.AppendCertsFromPEM(pem) {
+		return nil, fmt.Errorf("%s %s: no PEM certificate in the file", flag, file)
+	}
+	return pool, nil
+}
+
+// kafkaSASL is the mechanism of the --kafka-sasl-* flags, nil for none.
+func (k *kafkaTransport) kafkaSASL() (sasl.Mechanism, error) {
+	mech := strings.ToLower(strings.TrimSpace(k.saslMechanism))
+	if mech == "" {
+		if k.saslUsername != "" || k.saslPassword != "" {
+			return nil, errors.New("--kafka-sasl-username and --kafka-sasl-password need --kafka-sasl-mechanism (PROJECTOR_KAFKA_SASL_MECHANISM): plain, scram-sha-256 or scram-sha-512")
+		}
+		return nil, nil
+	}
+	switch mech {
+	case "plain", "scram-sha-256", "scram-sha-512":
+	default:
+		return nil, fmt.Errorf("--kafka-sasl-mechanism %q: want plain, scram-sha-256 or scram-sha-512", k.saslMechanism)
+	}
+	if k.saslUsername == "" {
+		return nil, fmt.Errorf("--kafka-sasl-mechanism %s needs --kafka-sasl-username (PROJECTOR_KAFKA_SASL_USERNAME)", mech)
+	}
+	if k.saslPassword == "" {
+		return nil, fmt.Errorf("--kafka-sasl-mechanism %s needs --kafka-sasl-password (PROJECTOR_KAFKA_SASL_PASSWORD)", mech)
+	}
+	switch mech {
+	case "plain":
+		return plain.Auth{User: k.saslUsername, Pass: k.saslPassword}.AsMechanism(), nil
+	case "scram-sha-256":
+		return scram.Auth{User: k.saslUsername, Pass: k.saslPassword}.AsSha256Mechanism(), nil
+	default:
+		return scram.Auth{User: k.saslUsername, Pass: k.saslPassword}.AsSha512Mechanism(), nil
+	}
+}
+
+// kafkaHint adds to err which flags to check when a broker refused the
+// credentials: the client's own message names only the Kafka error.
+func kafkaHint(err error) error {
+	if errors.Is(err, kerr.SaslAuthenticationFailed) {
+		return fmt.Errorf("%w\nThe brokers refused the SASL credentials: check --kafka-sasl-mechanism, --kafka-sasl-username and --kafka-sasl-password (PROJECTOR_KAFKA_SASL_PASSWORD)", err)
+	}
+	return err
+}
+
+// registryHTTPClient is the HTTP client of --registry-tls-ca-file, nil
+// for the default one.
+func (k *kafkaTransport) registryHTTPClient() (*http.Client, error) {
+	if k.registryCAFile == "" {
+		return nil, nil
+	}
+	pool, err := certPool("--registry-tls-ca-file", k.registryCAFile)
+	if err != nil {
+		return nil, err
+	}
+	tr := http.DefaultTransport.(*http.Transport).Clone()
+	tr.TLSClientConfig = &tls.Config{MinVersion: tls.VersionTLS12, RootCAs: pool}
+	// The registry client's own default timeout, kept.
+	return &http.Client{Transport: tr, Timeout: 5 * time.Second}, nil
+}
