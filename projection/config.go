@@ -172,7 +172,7 @@ func (s Spec) compile(dir string) (*Projection, error) {
 		if err != nil {
 			return nil, bad("schema %q: %v", s.Schema, err)
 		}
-		p.Schema = schema
+		p.Schema, p.SchemaFile = schema, s.Schema
 	}
 	for _, t := range s.DeleteOn {
 		p.DeleteTypes[t] = true

@@ -127,6 +127,9 @@ type Projection struct {
 	// Schema optionally holds the reader schema (Avro JSON). Empty: the
 	// latest schema registered for "<topic>-value" is used.
 	Schema string
+	// SchemaFile is the schema: path of the projection file it came from,
+	// as written there (relative to the file); empty otherwise.
+	SchemaFile string
 	// Fold is a Go fold computing the new row. Nil in a projection parsed
 	// from a file, whose fold is compiled from its events or columns;
 	// setting it there replaces that fold. Apply folds with whichever

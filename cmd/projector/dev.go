@@ -5,6 +5,7 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"path/filepath"
 	"slices"
 	"strings"
 
@@ -148,7 +149,11 @@ func (f *devFlags) banner(w io.Writer, target dbTarget, brokers, registryURL str
 	for _, p := range projs {
 		if !said[p.Topic] {
 			said[p.Topic] = true
-			fmt.Fprintf(w, "  projector produce%s --topic %s --schema SCHEMA.avsc --key-field %s < events.jsonl\n", produceFlags, p.Topic, p.KeyField)
+			schema := "SCHEMA.avsc"
+			if p.SchemaFile != "" {
+				schema = shellQuote(filepath.Join(filepath.Dir(f.config), p.SchemaFile))
+			}
+			fmt.Fprintf(w, "  projector produce%s --topic %s --schema %s --key-field %s < events.jsonl\n", produceFlags, p.Topic, schema, p.KeyField)
 		}
 	}
 	for _, p := range projs {

@@ -170,7 +170,7 @@ func TestReadmeJourney(t *testing.T) {
 		if brokers == "" || registryURL == "" {
 			t.Fatalf("dev's banner names no broker or registry address:\n%s", out)
 		}
-		for _, want := range []string{"identity   projector", fmt.Sprintf("schema %q", db.Schema), "projector produce", "projector status", "psql"} {
+		for _, want := range []string{"identity   " + DevIdentity, fmt.Sprintf("schema %q", db.Schema), "projector produce", "account.avsc' --key-field account_id", "projector status", "psql"} {
 			if !strings.Contains(out, want) {
 				t.Errorf("dev's banner does not say %q:\n%s", want, out)
 			}
