@@ -91,7 +91,7 @@ func QueueWrite(b *pgx.Batch, identity, projection string, tp sinks.TP, dls []si
 	)
 	for i, d := range dls {
 		offsets[i], rkeys[i], values[i], errs[i], classes[i] = d.Offset, d.RecordKey, d.Value, d.Err, d.Class
-		headers[i], times[i], attempts[i] = headersJSON(d.Headers), timeOrNil(d.Timestamp), int32(max(1, d.Attempts))
+		headers[i], times[i], attempts[i] = HeadersJSON(d.Headers), TimeOrNil(d.Timestamp), int32(max(1, d.Attempts))
 		if d.SchemaID > 0 {
 			v := int32(d.SchemaID)
 			schemaIDs[i] = &v
@@ -117,7 +117,10 @@ func QueueResolved(b *pgx.Batch, identity, projection string, ids []int64) {
 	}
 }
 
-func headersJSON(hs []sinks.Header) string {
+// HeadersJSON is a record's headers as the tables that keep records (dead
+// letters, and the sink's parked events) store them: a JSON array, empty
+// when there are none.
+func HeadersJSON(hs []sinks.Header) string {
 	if len(hs) == 0 {
 		return "[]"
 	}
@@ -125,7 +128,9 @@ func headersJSON(hs []sinks.Header) string {
 	return string(b)
 }
 
-func timeOrNil(t time.Time) *time.Time {
+// TimeOrNil is a record's timestamp as those tables store it: NULL when
+// the record has none.
+func TimeOrNil(t time.Time) *time.Time {
 	if t.IsZero() {
 		return nil
 	}

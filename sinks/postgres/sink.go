@@ -1079,8 +1079,8 @@ func (s *Sink) queueChanges(b *pgx.Batch, tp sinks.TP, ch sinks.Changes, g upser
 		)
 		for i, e := range ch.Park {
 			keys[i], versions[i], offsets[i], rkeys[i], values[i] = e.Key, e.Version, e.Offset, e.RecordKey, e.Value
-			headers[i] = headersJSON(e.Headers)
-			times[i] = timeOrNil(e.Timestamp)
+			headers[i] = deadletters.HeadersJSON(e.Headers)
+			times[i] = deadletters.TimeOrNil(e.Timestamp)
 		}
 		b.Queue(parkSQL, s.identity, s.p.Name, tp.Topic, tp.Partition, keys, versions, offsets, rkeys, values, headers, times)
 	}
@@ -1215,21 +1215,6 @@ func (s *Sink) ParkedKeys(ctx context.Context, tp sinks.TP) ([]string, error) {
 		return nil, fmt.Errorf("list parked aggregates of %s/%d: %w", tp.Topic, tp.Partition, err)
 	}
 	return keys, nil
-}
-
-func headersJSON(hs []sinks.Header) string {
-	if len(hs) == 0 {
-		return "[]"
-	}
-	b, _ := json.Marshal(hs) // cannot fail: strings and byte slices
-	return string(b)
-}
-
-func timeOrNil(t time.Time) *time.Time {
-	if t.IsZero() {
-		return nil
-	}
-	return &t
 }
 
 func quoteTable(name string) string { return pgx.Identifier(strings.Split(name, ".")).Sanitize() }
