@@ -105,7 +105,7 @@ through the environment rather than a flag, which shows in ` + "`ps`" + `.
 
 What the run-time flags do, and when to change them, is explained in
 [operations.md](operations.md) and [performance.md](performance.md). The
-projection file (` + "`--config`" + `) is described in the [README](../README.md#projections).
+projection file (` + "`--config`" + `) is described in [projections.md](projections.md).
 The benchmark's flags are not part of the product: ` + "`make bench`" + ` runs it, and
 its ` + "`--help`" + ` lists them (see [performance.md](performance.md)).
 `
