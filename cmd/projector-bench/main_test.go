@@ -2,43 +2,19 @@ package main
 
 import (
 	"bytes"
-	"context"
-	"encoding/json"
-	"fmt"
 	"net/url"
 	"os"
 	"os/exec"
-	"os/signal"
 	"strings"
 	"sync"
-	"syscall"
 	"testing"
 
 	"github.com/projector-dev/projector/internal/testenv"
 )
 
-// childEnv carries the arguments of a benchmark child started from this
-// test binary: TestMain runs Main with them instead of the tests.
-const childEnv = "PROJECTOR_BENCH_TEST_CHILD_ARGS"
-
-func TestMain(m *testing.M) {
-	if raw := os.Getenv(childEnv); raw != "" {
-		var args []string
-		if err := json.Unmarshal([]byte(raw), &args); err != nil {
-			fmt.Fprintln(os.Stderr, "bad child args:", err)
-			os.Exit(2)
-		}
-		ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
-		err := Main(ctx, args, os.Stdout, os.Stderr)
-		stop()
-		if err != nil {
-			fmt.Fprintln(os.Stderr, "projector-bench:", err)
-			os.Exit(1)
-		}
-		os.Exit(0)
-	}
-	os.Exit(m.Run())
-}
+// TestMain lets a test start this binary as a benchmark child (see
+// spawnTestChildren).
+func TestMain(m *testing.M) { testenv.RunTests(m, "projector-bench", Main) }
 
 // spawnTestChildren makes the benchmark start its children from this test
 // binary (through TestMain) for the rest of the test, and returns the
@@ -51,12 +27,7 @@ func spawnTestChildren(t *testing.T) func() [][]string {
 	)
 	old := benchSpawn
 	benchSpawn = func(args []string) *exec.Cmd {
-		raw, err := json.Marshal(args)
-		if err != nil {
-			t.Fatal(err)
-		}
-		cmd := exec.Command(os.Args[0], "-test.run=^$")
-		cmd.Env = append(os.Environ(), childEnv+"="+string(raw))
+		cmd := testenv.ChildCommand(t, args...)
 		mu.Lock()
 		started = append(started, append([]string{os.Args[0], "-test.run=^$"}, args...))
 		mu.Unlock()

@@ -7,7 +7,6 @@ import (
 	"fmt"
 	"os"
 	"os/exec"
-	"os/signal"
 	"path/filepath"
 	"syscall"
 	"testing"
@@ -20,28 +19,9 @@ import (
 	"github.com/projector-dev/projector/internal/testenv"
 )
 
-const childEnv = "PROJECTOR_TEST_CHILD_ARGS"
-
-// TestMain lets a test start this binary as a projector process: with
-// PROJECTOR_TEST_CHILD_ARGS set it runs those arguments instead of tests.
-func TestMain(m *testing.M) {
-	if raw := os.Getenv(childEnv); raw != "" {
-		var args []string
-		if err := json.Unmarshal([]byte(raw), &args); err != nil {
-			fmt.Fprintln(os.Stderr, "bad child args:", err)
-			os.Exit(2)
-		}
-		ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
-		err := Main(ctx, args, os.Stdout, os.Stderr)
-		stop()
-		if err != nil {
-			fmt.Fprintln(os.Stderr, "projector:", err)
-			os.Exit(1)
-		}
-		os.Exit(0)
-	}
-	os.Exit(m.Run())
-}
+// TestMain lets a test start this binary as a projector process (see
+// startChild).
+func TestMain(m *testing.M) { testenv.RunTests(m, "projector", Main) }
 
 // child is a projector process started from this test binary.
 type child struct {
@@ -52,12 +32,7 @@ type child struct {
 
 func startChild(t *testing.T, args ...string) *child {
 	t.Helper()
-	raw, err := json.Marshal(args)
-	if err != nil {
-		t.Fatal(err)
-	}
-	cmd := exec.Command(os.Args[0], "-test.run=^$")
-	cmd.Env = append(os.Environ(), childEnv+"="+string(raw))
+	cmd := testenv.ChildCommand(t, args...)
 	c := &child{cmd: cmd, stderr: &syncBuffer{}, done: make(chan error, 1)}
 	cmd.Stderr = c.stderr
 	if err := cmd.Start(); err != nil {
