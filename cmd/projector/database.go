@@ -252,10 +252,33 @@ type startup struct {
 	failed func(step string, err error)
 }
 
+// starting is what a command's startup is doing, or last failed at, for
+// /readyz to show until the engine or relay it starts answers instead.
+type starting struct{ err atomic.Pointer[error] }
+
+// step says startup is now at what.
+func (s *starting) step(what string) {
+	err := errors.New("starting: " + what)
+	s.err.Store(&err)
+}
+
+// ready is /readyz's checks: svc's once it is running (nil before).
+func (s *starting) ready(ctx context.Context, svc func() readiness) map[string]error {
+	if r := svc(); r != nil {
+		return r.Ready(ctx)
+	}
+	return map[string]error{"startup": *s.err.Load()}
+}
+
+// readiness is what /readyz asks of a running engine or relay.
+type readiness interface {
+	Ready(ctx context.Context) map[string]error
+}
+
 // newStartup is the startup of a command serving /readyz: each failed
 // attempt is counted in projector_startup_retries_total{step}, registered
-// with reg, and stored in starting for /readyz to show.
-func newStartup(log *slog.Logger, reg prometheus.Registerer, timeout, base, cap time.Duration, starting *atomic.Pointer[error]) startup {
+// with reg, and shown by st.
+func newStartup(log *slog.Logger, reg prometheus.Registerer, timeout, base, cap time.Duration, st *starting) startup {
 	retries := prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name: "projector_startup_retries_total",
 		Help: "Attempts of startup's database work (step: connect, migrate) that failed and were retried.",
@@ -265,7 +288,7 @@ func newStartup(log *slog.Logger, reg prometheus.Registerer, timeout, base, cap 
 		failed: func(what string, err error) {
 			retries.WithLabelValues(what).Inc()
 			err = fmt.Errorf("starting: %s failed, retrying: %w", what, err)
-			starting.Store(&err)
+			st.err.Store(&err)
 		}}
 }
 

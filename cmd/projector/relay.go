@@ -98,18 +98,17 @@ func relayCommand(_, stderr io.Writer) *ffcli.Command {
 
 			var (
 				relay    atomic.Pointer[outbox.Relay]
-				starting atomic.Pointer[error] // what startup is doing or last failed at
+				starting starting
 			)
-			step := func(what string) {
-				err := errors.New("starting: " + what)
-				starting.Store(&err)
-			}
+			step := starting.step
 			step("connecting to PostgreSQL")
 			ready := func(ctx context.Context) map[string]error {
-				if r := relay.Load(); r != nil {
-					return r.Ready(ctx)
-				}
-				return map[string]error{"startup": *starting.Load()}
+				return starting.ready(ctx, func() readiness {
+					if r := relay.Load(); r != nil {
+						return r
+					}
+					return nil
+				})
 			}
 			su := newStartup(log, metrics, f.startupTimeout, f.retryBase, f.retryCap, &starting)
 			return serveOn(ctx, log, ln, metrics, ready, nil, func(ctx context.Context) error {

@@ -171,18 +171,17 @@ func (f *runFlags) runOn(ctx context.Context, stderr io.Writer, env engineEnv) e
 	}()
 	var (
 		engine   atomic.Pointer[projector.Engine]
-		starting atomic.Pointer[error] // what startup is doing or last failed at
+		starting starting
 	)
-	step := func(what string) {
-		err := errors.New("starting: " + what)
-		starting.Store(&err)
-	}
+	step := starting.step
 	step("connecting to PostgreSQL")
 	ready := func(ctx context.Context) map[string]error {
-		if e := engine.Load(); e != nil {
-			return e.Ready(ctx)
-		}
-		return map[string]error{"startup": *starting.Load()}
+		return starting.ready(ctx, func() readiness {
+			if e := engine.Load(); e != nil {
+				return e
+			}
+			return nil
+		})
 	}
 	live := func(ctx context.Context) map[string]error {
 		if e := engine.Load(); e != nil {
