@@ -400,30 +400,9 @@ func TestProduceDemoEndToEnd(t *testing.T) {
 	db := testenv.NewDB(t)
 	stream := demo.Generate(demo.Options{Aggregates: 300, MeanEvents: 6, Duplicate: 0.05, Reorder: 0.05,
 		GapEvery: 50, CloseEvery: 10, Seed: 28})
-	var (
-		sent  []demo.Record
-		lines strings.Builder
-	)
-	for _, r := range stream {
-		if r.Tombstone || r.Poison != "" || r.Key != r.Event.AccountID {
-			continue // sent below, the way produce sends them
-		}
-		ev := r.Event
-		line := map[string]any{"account_id": ev.AccountID, "version": ev.Version, "type": ev.Type,
-			"amount": ev.Amount, "occurred_at": ev.OccurredAt.Format(time.RFC3339Nano)}
-		if ev.Owner != "" {
-			line["owner"] = ev.Owner
-		}
-		b, err := json.Marshal(line)
-		if err != nil {
-			t.Fatal(err)
-		}
-		lines.Write(b)
-		lines.WriteByte('\n')
-		sent = append(sent, r)
-	}
+	sent, lines := jsonLines(t, stream)
 	avsc := filepath.Join("..", "..", "internal", "demo", "account_event.avsc")
-	path := writeFile(t, "events.jsonl", lines.String())
+	path := writeFile(t, "events.jsonl", lines)
 	var out bytes.Buffer
 	common := []string{"--brokers", e.brokers, "--registry-url", e.regURL, "--topic", demo.Topic}
 	if err := Main(ctx, append([]string{"produce", "--schema", avsc, "--key-field", "account_id", "--file", path}, common...), &out, &out); err != nil {
@@ -541,4 +520,31 @@ func TestFieldKey(t *testing.T) {
 			t.Errorf("%v: got %q, %v; want %q", tc.v, got, err, tc.want)
 		}
 	}
+}
+
+// jsonLines is stream's records that projector produce sends as JSON lines
+// (neither tombstones, poison pills nor records keyed by another
+// aggregate), and those lines, one event each.
+func jsonLines(t *testing.T, stream []demo.Record) (sent []demo.Record, lines string) {
+	t.Helper()
+	var b strings.Builder
+	for _, r := range stream {
+		if r.Tombstone || r.Poison != "" || r.Key != r.Event.AccountID {
+			continue
+		}
+		ev := r.Event
+		line := map[string]any{"account_id": ev.AccountID, "version": ev.Version, "type": ev.Type,
+			"amount": ev.Amount, "occurred_at": ev.OccurredAt.Format(time.RFC3339Nano)}
+		if ev.Owner != "" {
+			line["owner"] = ev.Owner
+		}
+		j, err := json.Marshal(line)
+		if err != nil {
+			t.Fatal(err)
+		}
+		b.Write(j)
+		b.WriteByte('\n')
+		sent = append(sent, r)
+	}
+	return sent, b.String()
 }

@@ -207,29 +207,8 @@ func TestSecuredKafka(t *testing.T) {
 	db := testenv.NewDB(t)
 
 	stream := demo.Generate(demo.Options{Aggregates: 40, MeanEvents: 4, Seed: 7})
-	var (
-		sent  []demo.Record
-		lines strings.Builder
-	)
-	for _, r := range stream {
-		if r.Tombstone || r.Poison != "" || r.Key != r.Event.AccountID {
-			continue
-		}
-		ev := r.Event
-		line := map[string]any{"account_id": ev.AccountID, "version": ev.Version, "type": ev.Type,
-			"amount": ev.Amount, "occurred_at": ev.OccurredAt.Format(time.RFC3339Nano)}
-		if ev.Owner != "" {
-			line["owner"] = ev.Owner
-		}
-		b, err := json.Marshal(line)
-		if err != nil {
-			t.Fatal(err)
-		}
-		lines.Write(b)
-		lines.WriteByte('\n')
-		sent = append(sent, r)
-	}
-	events := writeFile(t, "events.jsonl", lines.String())
+	sent, lines := jsonLines(t, stream)
+	events := writeFile(t, "events.jsonl", lines)
 	avsc := filepath.Join("..", "..", "internal", "demo", "account_event.avsc")
 	out, err := runCaptured(ctx, append([]string{"produce", "--registry-url", registry, "--topic", demo.Topic,
 		"--schema", avsc, "--key-field", "account_id", "--file", events, "--timeout", "20s", "--registry-tls-ca-file", k.pki.caFile}, k.flags("SCRAM-SHA-256", secret)...)...)
