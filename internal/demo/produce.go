@@ -14,23 +14,33 @@ import (
 // Encoder turns demo events into Confluent wire-format values, half of
 // them with the evolved (v2) writer schema.
 type Encoder struct {
+	// Topic is where Produce writes: Topic unless RegisterSchemasFor
+	// named another.
+	Topic   string
 	ids     [2]int
 	schemas [2]avro.Schema
 }
 
 // RegisterSchemas registers the demo's schemas (v1, then the compatible
-// v2) under the topic's value subject and returns an encoder for them.
+// v2) under the value subject of the demo's topic and returns an encoder
+// for them.
 func RegisterSchemas(ctx context.Context, cl *sr.Client) (*Encoder, error) {
+	return RegisterSchemasFor(ctx, cl, Topic)
+}
+
+// RegisterSchemasFor is RegisterSchemas for the demo's stream on another
+// topic.
+func RegisterSchemasFor(ctx context.Context, cl *sr.Client, topic string) (*Encoder, error) {
 	files, err := Schemas()
 	if err != nil {
 		return nil, err
 	}
 	texts := []string{files["account_event"], files["account_event_v2"]}
-	ids, err := schemas.Register(ctx, cl, Topic+"-value", texts...)
+	ids, err := schemas.Register(ctx, cl, topic+"-value", texts...)
 	if err != nil {
 		return nil, fmt.Errorf("register demo schemas: %w", err)
 	}
-	e := &Encoder{}
+	e := &Encoder{Topic: topic}
 	for i, t := range texts {
 		s, err := avro.Parse(t)
 		if err != nil {
@@ -72,7 +82,7 @@ func (e *Encoder) Encode(r Record) ([]byte, error) {
 	return schemas.AppendWire(nil, e.ids[i], e.schemas[i], v)
 }
 
-// Produce writes the records to the topic in order, keyed by account, and
+// Produce writes the records to the encoder's topic in order, keyed by account, and
 // waits until every one is acknowledged. progress, if not nil, is called
 // after each acknowledged chunk with the count so far.
 func Produce(ctx context.Context, cl *kgo.Client, enc *Encoder, records []Record, progress func(done int)) error {
@@ -89,7 +99,7 @@ func Produce(ctx context.Context, cl *kgo.Client, enc *Encoder, records []Record
 			if r.Key != "" {
 				key = []byte(r.Key)
 			}
-			batch = append(batch, &kgo.Record{Topic: Topic, Key: key, Value: value})
+			batch = append(batch, &kgo.Record{Topic: enc.Topic, Key: key, Value: value})
 		}
 		if err := cl.ProduceSync(ctx, batch...).FirstErr(); err != nil {
 			return fmt.Errorf("produce: %w", err)

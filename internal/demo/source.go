@@ -62,7 +62,7 @@ func (s *Source) Run(ctx context.Context, chaos *kgo.Client, records []Record, p
 			}
 			events = append(events, outbox.Event{
 				AggregateType: "account", AggregateID: r.Key, Version: r.Event.Version, Type: r.Event.Type,
-				Topic: Topic, Payload: value, Source: "/demo/accounts-service", Time: r.Event.OccurredAt,
+				Topic: s.enc.Topic, Payload: value, Source: "/demo/accounts-service", Time: r.Event.OccurredAt,
 			})
 		}
 		if err := pgx.BeginFunc(ctx, s.pool, func(tx pgx.Tx) error {
