@@ -88,3 +88,22 @@ func TestConfigStormGuardNamesTheField(t *testing.T) {
 		}
 	}
 }
+
+// A group protocol Kafka does not have is refused, naming the field; the
+// two it has are taken, classic when none is given.
+func TestConfigGroupProtocol(t *testing.T) {
+	projs, err := projection.Parse(demo.Projections, ".")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for protocol, ok := range map[string]bool{"": true, "classic": true, "consumer": true, "eager": false, "Consumer": false} {
+		_, err := projector.New(projector.Config{Brokers: []string{"127.0.0.1:1"}, Identity: "protocol", Projections: projs,
+			Store: memsink.New(nil), GroupProtocol: protocol}, func(*projection.Projection) partition.Decoder { return nil })
+		switch {
+		case ok && err != nil:
+			t.Errorf("GroupProtocol %q: %v", protocol, err)
+		case !ok && (err == nil || !strings.Contains(err.Error(), "GroupProtocol") || !strings.Contains(err.Error(), "want classic or consumer")):
+			t.Errorf("GroupProtocol %q: %v, want an error naming GroupProtocol and the protocols", protocol, err)
+		}
+	}
+}

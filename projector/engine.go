@@ -105,13 +105,28 @@ type Config struct {
 	// DefaultShutdownTimeout). Keep it below the time the process is given
 	// to exit (Kubernetes' terminationGracePeriodSeconds, 30s by default).
 	ShutdownTimeout time.Duration
+	// GroupProtocol is the consumer group protocol (Kafka's
+	// group.protocol): "classic" (default), where the members assign the
+	// partitions among themselves with the cooperative-sticky balancer,
+	// or "consumer" (KIP-848, Kafka 4.0 or later), where the brokers'
+	// group coordinator assigns them (its uniform assignor) and hands
+	// them over incrementally on the members' heartbeats. Under
+	// "consumer" the session timeout and heartbeat interval are the
+	// brokers' (group.consumer.session.timeout.ms, default 45s, and
+	// group.consumer.heartbeat.interval.ms, or the group's
+	// consumer.session.timeout.ms), so SessionTimeout does not apply.
+	// Brokers that do not offer it, or have it turned off, are joined
+	// with the classic protocol, which the engine warns about once.
+	GroupProtocol string
 	// SessionTimeout is how long the group waits for a silent member
-	// before it reassigns its partitions (Kafka's session.timeout.ms,
-	// default 45s). A crashed member's partitions resume after it.
+	// before it reassigns its partitions (Kafka's session.timeout.ms;
+	// 0: 45s), under the classic group protocol only. A crashed
+	// member's partitions resume after it.
 	SessionTimeout time.Duration
-	// InstanceID makes this member static (Kafka's group.instance.id): a
-	// restart within SessionTimeout gets its partitions back without a
-	// rebalance. Empty (default): dynamic membership.
+	// InstanceID makes this member static (Kafka's group.instance.id),
+	// under either group protocol: a restart within the session timeout
+	// gets its partitions back without a rebalance. Empty (default):
+	// dynamic membership.
 	InstanceID string
 	// DLQTopic, when set, is the Kafka topic dead letters are also
 	// published to (from an outbox written in the batch's transaction).
@@ -197,6 +212,13 @@ func (c *Config) validate() error {
 	case StartEarliest, StartLatest:
 	default:
 		return fmt.Errorf("config: StartFrom: %q, want earliest or latest", c.StartFrom)
+	}
+	switch c.GroupProtocol {
+	case "":
+		c.GroupProtocol = GroupProtocolClassic
+	case GroupProtocolClassic, GroupProtocolConsumer:
+	default:
+		return fmt.Errorf("config: GroupProtocol: %q, want classic or consumer", c.GroupProtocol)
 	}
 	switch c.OnOffsetLost {
 	case "":
@@ -297,6 +319,8 @@ type Engine struct {
 	opts []kgo.Opt
 	cl   *kgo.Client
 	adm  *kadm.Client
+	// protocol sees which group protocol the client speaks.
+	protocol *protocolWatch
 	// clientReady is closed once cl and adm are set: the group may call
 	// back before kgo.NewClient has returned.
 	clientReady chan struct{}
@@ -503,9 +527,19 @@ func New(cfg Config, decoderOf Decoders) (*Engine, error) {
 		kgo.OnPartitionsLost(e.lost),
 		kgo.AdjustFetchOffsetsFn(e.claim),
 	}
+	if cfg.GroupProtocol == GroupProtocolConsumer {
+		// Used with a sticky or range balancer only, which the
+		// cooperative-sticky balancer is; the brokers' uniform assignor
+		// then assigns.
+		opts = append(opts, kgo.ServerSideBalancer())
+	}
+	// Under the consumer protocol too: it applies should the brokers
+	// not offer that one.
 	if cfg.SessionTimeout > 0 {
 		opts = append(opts, kgo.SessionTimeout(cfg.SessionTimeout), kgo.HeartbeatInterval(min(3*time.Second, cfg.SessionTimeout/3)))
 	}
+	e.protocol = &protocolWatch{want: e.cfg.GroupProtocol, log: e.log}
+	opts = append(opts, kgo.WithHooks(e.protocol))
 	if cfg.InstanceID != "" {
 		opts = append(opts, kgo.InstanceID(cfg.InstanceID))
 	}
@@ -582,6 +616,11 @@ func (e *Engine) Run(ctx context.Context) error {
 		}
 		e.repairers[r.topic] = rep
 	}
+	if e.cfg.GroupProtocol == GroupProtocolConsumer && e.cfg.SessionTimeout > 0 {
+		e.log.Warn("the session timeout given (--session-timeout, SessionTimeout) does not apply under the consumer group protocol: the brokers' group.consumer.session.timeout.ms "+
+			"(or the group's consumer.session.timeout.ms) does; it applies only should the brokers not offer the consumer protocol",
+			"session_timeout", e.cfg.SessionTimeout, "group_protocol", e.cfg.GroupProtocol)
+	}
 	cl, err := kgo.NewClient(e.opts...)
 	if err != nil {
 		e.close()
@@ -654,7 +693,7 @@ func (e *Engine) Run(ctx context.Context) error {
 func (e *Engine) assigned(_ context.Context, _ *kgo.Client, assigned map[string][]int32) {
 	<-e.clientReady
 	e.group.assignedNow(assigned)
-	e.log.Info("partitions assigned", "partitions", assigned)
+	e.log.Info("partitions assigned", "partitions", assigned, "group_protocol", e.protocol.inUse())
 }
 
 func (e *Engine) revoked(_ context.Context, _ *kgo.Client, revoked map[string][]int32) {
@@ -1249,7 +1288,7 @@ func (e *Engine) Ready(ctx context.Context) map[string]error {
 	checks := map[string]error{}
 	if cl := e.client(); cl == nil {
 		checks["group"] = errors.New("not running")
-	} else if _, gen := cl.GroupMetadata(); gen < 0 {
+	} else if !inGroup(cl) {
 		checks["group"] = errors.New("not joined to the consumer group yet")
 	} else {
 		checks["group"] = nil

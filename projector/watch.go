@@ -87,8 +87,7 @@ func (e *Engine) watchKafka(ctx context.Context) {
 		case <-t.C:
 		}
 		now := e.now()
-		_, gen := e.cl.GroupMetadata()
-		joined := gen >= 0
+		joined := inGroup(e.cl)
 		// Topics are listed while out of the group (why is it out?), while
 		// one is missing (is it there now?) and every repeat interval
 		// otherwise: a missing topic does not keep a member out of its
