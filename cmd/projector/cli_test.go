@@ -119,6 +119,8 @@ func TestBadInputStopsWithAClearMessage(t *testing.T) {
 		{[]string{"run", "--registry-url", "http://127.0.0.1:1"}, "--brokers"},
 		{[]string{"run", "--brokers", "127.0.0.1:1"}, "--registry-url"},
 		{[]string{"run", "--brokers", "b", "--registry-url", "r", "--start-from", "middle"}, "--start-from"},
+		{[]string{"run", "--brokers", "b", "--registry-url", "r", "--group-protocol", "kip848"}, `--group-protocol "kip848": want classic or consumer`},
+		{[]string{"dev", "--group-protocol", "Consumer"}, `--group-protocol "Consumer": want classic or consumer`},
 		{[]string{"run", "--brokers", "b", "--registry-url", "r", "--batch-max-records", "0"}, "--batch-max-records"},
 		{[]string{"run", "--brokers", "b", "--registry-url", "r", "--commit-max-batches", "0"}, "--commit-max-batches"},
 		{[]string{"run", "--brokers", "b", "--registry-url", "r", "--member-max-records", "-1"}, "--member-max-records"},

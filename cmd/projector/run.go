@@ -55,6 +55,7 @@ type runFlags struct {
 	batchMaxWait    time.Duration
 	revokeTimeout   time.Duration
 	shutdownTimeout time.Duration
+	groupProtocol   string
 	sessionTimeout  time.Duration
 	instanceID      string
 	maxAttempts     int
@@ -235,7 +236,7 @@ func (f *runFlags) runOn(ctx context.Context, stderr io.Writer, env engineEnv) e
 		if env.running != nil {
 			env.running(target)
 		}
-		log.Info("projector running", "identity", f.identity, "config", f.config,
+		log.Info("projector running", "identity", f.identity, "config", f.config, "group_protocol", f.groupProtocol,
 			"batch_max_records", f.batchMaxRecords, "batch_max_wait", f.batchMaxWait.String(), "commit_max_batches", f.commitMax,
 			"member_max_records", f.memberMax,
 			"state_cache_rows", f.stateCacheRows, "state_cache_bytes", f.stateCacheBytes.String())
@@ -297,8 +298,9 @@ func (f *runFlags) registerEngine(fs *flag.FlagSet) {
 	fs.IntVar(&f.stateCacheRows, "state-cache-rows", postgres.DefaultStateCacheRows, "aggregates per projection whose rows are kept in memory, so a batch reads only the others from Postgres; 0 disables (PROJECTOR_STATE_CACHE_ROWS)")
 	f.stateCacheBytes = postgres.DefaultStateCacheBytes
 	fs.Var(&f.stateCacheBytes, "state-cache-bytes", "memory per projection for those rows, whichever bound comes first, e.g. 256MiB; 0 disables (PROJECTOR_STATE_CACHE_BYTES)")
-	fs.DurationVar(&f.sessionTimeout, "session-timeout", 45*time.Second, "how long the group waits for a silent member before reassigning its partitions; Kafka's session.timeout.ms (PROJECTOR_SESSION_TIMEOUT)")
-	fs.StringVar(&f.instanceID, "instance-id", "", "static group membership id, e.g. the pod name of a StatefulSet; Kafka's group.instance.id (PROJECTOR_INSTANCE_ID)")
+	fs.StringVar(&f.groupProtocol, "group-protocol", projector.GroupProtocolClassic, "consumer group protocol: classic, or consumer (KIP-848, Kafka 4.0 or later: the brokers assign the partitions and own the session timeout, group.consumer.session.timeout.ms; brokers without it are joined with classic, warned once); Kafka's group.protocol (PROJECTOR_GROUP_PROTOCOL)")
+	fs.DurationVar(&f.sessionTimeout, "session-timeout", 45*time.Second, "how long the group waits for a silent member before reassigning its partitions; Kafka's session.timeout.ms. Classic group protocol only: under consumer the brokers' group.consumer.session.timeout.ms applies (PROJECTOR_SESSION_TIMEOUT)")
+	fs.StringVar(&f.instanceID, "instance-id", "", "static group membership id, e.g. the pod name of a StatefulSet, under either group protocol; Kafka's group.instance.id (PROJECTOR_INSTANCE_ID)")
 	fs.IntVar(&f.maxAttempts, "max-attempts", 5, "attempts for an error that may succeed on retry (unknown schema id, fold error) before the record is dead-lettered (PROJECTOR_MAX_ATTEMPTS)")
 	fs.IntVar(&f.maxRecordBytes, "max-record-bytes", 1<<20, "records with a larger value are dead-lettered (PROJECTOR_MAX_RECORD_BYTES)")
 	registerRetry(fs, &f.retryBase, &f.retryCap)
@@ -360,6 +362,9 @@ func (f *runFlags) validate() error {
 	}
 	if f.startFrom != projector.StartEarliest && f.startFrom != projector.StartLatest {
 		return fmt.Errorf("--start-from %q: want earliest or latest", f.startFrom)
+	}
+	if f.groupProtocol != projector.GroupProtocolClassic && f.groupProtocol != projector.GroupProtocolConsumer {
+		return fmt.Errorf("--group-protocol %q: want classic or consumer", f.groupProtocol)
 	}
 	return f.dbFlags.validate()
 }
@@ -487,6 +492,17 @@ func newRegistry() *prometheus.Registry {
 	return reg
 }
 
+// engineSessionTimeout is --session-timeout for the engine: under the
+// consumer group protocol only when it was given, for the engine to warn
+// that the brokers' session timeout applies instead (its default would
+// warn every member that never set it).
+func (f *runFlags) engineSessionTimeout() time.Duration {
+	if f.groupProtocol == projector.GroupProtocolConsumer && !f.set("session-timeout") {
+		return 0
+	}
+	return f.sessionTimeout
+}
+
 // newEngine builds the engine of the projections, decoding with readers.
 func newEngine(f *runFlags, brokers []string, projs []*projection.Projection, reg *sr.Client, readers map[string]avro.Schema, log *slog.Logger, pool *pgxpool.Pool, metrics prometheus.Registerer, tp trace.TracerProvider) (*projector.Engine, error) {
 	return projector.New(projector.Config{
@@ -515,7 +531,8 @@ func newEngine(f *runFlags, brokers []string, projs []*projection.Projection, re
 		OnOffsetLost:     f.onOffsetLost,
 		RevokeTimeout:    f.revokeTimeout,
 		ShutdownTimeout:  f.shutdownTimeout,
-		SessionTimeout:   f.sessionTimeout,
+		GroupProtocol:    f.groupProtocol,
+		SessionTimeout:   f.engineSessionTimeout(),
 		InstanceID:       f.instanceID,
 		ProgressEvery:    cliflag.OffDuration(f.progressEvery),
 		Logger:           log,
