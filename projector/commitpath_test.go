@@ -337,7 +337,7 @@ func TestDuplicatesAfterRestartOnSmallPool(t *testing.T) {
 	reg := prometheus.NewRegistry()
 	run(t, small.engine(t, "smallpool", projector.Config{Partition: cfg, Registerer: reg}))
 	testenv.WaitFor(t, time.Minute, func() error {
-		n, done, err := demo.Committed(ctx, b.db.Pool, "smallpool", demo.Topic, b.end)
+		n, done, err := demo.Committed(ctx, b.db.Pool, "smallpool", b.kafka.Topic, b.end)
 		if err != nil || !done {
 			return fmt.Errorf("%d of %d records committed (err %v)", n, len(b.records), err)
 		}

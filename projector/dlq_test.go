@@ -30,7 +30,7 @@ func TestDeadLetterLifecycle(t *testing.T) {
 	if _, err := kadm.NewClient(cl).CreateTopic(ctx, 1, 1, nil, "accounts.dlq"); err != nil {
 		t.Fatal(err)
 	}
-	ids, err := f.reg.SchemaByVersion(ctx, demo.Topic+"-value", 1)
+	ids, err := f.reg.SchemaByVersion(ctx, f.kafka.Topic+"-value", 1)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -43,8 +43,8 @@ func TestDeadLetterLifecycle(t *testing.T) {
 		t.Fatal(err)
 	}
 	if err := cl.ProduceSync(ctx,
-		&kgo.Record{Topic: demo.Topic, Key: []byte("late-2"), Value: value, Headers: []kgo.RecordHeader{{Key: "traceparent", Value: []byte("00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01")}}},
-		&kgo.Record{Topic: demo.Topic, Key: []byte("junk-1"), Value: []byte("junk")},
+		&kgo.Record{Topic: f.kafka.Topic, Key: []byte("late-2"), Value: value, Headers: []kgo.RecordHeader{{Key: "traceparent", Value: []byte("00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01")}}},
+		&kgo.Record{Topic: f.kafka.Topic, Key: []byte("junk-1"), Value: []byte("junk")},
 	).FirstErr(); err != nil {
 		t.Fatal(err)
 	}
@@ -69,7 +69,7 @@ func TestDeadLetterLifecycle(t *testing.T) {
 	}
 
 	// Both were published to the dead-letter topic, with error headers.
-	consumer, err := kgo.NewClient(kgo.SeedBrokers(f.kafka.ListenAddrs()...), kgo.ConsumeTopics("accounts.dlq"),
+	consumer, err := kgo.NewClient(kgo.SeedBrokers(f.kafka.Addrs()...), kgo.ConsumeTopics("accounts.dlq"),
 		kgo.ConsumeResetOffset(kgo.NewOffset().AtStart()))
 	if err != nil {
 		t.Fatal(err)
@@ -89,13 +89,13 @@ func TestDeadLetterLifecycle(t *testing.T) {
 	}
 	for _, key := range []string{"late-2", "junk-1"} {
 		h := published[key]
-		if h["__connect.errors.topic"] != demo.Topic || h["__connect.errors.exception.message"] == "" || h["projector-dlq-id"] == "" {
+		if h["__connect.errors.topic"] != f.kafka.Topic || h["__connect.errors.exception.message"] == "" || h["projector-dlq-id"] == "" {
 			t.Errorf("dead letter %s on the DLQ topic: headers %v, want __connect.errors.* and projector-dlq-id", key, h)
 		}
 	}
 
 	// Register the schema, replay both.
-	f.fake.SeedSchema(demo.Topic+"-value", 98, unknownID, ids.Schema)
+	f.fake.SeedSchema(f.kafka.Topic+"-value", 98, unknownID, ids.Schema)
 	if _, err := dlqpublish.Replay(ctx, f.db.Pool, cl, []deadletters.Entry{late, junk}, 0); err != nil {
 		t.Fatal(err)
 	}

@@ -11,7 +11,6 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/twmb/franz-go/pkg/kadm"
-	"github.com/twmb/franz-go/pkg/kfake"
 	"github.com/twmb/franz-go/pkg/kgo"
 	"github.com/twmb/franz-go/pkg/sr"
 
@@ -27,7 +26,7 @@ import (
 // bundle is what an end-to-end test works with.
 type bundle struct {
 	db      *testenv.DB
-	kafka   *kfake.Cluster
+	kafka   *testenv.Cluster
 	reg     *sr.Client
 	enc     *demo.Encoder
 	projs   []*projection.Projection
@@ -45,7 +44,7 @@ func setup(t *testing.T, opts demo.Options, partitions int) *bundle {
 
 func (b *bundle) engine(t *testing.T, identity string, cfg projector.Config) *projector.Engine {
 	t.Helper()
-	cfg.Brokers = b.kafka.ListenAddrs()
+	cfg.Brokers = b.kafka.Addrs()
 	cfg.Identity = identity
 	cfg.Projections = b.projs
 	if cfg.Logger == nil {
@@ -88,7 +87,7 @@ func (b *bundle) verify(t *testing.T, identity string) {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(t.Context(), 2*time.Minute)
 	defer cancel()
-	if err := demo.WaitCommitted(ctx, b.db.Pool, identity, demo.Topic, b.end, nil); err != nil {
+	if err := demo.WaitCommitted(ctx, b.db.Pool, identity, b.kafka.Topic, b.end, nil); err != nil {
 		t.Fatal(err)
 	}
 	exp := demo.Fold(b.records)
@@ -141,7 +140,7 @@ func TestGoFold(t *testing.T) {
 	run(t, b.engine(t, "gofold", projector.Config{}))
 	ctx, cancel := context.WithTimeout(t.Context(), time.Minute)
 	defer cancel()
-	if err := demo.WaitCommitted(ctx, b.db.Pool, "gofold", demo.Topic, b.end, nil); err != nil {
+	if err := demo.WaitCommitted(ctx, b.db.Pool, "gofold", b.kafka.Topic, b.end, nil); err != nil {
 		t.Fatal(err)
 	}
 	exp := demo.Fold(b.records)
@@ -198,7 +197,7 @@ projections:
 	run(t, b.engine(t, "snap", projector.Config{}))
 	wctx, cancel := context.WithTimeout(ctx, time.Minute)
 	defer cancel()
-	if err := demo.WaitCommitted(wctx, b.db.Pool, "snap", demo.Topic, b.end, nil); err != nil {
+	if err := demo.WaitCommitted(wctx, b.db.Pool, "snap", b.kafka.Topic, b.end, nil); err != nil {
 		t.Fatal(err)
 	}
 	want := map[string]demo.Event{}
@@ -249,7 +248,7 @@ func TestAbortedTransactionsNeverApply(t *testing.T) {
 	opts.Aggregates = 1000
 	b := setup(t, opts, 3)
 
-	txn, err := kgo.NewClient(kgo.SeedBrokers(b.kafka.ListenAddrs()...), kgo.TransactionalID("test-txn"))
+	txn, err := kgo.NewClient(kgo.SeedBrokers(b.kafka.Addrs()...), kgo.TransactionalID(b.kafka.Name("test-txn")))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -287,7 +286,7 @@ func TestAbortedTransactionsNeverApply(t *testing.T) {
 	}
 	inTxn(more, kgo.TryCommit)
 	b.records = append(b.records, more...)
-	if b.end, err = demo.EndOffsets(ctx, kadm.NewClient(txn), demo.Topic); err != nil {
+	if b.end, err = demo.EndOffsets(ctx, kadm.NewClient(txn), b.kafka.Topic); err != nil {
 		t.Fatal(err)
 	}
 	run(t, b.engine(t, "txn", projector.Config{}))

@@ -41,7 +41,7 @@ type faultBundle struct {
 func faultSetup(t *testing.T, opts demo.Options, partitions int) *faultBundle {
 	t.Helper()
 	ctx := t.Context()
-	f := &faultBundle{bundle: &bundle{db: testenv.NewDB(t), kafka: testenv.Kafka(t, demo.Topic, partitions)}}
+	f := &faultBundle{bundle: &bundle{db: testenv.NewDB(t), kafka: testenv.NewCluster(t, demo.Topic, partitions)}}
 	f.fake, f.reg = testenv.Registry(t)
 	f.fake.Intercept(func(w http.ResponseWriter, _ *http.Request) bool {
 		if f.down.Load() {
@@ -51,11 +51,14 @@ func faultSetup(t *testing.T, opts demo.Options, partitions int) *faultBundle {
 		return false
 	})
 	var err error
-	if f.enc, err = demo.RegisterSchemas(ctx, f.reg); err != nil {
+	if f.enc, err = demo.RegisterSchemasFor(ctx, f.reg, f.kafka.Topic); err != nil {
 		t.Fatal(err)
 	}
 	if f.projs, err = projection.Parse(demo.Projections, "."); err != nil {
 		t.Fatal(err)
+	}
+	for _, p := range f.projs {
+		p.Topic = f.kafka.Topic
 	}
 	if err := postgres.Migrate(ctx, f.db.Pool, f.projs...); err != nil {
 		t.Fatal(err)
@@ -67,7 +70,7 @@ func faultSetup(t *testing.T, opts demo.Options, partitions int) *faultBundle {
 func (b *bundle) produce(t *testing.T, records []demo.Record) {
 	t.Helper()
 	ctx := t.Context()
-	prod, err := kgo.NewClient(kgo.SeedBrokers(b.kafka.ListenAddrs()...))
+	prod, err := kgo.NewClient(kgo.SeedBrokers(b.kafka.Addrs()...))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -75,7 +78,7 @@ func (b *bundle) produce(t *testing.T, records []demo.Record) {
 	if err := demo.Produce(ctx, prod, b.enc, records, nil); err != nil {
 		t.Fatal(err)
 	}
-	if b.end, err = demo.EndOffsets(ctx, kadm.NewClient(prod), demo.Topic); err != nil {
+	if b.end, err = demo.EndOffsets(ctx, kadm.NewClient(prod), b.kafka.Topic); err != nil {
 		t.Fatal(err)
 	}
 }
@@ -126,7 +129,7 @@ func TestRegistryOutage(t *testing.T) {
 	if n := deadLetters(t, f.db.Pool); n != 0 {
 		t.Fatalf("%d dead letters while the registry was down", n)
 	}
-	if n, _, err := demo.Committed(t.Context(), f.db.Pool, "outage", demo.Topic, f.end); err != nil || n != 0 {
+	if n, _, err := demo.Committed(t.Context(), f.db.Pool, "outage", f.kafka.Topic, f.end); err != nil || n != 0 {
 		t.Fatalf("committed %d records while nothing could be decoded (err %v)", n, err)
 	}
 	f.down.Store(false)
@@ -201,7 +204,7 @@ func TestPostgresConnectionsTerminated(t *testing.T) {
 
 	reg := prometheus.NewRegistry()
 	cfg := projector.Config{
-		Brokers: b.kafka.ListenAddrs(), Identity: "terminated", Projections: b.projs,
+		Brokers: b.kafka.Addrs(), Identity: "terminated", Projections: b.projs,
 		Partition: partition.Config{BatchMaxRecords: 100, RetryBase: 5 * time.Millisecond, RetryCap: 100 * time.Millisecond,
 			ClassifyDecode: projector.ClassifyDecode},
 		Registerer: reg,
@@ -217,7 +220,7 @@ func TestPostgresConnectionsTerminated(t *testing.T) {
 	// since the last time, so the faults spread over the stream.
 	killed, last := 0, int64(-1)
 	testenv.WaitFor(t, 2*time.Minute, func() error {
-		n, done, err := demo.Committed(ctx, b.db.Pool, "terminated", demo.Topic, b.end)
+		n, done, err := demo.Committed(ctx, b.db.Pool, "terminated", b.kafka.Topic, b.end)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -279,7 +282,7 @@ func TestPoisonKinds(t *testing.T) {
 		}
 		return hex.EncodeToString(b)
 	}
-	ids, err := f.reg.SchemaByVersion(ctx, demo.Topic+"-value", 1)
+	ids, err := f.reg.SchemaByVersion(ctx, f.kafka.Topic+"-value", 1)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -306,7 +309,7 @@ func TestPoisonKinds(t *testing.T) {
 		{Key: []byte("big-1"), Value: encode(ids.ID, demo.Event{AccountID: "big-1", Version: 1, Type: "AccountOpened", Owner: random(30000)})},
 		{Key: []byte("late-1"), Value: encode(lateID, demo.Event{AccountID: "late-1", Version: 1, Type: "AccountOpened", Owner: "late owner"})},
 	}
-	prod, err := kgo.NewClient(kgo.SeedBrokers(f.kafka.ListenAddrs()...), kgo.DefaultProduceTopic(demo.Topic), kgo.ProducerBatchMaxBytes(1<<20))
+	prod, err := kgo.NewClient(kgo.SeedBrokers(f.kafka.Addrs()...), kgo.DefaultProduceTopic(f.kafka.Topic), kgo.ProducerBatchMaxBytes(1<<20))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -314,7 +317,7 @@ func TestPoisonKinds(t *testing.T) {
 	if err := prod.ProduceSync(ctx, extra...).FirstErr(); err != nil {
 		t.Fatal(err)
 	}
-	if f.end, err = demo.EndOffsets(ctx, kadm.NewClient(prod), demo.Topic); err != nil {
+	if f.end, err = demo.EndOffsets(ctx, kadm.NewClient(prod), f.kafka.Topic); err != nil {
 		t.Fatal(err)
 	}
 
@@ -325,11 +328,11 @@ func TestPoisonKinds(t *testing.T) {
 	testenv.WaitFor(t, 20*time.Second, testenv.Holds("a retry for the unknown schema id", func() bool {
 		return counter(t, reg, "projector_retries_total") > 0
 	}))
-	f.fake.SeedSchema(demo.Topic+"-value", 99, lateID, ids.Schema)
+	f.fake.SeedSchema(f.kafka.Topic+"-value", 99, lateID, ids.Schema)
 
 	wctx, cancel := context.WithTimeout(ctx, time.Minute)
 	defer cancel()
-	if err := demo.WaitCommitted(wctx, f.db.Pool, "poison", demo.Topic, f.end, nil); err != nil {
+	if err := demo.WaitCommitted(wctx, f.db.Pool, "poison", f.kafka.Topic, f.end, nil); err != nil {
 		t.Fatal(err)
 	}
 	exp := demo.Fold(f.records)
@@ -385,7 +388,7 @@ func TestParkedEventsSurviveRestart(t *testing.T) {
 	stop := run(t, b.engine(t, "restart", projector.Config{}))
 	wctx, cancel := context.WithTimeout(ctx, time.Minute)
 	defer cancel()
-	if err := demo.WaitCommitted(wctx, b.db.Pool, "restart", demo.Topic, b.end, nil); err != nil {
+	if err := demo.WaitCommitted(wctx, b.db.Pool, "restart", b.kafka.Topic, b.end, nil); err != nil {
 		t.Fatal(err)
 	}
 	stop()
@@ -430,7 +433,7 @@ func TestOffsetLost(t *testing.T) {
 	f.produce(t, opened(10, 30))
 	adm := kadm.NewClient(f.kafkaClient(t))
 	var del kadm.Offsets
-	del.Add(kadm.Offset{Topic: demo.Topic, Partition: 0, At: 20})
+	del.Add(kadm.Offset{Topic: f.kafka.Topic, Partition: 0, At: 20})
 	if _, err := adm.DeleteRecords(ctx, del); err != nil {
 		t.Fatal(err)
 	}
@@ -448,7 +451,7 @@ func TestOffsetLost(t *testing.T) {
 	if got := gauge(t, reg, "projector_partition_halted"); got != 1 {
 		t.Errorf("projector_partition_halted = %v, want 1", got)
 	}
-	if n, _, _ := demo.Committed(ctx, f.db.Pool, "lost", demo.Topic, f.end); n != 10 {
+	if n, _, _ := demo.Committed(ctx, f.db.Pool, "lost", f.kafka.Topic, f.end); n != 10 {
 		t.Errorf("a halted partition moved its offset to %d", n)
 	}
 	stop()
@@ -460,7 +463,7 @@ func TestOffsetLost(t *testing.T) {
 
 func (b *bundle) kafkaClient(t *testing.T) *kgo.Client {
 	t.Helper()
-	cl, err := kgo.NewClient(kgo.SeedBrokers(b.kafka.ListenAddrs()...))
+	cl, err := kgo.NewClient(kgo.SeedBrokers(b.kafka.Addrs()...))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -485,18 +488,18 @@ func TestBrokerFetchErrors(t *testing.T) {
 	e := f.engine(t, "broker", projector.Config{})
 	run(t, e)
 	testenv.WaitFor(t, 20*time.Second, testenv.Holds("some progress", func() bool {
-		n, _, _ := demo.Committed(ctx, f.db.Pool, "broker", demo.Topic, f.end)
+		n, _, _ := demo.Committed(ctx, f.db.Pool, "broker", f.kafka.Topic, f.end)
 		return n > 0
 	}))
 	heal := time.Now().Add(10 * time.Second)
 	until := func(kmsg.Request) bool { return time.Now().Before(heal) }
-	h := f.kafka.Fault(
-		kfake.Fault{Keys: []kmsg.Key{kmsg.Fetch}, Topic: demo.Topic, Err: kerr.NotLeaderForPartition, Count: -1,
+	h := f.kafka.Fake.Fault(
+		kfake.Fault{Keys: []kmsg.Key{kmsg.Fetch}, Topic: f.kafka.Topic, Err: kerr.NotLeaderForPartition, Count: -1,
 			When: func(r kmsg.Request) bool { return time.Now().Before(heal.Add(-5 * time.Second)) }},
-		kfake.Fault{Keys: []kmsg.Key{kmsg.Fetch}, Topic: demo.Topic, Err: kerr.RequestTimedOut, Count: -1, When: until},
+		kfake.Fault{Keys: []kmsg.Key{kmsg.Fetch}, Topic: f.kafka.Topic, Err: kerr.RequestTimedOut, Count: -1, When: until},
 	)
 	f.produce(t, f.records[half:])
-	before, _, _ := demo.Committed(ctx, f.db.Pool, "broker", demo.Topic, f.end)
+	before, _, _ := demo.Committed(ctx, f.db.Pool, "broker", f.kafka.Topic, f.end)
 	testenv.WaitFor(t, time.Minute, func() error {
 		if left := time.Until(heal); left > 0 {
 			return fmt.Errorf("the broker fails fetches for another %v", left)
@@ -537,7 +540,7 @@ func TestPostgresRestart(t *testing.T) {
 	total := int64(len(f.records))
 	for i, at := range []int64{total / 4, total / 2} {
 		testenv.WaitFor(t, time.Minute, testenv.Holds(fmt.Sprintf("%d records committed", at), func() bool {
-			n, _, err := demo.Committed(ctx, pool, "restart", demo.Topic, f.end)
+			n, _, err := demo.Committed(ctx, pool, "restart", f.kafka.Topic, f.end)
 			return err == nil && n >= at
 		}))
 		srv.Restart(t)

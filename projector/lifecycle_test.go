@@ -143,7 +143,7 @@ func TestGoProjectionWithDefaults(t *testing.T) {
 		t.Fatal(err)
 	}
 	e, err := projector.New(projector.Config{
-		Brokers: b.kafka.ListenAddrs(), Identity: "go-defaults",
+		Brokers: b.kafka.Addrs(), Identity: "go-defaults",
 		Projections: []*projection.Projection{goFold},
 		Store:       postgres.NewStore(b.db.Pool),
 		Logger:      slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn})),

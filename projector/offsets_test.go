@@ -34,7 +34,7 @@ func TestFirstClaimListsOffsetsOnce(t *testing.T) {
 	b := setup(t, opts, partitions)
 
 	var listed, listedPartitions atomic.Int64
-	b.kafka.ControlKey(int16(kmsg.ListOffsets), func(r kmsg.Request) (kmsg.Response, error, bool) {
+	b.kafka.Fake.ControlKey(int16(kmsg.ListOffsets), func(r kmsg.Request) (kmsg.Response, error, bool) {
 		listed.Add(1)
 		for _, tp := range r.(*kmsg.ListOffsetsRequest).Topics {
 			listedPartitions.Add(int64(len(tp.Partitions)))
@@ -111,7 +111,7 @@ func opened(prefix string, from, to int) []demo.Record {
 // produceTo writes records to one partition of the demo topic.
 func (b *bundle) produceTo(t *testing.T, p int32, records []demo.Record) {
 	t.Helper()
-	cl, err := kgo.NewClient(kgo.SeedBrokers(b.kafka.ListenAddrs()...), kgo.RecordPartitioner(kgo.ManualPartitioner()))
+	cl, err := kgo.NewClient(kgo.SeedBrokers(b.kafka.Addrs()...), kgo.RecordPartitioner(kgo.ManualPartitioner()))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -121,11 +121,11 @@ func (b *bundle) produceTo(t *testing.T, p int32, records []demo.Record) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		if err := cl.ProduceSync(t.Context(), &kgo.Record{Topic: demo.Topic, Partition: p, Key: []byte(r.Key), Value: value}).FirstErr(); err != nil {
+		if err := cl.ProduceSync(t.Context(), &kgo.Record{Topic: b.kafka.Topic, Partition: p, Key: []byte(r.Key), Value: value}).FirstErr(); err != nil {
 			t.Fatal(err)
 		}
 	}
-	if b.end, err = demo.EndOffsets(t.Context(), kadm.NewClient(cl), demo.Topic); err != nil {
+	if b.end, err = demo.EndOffsets(t.Context(), kadm.NewClient(cl), b.kafka.Topic); err != nil {
 		t.Fatal(err)
 	}
 }
@@ -141,7 +141,7 @@ type fetchWatch struct {
 
 func watchFetches(b *bundle, p int32) *fetchWatch {
 	w := &fetchWatch{partition: p}
-	b.kafka.ControlKey(int16(kmsg.Fetch), func(r kmsg.Request) (kmsg.Response, error, bool) {
+	b.kafka.Fake.ControlKey(int16(kmsg.Fetch), func(r kmsg.Request) (kmsg.Response, error, bool) {
 		for _, tp := range r.(*kmsg.FetchRequest).Topics {
 			for _, fp := range tp.Partitions {
 				if fp.Partition == w.partition {
@@ -154,7 +154,7 @@ func watchFetches(b *bundle, p int32) *fetchWatch {
 		w.quiet.Add(1)
 		return nil, nil, false
 	})
-	b.kafka.ControlKey(int16(kmsg.ListOffsets), func(kmsg.Request) (kmsg.Response, error, bool) {
+	b.kafka.Fake.ControlKey(int16(kmsg.ListOffsets), func(kmsg.Request) (kmsg.Response, error, bool) {
 		w.listed.Add(1)
 		return nil, nil, false
 	})
@@ -218,9 +218,7 @@ func TestHaltedPartitionIsQuiet(t *testing.T) {
 	stop()
 
 	f.produceTo(t, 0, opened("p0-", 10, 30))
-	if err := f.kafka.DeleteRecords(demo.Topic, 0, 20); err != nil {
-		t.Fatal(err)
-	}
+	f.kafka.DeleteRecords(f.kafka.Topic, 0, 20)
 	w := watchFetches(f.bundle, 0)
 	lines := newLogRecords()
 	reg := prometheus.NewRegistry()
@@ -232,7 +230,7 @@ func TestHaltedPartitionIsQuiet(t *testing.T) {
 	// The other partition is not held up.
 	f.produceTo(t, 1, opened("p1-", 10, 20))
 	testenv.WaitFor(t, 30*time.Second, func() error {
-		if n, _, _ := demo.Committed(ctx, f.db.Pool, "quiet", demo.Topic, nil); n != 10+20 {
+		if n, _, _ := demo.Committed(ctx, f.db.Pool, "quiet", f.kafka.Topic, nil); n != 10+20 {
 			return fmt.Errorf("%d records committed, want 30", n)
 		}
 		return nil
@@ -269,12 +267,8 @@ func TestOffsetBeyondLogEnd(t *testing.T) {
 	f.verifyPart(t, "recreated", opened("old-", 0, 10))
 	stop()
 
-	if err := f.kafka.DeleteTopic(demo.Topic); err != nil {
-		t.Fatal(err)
-	}
-	if err := f.kafka.CreateTopic(demo.Topic, 2, nil); err != nil {
-		t.Fatal(err)
-	}
+	f.kafka.DeleteTopic(f.kafka.Topic)
+	f.kafka.CreateTopic(f.kafka.Topic, 2, nil)
 	f.produceTo(t, 0, opened("new-", 0, 3))
 	w := watchFetches(f.bundle, 0)
 	lines := newLogRecords()
@@ -283,7 +277,7 @@ func TestOffsetBeyondLogEnd(t *testing.T) {
 	run(t, e)
 	halted := haltedQuietly(t, e, w, lines)
 
-	for _, want := range []string{"beyond the log end 3", "created again", "--on-offset-lost=skip does not apply", "projector offsets reset --topic " + demo.Topic + " --partitions 0"} {
+	for _, want := range []string{"beyond the log end 3", "created again", "--on-offset-lost=skip does not apply", "projector offsets reset --topic " + f.kafka.Topic + " --partitions 0"} {
 		if !strings.Contains(halted.Halted, want) {
 			t.Errorf("halt reason %q lacks %q", halted.Halted, want)
 		}
@@ -304,7 +298,7 @@ func TestOffsetBeyondLogEnd(t *testing.T) {
 			}
 		}
 	}
-	if n, _, _ := demo.Committed(ctx, f.db.Pool, "recreated", demo.Topic, nil); n != 10 {
+	if n, _, _ := demo.Committed(ctx, f.db.Pool, "recreated", f.kafka.Topic, nil); n != 10 {
 		t.Errorf("stored offsets sum to %d, want the 10 stored before: nothing skipped", n)
 	}
 	if err := demo.Verify(ctx, f.db.Pool, demo.Table, demo.Fold(opened("old-", 0, 10))); err != nil {
@@ -323,14 +317,12 @@ func TestHaltedPartitionListsBoundsAgain(t *testing.T) {
 	f.verifyPart(t, "relist", opened("p0-", 0, 10))
 	stop()
 	f.produceTo(t, 0, opened("p0-", 10, 30))
-	if err := f.kafka.DeleteRecords(demo.Topic, 0, 20); err != nil {
-		t.Fatal(err)
-	}
+	f.kafka.DeleteRecords(f.kafka.Topic, 0, 20)
 
 	var refuse atomic.Bool
 	refuse.Store(true)
-	f.kafka.ControlKey(int16(kmsg.ListOffsets), func(r kmsg.Request) (kmsg.Response, error, bool) {
-		f.kafka.KeepControl()
+	f.kafka.Fake.ControlKey(int16(kmsg.ListOffsets), func(r kmsg.Request) (kmsg.Response, error, bool) {
+		f.kafka.Fake.KeepControl()
 		if !refuse.Load() {
 			return nil, nil, false
 		}

@@ -93,7 +93,7 @@ func TestFencedOwnerStops(t *testing.T) {
 		return nil
 	})
 	offsets := postgres.NewOffsets(b.db.Pool, "fence")
-	tps := []sinks.TP{{Topic: demo.Topic, Partition: 0}, {Topic: demo.Topic, Partition: 1}, {Topic: demo.Topic, Partition: 2}}
+	tps := []sinks.TP{{Topic: b.kafka.Topic, Partition: 0}, {Topic: b.kafka.Topic, Partition: 1}, {Topic: b.kafka.Topic, Partition: 2}}
 	if _, err := offsets.Claim(ctx, tps); err != nil {
 		t.Fatal(err)
 	}

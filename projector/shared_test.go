@@ -57,7 +57,7 @@ func (b *bundle) sharedEngine(t *testing.T, identity string, cfg projector.Confi
 		t.Fatal(err)
 	}
 	shared := schemas.NewDecoder(b.reg, b.enc.ReaderSchema())
-	cfg.Brokers = b.kafka.ListenAddrs()
+	cfg.Brokers = b.kafka.Addrs()
 	cfg.Identity = identity
 	cfg.Projections = b.projs
 	if cfg.Logger == nil {
@@ -90,7 +90,7 @@ func (b *bundle) verifyShared(t *testing.T, identity string) {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(t.Context(), 2*time.Minute)
 	defer cancel()
-	if err := demo.WaitCommitted(ctx, b.db.Pool, identity, demo.Topic, b.end, nil); err != nil {
+	if err := demo.WaitCommitted(ctx, b.db.Pool, identity, b.kafka.Topic, b.end, nil); err != nil {
 		t.Fatal(err)
 	}
 	exp := demo.Fold(b.records)
@@ -241,7 +241,7 @@ func sharedDeadLetters(t *testing.T, batch int) {
 	}
 	b.produce(t, b.records)
 	run(t, b.sharedEngine(t, "shared-dlq", projector.Config{Partition: partition.Config{BatchMaxRecords: batch}}, false))
-	if err := demo.WaitCommitted(ctx, b.db.Pool, "shared-dlq", demo.Topic, b.end, nil); err != nil {
+	if err := demo.WaitCommitted(ctx, b.db.Pool, "shared-dlq", b.kafka.Topic, b.end, nil); err != nil {
 		t.Fatal(err)
 	}
 	exp := demo.Fold(b.records)

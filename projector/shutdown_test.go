@@ -83,7 +83,7 @@ func startBehindAndLocked(t *testing.T, identity string, shutdownTimeout time.Du
 
 	reader := s.enc.ReaderSchema()
 	e, err := projector.New(projector.Config{
-		Brokers: s.kafka.ListenAddrs(), Identity: identity, Projections: s.projs,
+		Brokers: s.kafka.Addrs(), Identity: identity, Projections: s.projs,
 		Partition:       partition.Config{BatchMaxRecords: 100, CommitMaxBatches: 5},
 		ShutdownTimeout: shutdownTimeout,
 		Logger:          slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn})),
@@ -171,7 +171,7 @@ func TestShutdownCommitsPlannedBatches(t *testing.T) {
 	}
 
 	// The member left its group rather than waiting out its session.
-	adm, err := kgo.NewClient(kgo.SeedBrokers(b.kafka.ListenAddrs()...))
+	adm, err := kgo.NewClient(kgo.SeedBrokers(b.kafka.Addrs()...))
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -240,13 +240,13 @@ func TestDeadLetterStormHealsWhenTheSchemaArrives(t *testing.T) {
 		if value != nil {
 			binary.BigEndian.PutUint32(value[1:5], lateID) // written with a schema not registered yet
 		}
-		recs = append(recs, &kgo.Record{Topic: demo.Topic, Key: []byte(r.Key), Value: value})
+		recs = append(recs, &kgo.Record{Topic: f.kafka.Topic, Key: []byte(r.Key), Value: value})
 	}
 	if err := prod.ProduceSync(ctx, recs...).FirstErr(); err != nil {
 		t.Fatal(err)
 	}
 	var err error
-	if f.end, err = demo.EndOffsets(ctx, kadm.NewClient(prod), demo.Topic); err != nil {
+	if f.end, err = demo.EndOffsets(ctx, kadm.NewClient(prod), f.kafka.Topic); err != nil {
 		t.Fatal(err)
 	}
 
@@ -269,11 +269,11 @@ func TestDeadLetterStormHealsWhenTheSchemaArrives(t *testing.T) {
 		t.Fatalf("%d dead letters before the guard judged, want none: the records came in one fetch", n)
 	}
 
-	ids, err := f.reg.SchemaByVersion(ctx, demo.Topic+"-value", 1)
+	ids, err := f.reg.SchemaByVersion(ctx, f.kafka.Topic+"-value", 1)
 	if err != nil {
 		t.Fatal(err)
 	}
-	f.fake.SeedSchema(demo.Topic+"-value", 90, lateID, ids.Schema)
+	f.fake.SeedSchema(f.kafka.Topic+"-value", 90, lateID, ids.Schema)
 	f.verify(t, "late")
 	testenv.WaitFor(t, 10*time.Second, func() error {
 		if got := gauge(t, reg, "projector_partition_dead_letter_storm"); got != 0 {

@@ -30,6 +30,9 @@ func (b *bundle) useMode(t *testing.T, mode string) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	for _, p := range projs {
+		p.Topic = b.kafka.Topic
+	}
 	if err := postgres.Migrate(t.Context(), b.db.Pool, projs...); err != nil {
 		t.Fatal(err)
 	}
@@ -43,7 +46,7 @@ func (b *bundle) verifyMode(t *testing.T, identity, mode string) {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(t.Context(), 2*time.Minute)
 	defer cancel()
-	if err := demo.WaitCommitted(ctx, b.db.Pool, identity, demo.Topic, b.end, nil); err != nil {
+	if err := demo.WaitCommitted(ctx, b.db.Pool, identity, b.kafka.Topic, b.end, nil); err != nil {
 		t.Fatal(err)
 	}
 	exp := demo.Fold(b.records)

@@ -54,7 +54,7 @@ func TestEngineWithTypesAsPostgresNamesThem(t *testing.T) {
 	stop := run(t, b.engine(t, "typed", projector.Config{}))
 	wctx, cancel := context.WithTimeout(ctx, 2*time.Minute)
 	defer cancel()
-	if err := demo.WaitCommitted(wctx, b.db.Pool, "typed", demo.Topic, b.end, nil); err != nil {
+	if err := demo.WaitCommitted(wctx, b.db.Pool, "typed", b.kafka.Topic, b.end, nil); err != nil {
 		t.Fatal(err)
 	}
 	stop()

@@ -134,13 +134,13 @@ func TestMissingTopicIsHeard(t *testing.T) {
 // every JoinGroup fails) says it is not joined, naming the group.
 func TestGroupNotJoinedIsHeard(t *testing.T) {
 	b := faultSetup(t, demo.DefaultOptions(), 1).bundle
-	b.kafka.ControlKey(int16(kmsg.JoinGroup), func(req kmsg.Request) (kmsg.Response, error, bool) {
-		b.kafka.KeepControl()
+	b.kafka.Fake.ControlKey(int16(kmsg.JoinGroup), func(req kmsg.Request) (kmsg.Response, error, bool) {
+		b.kafka.Fake.KeepControl()
 		resp := req.(*kmsg.JoinGroupRequest).ResponseKind().(*kmsg.JoinGroupResponse)
 		resp.ErrorCode = 15 // COORDINATOR_NOT_AVAILABLE: the client retries for ever
 		return resp, nil, true
 	})
-	e, logs := watched(t, b, b.kafka.ListenAddrs(), projector.Config{})
+	e, logs := watched(t, b, b.kafka.Addrs(), projector.Config{})
 	run(t, e)
 	testenv.WaitFor(t, 10*time.Second, testenv.Holds("a warning that the member is not in its group", func() bool {
 		return count(logs, `not joined to consumer group \"watched\"`) > 0
@@ -158,7 +158,7 @@ func TestProgressIsLogged(t *testing.T) {
 	opts.Aggregates = 300
 	b := setup(t, opts, 3)
 	reg := prometheus.NewRegistry()
-	e, logs := watched(t, b, b.kafka.ListenAddrs(), projector.Config{ProgressEvery: 100 * time.Millisecond, Registerer: reg})
+	e, logs := watched(t, b, b.kafka.Addrs(), projector.Config{ProgressEvery: 100 * time.Millisecond, Registerer: reg})
 	run(t, e)
 	exp := demo.Fold(b.records)
 	line := regexp.MustCompile(`msg=progress group=watched projection=accounts applied=(\d+) stale=(\d+) dead_lettered=(\d+) parked=(\d+) lag=(\d+) partitions=(\d+)`)

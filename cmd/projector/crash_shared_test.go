@@ -24,10 +24,10 @@ func TestCrashRecoverySharedTopic(t *testing.T) {
 		t.Fatal("test bug: the snapshot file has no projections list")
 	}
 	c := newCrashStream(t, 4, opts, append(append([]byte{}, demo.Projections...), snapshot...), "100")
-	db, records, end := c.db, c.records, c.end
-	crashAndFinish(t, db, c.args, "crash", end, int64(len(records)), 3)
+	db, records := c.db, c.records
+	c.crashAndFinish(t, 3)
 
-	statusCaughtUp(t, c.broker, db.URL, "crash", end)
+	c.statusCaughtUp(t)
 
 	exp := demo.Fold(records)
 	if err := demo.Verify(ctx, db.Pool, demo.Table, exp); err != nil {

@@ -63,13 +63,13 @@ func TestCrashRecovery(t *testing.T) {
 	opts := demo.DefaultOptions()
 	opts.Aggregates, opts.Seed = 3000, 7
 	c := newCrashStream(t, 6, opts, demo.Projections, "100")
-	db, records, end := c.db, c.records, c.end
+	db, records := c.db, c.records
 
 	// Kill after every eighth of the stream has been committed since the
 	// last start, so each kill lands mid-stream with batches in flight.
-	crashAndFinish(t, db, c.args, "crash", end, int64(len(records)), 4)
+	c.crashAndFinish(t, 4)
 
-	statusCaughtUp(t, c.broker, db.URL, "crash", end)
+	c.statusCaughtUp(t)
 
 	exp := demo.Fold(records)
 	if err := demo.Verify(ctx, db.Pool, demo.Table, exp); err != nil {
@@ -87,14 +87,15 @@ func TestCrashRecovery(t *testing.T) {
 	}
 }
 
-// crashAndFinish runs `projector run` with args as a child process, kills
-// it with SIGKILL kills times, each after another kills-th of the total
-// records (by the end offsets end) has been committed since the last start,
-// then runs it once more until everything is committed and stops it with
-// SIGTERM, which it must obey cleanly.
-func crashAndFinish(t *testing.T, db *testenv.DB, args []string, identity string, end map[int32]int64, total int64, kills int) {
+// crashAndFinish runs `projector run` with the stream's args as a child
+// process, kills it with SIGKILL kills times, each after another kills-th
+// of the records has been committed since the last start, then runs it
+// once more until everything is committed and stops it with SIGTERM, which
+// it must obey cleanly.
+func (cs *crashStream) crashAndFinish(t *testing.T, kills int) {
 	t.Helper()
 	ctx := t.Context()
+	db, args, identity, topic, end, total := cs.db, cs.args, crashIdentity, cs.topic, cs.end, int64(len(cs.records))
 	var last int64
 	for k := 0; k < kills; k++ {
 		c := startChild(t, args...)
@@ -105,7 +106,7 @@ func crashAndFinish(t *testing.T, db *testenv.DB, args []string, identity string
 				t.Fatalf("projector exited early: %v\n%s", err, c.stderr)
 			default:
 			}
-			n, done, err := demo.Committed(ctx, db.Pool, identity, demo.Topic, end)
+			n, done, err := demo.Committed(ctx, db.Pool, identity, topic, end)
 			if err != nil {
 				return err
 			}
@@ -125,7 +126,7 @@ func crashAndFinish(t *testing.T, db *testenv.DB, args []string, identity string
 	c := startChild(t, args...)
 	wctx, cancel := context.WithTimeout(ctx, 2*time.Minute)
 	defer cancel()
-	if err := demo.WaitCommitted(wctx, db.Pool, identity, demo.Topic, end, nil); err != nil {
+	if err := demo.WaitCommitted(wctx, db.Pool, identity, topic, end, nil); err != nil {
 		t.Fatalf("%v\nchild stderr:\n%s", err, c.stderr)
 	}
 	if err := c.cmd.Process.Signal(syscall.SIGTERM); err != nil {
@@ -138,9 +139,11 @@ func crashAndFinish(t *testing.T, db *testenv.DB, args []string, identity string
 }
 
 // statusCaughtUp fails t unless `projector status` lists each partition of
-// end once, with its stored offset and log end at end's and no lag.
-func statusCaughtUp(t *testing.T, broker, dbURL, identity string, end map[int32]int64) {
+// the stream once, with its stored offset and log end at the stream's end
+// and no lag.
+func (cs *crashStream) statusCaughtUp(t *testing.T) {
 	t.Helper()
+	broker, dbURL, identity, end := cs.broker, cs.db.URL, crashIdentity, cs.end
 	var out bytes.Buffer
 	if err := Main(t.Context(), []string{"status", "--json", "--brokers", broker, "--database-url", dbURL, "--identity", identity}, &out, &out); err != nil {
 		t.Fatalf("status: %v\n%s", err, &out)
@@ -159,19 +162,23 @@ func statusCaughtUp(t *testing.T, broker, dbURL, identity string, end map[int32]
 		t.Errorf("status lists %d partitions, want %d: one per partition, whatever the projections of its topic", len(status), len(end))
 	}
 	for _, s := range status {
-		if s.Topic != demo.Topic || s.NextOffset != end[s.Partition] || s.HighWatermark != end[s.Partition] || s.Lag != 0 {
+		if s.Topic != cs.topic || s.NextOffset != end[s.Partition] || s.HighWatermark != end[s.Partition] || s.Lag != 0 {
 			t.Errorf("status of partition %d: %+v, want next offset and log end %d, lag 0", s.Partition, s, end[s.Partition])
 		}
 	}
 }
 
+// crashIdentity is the identity of a crash test's projector processes.
+const crashIdentity = "crash"
+
 // crashStream is what a crash test kills its child in: a fresh database,
 // the demo's schemas registered, opts' records produced into a fresh
-// cluster of its partitions, the projection file written and migrated,
-// and the child's arguments (identity "crash").
+// cluster of its partitions, the projection file written (its topic the
+// cluster's) and migrated, and the child's arguments.
 type crashStream struct {
 	db      *testenv.DB
 	broker  string
+	topic   string
 	records []demo.Record
 	end     map[int32]int64
 	args    []string
@@ -181,14 +188,15 @@ func newCrashStream(t *testing.T, partitions int, opts demo.Options, file []byte
 	t.Helper()
 	ctx := t.Context()
 	c := &crashStream{db: testenv.NewDB(t), records: demo.Generate(opts)}
-	cluster := testenv.Kafka(t, demo.Topic, partitions)
-	c.broker = cluster.ListenAddrs()[0]
+	cluster := testenv.NewCluster(t, demo.Topic, partitions)
+	c.broker, c.topic = cluster.Brokers(), cluster.Topic
+	file = bytes.ReplaceAll(file, []byte("topic: "+demo.Topic), []byte("topic: "+c.topic))
 	reg, regClient := testenv.Registry(t)
-	enc, err := demo.RegisterSchemas(ctx, regClient)
+	enc, err := demo.RegisterSchemasFor(ctx, regClient, c.topic)
 	if err != nil {
 		t.Fatal(err)
 	}
-	prod, err := kgo.NewClient(kgo.SeedBrokers(cluster.ListenAddrs()...))
+	prod, err := kgo.NewClient(kgo.SeedBrokers(cluster.Addrs()...))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -196,7 +204,7 @@ func newCrashStream(t *testing.T, partitions int, opts demo.Options, file []byte
 	if err := demo.Produce(ctx, prod, enc, c.records, nil); err != nil {
 		t.Fatal(err)
 	}
-	if c.end, err = demo.EndOffsets(ctx, kadm.NewClient(prod), demo.Topic); err != nil {
+	if c.end, err = demo.EndOffsets(ctx, kadm.NewClient(prod), c.topic); err != nil {
 		t.Fatal(err)
 	}
 	config := filepath.Join(t.TempDir(), "projections.yaml")
@@ -207,7 +215,7 @@ func newCrashStream(t *testing.T, partitions int, opts demo.Options, file []byte
 		"--brokers", c.broker,
 		"--registry-url", reg.URL(),
 		"--database-url", c.db.URL,
-		"--identity", "crash",
+		"--identity", crashIdentity,
 		"--config", config,
 		"--http-addr", "",
 		"--batch-max-records", batchMaxRecords,

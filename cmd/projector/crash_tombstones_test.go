@@ -22,10 +22,10 @@ func TestCrashRecoveryWithTombstones(t *testing.T) {
 				file = demo.SnapshotProjections
 			}
 			c := newCrashStream(t, 3, opts, file, "50")
-			db, records, end := c.db, c.records, c.end
+			db, records := c.db, c.records
 			var err error
 
-			crashAndFinish(t, db, c.args, "crash", end, int64(len(records)), 2)
+			c.crashAndFinish(t, 2)
 
 			exp := demo.Fold(records)
 			if mode == "fold" {

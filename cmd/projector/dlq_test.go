@@ -13,7 +13,6 @@ import (
 
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/twmb/franz-go/pkg/kadm"
-	"github.com/twmb/franz-go/pkg/kfake"
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/projector-dev/projector/deadletters"
@@ -28,7 +27,7 @@ import (
 type dlqEnv struct {
 	t       *testing.T
 	db      *testenv.DB
-	kafka   *kfake.Cluster
+	kafka   *testenv.Cluster
 	regURL  string
 	good    []byte // a real Avro value of acc-1 v1
 	ids     map[string]int64
@@ -42,11 +41,11 @@ func newDLQEnv(t *testing.T) *dlqEnv {
 	if err := postgres.Migrate(ctx, e.db.Pool); err != nil {
 		t.Fatalf("migrate: %v", err)
 	}
-	e.kafka = testenv.Kafka(t, demo.Topic, 3)
-	e.brokers = strings.Join(e.kafka.ListenAddrs(), ",")
+	e.kafka = testenv.NewCluster(t, demo.Topic, 3)
+	e.brokers = strings.Join(e.kafka.Addrs(), ",")
 	reg, srcl := testenv.Registry(t)
 	e.regURL = reg.URL()
-	enc, err := demo.RegisterSchemas(ctx, srcl)
+	enc, err := demo.RegisterSchemasFor(ctx, srcl, e.kafka.Topic)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -78,7 +77,7 @@ func (e *dlqEnv) insert(name, identity, projection string, part int32, offset in
 	err := e.db.Pool.QueryRow(e.t.Context(), `INSERT INTO projector_dead_letters
 		(identity, projection, topic, partition, "offset", record_key, value, headers, error, error_class, status, first_seen, last_seen)
 		VALUES ($1, $2, $3, $4, $5, $6, $7, $8::jsonb, $9, $10, $11, $12, $12) RETURNING id`,
-		identity, projection, demo.Topic, part, offset, []byte(key), value, string(hs), errText, class, status, firstSeen).Scan(&id)
+		identity, projection, e.kafka.Topic, part, offset, []byte(key), value, string(hs), errText, class, status, firstSeen).Scan(&id)
 	if err != nil {
 		e.t.Fatalf("insert dead letter: %v", err)
 	}
@@ -129,12 +128,12 @@ func (e *dlqEnv) audit() []deadletters.AuditEntry {
 
 func (e *dlqEnv) produced() int64 {
 	e.t.Helper()
-	cl, err := kgo.NewClient(kgo.SeedBrokers(e.kafka.ListenAddrs()...))
+	cl, err := kgo.NewClient(kgo.SeedBrokers(e.kafka.Addrs()...))
 	if err != nil {
 		e.t.Fatal(err)
 	}
 	defer cl.Close()
-	ends, err := kadm.NewClient(cl).ListEndOffsets(e.t.Context(), demo.Topic)
+	ends, err := kadm.NewClient(cl).ListEndOffsets(e.t.Context(), e.kafka.Topic)
 	if err != nil {
 		e.t.Fatal(err)
 	}
@@ -168,7 +167,7 @@ func TestDLQListFilters(t *testing.T) {
 	}{
 		{nil, ids("good", "garbage", "ledger", "resolved", "other", "purged")},
 		{[]string{"--projection", "ledger"}, ids("ledger")},
-		{[]string{"--topic", demo.Topic, "--identity", "second"}, ids("other")},
+		{[]string{"--topic", e.kafka.Topic, "--identity", "second"}, ids("other")},
 		{[]string{"--topic", "elsewhere"}, ids()},
 		{[]string{"--key", "acc-1"}, ids("good", "ledger")},
 		{[]string{"--error-class", "decode"}, ids("garbage", "other", "purged")},
@@ -317,7 +316,7 @@ func TestDLQReplay(t *testing.T) {
 	if !strings.Contains(out, "replayed 1 of 1") {
 		t.Errorf("replay output:\n%s", out)
 	}
-	cl, err := kgo.NewClient(kgo.SeedBrokers(e.kafka.ListenAddrs()...), kgo.ConsumeTopics(demo.Topic))
+	cl, err := kgo.NewClient(kgo.SeedBrokers(e.kafka.Addrs()...), kgo.ConsumeTopics(e.kafka.Topic))
 	if err != nil {
 		t.Fatal(err)
 	}

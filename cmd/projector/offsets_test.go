@@ -15,7 +15,6 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/prometheus/client_golang/prometheus"
-	"github.com/twmb/franz-go/pkg/kfake"
 	"github.com/twmb/franz-go/pkg/kgo"
 	"github.com/twmb/franz-go/pkg/sr"
 
@@ -33,7 +32,7 @@ import (
 type offsetsEnv struct {
 	t        *testing.T
 	db       *testenv.DB
-	kafka    *kfake.Cluster
+	kafka    *testenv.Cluster
 	reg      *sr.Client
 	enc      *demo.Encoder
 	projs    []*projection.Projection
@@ -43,14 +42,17 @@ type offsetsEnv struct {
 
 func newOffsetsEnv(t *testing.T, partitions int) *offsetsEnv {
 	t.Helper()
-	e := &offsetsEnv{t: t, db: testenv.NewDB(t), kafka: testenv.Kafka(t, demo.Topic, partitions), identity: "resets"}
+	e := &offsetsEnv{t: t, db: testenv.NewDB(t), kafka: testenv.NewCluster(t, demo.Topic, partitions), identity: "resets"}
 	_, e.reg = testenv.Registry(t)
 	var err error
-	if e.enc, err = demo.RegisterSchemas(t.Context(), e.reg); err != nil {
+	if e.enc, err = demo.RegisterSchemasFor(t.Context(), e.reg, e.kafka.Topic); err != nil {
 		t.Fatal(err)
 	}
 	if e.projs, err = projection.Parse(demo.Projections, "."); err != nil {
 		t.Fatal(err)
+	}
+	for _, p := range e.projs {
+		p.Topic = e.kafka.Topic
 	}
 	if err := postgres.Migrate(t.Context(), e.db.Pool, e.projs...); err != nil {
 		t.Fatal(err)
@@ -62,7 +64,7 @@ func newOffsetsEnv(t *testing.T, partitions int) *offsetsEnv {
 // one partition, the i-th stamped at ts(i) (nil: now).
 func (e *offsetsEnv) produce(p int32, prefix string, from, to int, ts func(i int) time.Time) {
 	e.t.Helper()
-	cl, err := kgo.NewClient(kgo.SeedBrokers(e.kafka.ListenAddrs()...), kgo.RecordPartitioner(kgo.ManualPartitioner()))
+	cl, err := kgo.NewClient(kgo.SeedBrokers(e.kafka.Addrs()...), kgo.RecordPartitioner(kgo.ManualPartitioner()))
 	if err != nil {
 		e.t.Fatal(err)
 	}
@@ -74,7 +76,7 @@ func (e *offsetsEnv) produce(p int32, prefix string, from, to int, ts func(i int
 		if err != nil {
 			e.t.Fatal(err)
 		}
-		rec := &kgo.Record{Topic: demo.Topic, Partition: p, Key: []byte(id), Value: value}
+		rec := &kgo.Record{Topic: e.kafka.Topic, Partition: p, Key: []byte(id), Value: value}
 		if ts != nil {
 			rec.Timestamp = ts(i)
 		}
@@ -90,7 +92,7 @@ func (e *offsetsEnv) engine(reg prometheus.Registerer) (eng *projector.Engine, s
 	e.t.Helper()
 	reader := e.enc.ReaderSchema()
 	eng, err := projector.New(projector.Config{
-		Brokers:     e.kafka.ListenAddrs(),
+		Brokers:     e.kafka.Addrs(),
 		Identity:    e.identity,
 		Projections: e.projs,
 		Registerer:  reg,
@@ -122,7 +124,7 @@ func (e *offsetsEnv) engine(reg prometheus.Registerer) (eng *projector.Engine, s
 func (e *offsetsEnv) stored(p int32) (next *int64, epoch int64) {
 	e.t.Helper()
 	if err := e.db.Pool.QueryRow(e.t.Context(), `SELECT next_offset, owner_epoch FROM projector_offsets
-		WHERE identity = $1 AND topic = $2 AND partition = $3`, e.identity, demo.Topic, p).Scan(&next, &epoch); err != nil && !errors.Is(err, pgx.ErrNoRows) {
+		WHERE identity = $1 AND topic = $2 AND partition = $3`, e.identity, e.kafka.Topic, p).Scan(&next, &epoch); err != nil && !errors.Is(err, pgx.ErrNoRows) {
 		e.t.Fatal(err)
 	}
 	return next, epoch
@@ -144,7 +146,7 @@ func (e *offsetsEnv) cli(args ...string) (string, error) {
 	e.t.Helper()
 	var out bytes.Buffer
 	if args[0] != "offsets" || args[1] != "audit" {
-		args = append(args, "--brokers", e.kafka.ListenAddrs()[0])
+		args = append(args, "--brokers", e.kafka.Brokers())
 	}
 	args = append(args, "--database-url", e.db.URL, "--identity", e.identity)
 	err := Main(e.t.Context(), args, &out, &out)
@@ -199,12 +201,8 @@ func TestOffsetsReset(t *testing.T) {
 	e.waitStored(1, 10)
 	stop()
 
-	if err := e.kafka.DeleteTopic(demo.Topic); err != nil {
-		t.Fatal(err)
-	}
-	if err := e.kafka.CreateTopic(demo.Topic, 2, nil); err != nil {
-		t.Fatal(err)
-	}
+	e.kafka.DeleteTopic(e.kafka.Topic)
+	e.kafka.CreateTopic(e.kafka.Topic, 2, nil)
 	t0 := time.Now().Add(-time.Hour).Truncate(time.Millisecond)
 	minutes := func(i int) time.Time { return t0.Add(time.Duration(i) * time.Minute) }
 	e.produce(0, "new-", 0, 3, nil)
@@ -236,12 +234,12 @@ func TestOffsetsReset(t *testing.T) {
 
 	// A dry run prints the plan and changes nothing.
 	_, epoch0 := e.stored(0)
-	plan := e.mustCLI("offsets", "reset", "--topic", demo.Topic, "--partitions", "0", "--to-earliest")
+	plan := e.mustCLI("offsets", "reset", "--topic", e.kafka.Topic, "--partitions", "0", "--to-earliest")
 	if !strings.Contains(plan, "dry run") || !strings.Contains(plan, "CURRENT-OFFSET  NEW-OFFSET") {
 		t.Errorf("dry run output:\n%s", plan)
 	}
 	var planned []resetPlan
-	if err := json.Unmarshal([]byte(e.mustCLI("offsets", "reset", "--topic", demo.Topic, "--to-datetime", minutes(3).Format(time.RFC3339Nano), "--json")), &planned); err != nil {
+	if err := json.Unmarshal([]byte(e.mustCLI("offsets", "reset", "--topic", e.kafka.Topic, "--to-datetime", minutes(3).Format(time.RFC3339Nano), "--json")), &planned); err != nil {
 		t.Fatal(err)
 	}
 	if len(planned) != 2 || planned[0].NewOffset != 0 || orDash(planned[0].CurrentOffset) != "10" || planned[1].NewOffset != 3 || orDash(planned[1].CurrentOffset) != "12" {
@@ -251,7 +249,7 @@ func TestOffsetsReset(t *testing.T) {
 		t.Fatalf("a dry run changed partition 0 to %s at epoch %d (was 10 at %d), or audited it", orDash(next), epoch, epoch0)
 	}
 
-	out := e.mustCLI("offsets", "reset", "--topic", demo.Topic, "--to-datetime", minutes(3).Format(time.RFC3339Nano), "--execute", "--actor", "alice")
+	out := e.mustCLI("offsets", "reset", "--topic", e.kafka.Topic, "--to-datetime", minutes(3).Format(time.RFC3339Nano), "--execute", "--actor", "alice")
 	if !strings.Contains(out, "moved 2 stored offsets") {
 		t.Errorf("reset --execute output:\n%s", out)
 	}
@@ -328,7 +326,7 @@ func TestOffsetsResetRefusesBadTargets(t *testing.T) {
 		args []string
 		want string
 	}{
-		{[]string{"--topic", demo.Topic, "--partitions", "0,7", "--to-earliest"}, "--partitions: topic \"" + demo.Topic + "\" has no partition 7"},
+		{[]string{"--topic", e.kafka.Topic, "--partitions", "0,7", "--to-earliest"}, "--partitions: topic \"" + e.kafka.Topic + "\" has no partition 7"},
 		{[]string{"--topic", "no.such.topic", "--to-latest"}, "--topic \"no.such.topic\": no such topic"},
 	} {
 		out, err := e.cli(append([]string{"offsets", "reset"}, tc.args...)...)
@@ -340,7 +338,7 @@ func TestOffsetsResetRefusesBadTargets(t *testing.T) {
 		t.Error("a refused reset was audited")
 	}
 	// An identity with no stored offsets (a mistyped --identity) is named.
-	if out := e.mustCLI("offsets", "reset", "--topic", demo.Topic, "--to-earliest"); !strings.Contains(out, `identity "resets" has no stored offsets`) {
+	if out := e.mustCLI("offsets", "reset", "--topic", e.kafka.Topic, "--to-earliest"); !strings.Contains(out, `identity "resets" has no stored offsets`) {
 		t.Errorf("dry run for an identity without stored offsets does not say so:\n%s", out)
 	}
 }

@@ -42,9 +42,9 @@ type committedEvent struct {
 func TestRelayCrashOrder(t *testing.T) {
 	ctx := t.Context()
 	db := testenv.NewDB(t)
-	cluster := testenv.Kafka(t, demo.Topic, 6)
+	cluster := testenv.NewCluster(t, demo.Topic, 6)
 	reg, regClient := testenv.Registry(t)
-	enc, err := demo.RegisterSchemas(ctx, regClient)
+	enc, err := demo.RegisterSchemasFor(ctx, regClient, cluster.Topic)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -52,7 +52,7 @@ func TestRelayCrashOrder(t *testing.T) {
 		t.Fatal(err)
 	}
 	args := []string{"relay",
-		"--brokers", cluster.ListenAddrs()[0],
+		"--brokers", cluster.Brokers(),
 		"--registry-url", reg.URL(),
 		"--database-url", db.URL,
 		"--http-addr", "",
@@ -192,14 +192,14 @@ func TestRelayCrashOrder(t *testing.T) {
 	}
 
 	// Read the topic and check it.
-	cl, err := kgo.NewClient(kgo.SeedBrokers(cluster.ListenAddrs()...), kgo.ConsumeTopics(demo.Topic), kgo.ConsumeResetOffset(kgo.NewOffset().AtStart()))
+	cl, err := kgo.NewClient(kgo.SeedBrokers(cluster.Addrs()...), kgo.ConsumeTopics(cluster.Topic), kgo.ConsumeResetOffset(kgo.NewOffset().AtStart()))
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer cl.Close()
 	rctx, cancel := context.WithTimeout(ctx, time.Minute)
 	defer cancel()
-	ends, err := kadm.NewClient(cl).ListEndOffsets(rctx, demo.Topic)
+	ends, err := kadm.NewClient(cl).ListEndOffsets(rctx, cluster.Topic)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -296,7 +296,7 @@ func accountEvent(t *testing.T, enc *demo.Encoder, key string, version int64, pa
 	if version == 1 {
 		ev.Type, ev.Owner, ev.Amount = "AccountOpened", "owner "+key, 0
 	}
-	e := outbox.Event{AggregateType: "account", AggregateID: key, Version: version, Type: ev.Type, Topic: demo.Topic}
+	e := outbox.Event{AggregateType: "account", AggregateID: key, Version: version, Type: ev.Type, Topic: enc.Topic}
 	if payload {
 		b, err := enc.Encode(demo.Record{Key: key, Event: ev})
 		if err != nil {
