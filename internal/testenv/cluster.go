@@ -6,6 +6,8 @@ import (
 	"fmt"
 	"math/rand/v2"
 	"os"
+	"os/exec"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -250,5 +252,33 @@ func (c *Cluster) deleteOwn() {
 			// sessions expire; it is left for the broker to expire.
 			_, _ = c.adm.DeleteGroups(ctx, own...)
 		}
+	}
+}
+
+// KafkaControlEnv names the command that kills and restarts a node of the
+// real cluster: "CMD kill-broker I" and "CMD start-broker I".
+const KafkaControlEnv = "PROJECTOR_TEST_KAFKA_CONTROL"
+
+// Nodes skips the test unless it runs on a real cluster of at least n
+// brokers whose nodes KafkaControlEnv can kill and restart.
+func (c *Cluster) Nodes(n int) {
+	c.t.Helper()
+	if c.Fake != nil || len(c.addrs) < n || os.Getenv(KafkaControlEnv) == "" {
+		c.t.Skipf("needs an Apache Kafka cluster of %d brokers and %s (make test-kafka runs it on one)", n, KafkaControlEnv)
+	}
+}
+
+// KillBroker kills node i of the real cluster with SIGKILL, keeping its
+// data; StartBroker starts it again.
+func (c *Cluster) KillBroker(i int) { c.control("kill-broker", i) }
+
+// StartBroker starts node i of the real cluster again.
+func (c *Cluster) StartBroker(i int) { c.control("start-broker", i) }
+
+func (c *Cluster) control(verb string, i int) {
+	c.t.Helper()
+	out, err := exec.Command(os.Getenv(KafkaControlEnv), verb, strconv.Itoa(i)).CombinedOutput()
+	if err != nil {
+		c.t.Fatalf("%s %d: %v\n%s", verb, i, err, out)
 	}
 }
