@@ -125,40 +125,14 @@ func TestCompactedTopic(t *testing.T) {
 	}
 }
 
-// recordsInLog reads topic from its start to its end offsets and counts
-// the data records (not transaction markers) it holds.
+// recordsInLog counts the data records (not transaction markers) topic
+// holds from its start to its end offsets.
 func recordsInLog(ctx context.Context, cl *kgo.Client, topic string) (int, error) {
 	ends, err := demo.EndOffsets(ctx, kadm.NewClient(cl), topic)
 	if err != nil {
 		return 0, err
 	}
-	starts := map[string]map[int32]kgo.Offset{topic: {}}
-	left := map[int32]int64{}
-	for p, e := range ends {
-		starts[topic][p] = kgo.NewOffset().AtStart()
-		if e > 0 {
-			left[p] = e
-		}
-	}
-	rd, err := kgo.NewClient(kgo.SeedBrokers(cl.OptValue(kgo.SeedBrokers).([]string)...), kgo.ConsumePartitions(starts))
-	if err != nil {
-		return 0, err
-	}
-	defer rd.Close()
-	rctx, cancel := context.WithTimeout(ctx, 30*time.Second)
-	defer cancel()
 	n := 0
-	for len(left) > 0 {
-		fs := rd.PollFetches(rctx)
-		if err := rctx.Err(); err != nil {
-			return 0, fmt.Errorf("read %s: %w", topic, err)
-		}
-		fs.EachRecord(func(r *kgo.Record) {
-			n++
-			if r.Offset+1 >= left[r.Partition] {
-				delete(left, r.Partition)
-			}
-		})
-	}
-	return n, nil
+	err = readLog(ctx, cl, topic, ends, func(*kgo.Record) { n++ })
+	return n, err
 }
