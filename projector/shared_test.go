@@ -36,6 +36,9 @@ func (b *bundle) sharedTopic(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	for _, p := range snaps {
+		p.Topic = b.kafka.Topic
+	}
 	projs := append(b.projs[:1:1], snaps...)
 	if err := postgres.Migrate(t.Context(), b.db.Pool, projs...); err != nil {
 		t.Fatal(err)
