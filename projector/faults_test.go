@@ -38,10 +38,10 @@ type faultBundle struct {
 	down atomic.Bool
 }
 
-func faultSetup(t *testing.T, opts demo.Options, partitions int) *faultBundle {
+func faultSetup(t *testing.T, opts demo.Options, partitions int, cluster ...testenv.ClusterOpt) *faultBundle {
 	t.Helper()
 	ctx := t.Context()
-	f := &faultBundle{bundle: &bundle{db: testenv.NewDB(t), kafka: testenv.NewCluster(t, demo.Topic, partitions)}}
+	f := &faultBundle{bundle: &bundle{db: testenv.NewDB(t), kafka: testenv.NewCluster(t, demo.Topic, partitions, cluster...)}}
 	f.fake, f.reg = testenv.Registry(t)
 	f.fake.Intercept(func(w http.ResponseWriter, _ *http.Request) bool {
 		if f.down.Load() {

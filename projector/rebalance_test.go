@@ -2,11 +2,14 @@ package projector_test
 
 import (
 	"fmt"
+	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 	dto "github.com/prometheus/client_model/go"
+	"github.com/twmb/franz-go/pkg/kfake"
+	"github.com/twmb/franz-go/pkg/kmsg"
 
 	"github.com/projector-dev/projector/internal/demo"
 	"github.com/projector-dev/projector/internal/testenv"
@@ -17,55 +20,98 @@ import (
 )
 
 // TestRebalancesWhileBatchesAreOpen adds and removes members while records
-// flow, so partitions move with batches in flight; the table must still
-// equal the reference fold and nothing may be stored twice.
+// flow, so partitions move with batches in flight, under each group
+// protocol: members joining split the partitions among themselves (no
+// partition runs twice), members leaving hand theirs over, to the last
+// member at the end. The table must still equal the reference fold, and
+// the members must have committed every record once between them.
 func TestRebalancesWhileBatchesAreOpen(t *testing.T) {
+	for _, protocol := range groupProtocols {
+		t.Run(protocol, func(t *testing.T) { rebalances(t, protocol) })
+	}
+}
+
+func rebalances(t *testing.T, protocol string) {
 	opts := demo.DefaultOptions()
 	opts.Aggregates, opts.Seed = 3000, 11
-	b := faultSetup(t, opts, 6).bundle
-
-	cfg := func(reg prometheus.Registerer) projector.Config {
-		return projector.Config{
-			Partition:      partition.Config{BatchMaxRecords: 50, BatchMaxWait: 20 * time.Millisecond},
-			SessionTimeout: 6 * time.Second,
-			Registerer:     reg,
-		}
+	b := faultSetup(t, opts, 6, quickGroups).bundle
+	var reqs *groupRequests
+	if !b.kafka.Real() {
+		reqs = countGroupRequests(b.kafka.Fake)
 	}
+
 	regs := map[string]*prometheus.Registry{}
+	members := map[string]*projector.Engine{}
 	stops := map[string]func(){}
 	start := func(name string) {
 		regs[name] = prometheus.NewRegistry()
-		stops[name] = run(t, b.engine(t, "rebalance", cfg(regs[name])))
+		members[name] = b.engine(t, "rebalance", groupConfig(protocol, projector.Config{
+			Partition:  partition.Config{BatchMaxRecords: 50, BatchMaxWait: 20 * time.Millisecond},
+			Registerer: regs[name],
+		}))
+		stops[name] = run(t, members[name])
 	}
-	chunk := len(b.records) / 5
-	produce := func(i int) {
+	stop := func(name string) {
+		stops[name]()
+		delete(members, name)
+	}
+	// settled waits until the running members own the 6 partitions in
+	// the shares want gives, each partition once.
+	settled := func(want map[string]int) {
 		t.Helper()
-		part := b.records[i*chunk : min((i+1)*chunk, len(b.records))]
-		if i == 4 {
-			part = b.records[i*chunk:]
-		}
-		b.produce(t, part)
+		began := time.Now()
+		testenv.WaitFor(t, time.Minute, func() error {
+			owner := map[int32]string{}
+			for name, e := range members {
+				ws := e.Workers()
+				if len(ws) != want[name] {
+					return fmt.Errorf("member %s runs %d partitions, want %d", name, len(ws), want[name])
+				}
+				for _, w := range ws {
+					if other, ok := owner[w.Partition]; ok {
+						return fmt.Errorf("partition %d runs in members %s and %s", w.Partition, other, name)
+					}
+					owner[w.Partition] = name
+				}
+			}
+			if len(owner) != 6 {
+				return fmt.Errorf("%d of 6 partitions run", len(owner))
+			}
+			return nil
+		})
+		t.Logf("partitions %v %v after the change", want, time.Since(began).Round(time.Millisecond))
 	}
 	steps := []func(){
-		func() { start("a") },
-		func() { start("b") },
-		func() { start("c") },
-		func() { stops["a"]() },
-		func() { stops["b"](); start("d") },
+		func() { start("a"); settled(map[string]int{"a": 6}) },
+		func() { start("b"); settled(map[string]int{"a": 3, "b": 3}) },
+		func() { start("c"); settled(map[string]int{"a": 2, "b": 2, "c": 2}) },
+		func() { stop("a"); settled(map[string]int{"b": 3, "c": 3}) },
+		func() { stop("b"); start("d"); settled(map[string]int{"c": 3, "d": 3}) },
+		func() { stop("c"); settled(map[string]int{"d": 6}) },
 	}
+	all := b.records
+	chunk := len(all) / len(steps)
 	for i, step := range steps {
-		produce(i)
+		part := all[i*chunk : (i+1)*chunk]
+		if i == len(steps)-1 {
+			part = all[i*chunk:]
+		}
+		b.produce(t, part)
 		step()
 	}
 	b.verify(t, "rebalance")
 
 	var revoked float64
+	var rs []*prometheus.Registry
 	for _, reg := range regs {
 		revoked += counter(t, reg, "projector_partitions_revoked_total")
+		rs = append(rs, reg)
 	}
 	if revoked == 0 {
 		t.Errorf("no partition was ever revoked: the test did not rebalance")
 	}
+	processedOnce(t, all, rs...)
+	assertGroupProtocol(t, b, reqs, "rebalance", protocol)
 }
 
 // TestFencedOwnerStops claims the partitions behind a running member's
@@ -117,6 +163,114 @@ func TestFencedOwnerStops(t *testing.T) {
 
 	run(t, b.engine(t, "fence", projector.Config{}))
 	b.verify(t, "fence")
+}
+
+// TestZombieMemberIsFenced makes a member a zombie: its heartbeats are
+// answered by the test, not by the group, so it goes on believing it owns
+// its partitions after the group expired it and gave them to another
+// member. Its next batches must be fenced by the owner epoch the new owner
+// claimed, and nothing it planned may reach the table. Once its heartbeats
+// reach the group again it learns that it lost its partitions, rejoins
+// and shares them with the other member. The table equals the reference
+// fold, and the members committed every record once between them.
+func TestZombieMemberIsFenced(t *testing.T) {
+	for _, protocol := range groupProtocols {
+		t.Run(protocol, func(t *testing.T) { zombie(t, protocol) })
+	}
+}
+
+func zombie(t *testing.T, protocol string) {
+	opts := demo.DefaultOptions()
+	opts.Aggregates, opts.Seed = 600, 3
+	// Sessions of 3s, under either protocol: the group expires the
+	// zombie sooner.
+	b := faultSetup(t, opts, 3, quickGroups, testenv.FakeOpts(kfake.GroupMinSessionTimeout(time.Second),
+		kfake.BrokerConfigs(map[string]string{"group.consumer.session.timeout.ms": "3000"}))).bundle
+	fake := b.kafka.Embedded("answers the zombie's heartbeats in the group's place")
+	reqs := countGroupRequests(fake)
+	all := b.records
+	third := len(all) / 3
+	b.produce(t, all[:third])
+
+	cfg := func(reg prometheus.Registerer) projector.Config {
+		c := groupConfig(protocol, projector.Config{Partition: partition.Config{BatchMaxWait: 20 * time.Millisecond}, Registerer: reg})
+		if protocol == projector.GroupProtocolClassic {
+			c.SessionTimeout = 3 * time.Second
+		}
+		return c
+	}
+	regA, regB := prometheus.NewRegistry(), prometheus.NewRegistry()
+	a := b.engine(t, "zombie", cfg(regA))
+	run(t, a)
+	b.verifyPart(t, "zombie", all[:third])
+	memberA, _ := a.Client().GroupMetadata()
+
+	// From now on the group hears nothing from a, and a hears that all is
+	// well, until released.
+	var answered atomic.Int64
+	var released atomic.Bool
+	zombieHeartbeats := func(req kmsg.Request) (kmsg.Response, error, bool) {
+		fake.KeepControl()
+		if released.Load() {
+			return nil, nil, false
+		}
+		switch req := req.(type) {
+		case *kmsg.HeartbeatRequest:
+			if req.MemberID == memberA {
+				answered.Add(1)
+				return req.ResponseKind(), nil, true
+			}
+		case *kmsg.ConsumerGroupHeartbeatRequest:
+			if req.MemberID == memberA {
+				answered.Add(1)
+				resp := req.ResponseKind().(*kmsg.ConsumerGroupHeartbeatResponse)
+				resp.MemberID, resp.MemberEpoch = &req.MemberID, req.MemberEpoch
+				resp.HeartbeatIntervalMillis = 100
+				return resp, nil, true
+			}
+		}
+		return nil, nil, false
+	}
+	fake.ControlKey(int16(kmsg.Heartbeat), zombieHeartbeats)
+	fake.ControlKey(int16(kmsg.ConsumerGroupHeartbeat), zombieHeartbeats)
+
+	silent := time.Now()
+	bm := b.engine(t, "zombie", cfg(regB))
+	run(t, bm)
+	testenv.WaitFor(t, time.Minute, func() error {
+		if n := len(bm.Workers()); n < 3 {
+			return fmt.Errorf("the new member runs %d workers, want 3 (the zombie's heartbeats answered %d times)", n, answered.Load())
+		}
+		return nil
+	})
+	t.Logf("the group gave the new member every partition %v after the zombie fell silent", time.Since(silent).Round(time.Millisecond))
+	if n := len(a.Workers()); n != 3 {
+		t.Fatalf("the zombie runs %d workers, want 3: it must still believe it owns every partition", n)
+	}
+
+	b.produce(t, all[third:2*third])
+	b.verifyPart(t, "zombie", all[:2*third])
+	testenv.WaitFor(t, 30*time.Second, func() error {
+		if n := counter(t, regA, "projector_fenced_batches_total"); n < 3 {
+			return fmt.Errorf("the zombie had %v batches fenced, want one for each of its 3 partitions", n)
+		}
+		return nil
+	})
+
+	released.Store(true)
+	back := time.Now()
+	testenv.WaitFor(t, time.Minute, func() error {
+		lost, na, nb := counter(t, regA, "projector_partitions_lost_total"), len(a.Workers()), len(bm.Workers())
+		if lost < 3 || na == 0 || nb == 0 || na+nb != 3 {
+			return fmt.Errorf("the zombie lost %v partitions and runs %d workers, the other member %d; want 3 lost and the partitions shared", lost, na, nb)
+		}
+		return nil
+	})
+	t.Logf("the zombie heard it lost its partitions and rejoined %v after its heartbeats reached the group", time.Since(back).Round(time.Millisecond))
+	b.produce(t, all[2*third:])
+	b.verify(t, "zombie")
+	processedOnce(t, all, regA, regB)
+	assertGroupProtocol(t, b, reqs, "zombie", protocol)
 }
 
 // metrics returns the samples of the family name gathered from g.
