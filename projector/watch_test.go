@@ -13,6 +13,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/twmb/franz-go/pkg/kadm"
+	"github.com/twmb/franz-go/pkg/kerr"
 	"github.com/twmb/franz-go/pkg/kfake"
 	"github.com/twmb/franz-go/pkg/kgo"
 	"github.com/twmb/franz-go/pkg/kmsg"
@@ -131,22 +132,48 @@ func TestMissingTopicIsHeard(t *testing.T) {
 }
 
 // A member the brokers answer but whose group never lets it in (here:
-// every JoinGroup fails) says it is not joined, naming the group.
+// every JoinGroup, or under the consumer protocol every
+// ConsumerGroupHeartbeat, fails) says it is not joined, naming the group.
+// A KIP-848 member has a member id and epoch 0 before the coordinator
+// ever answers it: that is not joined either.
 func TestGroupNotJoinedIsHeard(t *testing.T) {
-	b := faultSetup(t, demo.DefaultOptions(), 1).bundle
-	b.kafka.Fake.ControlKey(int16(kmsg.JoinGroup), func(req kmsg.Request) (kmsg.Response, error, bool) {
-		b.kafka.Fake.KeepControl()
-		resp := req.(*kmsg.JoinGroupRequest).ResponseKind().(*kmsg.JoinGroupResponse)
-		resp.ErrorCode = 15 // COORDINATOR_NOT_AVAILABLE: the client retries for ever
-		return resp, nil, true
-	})
-	e, logs := watched(t, b, b.kafka.Addrs(), projector.Config{})
-	run(t, e)
-	testenv.WaitFor(t, 10*time.Second, testenv.Holds("a warning that the member is not in its group", func() bool {
-		return count(logs, `not joined to consumer group \"watched\"`) > 0
-	}))
-	if err := e.Ready(t.Context())["kafka"]; err == nil || !strings.Contains(err.Error(), "not joined") {
-		t.Errorf("/readyz kafka check: %v, want not joined", err)
+	for _, protocol := range groupProtocols {
+		t.Run(protocol, func(t *testing.T) {
+			b := faultSetup(t, demo.DefaultOptions(), 1).bundle
+			fake := b.kafka.Embedded("fails every request to join the group")
+			key := kmsg.JoinGroup
+			if protocol == projector.GroupProtocolConsumer {
+				key = kmsg.ConsumerGroupHeartbeat
+			}
+			fake.ControlKey(int16(key), func(req kmsg.Request) (kmsg.Response, error, bool) {
+				fake.KeepControl()
+				if hb, ok := req.(*kmsg.ConsumerGroupHeartbeatRequest); ok && hb.MemberEpoch < 0 {
+					// The member leaving as it stops: refused, its
+					// client would retry for 30s before it closes.
+					return nil, nil, false
+				}
+				resp := req.ResponseKind()
+				// COORDINATOR_NOT_AVAILABLE: the client retries for ever.
+				switch resp := resp.(type) {
+				case *kmsg.JoinGroupResponse:
+					resp.ErrorCode = kerr.CoordinatorNotAvailable.Code
+				case *kmsg.ConsumerGroupHeartbeatResponse:
+					resp.ErrorCode = kerr.CoordinatorNotAvailable.Code
+				}
+				return resp, nil, true
+			})
+			e, logs := watched(t, b, b.kafka.Addrs(), projector.Config{GroupProtocol: protocol})
+			run(t, e)
+			testenv.WaitFor(t, 10*time.Second, testenv.Holds("a warning that the member is not in its group", func() bool {
+				return count(logs, `not joined to consumer group \"watched\"`) > 0
+			}))
+			if err := e.Ready(t.Context())["kafka"]; err == nil || !strings.Contains(err.Error(), "not joined") {
+				t.Errorf("/readyz kafka check: %v, want not joined", err)
+			}
+			if err := e.Ready(t.Context())["group"]; err == nil {
+				t.Errorf("/readyz group check passes, want not joined")
+			}
+		})
 	}
 }
 
