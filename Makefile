@@ -24,6 +24,14 @@ test: ## Run the whole test suite with the race detector, and every Go microbenc
 	$(GO) test -race -count=1 -timeout 15m ./...
 	$(GO) test -run '^$$' -bench . -benchtime 1x ./...
 
+.PHONY: kafka-up
+kafka-up: ## Start Apache Kafka on 127.0.0.1, fetched from Maven Central on first use (KAFKA_FLAGS="--brokers 3").
+	scripts/kafka up $(KAFKA_FLAGS)
+
+.PHONY: kafka-down
+kafka-down: ## Stop the Kafka that kafka-up started and delete its data.
+	scripts/kafka down
+
 .PHONY: bench
 bench: ## projector-bench: engine vs COPY limit and hand-written consumers (BENCH_FLAGS="--runs 3"); BENCH=go: the Go microbenchmarks.
 ifeq ($(BENCH),go)
