@@ -553,22 +553,29 @@ func TestPostgresRestart(t *testing.T) {
 }
 
 // TestRevokeDuringBackoff revokes partitions from a member that is backing
-// off (the registry is down) with long delays: the revocation must not
-// wait out the delay, so a joining member gets its partitions promptly.
+// off (the registry is down) with long delays, under each group protocol:
+// the revocation must not wait out the delay, so a joining member gets its
+// partitions promptly.
 func TestRevokeDuringBackoff(t *testing.T) {
+	for _, protocol := range groupProtocols {
+		t.Run(protocol, func(t *testing.T) { revokeDuringBackoff(t, protocol) })
+	}
+}
+
+func revokeDuringBackoff(t *testing.T, protocol string) {
 	opts := demo.DefaultOptions()
 	opts.Aggregates = 200
-	f := faultSetup(t, opts, 4)
+	f := faultSetup(t, opts, 4, quickGroups)
 	f.produce(t, f.records)
 	f.down.Store(true)
 
 	slow := partition.Config{RetryBase: 2 * time.Second, RetryCap: time.Minute, ClassifyDecode: projector.ClassifyDecode}
 	regA := prometheus.NewRegistry()
-	stopA := run(t, f.engine(t, "revoke", projector.Config{Partition: slow, RevokeTimeout: time.Minute, Registerer: regA}))
+	stopA := run(t, f.engine(t, "revoke", projector.Config{GroupProtocol: protocol, Partition: slow, RevokeTimeout: time.Minute, Registerer: regA}))
 	testenv.WaitFor(t, 30*time.Second, testenv.Holds("member a to back off with long delays", func() bool {
 		return counter(t, regA, "projector_retries_total") >= 8 // two rounds per partition: delays now up to 8s
 	}))
-	b := f.engine(t, "revoke", projector.Config{Partition: slow, RevokeTimeout: time.Minute})
+	b := f.engine(t, "revoke", projector.Config{GroupProtocol: protocol, Partition: slow, RevokeTimeout: time.Minute})
 	joined := time.Now()
 	stopB := run(t, b)
 	testenv.WaitFor(t, 20*time.Second, testenv.Holds("member b to get partitions", func() bool { return len(b.Workers()) > 0 }))
@@ -579,6 +586,6 @@ func TestRevokeDuringBackoff(t *testing.T) {
 	stopA()
 	stopB()
 	f.down.Store(false)
-	run(t, f.engine(t, "revoke", projector.Config{Partition: fastRetry}))
+	run(t, f.engine(t, "revoke", projector.Config{GroupProtocol: protocol, Partition: fastRetry}))
 	f.verify(t, "revoke")
 }

@@ -84,6 +84,31 @@ func assertGroupProtocol(t *testing.T, b *bundle, reqs *groupRequests, group, pr
 	}
 }
 
+// groupMembers returns the members and the state of group, a group of
+// protocol.
+func groupMembers(t *testing.T, b *bundle, group, protocol string) (int, string) {
+	t.Helper()
+	adm := kadm.NewClient(b.kafkaClient(t))
+	if protocol == projector.GroupProtocolConsumer {
+		described, err := adm.DescribeConsumerGroups(t.Context(), group)
+		if err == nil {
+			err = described[group].Err
+		}
+		if err != nil {
+			t.Fatalf("describe consumer group %s: %v", group, err)
+		}
+		return len(described[group].Members), described[group].State
+	}
+	described, err := adm.DescribeGroups(t.Context(), group)
+	if err == nil {
+		err = described[group].Err
+	}
+	if err != nil {
+		t.Fatalf("describe group %s: %v", group, err)
+	}
+	return len(described[group].Members), described[group].State
+}
+
 // groupRequests counts the embedded broker's requests of each protocol.
 type groupRequests struct{ joins, heartbeats atomic.Int64 }
 

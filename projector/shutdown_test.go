@@ -12,8 +12,6 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
-	"github.com/twmb/franz-go/pkg/kadm"
-	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/projector-dev/projector/internal/demo"
 	"github.com/projector-dev/projector/internal/testenv"
@@ -55,9 +53,9 @@ type behindAndLocked struct {
 }
 
 // startBehindAndLocked locks the table (reads go on, so batches are
-// planned; writes wait), starts a member with shutdownTimeout, and waits
-// until its first transaction waits on the lock.
-func startBehindAndLocked(t *testing.T, identity string, shutdownTimeout time.Duration) *behindAndLocked {
+// planned; writes wait), starts a member of the group protocol with
+// shutdownTimeout, and waits until its first transaction waits on the lock.
+func startBehindAndLocked(t *testing.T, identity, protocol string, shutdownTimeout time.Duration) *behindAndLocked {
 	t.Helper()
 	ctx := t.Context()
 	opts := demo.DefaultOptions()
@@ -86,6 +84,7 @@ func startBehindAndLocked(t *testing.T, identity string, shutdownTimeout time.Du
 		Brokers: s.kafka.Addrs(), Identity: identity, Projections: s.projs,
 		Partition:       partition.Config{BatchMaxRecords: 100, CommitMaxBatches: 5},
 		ShutdownTimeout: shutdownTimeout,
+		GroupProtocol:   protocol,
 		Logger:          slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn})),
 		Store:           postgres.NewStore(s.db.Pool),
 	}, func(*projection.Projection) partition.Decoder {
@@ -140,15 +139,22 @@ func (s *behindAndLocked) stored(t *testing.T, identity string) int64 {
 
 // TestShutdownCommitsPlannedBatches stops a member (as on SIGTERM) while
 // its partition is far behind and its transactions cannot commit yet (the
-// table is locked): the planned batches must still commit once the lock
-// goes, within the shutdown timeout, before the member leaves its group.
-// The stored offset then covers every record decoded before the signal,
-// the table equals the reference fold of the log up to it, and a new
-// member finishes the stream without applying anything twice.
+// table is locked), under each group protocol: the planned batches must
+// still commit once the lock goes, within the shutdown timeout, before the
+// member leaves its group. The stored offset then covers every record
+// decoded before the signal, the table equals the reference fold of the
+// log up to it, and a new member finishes the stream without applying
+// anything twice.
 func TestShutdownCommitsPlannedBatches(t *testing.T) {
+	for _, protocol := range groupProtocols {
+		t.Run(protocol, func(t *testing.T) { shutdownCommits(t, protocol) })
+	}
+}
+
+func shutdownCommits(t *testing.T, protocol string) {
 	ctx := t.Context()
 	const shutdownTimeout = 20 * time.Second
-	s := startBehindAndLocked(t, "shutdown", shutdownTimeout)
+	s := startBehindAndLocked(t, "shutdown", protocol, shutdownTimeout)
 	b, watch := s.bundle, s.watch
 	planned := watch.max.Load() + 1 // the records of batches planned or being planned
 	if planned <= 0 || planned >= b.end[0] {
@@ -171,20 +177,11 @@ func TestShutdownCommitsPlannedBatches(t *testing.T) {
 	}
 
 	// The member left its group rather than waiting out its session.
-	adm, err := kgo.NewClient(kgo.SeedBrokers(b.kafka.Addrs()...))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer adm.Close()
-	groups, err := kadm.NewClient(adm).DescribeGroups(ctx, "shutdown")
-	if err != nil {
-		t.Fatal(err)
-	}
-	if g := groups["shutdown"]; len(g.Members) != 0 {
-		t.Errorf("group still lists %d members after shutdown (state %s)", len(g.Members), g.State)
+	if n, state := groupMembers(t, b, "shutdown", protocol); n != 0 {
+		t.Errorf("group still lists %d members after shutdown (state %s)", n, state)
 	}
 
-	run(t, b.engine(t, "shutdown", projector.Config{}))
+	run(t, b.engine(t, "shutdown", projector.Config{GroupProtocol: protocol}))
 	b.verify(t, "shutdown")
 }
 
@@ -194,7 +191,7 @@ func TestShutdownCommitsPlannedBatches(t *testing.T) {
 // them is written, and a new member applies them once.
 func TestShutdownIsBounded(t *testing.T) {
 	const shutdownTimeout = time.Second
-	s := startBehindAndLocked(t, "bounded", shutdownTimeout)
+	s := startBehindAndLocked(t, "bounded", projector.GroupProtocolClassic, shutdownTimeout)
 	s.signal()
 	began := time.Now()
 	if took := s.wait(t, began, 20*time.Second); took < shutdownTimeout {
@@ -218,7 +215,7 @@ func TestShutdownIsBounded(t *testing.T) {
 func TestShutdownRetriesPlannedBatches(t *testing.T) {
 	ctx := t.Context()
 	const shutdownTimeout = 20 * time.Second
-	s := startBehindAndLocked(t, "drain", shutdownTimeout)
+	s := startBehindAndLocked(t, "drain", projector.GroupProtocolClassic, shutdownTimeout)
 	planned := s.watch.max.Load() + 1
 	s.signal()
 	began := time.Now()
