@@ -43,6 +43,8 @@ type benchFlags struct {
 	stateCacheBytes cliflag.ByteSize
 	batchMaxWait    time.Duration
 	copyConns       int
+	connectScript   string
+	connectTasks    int
 	profileDir      string
 	keepSchemas     bool
 	logLevel        string
@@ -72,7 +74,7 @@ func (f *benchFlags) register(fs *flag.FlagSet) {
 	fs.Float64Var(&f.reorder, "reorder", 0, "share of each account's events that arrive after its next one, parked until their gap fills (not with the transaction-per-event consumers, naive and watermill)")
 	fs.IntVar(&f.valueBytes, "value-bytes", 200, "size of each Avro value (the writer schema pads the event)")
 	fs.IntVar(&f.runs, "runs", 1, "run every row this many times and report the median")
-	fs.StringVar(&f.modes, "modes", strings.Join(bench.AllModes, ","), "rows to run: "+strings.Join(bench.AllModes, ","))
+	fs.StringVar(&f.modes, "modes", strings.Join(bench.AllModes, ","), "rows to run: "+strings.Join(bench.AllModes, ",")+"; with --brokers also "+strings.Join(bench.KafkaModes, ",")+" (Kafka Connect with the Debezium JDBC sink)")
 	fs.BoolVar(&f.jsonOut, "json", false, "print the report as JSON")
 	fs.DurationVar(&f.timeLimit, "time-limit", 15*time.Second, "the naive and watermill consumers stop after this and are measured on the prefix they committed")
 	fs.DurationVar(&f.freshFor, "fresh-for", 10*time.Second, "how long the freshness run produces")
@@ -85,6 +87,8 @@ func (f *benchFlags) register(fs *flag.FlagSet) {
 	fs.Var(&f.stateCacheBytes, "state-cache-bytes", "engine: memory for those rows, whichever bound comes first; 0 disables (as projector run)")
 	fs.DurationVar(&f.batchMaxWait, "batch-max-wait", 50*time.Millisecond, "engine: longest a batch waits for more records (as projector run)")
 	fs.IntVar(&f.copyConns, "copy-conns", runtime.NumCPU(), "limit rows: connections that COPY in parallel (default: one per CPU, as the engine may use every core)")
+	fs.StringVar(&f.connectScript, "connect-script", "scripts/connect", "connect-jdbc: the script that fetches Kafka Connect and the Debezium JDBC sink from Maven Central and runs a standalone worker")
+	fs.IntVar(&f.connectTasks, "connect-tasks", runtime.NumCPU(), "connect-jdbc: the connector's tasks.max (default: one per CPU)")
 	fs.StringVar(&f.profileDir, "cpuprofile-dir", "", "write a CPU profile of every engine run here (engine-fold.pprof, engine-snapshot.pprof, freshness.pprof) and what it allocated (engine-fold.allocs.pprof, ...)")
 	fs.BoolVar(&f.keepSchemas, "keep-schemas", false, "keep every run's Postgres schema (to inspect or EXPLAIN)")
 	fs.StringVar(&f.logLevel, "log-level", "warn", "log level of the consumers under test")
@@ -113,6 +117,7 @@ func runBench(ctx context.Context, f *benchFlags, stdout, stderr io.Writer) erro
 		Events: f.events, Partitions: f.partitions, Skew: f.skew, Reorder: f.reorder, ValueBytes: f.valueBytes, Runs: f.runs,
 		DatabaseURL: f.databaseURL, TimeLimit: f.timeLimit, FreshFor: f.freshFor,
 		BatchMaxRecords: f.batchMaxRecords, BatchMaxWait: f.batchMaxWait, CommitMaxBatches: f.commitMax, CopyConns: f.copyConns,
+		ConnectScript: f.connectScript, ConnectTasks: f.connectTasks,
 		MemberMaxRecords: cliflag.Off(f.memberMax),
 		StateCacheRows:   cliflag.Off(f.stateCacheRows), StateCacheBytes: cliflag.CacheBytes(f.stateCacheBytes),
 		ProfileDir: f.profileDir, KeepSchemas: f.keepSchemas, LogLevel: f.logLevel,

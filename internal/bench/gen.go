@@ -157,6 +157,23 @@ var filler = func() string {
 // checks it against the registry encoder (schemas.AppendWire).
 func AppendValue(dst []byte, schemaID int, ev demo.Event, size int) []byte {
 	start := len(dst)
+	dst = appendUnpadded(dst, schemaID, ev)
+	return appendString(dst, filler[:paddingLen(len(dst)-start, size)])
+}
+
+// paddingLen is the length of the padding string that brings a value whose
+// other fields take n bytes (magic byte and schema id included) to about
+// size bytes. Other encodings of the stream pad each event as much.
+func paddingLen(n, size int) int {
+	pad := size - n - 1 // 1: the padding's length prefix
+	if pad > 63 {
+		pad-- // a length of 64 or more takes two bytes
+	}
+	return max(0, min(pad, len(filler)))
+}
+
+// appendUnpadded appends the wire-format value of ev up to its padding.
+func appendUnpadded(dst []byte, schemaID int, ev demo.Event) []byte {
 	dst = append(dst, 0)
 	dst = binary.BigEndian.AppendUint32(dst, uint32(schemaID))
 	dst = appendString(dst, ev.AccountID)
@@ -169,13 +186,7 @@ func AppendValue(dst []byte, schemaID int, ev demo.Event, size int) []byte {
 		dst = appendString(dst, ev.Owner)
 	}
 	dst = appendLong(dst, ev.Amount)
-	dst = appendLong(dst, ev.OccurredAt.UnixMilli())
-	pad := size - (len(dst) - start) - 1 // 1: the padding's length prefix
-	if pad > 63 {
-		pad-- // a length of 64 or more takes two bytes
-	}
-	pad = max(0, min(pad, len(filler)))
-	return appendString(dst, filler[:pad])
+	return appendLong(dst, ev.OccurredAt.UnixMilli())
 }
 
 func appendLong(dst []byte, v int64) []byte {

@@ -99,9 +99,11 @@ type Row struct {
 	Total  int    `json:"stream_events"`
 	Check  string `json:"check"`
 	// Mismatches counts the accounts whose row differs from the reference
-	// fold, for the upsert peer, whose differences are a result rather
-	// than a failed run.
+	// fold, for the upsert and Kafka Connect peers, whose differences are a
+	// result rather than a failed run.
 	Mismatches *int `json:"reference_mismatches,omitempty"`
+	// Peer says what ran, for a peer that is not this program.
+	Peer string `json:"peer,omitempty"`
 }
 
 // NotRun is a row left out, and why.
@@ -165,6 +167,14 @@ var rowNames = map[string]string{
 	ModeUpsert:         "upsert (batch/poll)",
 	ModeNaive:          "naive (tx/event)",
 	ModeWatermill:      "watermill (tx/event)",
+	ModeConnectJDBC:    "connect jdbc sink",
+}
+
+// peerModes are the rows whose differences from the reference fold are
+// counted rather than failed, and why they differ.
+var peerModes = map[string]string{
+	ModeUpsert:      "no gap handling: an event behind a newer one of its account is dropped, a missing version goes unnoticed",
+	ModeConnectJDBC: "no version gate: an event that arrives after a newer one of its account overwrites it",
 }
 
 func (r *Report) row(mode string) *Row {
@@ -233,7 +243,7 @@ func (r *Report) add(mode string, runs []*Sample, total int) {
 		Mode: mode, Name: rowNames[mode], Events: res.Events, Seconds: res.Seconds, EventsPerSec: s.EPS(),
 		GoCPU: res.CPUSeconds, PGCPU: s.PGCPU, PGCPUNote: s.PGCPUNote, ParentCPU: s.ParentCPU, PeakRSSMB: s.PeakRSSMB,
 		JoinSeconds: res.JoinSeconds, RowWrites: res.RowWrites, Fetched: res.Fetched, Phases: res.Phases,
-		Prefix: res.TimedOut, Total: total, Check: "ok",
+		Prefix: res.TimedOut, Total: total, Check: "ok", Peer: res.Peer,
 	}
 	if res.Events > 0 {
 		row.GoCPUPerEvUS = res.CPUSeconds / float64(res.Events) * 1e6
@@ -248,10 +258,11 @@ func (r *Report) add(mode string, runs []*Sample, total int) {
 		}
 	}
 	row.RunsEPS = runsEPS(runs)
-	if mode == ModeUpsert {
+	if _, ok := peerModes[mode]; ok {
 		// The peer's differences from the reference fold are counted,
-		// not failed: it has no gap handling. Anything else that went
-		// wrong in its check fails it like any row.
+		// not failed: it has no gap handling or no version gate.
+		// Anything else that went wrong in its check fails it like any
+		// row.
 		var m *mismatches
 		n := 0
 		if errors.As(s.Check, &m) {
@@ -270,8 +281,8 @@ func (r *Report) add(mode string, runs []*Sample, total int) {
 	r.Rows = append(r.Rows, row)
 }
 
-// peerFailure is what of the upsert peer's check fails its row: anything
-// but differences from the reference fold.
+// peerFailure is what of a peer's check fails its row: anything but
+// differences from the reference fold.
 func peerFailure(err error) error {
 	var m *mismatches
 	if errors.As(err, &m) {
@@ -477,6 +488,9 @@ func (r *Report) Table(w io.Writer) error {
 	if up := r.row(ModeUpsert); up != nil {
 		upsertNote(w, r, up)
 	}
+	if cj := r.row(ModeConnectJDBC); cj != nil {
+		connectNote(w, r, cj)
+	}
 	fmt.Fprintln(w, "cpu: the consumer's own process (each run is a child process; the embedded broker and registry are in the parent) and the Postgres backends serving its connections, within the measured window.")
 	if s.Runs > 1 {
 		var runs []string
@@ -577,7 +591,7 @@ func (r *Report) Table(w io.Writer) error {
 			switch {
 			case row.Mode == ModeLimit || row.Mode == ModeLimitKeyed:
 			case row.Mismatches != nil && *row.Mismatches > 0:
-				differ = append(differ, fmt.Sprintf("%s differs from it for %s accounts", row.Name, group(int64(*row.Mismatches))))
+				differ = append(differ, fmt.Sprintf("%s differs from it for %s accounts (%s)", row.Name, group(int64(*row.Mismatches)), peerModes[row.Mode]))
 			default:
 				checked = append(checked, row.Name)
 			}
@@ -592,7 +606,7 @@ func (r *Report) Table(w io.Writer) error {
 			fmt.Fprintf(w, "\nreference fold: %s equal the reference fold of what they consumed.\n", strings.Join(checked, ", "))
 		}
 		if len(differ) > 0 {
-			fmt.Fprintf(w, "reference fold: %s (no gap handling: an event behind a newer one of its account is dropped, a missing version goes unnoticed).\n", strings.Join(differ, "; "))
+			fmt.Fprintf(w, "reference fold: %s.\n", strings.Join(differ, "; "))
 		}
 	}
 	return nil
@@ -623,6 +637,33 @@ func upsertNote(w io.Writer, r *Report, up *Row) {
 	}
 	if len(vs) > 0 {
 		fmt.Fprintf(w, "  engine vs the upsert peer, in this run: %s; engine snapshot writes the same table from the same decoder, engine fold a fold the peer cannot express.\n", strings.Join(vs, ", "))
+	}
+}
+
+// connectNote says what the Kafka Connect peer ran, how its table compares
+// with the reference fold, and how the engine compares with it.
+func connectNote(w io.Writer, r *Report, cj *Row) {
+	n := 0
+	if cj.Mismatches != nil {
+		n = *cj.Mismatches
+	}
+	writes := "row writes not read"
+	if cj.RowWrites > 0 {
+		writes = fmt.Sprintf("%s row writes for %s events (%.2f per event)", group(cj.RowWrites), group(cj.Events), float64(cj.RowWrites)/math.Max(1, float64(cj.Events)))
+	}
+	fmt.Fprintf(w, "%s: %s; the same events in JSON with schemas on a topic of their own, into the snapshot table; %s; connector and tasks running %.1fs into the window; "+
+		"cpu and peak rss are the worker JVM's (and its harness's); %s accounts differ from the reference fold.\n",
+		cj.Name, cj.Peer, writes, cj.JoinSeconds, group(int64(n)))
+	var vs []string
+	for _, mode := range []string{ModeEngineSnapshot, ModeEngineFold} {
+		row := r.row(mode)
+		if row == nil || cj.EventsPerSec == 0 {
+			continue
+		}
+		vs = append(vs, fmt.Sprintf("%s %.2f× its events/s", row.Name, row.EventsPerSec/cj.EventsPerSec))
+	}
+	if len(vs) > 0 {
+		fmt.Fprintf(w, "  engine vs the Connect JDBC sink, in this run: %s.\n", strings.Join(vs, ", "))
 	}
 }
 

@@ -47,7 +47,8 @@ type Config struct {
 	// cluster in this process.
 	Brokers []string
 	// Modes to run, of ModeLimit, ModeLimitKeyed, ModeEngineSnapshot, ModeEngineFold,
-	// ModeUpsert, ModeNaive, ModeWatermill and "freshness".
+	// ModeUpsert, ModeNaive, ModeWatermill, "freshness" and, with Brokers,
+	// ModeConnectJDBC.
 	Modes []string
 	// TimeLimit bounds the naive and Watermill runs: they are measured on
 	// the prefix they commit within it.
@@ -71,7 +72,12 @@ type Config struct {
 	StateCacheRows  int
 	StateCacheBytes int64
 	CopyConns       int
-	Seed            uint64
+	// ConnectScript is scripts/connect, which the Kafka Connect peer
+	// fetches and runs Connect with; ConnectTasks is its connector's
+	// tasks.max (0: one per CPU).
+	ConnectScript string
+	ConnectTasks  int
+	Seed          uint64
 	// ProfileDir, when set, receives a CPU profile of every engine child
 	// (<mode>.pprof) for `go tool pprof`.
 	ProfileDir string
@@ -95,10 +101,14 @@ const ModeFreshness = "freshness"
 const DefaultFreshLoad = 0.25
 
 // throughputModes are the rows that measure events/s, in order.
-var throughputModes = []string{ModeLimit, ModeLimitKeyed, ModeEngineSnapshot, ModeEngineFold, ModeUpsert, ModeNaive, ModeWatermill}
+var throughputModes = []string{ModeLimit, ModeLimitKeyed, ModeEngineSnapshot, ModeEngineFold, ModeUpsert, ModeNaive, ModeWatermill, ModeConnectJDBC}
+
+// KafkaModes are the rows that run only on real Kafka (Config.Brokers),
+// and only when asked for.
+var KafkaModes = []string{ModeConnectJDBC}
 
 // AllModes are the rows of a full run, in order.
-var AllModes = append(slices.Clone(throughputModes), ModeFreshness)
+var AllModes = append(slices.DeleteFunc(slices.Clone(throughputModes), func(m string) bool { return slices.Contains(KafkaModes, m) }), ModeFreshness)
 
 // Sample is one child run.
 type Sample struct {
@@ -148,6 +158,9 @@ type bench struct {
 	topics   []string
 	tmp      string
 	runID    string
+	// connectTopics holds each dataset's stream in JSON with schemas,
+	// once the Kafka Connect peer has run on it.
+	connectTopics map[*dataset]*connectTopic
 }
 
 func (b *bench) logf(format string, args ...any) {
@@ -263,10 +276,15 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 			b.logf("run %d/%d: %s", run, cfg.Runs, mode)
 			s, err := b.runThroughput(ctx, mode, main)
 			if err != nil {
-				if mode == ModeWatermill {
+				if mode == ModeWatermill || mode == ModeConnectJDBC {
 					rep.NotRun = append(rep.NotRun, NotRun{Mode: mode, Reason: err.Error()})
-					b.logf("watermill: not run: %v", err)
-					cfg.Modes = slices.DeleteFunc(cfg.Modes, func(m string) bool { return m == ModeWatermill })
+					b.logf("%s: not run: %v", mode, err)
+					cfg.Modes = slices.DeleteFunc(cfg.Modes, func(m string) bool { return m == mode })
+					if mode == ModeConnectJDBC {
+						// Asked for by name, on real Kafka: the run fails,
+						// after the rows that did run are reported.
+						rep.Failed = append(rep.Failed, fmt.Sprintf("%s: not run: %s", rowNames[mode], oneLine(err.Error())))
+					}
 					continue
 				}
 				return nil, fmt.Errorf("%s: %w", mode, err)
@@ -409,8 +427,12 @@ func (c *Config) defaults() error {
 		c.Modes = AllModes
 	}
 	for _, m := range c.Modes {
-		if !slices.Contains(AllModes, m) {
-			return fmt.Errorf("--modes: %q: want some of %s", m, strings.Join(AllModes, ","))
+		if !slices.Contains(AllModes, m) && !slices.Contains(KafkaModes, m) {
+			return fmt.Errorf("--modes: %q: want some of %s, or with --brokers %s", m, strings.Join(AllModes, ","), strings.Join(KafkaModes, ","))
+		}
+		if slices.Contains(KafkaModes, m) && len(c.Brokers) == 0 {
+			return fmt.Errorf("--modes %s needs --brokers: Kafka Connect runs in a JVM of its own against a real Kafka cluster "+
+				"(scripts/kafka up starts one; make bench-kafka runs it), not against the embedded broker", m)
 		}
 		if c.Reorder > 0 && (m == ModeNaive || m == ModeWatermill) {
 			return fmt.Errorf("--reorder with --modes %s: the transaction-per-event consumers apply events as they come and would fail the reference check; leave them out", m)
@@ -441,6 +463,12 @@ func (c *Config) defaults() error {
 	}
 	if c.CopyConns <= 0 {
 		c.CopyConns = 1
+	}
+	if c.ConnectScript == "" {
+		c.ConnectScript = filepath.Join("scripts", "connect")
+	}
+	if c.ConnectTasks <= 0 {
+		c.ConnectTasks = runtime.NumCPU()
 	}
 	if c.ValueBytes <= 0 {
 		c.ValueBytes = 200
@@ -539,6 +567,9 @@ func (b *bench) deleteTopics() {
 // runThroughput runs one mode over a produced dataset and checks its result
 // against the reference fold.
 func (b *bench) runThroughput(ctx context.Context, mode string, ds *dataset) (*Sample, error) {
+	if mode == ModeConnectJDBC {
+		return b.runConnectPeer(ctx, ds)
+	}
 	spec := WorkerSpec{
 		Mode: mode, Topic: ds.topic, Partitions: b.cfg.Partitions, End: ds.end,
 		BatchMaxRecords: b.cfg.BatchMaxRecords, BatchMaxWait: b.cfg.BatchMaxWait, CommitMaxBatches: b.cfg.CommitMaxBatches,

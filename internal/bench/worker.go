@@ -29,6 +29,9 @@ const (
 	ModeUpsert    = "upsert"
 	ModeNaive     = "naive"
 	ModeWatermill = "watermill"
+	// ModeConnectJDBC is Kafka Connect with the Debezium JDBC sink (see
+	// connect.go); it runs on real Kafka only.
+	ModeConnectJDBC = "connect-jdbc"
 )
 
 // WorkerSpec tells a child process what to run. It travels as JSON in the
@@ -70,6 +73,8 @@ type WorkerSpec struct {
 	// CommitLog asks the engine child for the time of every batch commit.
 	CommitLog bool   `json:"commit_log,omitempty"`
 	LogLevel  string `json:"log_level,omitempty"`
+	// Connect configures the Kafka Connect peer (ModeConnectJDBC).
+	Connect *ConnectSpec `json:"connect,omitempty"`
 }
 
 // Commit is one committed engine batch: offsets [From, To) of Partition
@@ -126,6 +131,9 @@ type WorkerResult struct {
 	Phases    *Phases  `json:"phases,omitempty"`
 	Commits   []Commit `json:"commits,omitempty"`
 	TimedOut  bool     `json:"timed_out,omitempty"`
+	// Peer says what ran, for a peer that is not this program (which
+	// versions, how set up).
+	Peer string `json:"peer,omitempty"`
 }
 
 // message is one line of the child→parent protocol on the child's stdout.
@@ -293,6 +301,8 @@ func runMode(ctx context.Context, spec WorkerSpec, s *session, log *slog.Logger,
 		return runNaive(ctx, e)
 	case ModeWatermill:
 		return runWatermill(ctx, e)
+	case ModeConnectJDBC:
+		return runConnectJDBC(ctx, e)
 	}
 	return fmt.Errorf("unknown worker mode %q", spec.Mode)
 }
