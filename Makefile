@@ -40,6 +40,19 @@ else
 	$(GO) run ./cmd/projector-bench $(BENCH_FLAGS)
 endif
 
+# bench-kafka runs a Kafka of its own (its state and ports apart from kafka-up's, which it
+# never stops) and stops it when the run ends, whatever the outcome.
+BENCH_KAFKA_FLAGS ?= --reorder 0.02
+BENCH_KAFKA_PORT ?= 28192
+BENCH_KAFKA_ENV = PROJECTOR_KAFKA_RUN=$(CURDIR)/.cache/kafka/bench-run PROJECTOR_KAFKA_PORT=$(BENCH_KAFKA_PORT)
+
+.PHONY: bench-kafka
+bench-kafka: ## projector-bench on Apache Kafka 4.4: engine snapshot and fold vs Kafka Connect with the Debezium JDBC sink (BENCH_KAFKA_FLAGS="--runs 3").
+	@trap '$(BENCH_KAFKA_ENV) scripts/kafka down' EXIT; trap 'exit 130' INT TERM; \
+	brokers=$$($(BENCH_KAFKA_ENV) scripts/kafka up | sed -n 's/^PROJECTOR_TEST_KAFKA_BROKERS=//p'); \
+	test -n "$$brokers" || exit 1; \
+	$(GO) run ./cmd/projector-bench --brokers "$$brokers" --modes engine-snapshot,engine-fold,connect-jdbc $(BENCH_KAFKA_FLAGS)
+
 .PHONY: lint
 lint: ## gofmt and go vet.
 	@test -z "$$(gofmt -l .)" || (gofmt -l . && exit 1)

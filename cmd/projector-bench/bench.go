@@ -45,6 +45,7 @@ type benchFlags struct {
 	copyConns       int
 	connectScript   string
 	connectTasks    int
+	connectConfig   string
 	profileDir      string
 	keepSchemas     bool
 	logLevel        string
@@ -89,6 +90,7 @@ func (f *benchFlags) register(fs *flag.FlagSet) {
 	fs.IntVar(&f.copyConns, "copy-conns", runtime.NumCPU(), "limit rows: connections that COPY in parallel (default: one per CPU, as the engine may use every core)")
 	fs.StringVar(&f.connectScript, "connect-script", "scripts/connect", "connect-jdbc: the script that fetches Kafka Connect and the Debezium JDBC sink from Maven Central and runs a standalone worker")
 	fs.IntVar(&f.connectTasks, "connect-tasks", runtime.NumCPU(), "connect-jdbc: the connector's tasks.max (default: one per CPU)")
+	fs.StringVar(&f.connectConfig, "connect-config", "", "connect-jdbc: connector settings to add or override, comma-separated key=value (batch.size=5000,use.reduction.buffer=true,consumer.override.max.poll.records=5000)")
 	fs.StringVar(&f.profileDir, "cpuprofile-dir", "", "write a CPU profile of every engine run here (engine-fold.pprof, engine-snapshot.pprof, freshness.pprof) and what it allocated (engine-fold.allocs.pprof, ...)")
 	fs.BoolVar(&f.keepSchemas, "keep-schemas", false, "keep every run's Postgres schema (to inspect or EXPLAIN)")
 	fs.StringVar(&f.logLevel, "log-level", "warn", "log level of the consumers under test")
@@ -150,6 +152,19 @@ func runBench(ctx context.Context, f *benchFlags, stdout, stderr io.Writer) erro
 		if m = strings.TrimSpace(m); m != "" {
 			cfg.Modes = append(cfg.Modes, m)
 		}
+	}
+	for _, kv := range strings.Split(f.connectConfig, ",") {
+		if kv = strings.TrimSpace(kv); kv == "" {
+			continue
+		}
+		k, v, ok := strings.Cut(kv, "=")
+		if !ok || strings.TrimSpace(k) == "" {
+			return fmt.Errorf("--connect-config %q: want key=value pairs, comma-separated", f.connectConfig)
+		}
+		if cfg.ConnectConfig == nil {
+			cfg.ConnectConfig = map[string]string{}
+		}
+		cfg.ConnectConfig[strings.TrimSpace(k)] = strings.TrimSpace(v)
 	}
 	for _, b := range strings.Split(f.brokers, ",") {
 		if b = strings.TrimSpace(b); b != "" {

@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"maps"
 	"net"
 	"net/http"
 	"net/url"
@@ -50,6 +51,9 @@ type ConnectSpec struct {
 	Script string `json:"script"`
 	// Tasks is the connector's tasks.max.
 	Tasks int `json:"tasks"`
+	// Config holds connector settings that override or add to
+	// connectConfig's (batch.size, use.reduction.buffer, ...).
+	Config map[string]string `json:"config,omitempty"`
 }
 
 // connectSinkClass is the connector's class.
@@ -242,7 +246,7 @@ func (b *bench) runConnectPeer(ctx context.Context, ds *dataset) (*Sample, error
 	spec := WorkerSpec{
 		Mode: ModeConnectJDBC, Topic: ct.topic, Partitions: b.cfg.Partitions, End: ct.end,
 		Gen: ds.opts, ValueBytes: b.cfg.ValueBytes,
-		Connect: &ConnectSpec{Script: b.cfg.ConnectScript, Tasks: b.cfg.ConnectTasks},
+		Connect: &ConnectSpec{Script: b.cfg.ConnectScript, Tasks: b.cfg.ConnectTasks, Config: b.cfg.ConnectConfig},
 	}
 	s, err := b.runChild(ctx, spec, nil, func(ctx context.Context, pool *pgxpool.Pool, res *WorkerResult) error {
 		params := pool.Config().ConnConfig.RuntimeParams
@@ -564,6 +568,7 @@ func runConnectJDBC(ctx context.Context, e *runEnv) error {
 	name := spec.Identity
 	group := "connect-" + name
 	config := connectConfig(spec.Topic, jdbc.schema+"."+SnapshotTable, tasks, jdbc)
+	maps.Copy(config, spec.Connect.Config)
 
 	if err := e.ready(ctx); err != nil {
 		return err
@@ -638,6 +643,15 @@ func runConnectJDBC(ctx context.Context, e *runEnv) error {
 	res.Committed = end
 	res.Peer = fmt.Sprintf("Kafka Connect %s (standalone worker), Debezium JDBC sink %s, %d task(s), insert.mode upsert by record key",
 		connectVersion, sinkVersion, tasks)
+	if len(spec.Connect.Config) > 0 {
+		var set []string
+		for _, k := range slices.Sorted(maps.Keys(spec.Connect.Config)) {
+			if !strings.Contains(k, "password") {
+				set = append(set, k+"="+spec.Connect.Config[k])
+			}
+		}
+		res.Peer += ", " + strings.Join(set, " ")
+	}
 	// Offsets are committed after the rows they cover: the table must
 	// not change any more.
 	if err := tableStable(ctx, spec.DatabaseURL); err != nil {

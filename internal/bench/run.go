@@ -77,6 +77,9 @@ type Config struct {
 	// tasks.max (0: one per CPU).
 	ConnectScript string
 	ConnectTasks  int
+	// ConnectConfig overrides or adds connector settings (batch.size,
+	// use.reduction.buffer, consumer.override.max.poll.records, ...).
+	ConnectConfig map[string]string
 	Seed          uint64
 	// ProfileDir, when set, receives a CPU profile of every engine child
 	// (<mode>.pprof) for `go tool pprof`.
