@@ -5,6 +5,7 @@ import (
 	"testing"
 
 	"github.com/projector-dev/projector/internal/demo"
+	"github.com/projector-dev/projector/projector"
 )
 
 // TestCrashRecoverySharedTopic kills a projector process with SIGKILL
@@ -23,7 +24,7 @@ func TestCrashRecoverySharedTopic(t *testing.T) {
 	if !ok {
 		t.Fatal("test bug: the snapshot file has no projections list")
 	}
-	c := newCrashStream(t, 4, opts, append(append([]byte{}, demo.Projections...), snapshot...), "100")
+	c := newCrashStream(t, 4, opts, append(append([]byte{}, demo.Projections...), snapshot...), "100", projector.GroupProtocolClassic)
 	db, records := c.db, c.records
 	c.crashAndFinish(t, 3)
 

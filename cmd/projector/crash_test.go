@@ -8,15 +8,18 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strings"
 	"syscall"
 	"testing"
 	"time"
 
 	"github.com/twmb/franz-go/pkg/kadm"
+	"github.com/twmb/franz-go/pkg/kfake"
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/projector-dev/projector/internal/demo"
 	"github.com/projector-dev/projector/internal/testenv"
+	"github.com/projector-dev/projector/projector"
 )
 
 // TestMain lets a test start this binary as a projector process (see
@@ -56,13 +59,22 @@ func (c *child) kill(t *testing.T) {
 }
 
 // TestCrashRecovery kills a projector process with SIGKILL several times
-// mid-stream and restarts it; the final table must equal the reference
-// fold, with every parked event and poison pill stored exactly once.
+// mid-stream and restarts it, under each group protocol (a KIP-848
+// member killed holds its partitions until the brokers' session timeout
+// expires it, as a classic one does until its own); the final table must
+// equal the reference fold, with every parked event and poison pill
+// stored exactly once.
 func TestCrashRecovery(t *testing.T) {
+	for _, protocol := range []string{projector.GroupProtocolClassic, projector.GroupProtocolConsumer} {
+		t.Run(protocol, func(t *testing.T) { crashRecovery(t, protocol) })
+	}
+}
+
+func crashRecovery(t *testing.T, protocol string) {
 	ctx := t.Context()
 	opts := demo.DefaultOptions()
 	opts.Aggregates, opts.Seed = 3000, 7
-	c := newCrashStream(t, 6, opts, demo.Projections, "100")
+	c := newCrashStream(t, 6, opts, demo.Projections, "100", protocol)
 	db, records := c.db, c.records
 
 	// Kill after every eighth of the stream has been committed since the
@@ -70,6 +82,7 @@ func TestCrashRecovery(t *testing.T) {
 	c.crashAndFinish(t, 4)
 
 	c.statusCaughtUp(t)
+	c.groupOf(t, protocol)
 
 	exp := demo.Fold(records)
 	if err := demo.Verify(ctx, db.Pool, demo.Table, exp); err != nil {
@@ -136,6 +149,13 @@ func (cs *crashStream) crashAndFinish(t *testing.T, kills int) {
 		t.Errorf("projector did not stop cleanly on SIGTERM: %v\n%s", err, c.stderr)
 	}
 	c.done <- nil
+	// Without --session-timeout, a KIP-848 member is not told that one
+	// does not apply; and the brokers offer the protocol it asked for.
+	for _, w := range []string{"does not apply under the consumer group protocol", "group protocol consumer (KIP-848) not used"} {
+		if strings.Contains(c.stderr.String(), w) {
+			t.Errorf("projector warned %q:\n%s", w, c.stderr)
+		}
+	}
 }
 
 // statusCaughtUp fails t unless `projector status` lists each partition of
@@ -168,6 +188,26 @@ func (cs *crashStream) statusCaughtUp(t *testing.T) {
 	}
 }
 
+// groupOf fails t unless the processes' group is a group of protocol: a
+// KIP-848 group is described by ConsumerGroupDescribe, a classic one is
+// not.
+func (cs *crashStream) groupOf(t *testing.T, protocol string) {
+	t.Helper()
+	cl, err := kgo.NewClient(kgo.SeedBrokers(strings.Split(cs.broker, ",")...))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cl.Close()
+	described, err := kadm.NewClient(cl).DescribeConsumerGroups(t.Context(), crashIdentity)
+	if err != nil {
+		t.Fatal(err)
+	}
+	err = described[crashIdentity].Err
+	if kip848 := err == nil; kip848 != (protocol == projector.GroupProtocolConsumer) {
+		t.Errorf("group %s described as a KIP-848 group: %v (error %v); the processes ran with --group-protocol %s", crashIdentity, kip848, err, protocol)
+	}
+}
+
 // crashIdentity is the identity of a crash test's projector processes.
 const crashIdentity = "crash"
 
@@ -184,11 +224,17 @@ type crashStream struct {
 	args    []string
 }
 
-func newCrashStream(t *testing.T, partitions int, opts demo.Options, file []byte, batchMaxRecords string) *crashStream {
+func newCrashStream(t *testing.T, partitions int, opts demo.Options, file []byte, batchMaxRecords, protocol string) *crashStream {
 	t.Helper()
 	ctx := t.Context()
 	c := &crashStream{db: testenv.NewDB(t), records: demo.Generate(opts)}
-	cluster := testenv.NewCluster(t, demo.Topic, partitions)
+	// The group notices a killed KIP-848 member after 6s, as it does a
+	// classic one given --session-timeout 6s, and hands partitions over on
+	// heartbeats every 100ms rather than Kafka's 5s.
+	cluster := testenv.NewCluster(t, demo.Topic, partitions, testenv.FakeOpts(kfake.BrokerConfigs(map[string]string{
+		"group.consumer.heartbeat.interval.ms": "100",
+		"group.consumer.session.timeout.ms":    "6000",
+	})))
 	c.broker, c.topic = cluster.Brokers(), cluster.Topic
 	file = bytes.ReplaceAll(file, []byte("topic: "+demo.Topic), []byte("topic: "+c.topic))
 	reg, regClient := testenv.Registry(t)
@@ -220,7 +266,10 @@ func newCrashStream(t *testing.T, partitions int, opts demo.Options, file []byte
 		"--http-addr", "",
 		"--batch-max-records", batchMaxRecords,
 		"--log-level", "warn",
-		"--session-timeout", "6s", // the group notices a killed member sooner
+		"--group-protocol", protocol,
+	}
+	if protocol == projector.GroupProtocolClassic {
+		c.args = append(c.args, "--session-timeout", "6s") // the group notices a killed member sooner
 	}
 	var out bytes.Buffer
 	if err := Main(ctx, []string{"migrate", "--database-url", c.db.URL, "--config", config}, &out, &out); err != nil {

@@ -4,6 +4,7 @@ import (
 	"testing"
 
 	"github.com/projector-dev/projector/internal/demo"
+	"github.com/projector-dev/projector/projector"
 )
 
 // TestCrashRecoveryWithTombstones kills a projector process with SIGKILL
@@ -21,7 +22,7 @@ func TestCrashRecoveryWithTombstones(t *testing.T) {
 			if mode == "snapshot" {
 				file = demo.SnapshotProjections
 			}
-			c := newCrashStream(t, 3, opts, file, "50")
+			c := newCrashStream(t, 3, opts, file, "50", projector.GroupProtocolClassic)
 			db, records := c.db, c.records
 			var err error
 
