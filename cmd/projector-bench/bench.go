@@ -29,6 +29,7 @@ type benchFlags struct {
 	partitions      int
 	skew            string
 	reorder         float64
+	duplicate       float64
 	valueBytes      int
 	runs            int
 	modes           string
@@ -73,6 +74,7 @@ func (f *benchFlags) register(fs *flag.FlagSet) {
 	fs.IntVar(&f.partitions, "partitions", 12, "partitions of the topic")
 	fs.StringVar(&f.skew, "skew", "uniform", "which account each event belongs to: uniform, or zipf (hot accounts: many events of one account per batch)")
 	fs.Float64Var(&f.reorder, "reorder", 0, "share of each account's events that arrive after its next one, parked until their gap fills (not with the transaction-per-event consumers, naive and watermill)")
+	fs.Float64Var(&f.duplicate, "duplicate", 0, "share of events sent a second time right after their account's next event, a stale copy the engine ignores (not with naive, watermill, limit-keyed or several --aggregates)")
 	fs.IntVar(&f.valueBytes, "value-bytes", 200, "size of each Avro value (the writer schema pads the event)")
 	fs.IntVar(&f.runs, "runs", 1, "run every row this many times and report the median")
 	fs.StringVar(&f.modes, "modes", strings.Join(bench.AllModes, ","), "rows to run: "+strings.Join(bench.AllModes, ",")+"; with --brokers also "+strings.Join(bench.KafkaModes, ",")+" (Kafka Connect with the Debezium JDBC sink)")
@@ -116,7 +118,7 @@ func (f *benchFlags) exec(ctx context.Context, stdout, stderr io.Writer) error {
 
 func runBench(ctx context.Context, f *benchFlags, stdout, stderr io.Writer) error {
 	cfg := bench.Config{
-		Events: f.events, Partitions: f.partitions, Skew: f.skew, Reorder: f.reorder, ValueBytes: f.valueBytes, Runs: f.runs,
+		Events: f.events, Partitions: f.partitions, Skew: f.skew, Reorder: f.reorder, Duplicate: f.duplicate, ValueBytes: f.valueBytes, Runs: f.runs,
 		DatabaseURL: f.databaseURL, TimeLimit: f.timeLimit, FreshFor: f.freshFor,
 		BatchMaxRecords: f.batchMaxRecords, BatchMaxWait: f.batchMaxWait, CommitMaxBatches: f.commitMax, CopyConns: f.copyConns,
 		ConnectScript: f.connectScript, ConnectTasks: f.connectTasks,

@@ -25,6 +25,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kadm"
 	"github.com/twmb/franz-go/pkg/kgo"
 
+	"github.com/projector-dev/projector/internal/demo"
 	"github.com/projector-dev/projector/sinks/postgres"
 )
 
@@ -259,6 +260,14 @@ func (b *bench) runConnectPeer(ctx context.Context, ds *dataset) (*Sample, error
 		if err != nil {
 			return err
 		}
+		stale, reordered := lastWriteWins(ds.records)
+		res.Note = fmt.Sprintf("last write wins predicts %s accounts differ (their last record a stale copy for %s, an event that arrived after a newer one for %s)",
+			group(int64(stale+reordered)), group(int64(stale)), group(int64(reordered)))
+		if len(diffs) != stale+reordered {
+			res.Note += fmt.Sprintf(", %s do", group(int64(len(diffs))))
+		} else {
+			res.Note += ", as many do"
+		}
 		if len(diffs) > 0 {
 			return &mismatches{table: SnapshotTable, diffs: diffs}
 		}
@@ -268,6 +277,44 @@ func (b *bench) runConnectPeer(ctx context.Context, ds *dataset) (*Sample, error
 		s.Result.Peer += fmt.Sprintf(", JSON values of %.0f bytes on average", ct.valueBytes)
 	}
 	return s, err
+}
+
+// lastWriteWins counts the accounts whose last record in the stream is
+// not their newest version: the rows a sink that writes every record over
+// the last one gets wrong. stale counts those whose last record is a copy
+// of a version sent before, reordered those whose last record is the first
+// of its version (an event overtaken by a newer one). A key's records keep
+// their order in its partition.
+func lastWriteWins(records []demo.Record) (stale, reordered int) {
+	type acc struct {
+		newest, last int64
+		lastIsCopy   bool
+		seen         map[int64]bool
+	}
+	accs := map[string]*acc{}
+	for _, r := range records {
+		if r.Tombstone {
+			continue
+		}
+		a := accs[r.Key]
+		if a == nil {
+			a = &acc{seen: map[int64]bool{}}
+			accs[r.Key] = a
+		}
+		v := r.Event.Version
+		a.newest, a.last, a.lastIsCopy = max(a.newest, v), v, a.seen[v]
+		a.seen[v] = true
+	}
+	for _, a := range accs {
+		switch {
+		case a.last == a.newest:
+		case a.lastIsCopy:
+			stale++
+		default:
+			reordered++
+		}
+	}
+	return stale, reordered
 }
 
 // tableWrites reads the rows inserted, updated and deleted in schema's

@@ -4,6 +4,8 @@ import (
 	"os/exec"
 	"strings"
 	"testing"
+
+	"github.com/projector-dev/projector/internal/demo"
 )
 
 func TestJDBCFromURL(t *testing.T) {
@@ -47,5 +49,20 @@ func TestConnectNeedsBrokers(t *testing.T) {
 		if m == ModeConnectJDBC {
 			t.Fatalf("AllModes holds %s, which needs real Kafka", m)
 		}
+	}
+}
+
+func TestLastWriteWins(t *testing.T) {
+	ev := func(key string, v int64) demo.Record {
+		return demo.Record{Key: key, Event: demo.Event{AccountID: key, Version: v}}
+	}
+	records := []demo.Record{
+		ev("a", 1), ev("a", 2), ev("a", 3), // in order
+		ev("b", 2), ev("b", 1), // overtaken
+		ev("c", 1), ev("c", 2), ev("c", 1), // a stale copy last
+		ev("d", 1), ev("d", 1), // a copy of the newest: right
+	}
+	if stale, reordered := lastWriteWins(records); stale != 1 || reordered != 1 {
+		t.Fatalf("stale %d, reordered %d; want 1 and 1", stale, reordered)
 	}
 }

@@ -32,7 +32,7 @@ const (
 
 // GenOptions shape a benchmark stream: Events events over Aggregates
 // accounts, versions in order per account (but for Reorder), no
-// duplicates, gaps or poison.
+// duplicates (but for Duplicate), gaps or poison.
 type GenOptions struct {
 	Events     int    `json:"events"`
 	Aggregates int    `json:"aggregates"`
@@ -43,13 +43,18 @@ type GenOptions struct {
 	// with its next one: the later version arrives first and waits (is
 	// parked) until the earlier one fills its gap.
 	Reorder float64 `json:"reorder"`
-	Seed    uint64  `json:"seed"`
+	// Duplicate is the share of events sent a second time, right after
+	// the next event of their account: a stale copy, as an at-least-once
+	// producer or outbox relay sends when it retries.
+	Duplicate float64 `json:"duplicate,omitempty"`
+	Seed      uint64  `json:"seed"`
 }
 
 // DefaultCloseEvery matches the demo stream: one account in 20 ends closed.
 const DefaultCloseEvery = 20
 
-// Generate returns exactly o.Events records in produce order. Each event
+// Generate returns o.Events events in produce order, and the copies
+// o.Duplicate adds. Each event
 // picks its account (uniformly, or Zipf-distributed with SkewZipf) and
 // carries that account's next version, so every prefix of the stream (and
 // of each partition) is a valid stream of its own. The first event of an
@@ -104,7 +109,29 @@ func Generate(o GenOptions) ([]demo.Record, error) {
 	if o.Reorder > 0 {
 		reorder(out, picks, o.Aggregates, o.Reorder, rng)
 	}
+	if o.Duplicate > 0 {
+		out = duplicate(out, o.Duplicate, rng)
+	}
 	return out, nil
+}
+
+// duplicate sends a share of the events again, right after the next event
+// of their account, which makes the copy stale. A copy of an account's last
+// event is not sent: nothing follows it.
+func duplicate(in []demo.Record, share float64, rng *rand.Rand) []demo.Record {
+	out := make([]demo.Record, 0, len(in)+int(share*float64(len(in)))+1)
+	pending := map[string]demo.Record{}
+	for _, r := range in {
+		out = append(out, r)
+		if p, ok := pending[r.Key]; ok {
+			out = append(out, p)
+			delete(pending, r.Key)
+		}
+		if rng.Float64() < share {
+			pending[r.Key] = r
+		}
+	}
+	return out
 }
 
 // reorder swaps the places of a share of the events of each account with

@@ -152,3 +152,45 @@ func TestGenerateReorders(t *testing.T) {
 			len(got.Accounts), got.Applied, got.Parked, len(want.Accounts))
 	}
 }
+
+// TestDuplicateSendsStaleCopies checks that Duplicate adds copies of
+// events after a newer event of their account, which the reference fold
+// counts as stale and which leave every account's last version as without
+// them.
+func TestDuplicateSendsStaleCopies(t *testing.T) {
+	o := GenOptions{Events: 20_000, Aggregates: 500, CloseEvery: 5, Reorder: 0.05, Seed: 9}
+	plain, err := Generate(o)
+	if err != nil {
+		t.Fatal(err)
+	}
+	o.Duplicate = 0.1
+	dup, err := Generate(o)
+	if err != nil {
+		t.Fatal(err)
+	}
+	copies := len(dup) - len(plain)
+	if copies < 1500 || copies > 2500 {
+		t.Fatalf("%d copies of %d events, want about a tenth", copies, len(plain))
+	}
+	if exp := demo.Fold(dup); exp.Stale != copies || exp.Parked != 0 {
+		t.Fatalf("fold: %d stale, %d parked; want %d stale, none parked", exp.Stale, exp.Parked, copies)
+	}
+	if !maps.Equal(demo.Fold(dup).Snapshots, demo.Fold(plain).Snapshots) {
+		t.Fatal("the copies changed the reference fold's rows")
+	}
+	newest := map[string]int64{}
+	lastIsStale := 0
+	last := map[string]int64{}
+	for _, r := range dup {
+		newest[r.Key] = max(newest[r.Key], r.Event.Version)
+		last[r.Key] = r.Event.Version
+	}
+	for k, v := range last {
+		if v < newest[k] {
+			lastIsStale++
+		}
+	}
+	if lastIsStale == 0 {
+		t.Fatal("no account's last record is older than its newest: a sink without a version gate would be right")
+	}
+}

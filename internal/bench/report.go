@@ -36,6 +36,7 @@ type Settings struct {
 	Partitions       int     `json:"partitions"`
 	Skew             string  `json:"skew"`
 	Reorder          float64 `json:"reorder"`
+	Duplicate        float64 `json:"duplicate,omitempty"`
 	ValueBytes       float64 `json:"value_bytes_mean"`
 	Runs             int     `json:"runs"`
 	CPUs             int     `json:"cpus"`
@@ -102,8 +103,10 @@ type Row struct {
 	// fold, for the upsert and Kafka Connect peers, whose differences are a
 	// result rather than a failed run.
 	Mismatches *int `json:"reference_mismatches,omitempty"`
-	// Peer says what ran, for a peer that is not this program.
+	// Peer says what ran, for a peer that is not this program; Note what
+	// its check found beyond ok or not.
 	Peer string `json:"peer,omitempty"`
+	Note string `json:"note,omitempty"`
 }
 
 // NotRun is a row left out, and why.
@@ -243,7 +246,7 @@ func (r *Report) add(mode string, runs []*Sample, total int) {
 		Mode: mode, Name: rowNames[mode], Events: res.Events, Seconds: res.Seconds, EventsPerSec: s.EPS(),
 		GoCPU: res.CPUSeconds, PGCPU: s.PGCPU, PGCPUNote: s.PGCPUNote, ParentCPU: s.ParentCPU, PeakRSSMB: s.PeakRSSMB,
 		JoinSeconds: res.JoinSeconds, RowWrites: res.RowWrites, Fetched: res.Fetched, Phases: res.Phases,
-		Prefix: res.TimedOut, Total: total, Check: "ok", Peer: res.Peer,
+		Prefix: res.TimedOut, Total: total, Check: "ok", Peer: res.Peer, Note: res.Note,
 	}
 	if res.Events > 0 {
 		row.GoCPUPerEvUS = res.CPUSeconds / float64(res.Events) * 1e6
@@ -396,6 +399,9 @@ func (r *Report) Table(w io.Writer) error {
 	reordered := ""
 	if s.Reorder > 0 {
 		reordered = fmt.Sprintf(", %g%% of each account's events after its next", 100*s.Reorder)
+	}
+	if s.Duplicate > 0 {
+		reordered += fmt.Sprintf(", %g%% of the events sent again after their account's next", 100*s.Duplicate)
 	}
 	fmt.Fprintf(w, "projector-bench: %s events over %s aggregates (%s, %s with events%s), %d partitions, Avro values of %.0f bytes on average\n",
 		group(int64(s.Events)), group(int64(s.Aggregates)), s.Skew, group(int64(s.Distinct)), reordered, s.Partitions, s.ValueBytes)
@@ -654,6 +660,9 @@ func connectNote(w io.Writer, r *Report, cj *Row) {
 	fmt.Fprintf(w, "%s: %s; the same events in JSON with schemas on a topic of their own, into the snapshot table; %s; connector and tasks running %.1fs into the window; "+
 		"cpu and peak rss are the worker JVM's (and its harness's); %s accounts differ from the reference fold.\n",
 		cj.Name, cj.Peer, writes, cj.JoinSeconds, group(int64(n)))
+	if cj.Note != "" {
+		fmt.Fprintf(w, "  %s.\n", cj.Note)
+	}
 	var vs []string
 	for _, mode := range []string{ModeEngineSnapshot, ModeEngineFold} {
 		row := r.row(mode)

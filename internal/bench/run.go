@@ -39,7 +39,10 @@ type Config struct {
 	Skew       string
 	// Reorder is the share of an account's events that arrive after its
 	// next one (engine modes only: the others apply events as they come).
-	Reorder     float64
+	Reorder float64
+	// Duplicate is the share of events sent again after their account's
+	// next one (stale copies the engine ignores).
+	Duplicate   float64
 	ValueBytes  int
 	Runs        int
 	DatabaseURL string
@@ -196,7 +199,7 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 		return nil, fmt.Errorf("cannot connect to PostgreSQL (--database-url): %w", err)
 	}
 	rep := &Report{Settings: Settings{
-		Events: cfg.Events, Aggregates: cfg.Aggregates[0], Partitions: cfg.Partitions, Skew: cfg.Skew, Reorder: cfg.Reorder,
+		Events: cfg.Events, Aggregates: cfg.Aggregates[0], Partitions: cfg.Partitions, Skew: cfg.Skew, Reorder: cfg.Reorder, Duplicate: cfg.Duplicate,
 		Runs: cfg.Runs, CPUs: runtime.NumCPU(), GoVersion: runtime.Version(),
 		TimeLimitSeconds: cfg.TimeLimit.Seconds(), BatchMaxRecords: cfg.BatchMaxRecords, BatchMaxWaitMS: float64(cfg.BatchMaxWait) / 1e6,
 		CommitMaxBatches: cfg.CommitMaxBatches,
@@ -423,6 +426,12 @@ func (c *Config) defaults() error {
 	if c.Reorder < 0 || c.Reorder > 1 {
 		return fmt.Errorf("--reorder %v: want a share from 0 to 1", c.Reorder)
 	}
+	if c.Duplicate < 0 || c.Duplicate > 1 {
+		return fmt.Errorf("--duplicate %v: want a share from 0 to 1", c.Duplicate)
+	}
+	if c.Duplicate > 0 && len(c.Aggregates) > 1 {
+		return errors.New("--duplicate with several --aggregates: the scaling table's keyed COPY limit takes each version of an account once")
+	}
 	if c.Runs < 1 {
 		c.Runs = 1
 	}
@@ -439,6 +448,9 @@ func (c *Config) defaults() error {
 		}
 		if c.Reorder > 0 && (m == ModeNaive || m == ModeWatermill) {
 			return fmt.Errorf("--reorder with --modes %s: the transaction-per-event consumers apply events as they come and would fail the reference check; leave them out", m)
+		}
+		if c.Duplicate > 0 && (m == ModeNaive || m == ModeWatermill || m == ModeLimitKeyed) {
+			return fmt.Errorf("--duplicate with --modes %s: it takes each version of an account once (the transaction-per-event consumers apply a copy again, the keyed COPY limit's key refuses it); leave it out", m)
 		}
 	}
 	if c.TimeLimit <= 0 {
@@ -487,7 +499,7 @@ func (c *Config) defaults() error {
 
 // dataset generates a stream and produces it to a topic of its own.
 func (b *bench) dataset(ctx context.Context, aggregates, events int, seed uint64, name string) (*dataset, error) {
-	ds := &dataset{opts: GenOptions{Events: events, Aggregates: aggregates, Skew: b.cfg.Skew, CloseEvery: DefaultCloseEvery, Reorder: b.cfg.Reorder, Seed: seed}}
+	ds := &dataset{opts: GenOptions{Events: events, Aggregates: aggregates, Skew: b.cfg.Skew, CloseEvery: DefaultCloseEvery, Reorder: b.cfg.Reorder, Duplicate: b.cfg.Duplicate, Seed: seed}}
 	began := time.Now()
 	var err error
 	if ds.records, err = Generate(ds.opts); err != nil {

@@ -134,6 +134,8 @@ type WorkerResult struct {
 	// Peer says what ran, for a peer that is not this program (which
 	// versions, how set up).
 	Peer string `json:"peer,omitempty"`
+	// Note is what the check found beyond ok or not.
+	Note string `json:"note,omitempty"`
 }
 
 // message is one line of the child→parent protocol on the child's stdout.
