@@ -24,6 +24,10 @@ test: ## Run the whole test suite with the race detector, and every Go microbenc
 	$(GO) test -race -count=1 -timeout 15m ./...
 	$(GO) test -run '^$$' -bench . -benchtime 1x ./...
 
+.PHONY: test-kafka
+test-kafka: ## Run the end-to-end and fault suites on Apache Kafka 4.4, started here and stopped after (needs Java 17 and Maven).
+	GO=$(GO) scripts/test-kafka
+
 .PHONY: kafka-up
 kafka-up: ## Start Apache Kafka on 127.0.0.1, fetched from Maven Central on first use (KAFKA_FLAGS="--brokers 3").
 	scripts/kafka up $(KAFKA_FLAGS)
