@@ -46,7 +46,7 @@ endif
 
 # bench-kafka runs a Kafka of its own (its state and ports apart from kafka-up's, which it
 # never stops) and stops it when the run ends, whatever the outcome.
-BENCH_KAFKA_FLAGS ?= --reorder 0.02
+BENCH_KAFKA_FLAGS ?= --reorder 0.02 --duplicate 0.02
 BENCH_KAFKA_PORT ?= 28192
 BENCH_KAFKA_ENV = PROJECTOR_KAFKA_RUN=$(CURDIR)/.cache/kafka/bench-run PROJECTOR_KAFKA_PORT=$(BENCH_KAFKA_PORT)
 
