@@ -1,12 +1,18 @@
 package main
 
 import (
+	"fmt"
+	"log/slog"
 	"net/http"
 	"net/url"
 	"strings"
+	"sync/atomic"
 	"testing"
+	"time"
 
+	"github.com/projector-dev/projector/internal/demo"
 	"github.com/projector-dev/projector/internal/testenv"
+	"github.com/projector-dev/projector/projection"
 )
 
 // TestRegistryCredentials gives the registry's credentials each way a
@@ -64,5 +70,70 @@ func TestRegistryCredentials(t *testing.T) {
 		if err != nil && strings.Contains(err.Error(), secret) {
 			t.Errorf("registryClient(%q): error %q shows the password", tc.c.registryURL, err)
 		}
+	}
+}
+
+// TestAwaitsSchemaOnEitherNotFound waits for a projection's schema on
+// registries that say "nothing registered yet" as Confluent's does
+// (subject not found) and as Apicurio's does (version not found): run
+// waits, says so once, and starts when the schema is registered. Any other
+// error still stops it.
+func TestAwaitsSchemaOnEitherNotFound(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		code int
+		wait bool
+	}{
+		{"subject not found", 40401, true},
+		{"version not found", 40402, true},
+		{"registry error", 50001, false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			fake, cl := testenv.Registry(t)
+			var registered atomic.Bool
+			fake.Intercept(func(w http.ResponseWriter, r *http.Request) bool {
+				if registered.Load() || !strings.HasSuffix(r.URL.Path, "/versions/latest") {
+					return false
+				}
+				w.Header().Set("Content-Type", "application/vnd.schemaregistry.v1+json")
+				w.WriteHeader(tc.code / 100)
+				fmt.Fprintf(w, `{"error_code": %d, "message": "no"}`, tc.code)
+				return true
+			})
+			projs, err := projection.Parse(demo.Projections, ".")
+			if err != nil {
+				t.Fatal(err)
+			}
+			var logs syncBuffer
+			done := make(chan error, 1)
+			go func() {
+				_, err := awaitReaderSchemas(t.Context(), slog.New(slog.NewTextHandler(&logs, nil)), cl, projs)
+				done <- err
+			}()
+			if !tc.wait {
+				if err := <-done; err == nil || !strings.Contains(err.Error(), "set schema") {
+					t.Fatalf("startup on error %d: %v, want it to stop naming the schema", tc.code, err)
+				}
+				return
+			}
+			testenv.WaitFor(t, 10*time.Second, testenv.Holds("a line saying what it waits for", func() bool {
+				return strings.Contains(logs.String(), "waiting for a schema under subject "+demo.Topic+"-value")
+			}))
+			select {
+			case err := <-done:
+				t.Fatalf("stopped instead of waiting: %v", err)
+			default:
+			}
+			if _, err := demo.RegisterSchemas(t.Context(), cl); err != nil {
+				t.Fatal(err)
+			}
+			registered.Store(true)
+			if err := <-done; err != nil {
+				t.Fatalf("after the schema was registered: %v", err)
+			}
+			if n := strings.Count(logs.String(), "waiting for a schema"); n != 1 {
+				t.Errorf("said %d times that it waits, want once", n)
+			}
+		})
 	}
 }

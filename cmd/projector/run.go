@@ -411,7 +411,7 @@ func awaitReaderSchemas(ctx context.Context, log *slog.Logger, reg *sr.Client, p
 				if told[p.Name] {
 					log.Info("schema registered: the projection starts", "projection", p.Name, "subject", subject)
 				}
-			case p.Schema == "" && errors.As(err, &re) && re.ErrorCode == sr.ErrSubjectNotFound.Code:
+			case p.Schema == "" && errors.As(err, &re) && noSchemaYet(re.ErrorCode):
 				waiting++
 				if !told[p.Name] {
 					told[p.Name] = true
@@ -431,6 +431,13 @@ func awaitReaderSchemas(ctx context.Context, log *slog.Logger, reg *sr.Client, p
 		case <-t.C:
 		}
 	}
+}
+
+// noSchemaYet reports whether a registry's error code for a subject's
+// latest version means nothing is registered there yet: Confluent's
+// registry says subject not found, Apicurio's version not found.
+func noSchemaYet(code int) bool {
+	return code == sr.ErrSubjectNotFound.Code || code == sr.ErrVersionNotFound.Code
 }
 
 // listen binds the HTTP address (nil for an empty one), so that an address
