@@ -33,7 +33,7 @@ func TestCompactedTopic(t *testing.T) {
 		testenv.TopicConfig("min.compaction.lag.ms", "0"),
 	)
 	b := &bundle{db: testenv.NewDB(t), kafka: c}
-	_, b.reg = testenv.Registry(t)
+	b.reg = testenv.NewRegistry(t).Client
 	var err error
 	if b.enc, err = demo.RegisterSchemasFor(ctx, b.reg, c.Topic); err != nil {
 		t.Fatal(err)

@@ -42,14 +42,17 @@ func faultSetup(t *testing.T, opts demo.Options, partitions int, cluster ...test
 	t.Helper()
 	ctx := t.Context()
 	f := &faultBundle{bundle: &bundle{db: testenv.NewDB(t), kafka: testenv.NewCluster(t, demo.Topic, partitions, cluster...)}}
-	f.fake, f.reg = testenv.Registry(t)
-	f.fake.Intercept(func(w http.ResponseWriter, _ *http.Request) bool {
-		if f.down.Load() {
-			http.Error(w, "registry unavailable", http.StatusServiceUnavailable)
-			return true
-		}
-		return false
-	})
+	reg := testenv.NewRegistry(t)
+	f.fake, f.reg = reg.Fake, reg.Client
+	if f.fake != nil { // a real registry cannot be taken down on cue
+		f.fake.Intercept(func(w http.ResponseWriter, _ *http.Request) bool {
+			if f.down.Load() {
+				http.Error(w, "registry unavailable", http.StatusServiceUnavailable)
+				return true
+			}
+			return false
+		})
+	}
 	var err error
 	if f.enc, err = demo.RegisterSchemasFor(ctx, f.reg, f.kafka.Topic); err != nil {
 		t.Fatal(err)

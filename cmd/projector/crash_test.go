@@ -237,8 +237,8 @@ func newCrashStream(t *testing.T, partitions int, opts demo.Options, file []byte
 	})))
 	c.broker, c.topic = cluster.Brokers(), cluster.Topic
 	file = bytes.ReplaceAll(file, []byte("topic: "+demo.Topic), []byte("topic: "+c.topic))
-	reg, regClient := testenv.Registry(t)
-	enc, err := demo.RegisterSchemasFor(ctx, regClient, c.topic)
+	reg := testenv.NewRegistry(t)
+	enc, err := demo.RegisterSchemasFor(ctx, reg.Client, c.topic)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -259,7 +259,7 @@ func newCrashStream(t *testing.T, partitions int, opts demo.Options, file []byte
 	}
 	c.args = []string{"run",
 		"--brokers", c.broker,
-		"--registry-url", reg.URL(),
+		"--registry-url", reg.URL,
 		"--database-url", c.db.URL,
 		"--identity", crashIdentity,
 		"--config", config,

@@ -43,8 +43,9 @@ func newDLQEnv(t *testing.T) *dlqEnv {
 	}
 	e.kafka = testenv.NewCluster(t, demo.Topic, 3)
 	e.brokers = strings.Join(e.kafka.Addrs(), ",")
-	reg, srcl := testenv.Registry(t)
-	e.regURL = reg.URL()
+	reg := testenv.NewRegistry(t)
+	srcl := reg.Client
+	e.regURL = reg.URL
 	enc, err := demo.RegisterSchemasFor(ctx, srcl, e.kafka.Topic)
 	if err != nil {
 		t.Fatal(err)

@@ -43,7 +43,7 @@ type offsetsEnv struct {
 func newOffsetsEnv(t *testing.T, partitions int) *offsetsEnv {
 	t.Helper()
 	e := &offsetsEnv{t: t, db: testenv.NewDB(t), kafka: testenv.NewCluster(t, demo.Topic, partitions), identity: "resets"}
-	_, e.reg = testenv.Registry(t)
+	e.reg = testenv.NewRegistry(t).Client
 	var err error
 	if e.enc, err = demo.RegisterSchemasFor(t.Context(), e.reg, e.kafka.Topic); err != nil {
 		t.Fatal(err)

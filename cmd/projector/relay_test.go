@@ -43,7 +43,8 @@ func TestRelayCrashOrder(t *testing.T) {
 	ctx := t.Context()
 	db := testenv.NewDB(t)
 	cluster := testenv.NewCluster(t, demo.Topic, 6)
-	reg, regClient := testenv.Registry(t)
+	reg := testenv.NewRegistry(t)
+	regClient := reg.Client
 	enc, err := demo.RegisterSchemasFor(ctx, regClient, cluster.Topic)
 	if err != nil {
 		t.Fatal(err)
@@ -53,7 +54,7 @@ func TestRelayCrashOrder(t *testing.T) {
 	}
 	args := []string{"relay",
 		"--brokers", cluster.Brokers(),
-		"--registry-url", reg.URL(),
+		"--registry-url", reg.URL,
 		"--database-url", db.URL,
 		"--http-addr", "",
 		"--batch-size", "50",

@@ -106,3 +106,35 @@ func Registry(t testing.TB) (*srfake.Registry, *sr.Client) {
 	}
 	return reg, cl
 }
+
+// RegistryEnv names the URL of a Confluent-compatible Schema Registry.
+// When it is set, the tests that take their registry from NewRegistry use
+// it instead of an in-process one.
+const RegistryEnv = "PROJECTOR_TEST_REGISTRY_URL"
+
+// SchemaRegistry is the Schema Registry of one test: in-process, or the
+// one RegistryEnv names, shared by every test (which register under
+// subjects of their own topics).
+type SchemaRegistry struct {
+	// Fake is the in-process registry, nil for a real one.
+	Fake   *srfake.Registry
+	Client *sr.Client
+	URL    string
+}
+
+// NewRegistry gives the test its Schema Registry.
+func NewRegistry(t testing.TB) *SchemaRegistry {
+	t.Helper()
+	if u := os.Getenv(RegistryEnv); u != "" {
+		cl, err := sr.NewClient(sr.URLs(u))
+		if err != nil {
+			t.Fatalf("registry client for %s: %v", u, err)
+		}
+		if _, err := cl.Subjects(t.Context()); err != nil {
+			t.Fatalf("the Schema Registry %s=%s does not answer: %v", RegistryEnv, u, err)
+		}
+		return &SchemaRegistry{Client: cl, URL: u}
+	}
+	fake, cl := Registry(t)
+	return &SchemaRegistry{Fake: fake, Client: cl, URL: fake.URL()}
+}
