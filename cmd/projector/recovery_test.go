@@ -428,8 +428,8 @@ func newRecoveryStream(t *testing.T, s recoveryScenario) *recoveryStream {
 	opts.Aggregates, opts.Seed = 4*60*recoveryRate/11, 11
 	rs.records = demo.Generate(opts)
 
-	reg, regClient := testenv.Registry(t)
-	if rs.enc, err = demo.RegisterSchemasFor(ctx, regClient, rs.cluster.Topic); err != nil {
+	reg := testenv.NewRegistry(t)
+	if rs.enc, err = demo.RegisterSchemasFor(ctx, reg.Client, rs.cluster.Topic); err != nil {
 		t.Fatal(err)
 	}
 	file := bytes.ReplaceAll(demo.Projections, []byte("topic: "+demo.Topic), []byte("topic: "+rs.cluster.Topic))
@@ -443,7 +443,7 @@ func newRecoveryStream(t *testing.T, s recoveryScenario) *recoveryStream {
 	}
 	rs.args = []string{"run",
 		"--brokers", rs.cluster.Brokers(),
-		"--registry-url", reg.URL(),
+		"--registry-url", reg.URL,
 		"--database-url", rs.db.URL,
 		"--identity", rs.group,
 		"--config", config,
