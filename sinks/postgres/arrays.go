@@ -2,6 +2,7 @@ package postgres
 
 import (
 	"fmt"
+	"strings"
 	"time"
 
 	"github.com/jackc/pgx/v5/pgtype"
@@ -89,7 +90,7 @@ func (k *intColumn) set(r int, v any) (bool, error) {
 }
 func (k *intColumn) args() []any                { return []any{k.a} }
 func (k *intColumn) sqlTypes() []string         { return []string{"int8[]"} }
-func (k *intColumn) expr(names []string) string { return names[0] + "::" + k.c.Type }
+func (k *intColumn) expr(names []string) string { return names[0] + "::" + castType(k.c.Type) }
 
 type floatColumn struct {
 	c      projection.Column
@@ -111,7 +112,7 @@ func (k *floatColumn) set(r int, v any) (bool, error) {
 }
 func (k *floatColumn) args() []any                { return []any{k.a} }
 func (k *floatColumn) sqlTypes() []string         { return []string{"float8[]"} }
-func (k *floatColumn) expr(names []string) string { return names[0] + "::" + k.c.Type }
+func (k *floatColumn) expr(names []string) string { return names[0] + "::" + castType(k.c.Type) }
 
 type boolColumn struct {
 	c projection.Column
@@ -132,7 +133,7 @@ func (k *boolColumn) set(r int, v any) (bool, error) {
 }
 func (k *boolColumn) args() []any                { return []any{k.a} }
 func (k *boolColumn) sqlTypes() []string         { return []string{"bool[]"} }
-func (k *boolColumn) expr(names []string) string { return names[0] + "::" + k.c.Type }
+func (k *boolColumn) expr(names []string) string { return names[0] + "::" + castType(k.c.Type) }
 
 // textColumn carries every other type in Postgres text form, cast to the
 // column's type in SQL.
@@ -158,7 +159,7 @@ func (k *textColumn) set(r int, v any) (bool, error) {
 }
 func (k *textColumn) args() []any                { return []any{k.a} }
 func (k *textColumn) sqlTypes() []string         { return []string{"text[]"} }
-func (k *textColumn) expr(names []string) string { return names[0] + "::" + k.c.Type }
+func (k *textColumn) expr(names []string) string { return names[0] + "::" + castType(k.c.Type) }
 
 // timeColumn carries a timestamptz column in binary when its value is a
 // time Go reads exactly as Postgres would (Postgres parsing a timestamp
@@ -197,7 +198,35 @@ func (k *timeColumn) set(r int, v any) (bool, error) {
 func (k *timeColumn) args() []any        { return []any{k.t, k.s} }
 func (k *timeColumn) sqlTypes() []string { return []string{"timestamptz[]", "text[]"} }
 func (k *timeColumn) expr(names []string) string {
-	return fmt.Sprintf("coalesce(%s, %s::%s)", names[0], names[1], k.c.Type)
+	return fmt.Sprintf("coalesce(%s, %s::%s)", names[0], names[1], castType(k.c.Type))
+}
+
+// castType is the type a value is cast to on its way into a column of
+// type typ (a canonical name, as format_type prints it): typ itself but
+// for the types whose length an explicit cast cuts a value to where an
+// assignment refuses one that does not fit (varchar(n), char(n), bit(n)
+// and varbit(n), and arrays of them). Those are cast to the type without
+// its length, and the column's assignment refuses a value too long
+// (22001, or 22026 for bit(n)), which dead-letters its event rather than
+// storing it cut short.
+func castType(typ string) string {
+	elem, dims := typ, ""
+	if i := strings.Index(typ, "["); i > 0 {
+		elem, dims = typ[:i], typ[i:]
+	}
+	open := strings.IndexByte(elem, '(')
+	if open < 0 || !strings.HasSuffix(elem, ")") {
+		return typ
+	}
+	switch elem[:open] {
+	case "character varying":
+		return "character varying" + dims
+	case "character":
+		return "bpchar" + dims // "character" alone is character(1)
+	case "bit", "bit varying":
+		return "bit varying" + dims // "bit" alone is bit(1)
+	}
+	return typ
 }
 
 func isTimestamptz(pgType string) bool {

@@ -166,6 +166,10 @@ func rowSQL(p *projection.Projection) statements {
 	table := quoteTable(p.Table)
 	key := p.Columns[0]
 	keyCol := quoteIdent(key.Name)
+	// A key is compared as its type without a length: cast to
+	// varchar(n), a key too long would be cut to one it is not, and
+	// find that aggregate's row (see castType).
+	keyType := castType(key.Type)
 
 	var sel, names, values, params, unnested, sets, updSets []string
 	for i, c := range p.Columns {
@@ -211,12 +215,12 @@ func rowSQL(p *projection.Projection) statements {
 	st.load = fmt.Sprintf(`SELECT k.key, t.version, %s
 		FROM (SELECT unnest($1::text[]) AS key) AS k
 		CROSS JOIN LATERAL (SELECT * FROM %s t WHERE t.%s = k.key::%s LIMIT 1) t`,
-		strings.Join(sel, ", "), table, keyCol, key.Type)
+		strings.Join(sel, ", "), table, keyCol, keyType)
 	if !p.FoldReadsRow() {
 		st.load = fmt.Sprintf(`SELECT k.key, t.version
 		FROM (SELECT unnest($1::text[]) AS key) AS k
 		CROSS JOIN LATERAL (SELECT version FROM %s t WHERE t.%s = k.key::%s LIMIT 1) t`,
-			table, keyCol, key.Type)
+			table, keyCol, keyType)
 	}
 	st.upsert = fmt.Sprintf(`INSERT INTO %s (%s, version)
 		SELECT %s, u.version FROM %s AS u
@@ -235,7 +239,7 @@ func rowSQL(p *projection.Projection) statements {
 	st.update = fmt.Sprintf(`UPDATE %s AS t SET %s
 		FROM %s AS u
 		WHERE t.%s = u.c0::%s AND t.version < u.version`,
-		table, strings.Join(updSets, ", "), from(), keyCol, key.Type)
+		table, strings.Join(updSets, ", "), from(), keyCol, keyType)
 	// Rows known not to exist are inserted without ON CONFLICT, whose
 	// speculative insertion costs about as much again; a row that exists
 	// after all fails the statement (see keyConflict). Rows of aggregates
@@ -252,7 +256,7 @@ func rowSQL(p *projection.Projection) statements {
 		WHERE t.found IS NULL`,
 		table, strings.Join(names, ", "), strings.Join(values, ", "), from("agg", "text[]"),
 		versions+2)
-	st.del = fmt.Sprintf(`DELETE FROM %s WHERE %s = ANY($1::text[]::%s[])`, table, keyCol, key.Type)
+	st.del = fmt.Sprintf(`DELETE FROM %s WHERE %s = ANY($1::text[]::%s[])`, table, keyCol, keyType)
 	return st
 }
 
@@ -861,7 +865,7 @@ func (s *Sink) isolateUpserts(ctx context.Context, tx pgx.Tx, rows []sinks.RowWr
 			if _, err := tx.Exec(ctx, "ROLLBACK TO SAVEPOINT projector_row"); err != nil {
 				return fmt.Errorf("rollback to savepoint: %w", err)
 			}
-			msg, cerr := s.refusedColumn(ctx, tx, w)
+			msg, cerr := s.refusedColumn(ctx, tx, w, err)
 			if cerr != nil {
 				return cerr
 			}
@@ -881,12 +885,14 @@ func (s *Sink) isolateUpserts(ctx context.Context, tx pgx.Tx, rows []sinks.RowWr
 	return nil
 }
 
-// refusedColumn finds the column of a row Postgres refused whose value
-// its type does not take (Postgres's message names the type, not the
-// column) by casting each value on its own, and returns the refusal
-// naming that column; "" when every value casts, as when the row breaks
-// a constraint instead.
-func (s *Sink) refusedColumn(ctx context.Context, tx pgx.Tx, w sinks.RowWrite) (string, error) {
+// refusedColumn finds the column of a row Postgres refused (with
+// rowErr) whose value its type does not take (Postgres's message names
+// the type, not the column) by casting each value on its own, and
+// returns the refusal naming that column; "" when every value casts, as
+// when the row breaks a constraint instead. A value longer than its
+// column's length (varchar(n), char(n), bit(n)), which a cast cuts
+// short, is found by comparing it with what the cast leaves.
+func (s *Sink) refusedColumn(ctx context.Context, tx pgx.Tx, w sinks.RowWrite, rowErr error) (string, error) {
 	for _, c := range s.p.Columns {
 		v := w.Row[c.Name]
 		if v == nil || c.Kind() != projection.KindText {
@@ -912,6 +918,17 @@ func (s *Sink) refusedColumn(ctx context.Context, tx pgx.Tx, w sinks.RowWrite) (
 				return "", fmt.Errorf("write row %q: column %s: %w", w.Key, c.Name, castErr)
 			}
 			return fmt.Sprintf("column %s (%s): %v", c.Name, c.Type, castErr), nil
+		}
+		base := castType(c.Type)
+		if base == c.Type {
+			continue
+		}
+		var cut bool
+		if err := tx.QueryRow(ctx, "SELECT $1::text::"+c.Type+"::"+base+" IS DISTINCT FROM $1::text::"+base, *text).Scan(&cut); err != nil {
+			return "", fmt.Errorf("write row %q: column %s: compare with its type's length: %w", w.Key, c.Name, err)
+		}
+		if cut {
+			return fmt.Sprintf("column %s (%s): %v", c.Name, c.Type, rowErr), nil
 		}
 	}
 	return "", nil
