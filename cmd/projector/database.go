@@ -41,6 +41,13 @@ const (
 	// pause, a network stall), releasing its locks. The engine's own
 	// transactions are idle only while it plans a batch.
 	DefaultDatabaseIdleInTxTimeout = 15 * time.Second
+	// DefaultDatabaseMaxConnLifetime is how long a pooled session lives
+	// before it is closed and opened afresh (plus up to a fifth of it at
+	// random, so that the pool's sessions do not all reconnect at once): a
+	// session keeps the settings it began with, and changes made with
+	// ALTER ROLE or ALTER DATABASE ... SET reach it only when it is
+	// replaced.
+	DefaultDatabaseMaxConnLifetime = 30 * time.Minute
 	// DefaultStartupTimeout bounds the database work a command retries
 	// when it starts (connecting, checking, migrating).
 	DefaultStartupTimeout = 2 * time.Minute
@@ -59,6 +66,7 @@ const perAttempt = 5 * time.Second
 type dbFlags struct {
 	fs             *flag.FlagSet
 	maxConns       int
+	maxLifetime    time.Duration
 	lockTimeout    time.Duration
 	idleInTx       time.Duration
 	startupTimeout time.Duration
@@ -70,6 +78,7 @@ func (d *dbFlags) register(fs *flag.FlagSet, which ...string) {
 		switch w {
 		case "pool":
 			fs.IntVar(&d.maxConns, "database-max-conns", DefaultDatabaseMaxConns, "most PostgreSQL connections this member opens; keep members × this + headroom for other clients within max_connections; a pool_max_conns in --database-url applies unless this flag is set (PROJECTOR_DATABASE_MAX_CONNS)")
+			fs.DurationVar(&d.maxLifetime, "database-max-conn-lifetime", DefaultDatabaseMaxConnLifetime, "how long a PostgreSQL session lives before it is replaced (plus up to a fifth more at random), so that settings changed with ALTER ROLE or ALTER DATABASE ... SET reach every session within it; a pool_max_conn_lifetime in --database-url applies unless this flag is set (PROJECTOR_DATABASE_MAX_CONN_LIFETIME)")
 		case "sessions":
 			fs.DurationVar(&d.lockTimeout, "database-lock-timeout", DefaultDatabaseLockTimeout, "longest a statement waits for a lock before it fails and is retried; PostgreSQL's lock_timeout; 0: the server's setting (PROJECTOR_DATABASE_LOCK_TIMEOUT)")
 			fs.DurationVar(&d.idleInTx, "database-idle-in-transaction-timeout", DefaultDatabaseIdleInTxTimeout, "PostgreSQL ends a session idle this long inside a transaction, so a frozen member's locks do not hold up the partitions' new owners; PostgreSQL's idle_in_transaction_session_timeout; 0: the server's setting (PROJECTOR_DATABASE_IDLE_IN_TRANSACTION_TIMEOUT)")
@@ -82,6 +91,9 @@ func (d *dbFlags) register(fs *flag.FlagSet, which ...string) {
 func (d *dbFlags) validate() error {
 	if d.fs.Lookup("database-max-conns") != nil && d.maxConns < 1 {
 		return fmt.Errorf("--database-max-conns %d: must be at least 1", d.maxConns)
+	}
+	if d.fs.Lookup("database-max-conn-lifetime") != nil && d.maxLifetime < time.Second {
+		return fmt.Errorf("--database-max-conn-lifetime %s: must be at least 1s", d.maxLifetime)
 	}
 	if d.lockTimeout < 0 {
 		return fmt.Errorf("--database-lock-timeout %s: must be 0 (the server's setting) or positive", d.lockTimeout)
@@ -114,6 +126,14 @@ func (d *dbFlags) poolConfig(raw string) (*pgxpool.Config, error) {
 	if d.fs.Lookup("database-max-conns") != nil {
 		if _, inURL := written(raw)["pool_max_conns"]; !inURL || d.set("database-max-conns") {
 			cfg.MaxConns = int32(d.maxConns)
+		}
+	}
+	if d.fs.Lookup("database-max-conn-lifetime") != nil {
+		if _, inURL := written(raw)["pool_max_conn_lifetime"]; !inURL || d.set("database-max-conn-lifetime") {
+			cfg.MaxConnLifetime = d.maxLifetime
+			if _, inURL := written(raw)["pool_max_conn_lifetime_jitter"]; !inURL {
+				cfg.MaxConnLifetimeJitter = d.maxLifetime / 5
+			}
 		}
 	}
 	params := cfg.ConnConfig.RuntimeParams

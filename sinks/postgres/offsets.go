@@ -51,6 +51,7 @@ func (o *Offsets) Claim(ctx context.Context, tps []sinks.TP) ([]sinks.Claimed, e
 		DO UPDATE SET owner_epoch = o.owner_epoch + 1, updated_at = now()
 		RETURNING topic, partition, owner_epoch, next_offset`, o.identity, topics, parts)
 	if err != nil {
+		dropStale(conn.Conn().PgConn(), err)
 		return nil, fmt.Errorf("claim %d partitions: %w", len(tps), err)
 	}
 	out, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (sinks.Claimed, error) {
@@ -58,6 +59,7 @@ func (o *Offsets) Claim(ctx context.Context, tps []sinks.TP) ([]sinks.Claimed, e
 		return c, r.Scan(&c.Topic, &c.Partition, &c.Epoch, &c.NextOffset)
 	})
 	if err != nil {
+		dropStale(conn.Conn().PgConn(), err)
 		return nil, fmt.Errorf("claim %d partitions: %w", len(tps), err)
 	}
 	at := time.Now()
@@ -79,6 +81,7 @@ func (o *Offsets) Init(ctx context.Context, c sinks.Claimed, next int64) error {
 		WHERE identity = $2 AND topic = $3 AND partition = $4 AND owner_epoch = $5 AND next_offset IS NULL`,
 		next, o.identity, c.Topic, c.Partition, c.Epoch)
 	if err != nil {
+		dropStale(conn.Conn().PgConn(), err)
 		return fmt.Errorf("store first offset of %s/%d: %w", c.Topic, c.Partition, err)
 	}
 	if tag.RowsAffected() == 0 {
@@ -115,6 +118,7 @@ func (o *Offsets) InitAll(ctx context.Context, claims []sinks.Claimed, firsts []
 		return tp, r.Scan(&tp.Topic, &tp.Partition)
 	})
 	if err != nil {
+		dropStale(conn.Conn().PgConn(), err)
 		return nil, fmt.Errorf("store first offsets of %d partitions: %w", len(claims), err)
 	}
 	return out, nil

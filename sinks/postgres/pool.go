@@ -2,10 +2,12 @@ package postgres
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 )
 
@@ -54,4 +56,40 @@ func acquireError(ctx, actx context.Context, pool *pgxpool.Pool, timeout time.Du
 		return fmt.Errorf("no connection of the pool (at most %d) came free within %s: %w", pool.Config().MaxConns, timeout, err)
 	}
 	return err
+}
+
+// staleSession reports a failure that may be the session's own rather
+// than the database's: a session keeps the settings it began with
+// (ALTER DATABASE or ALTER ROLE ... SET reach new sessions only), so one
+// opened while default_transaction_read_only was on refuses writes
+// (25006) after it is turned off, and one opened under a shorter
+// statement_timeout (57014) keeps it after it is raised. A read-only
+// session is also what a connection to a server that became a standby
+// holds, where a new connection may reach the new primary. Failures that
+// end the session themselves (FATAL: 57P01-03, 25P03, class 08) close
+// the connection already, and pgx drops a statement a changed table
+// invalidated (0A000) from its cache.
+func staleSession(err error) bool {
+	var pg *pgconn.PgError
+	if !errors.As(err, &pg) {
+		return false
+	}
+	switch pg.Code {
+	case "25006", // read_only_sql_transaction
+		"57014": // query_canceled: statement_timeout, a cancel request
+		return true
+	}
+	return false
+}
+
+// dropStale closes conn when err says its session may carry stale state
+// (see staleSession): the pool then discards it instead of handing the
+// same session to the next attempt.
+func dropStale(conn *pgconn.PgConn, err error) {
+	if conn == nil || !staleSession(err) {
+		return
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+	defer cancel()
+	_ = conn.Close(ctx) // closed either way; the pool sees it closed on release
 }

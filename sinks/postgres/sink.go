@@ -523,6 +523,7 @@ func (s *Sink) commit(ctx context.Context, claim sinks.Claim, end int64, lanes [
 		// conflict is looked into on another: were it held meanwhile, as
 		// many partitions as the pool has connections meeting a conflict
 		// at once would each wait for a connection another one holds.
+		dropStale(tx.Conn().PgConn(), err)
 		_ = tx.Rollback(context.WithoutCancel(ctx)) // aborted already; a failed rollback closes the connection
 		for _, l := range lanes {
 			if l.ruledOut > 0 && l.s.keyConflict(ctx, err) {
