@@ -19,14 +19,13 @@ import (
 	"io"
 	"log/slog"
 	"os"
-	"os/signal"
 	"strings"
-	"syscall"
 
 	"github.com/peterbourgon/ff/v3"
 	"github.com/peterbourgon/ff/v3/ffcli"
 
 	"github.com/projector-dev/projector/internal/redact"
+	"github.com/projector-dev/projector/internal/stopsignal"
 )
 
 // DefaultDatabaseURL is used when neither --database-url nor
@@ -34,7 +33,7 @@ import (
 const DefaultDatabaseURL = "postgres://postgres@127.0.0.1:5432/test?sslmode=disable"
 
 func main() {
-	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	ctx, stop := stopsignal.Context(context.Background())
 	defer stop()
 	if err := Main(ctx, os.Args[1:], os.Stdout, os.Stderr); err != nil {
 		if !silent(err) {

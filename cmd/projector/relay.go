@@ -13,6 +13,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/projector-dev/projector/internal/kafkaclient"
+	"github.com/projector-dev/projector/internal/stopsignal"
 	"github.com/projector-dev/projector/outbox"
 )
 
@@ -42,6 +43,7 @@ func relayCommand(_, stderr io.Writer) *ffcli.Command {
 			if err != nil {
 				return err
 			}
+			defer stopsignal.LogHangup(ctx, log)()
 			kcfg, err := f.kafkaConfig(log, nil)
 			if err != nil {
 				return err

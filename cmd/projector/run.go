@@ -25,6 +25,7 @@ import (
 	"github.com/projector-dev/projector/internal/backoff"
 	"github.com/projector-dev/projector/internal/cliflag"
 	"github.com/projector-dev/projector/internal/kafkaclient"
+	"github.com/projector-dev/projector/internal/stopsignal"
 	"github.com/projector-dev/projector/partition"
 	"github.com/projector-dev/projector/projection"
 	"github.com/projector-dev/projector/projection/check"
@@ -126,6 +127,7 @@ func (f *runFlags) runOn(ctx context.Context, stderr io.Writer, env engineEnv) e
 	if err != nil {
 		return err
 	}
+	defer stopsignal.LogHangup(ctx, log)()
 	brokers := env.brokers
 	projs, err := projection.Load(f.config)
 	if err != nil {

@@ -24,6 +24,22 @@ import (
 // within --shutdown-timeout, and exit cleanly; the table then equals the
 // reference fold of the log up to the stored offset.
 func TestSIGTERMCommitsPlannedBatches(t *testing.T) {
+	stopSignalCommitsPlannedBatches(t, syscall.SIGTERM)
+}
+
+// TestSIGHUPStopsAsSIGTERM: SIGHUP (a closed terminal, a reload habit)
+// stops the member as SIGTERM does, committing its planned batches, and
+// says so in one log line, rather than killing it on the spot.
+func TestSIGHUPStopsAsSIGTERM(t *testing.T) {
+	c := stopSignalCommitsPlannedBatches(t, syscall.SIGHUP)
+	if n := strings.Count(c.stderr.String(), "SIGHUP received: stopping as for SIGTERM"); n != 1 {
+		t.Errorf("the SIGHUP line logged %d times, want once\n%s", n, c.stderr)
+	}
+}
+
+// stopSignalCommitsPlannedBatches runs the SIGTERM test with sig and
+// returns the stopped process.
+func stopSignalCommitsPlannedBatches(t *testing.T, sig syscall.Signal) *child {
 	ctx := t.Context()
 	db := testenv.NewDB(t)
 	cluster := testenv.Kafka(t, demo.Topic, 1) // one partition: record i is at offset i
@@ -98,7 +114,7 @@ func TestSIGTERMCommitsPlannedBatches(t *testing.T) {
 		}
 		return nil
 	})
-	if err := c.cmd.Process.Signal(syscall.SIGTERM); err != nil {
+	if err := c.cmd.Process.Signal(sig); err != nil {
 		t.Fatal(err)
 	}
 	began := time.Now()
@@ -107,13 +123,13 @@ func TestSIGTERMCommitsPlannedBatches(t *testing.T) {
 	}
 	select {
 	case err := <-c.done:
+		c.done <- nil // for the cleanup
 		if err != nil {
-			t.Fatalf("projector did not exit cleanly on SIGTERM: %v\n%s", err, c.stderr)
+			t.Fatalf("projector did not exit cleanly on %v: %v\n%s", sig, err, c.stderr)
 		}
 	case <-time.After(2 * shutdownTimeout):
-		t.Fatalf("projector still running %v after SIGTERM\n%s", 2*shutdownTimeout, c.stderr)
+		t.Fatalf("projector still running %v after %v\n%s", 2*shutdownTimeout, sig, c.stderr)
 	}
-	c.done <- nil // for the cleanup
 	if took := time.Since(began); took >= shutdownTimeout {
 		t.Errorf("exit took %v, the whole --shutdown-timeout: the planned batches were abandoned\n%s", took, c.stderr)
 	}
@@ -138,6 +154,7 @@ func TestSIGTERMCommitsPlannedBatches(t *testing.T) {
 	if parked != exp.Parked || dead != exp.Poison {
 		t.Errorf("after SIGTERM: %d parked events, %d dead letters; the fold up to offset %d has %d and %d", parked, dead, stored, exp.Parked, exp.Poison)
 	}
+	return c
 }
 
 // A shutdown timeout that leaves no time to commit is refused by name.

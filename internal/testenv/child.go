@@ -7,9 +7,9 @@ import (
 	"io"
 	"os"
 	"os/exec"
-	"os/signal"
-	"syscall"
 	"testing"
+
+	"github.com/projector-dev/projector/internal/stopsignal"
 )
 
 // childEnv carries the arguments of a child process started from a test
@@ -22,7 +22,7 @@ type Main func(ctx context.Context, args []string, stdout, stderr io.Writer) err
 
 // RunTests is a TestMain that lets a test start the test binary as the
 // command (name, run by main): with the child's arguments set it runs
-// them, until SIGTERM or an interrupt ends its context, and exits with
+// them, until SIGTERM, SIGHUP or an interrupt ends its context, and exits with
 // their outcome; otherwise it runs the tests.
 func RunTests(m *testing.M, name string, main Main) {
 	if raw := os.Getenv(childEnv); raw != "" {
@@ -31,7 +31,7 @@ func RunTests(m *testing.M, name string, main Main) {
 			fmt.Fprintln(os.Stderr, "bad child args:", err)
 			os.Exit(2)
 		}
-		ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+		ctx, stop := stopsignal.Context(context.Background())
 		err := main(ctx, args, os.Stdout, os.Stderr)
 		stop()
 		if err != nil {
