@@ -2,7 +2,10 @@ package deadletters
 
 import (
 	"encoding/json"
+	"slices"
+	"strings"
 	"time"
+	"unicode/utf8"
 
 	"github.com/jackc/pgx/v5"
 
@@ -90,7 +93,7 @@ func QueueWrite(b *pgx.Batch, identity, projection string, tp sinks.TP, dls []si
 		replays   = make([]*int64, n)
 	)
 	for i, d := range dls {
-		offsets[i], rkeys[i], values[i], errs[i], classes[i] = d.Offset, d.RecordKey, d.Value, d.Err, d.Class
+		offsets[i], rkeys[i], values[i], errs[i], classes[i] = d.Offset, d.RecordKey, d.Value, Text(d.Err), d.Class
 		headers[i], times[i], attempts[i] = HeadersJSON(d.Headers), TimeOrNil(d.Timestamp), int32(max(1, d.Attempts))
 		if d.SchemaID > 0 {
 			v := int32(d.SchemaID)
@@ -124,8 +127,29 @@ func HeadersJSON(hs []sinks.Header) string {
 	if len(hs) == 0 {
 		return "[]"
 	}
+	for i, h := range hs {
+		if strings.IndexByte(h.Key, 0) >= 0 {
+			// jsonb cannot hold \u0000 (and JSON encoding makes invalid
+			// UTF-8 valid): a key with NUL is kept with U+FFFD in its place.
+			hs = slices.Clone(hs)
+			for j := i; j < len(hs); j++ {
+				hs[j].Key = strings.ReplaceAll(hs[j].Key, "\x00", "\uFFFD")
+			}
+			break
+		}
+	}
 	b, _ := json.Marshal(hs) // cannot fail: strings and byte slices
 	return string(b)
+}
+
+// Text is s as a text column holds it: valid UTF-8 (other bytes become
+// U+FFFD) without NUL (kept as U+FFFD too). An error message that quotes a
+// record's bytes must not make its dead letter one Postgres refuses.
+func Text(s string) string {
+	if utf8.ValidString(s) && strings.IndexByte(s, 0) < 0 {
+		return s
+	}
+	return strings.ReplaceAll(strings.ToValidUTF8(s, "\uFFFD"), "\x00", "\uFFFD")
 }
 
 // TimeOrNil is a record's timestamp as those tables store it: NULL when

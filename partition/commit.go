@@ -66,7 +66,8 @@ func (w *Worker) commitBatch(ctx context.Context, n int, items []*item, end int6
 // Postgres refused go to refused (which reports whether it took them: the
 // next plan dead-letters their events), and giveUp is set once a fold
 // has failed MaxAttempts-1 times, so that the next plan dead-letters its
-// event. A fenced or storming plan, or the end of ctx, ends it.
+// event. A fenced or storming plan, data Postgres refuses
+// (sinks.ErrRefusedData), or the end of ctx, ends it.
 func (w *Worker) retryCommit(ctx context.Context, n int, giveUp *bool, commit func() error, refused func(*sinks.RejectedRows) bool) error {
 	folds := 0
 	for attempt := 0; ; attempt++ {
@@ -85,6 +86,9 @@ func (w *Worker) retryCommit(ctx context.Context, n int, giveUp *bool, commit fu
 		var rej *sinks.RejectedRows
 		if errors.As(err, &rej) && refused(rej) {
 			continue
+		}
+		if errors.Is(err, sinks.ErrRefusedData) {
+			return err // the same again would fail the same way (see isolate.go)
 		}
 		var fr *foldRetry
 		if errors.As(err, &fr) {

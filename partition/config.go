@@ -34,6 +34,16 @@ const DefaultCommitMaxBatches = 40
 // healthy member takes.
 const DefaultStallAfter = 5 * time.Minute
 
+// DefaultMaxKeyBytes is the longest record key a worker applies unless
+// told otherwise (see Config.MaxKeyBytes): well below the 2,704 bytes a
+// B-tree entry of Postgres holds, which the key shares with the other
+// columns of the parked events' primary key (identity, topic, projection).
+const DefaultMaxKeyBytes = 1024
+
+// maxIndexedKey is the most MaxKeyBytes may be: what a B-tree entry holds
+// (2,704 bytes) less room for the other columns of its index.
+const maxIndexedKey = 2400
+
 // minBuffered is the least MaxBuffered defaults to: several fetches of
 // small records (a fetch brings up to 256 KiB of a partition), so that a
 // worker with small batches does not pause on every fetch. Buffering more
@@ -79,6 +89,12 @@ type Config struct {
 	// MaxRecordBytes dead-letters records whose value is larger (default
 	// 1 MiB, Kafka's default message size).
 	MaxRecordBytes int
+	// MaxKeyBytes dead-letters records whose key is longer (class
+	// invalid_key; default DefaultMaxKeyBytes, negative: no limit). An
+	// aggregate's key is an entry of several B-tree indexes (the
+	// projection's primary key, parked events, tombstones), which hold at
+	// most about 2,700 bytes with the other columns of the entry.
+	MaxKeyBytes int
 	// UnreadyAfter is how long a partition may back off before it counts
 	// as not ready (default 30s).
 	UnreadyAfter time.Duration
@@ -141,6 +157,9 @@ func (c *Config) defaults() {
 	if c.MaxRecordBytes <= 0 {
 		c.MaxRecordBytes = 1 << 20
 	}
+	if c.MaxKeyBytes == 0 {
+		c.MaxKeyBytes = DefaultMaxKeyBytes
+	}
 	if c.UnreadyAfter <= 0 {
 		c.UnreadyAfter = 30 * time.Second
 	}
@@ -160,6 +179,9 @@ func (c *Config) defaults() {
 func (c Config) Validate() error {
 	if c.DeadLetterStormShare > 1 || c.DeadLetterStormShare != c.DeadLetterStormShare {
 		return fmt.Errorf("DeadLetterStormShare %v: want a share in (0, 1], 0 for the default or negative for off", c.DeadLetterStormShare)
+	}
+	if c.MaxKeyBytes > maxIndexedKey {
+		return fmt.Errorf("MaxKeyBytes %d: want at most %d (a key is a B-tree index entry, which holds at most 2704 bytes), 0 for the default or negative for no limit", c.MaxKeyBytes, maxIndexedKey)
 	}
 	if c.DeadLetterStormWindow < 0 {
 		return fmt.Errorf("DeadLetterStormWindow %d: want at least 1 record, or 0 for the default", c.DeadLetterStormWindow)

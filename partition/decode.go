@@ -1,6 +1,7 @@
 package partition
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -156,8 +157,33 @@ func (w *Worker) items(ctx context.Context, recs []*kgo.Record, start int64, mem
 		if len(it.value) > w.cfg.MaxRecordBytes {
 			it.fail(sinks.ClassOversized, fmt.Errorf("value of %d bytes is over the %d-byte limit", len(it.value), w.cfg.MaxRecordBytes))
 		}
+		if err := checkKey(it.recordKey, w.cfg.MaxKeyBytes); err != nil {
+			it.fail(sinks.ClassInvalidKey, err)
+		}
+	}
+	if r := w.owner().refusal; r != nil {
+		r.mark(items)
 	}
 	return items, end, w.decodeAll(ctx, items)
+}
+
+// checkKey reports why a record key cannot be an aggregate's key: a
+// record's aggregate key is its record key (see extract), which
+// projector's tables keep as text and index (the projection's primary
+// key, parked events, tombstones). Text holds valid UTF-8 without NUL;
+// an index entry at most about 2,700 bytes, and max (negative: no limit)
+// keeps keys well below that.
+func checkKey(key []byte, max int) error {
+	if max >= 0 && len(key) > max {
+		return fmt.Errorf("record key of %d bytes is over the %d-byte key limit (%q…)", len(key), max, clip(string(key)))
+	}
+	if i := bytes.IndexByte(key, 0); i >= 0 {
+		return fmt.Errorf("record key %q has a NUL byte at %d, which Postgres text cannot hold", clip(string(key)), i)
+	}
+	if !utf8.Valid(key) {
+		return fmt.Errorf("record key %q is not valid UTF-8, which Postgres text must be", clip(string(key)))
+	}
+	return nil
 }
 
 // decodeAll decodes every item that needs it. Terminal failures stay in

@@ -128,6 +128,9 @@ func (w *Worker) processLanes(ctx context.Context, recs []*kgo.Record) (err erro
 	defer endSpan(span, &err)
 	for attempt := 0; ; attempt++ {
 		err := w.processLanesOnce(ctx, recs)
+		if errors.Is(err, sinks.ErrRefusedData) && w.refusal == nil {
+			return w.isolate(ctx, recs, err)
+		}
 		var trip *stormTrip
 		if !errors.As(err, &trip) {
 			return err
@@ -179,7 +182,8 @@ func (w *Worker) shareDecoded(from []*item) []*item {
 			replayOf: src.replayOf, tombstone: src.tombstone, fields: src.fields, names: src.names, values: src.values, schemaID: src.schemaID,
 		}
 		switch {
-		case src.err != nil && (src.class == sinks.ClassDecode || src.class == sinks.ClassOversized):
+		case src.err != nil && (src.class == sinks.ClassDecode || src.class == sinks.ClassOversized ||
+			src.class == sinks.ClassInvalidKey || src.class == sinks.ClassRefused):
 			it.err, it.class, it.attempts = src.err, src.class, src.attempts
 		case it.tombstone:
 			keyTombstone(it)

@@ -63,7 +63,7 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 	m.storm = newStormGauge(reg)
 	m.deadLetters = prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name: "projector_dead_letters_total",
-		Help: "Records dead-lettered, by reason: decode, invalid, key_mismatch, fold, oversized, rejected, gap.",
+		Help: "Records dead-lettered, by reason: decode, invalid, invalid_key, key_mismatch, fold, oversized, rejected, refused, gap.",
 	}, []string{"projection", "reason"})
 	m.gaps = prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name: "projector_gaps_total",

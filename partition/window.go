@@ -248,13 +248,23 @@ func (w *Worker) planBatch(ctx context.Context, win *window, items []*item, end 
 		}
 	}
 	peek.Parked = keys.Parked
-	var known sinks.State
+	var (
+		known   sinks.State
+		refused error // the read fails so however often it is tried
+	)
 	err := w.owner().retry(ctx, "read the state of a batch", func() (err error) {
 		known, err = w.peeker.Peek(ctx, w.claim, peek)
+		if errors.Is(err, sinks.ErrRefusedData) {
+			refused = err
+			return nil
+		}
 		return err
 	})
 	if err != nil {
 		return err
+	}
+	if refused != nil {
+		return &planFailed{refused} // applied batch by batch, the batch's records are isolated
 	}
 	// The plan folds into the window's rows: should it fail (a fold to be
 	// retried, the registry down while parked events are decoded), the
@@ -384,8 +394,8 @@ func (w *Worker) windowCommit(win *window) windowCommit {
 // commitLoop commits win's transaction, first handling err, the failure
 // of an attempt made already (nil: none). Transient failures are retried
 // with backoff. When Postgres contradicts the state the window was
-// planned on, or refuses a row, the window's records are applied again
-// batch by batch, and replayed is true.
+// planned on, or refuses a row or other data, the window's records are
+// applied again batch by batch, and replayed is true.
 func (w *Worker) commitLoop(ctx context.Context, wins []*window, wcs []windowCommit, err error) (replayed bool, _ error) {
 	win := wins[0]
 	for attempt := 0; ; attempt++ {
@@ -400,7 +410,7 @@ func (w *Worker) commitLoop(ctx context.Context, wins []*window, wcs []windowCom
 			return false, err
 		}
 		var rej *sinks.RejectedRows
-		if errors.Is(err, errWindowStale) || errors.As(err, &rej) {
+		if errors.Is(err, errWindowStale) || errors.As(err, &rej) || errors.Is(err, sinks.ErrRefusedData) {
 			w.done()
 			return true, w.replayWindows(ctx, wins, err)
 		}

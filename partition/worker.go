@@ -84,10 +84,15 @@ type Worker struct {
 	// its halt when most of them would be dead letters of one class (see
 	// storm.go); deadLog what it has to say of its dead letters (see
 	// logDeadLetters). Only Run's goroutine touches them.
-	guard   stormGuard
-	storm   stormHalt
-	deadLog map[string]*classLog
-	now     func() time.Time
+	guard stormGuard
+	storm stormHalt
+	// refusal is the record a batch applied alone dead-letters, isolating
+	// how deep the halving of a refused batch is (see isolate.go). Only
+	// Run's goroutine touches them.
+	refusal   *refusal
+	isolating int
+	deadLog   map[string]*classLog
+	now       func() time.Time
 
 	gaps     gaps
 	repairer Repairer // nil: no repair
@@ -412,6 +417,9 @@ func (w *Worker) process(ctx context.Context, recs []*kgo.Record) (err error) {
 		}
 		keys := batchKeys(items, w.gaps.has, w.keys())
 		err = w.commitBatch(ctx, len(recs), items, end, keys)
+		if errors.Is(err, sinks.ErrRefusedData) && w.refusal == nil {
+			return w.isolate(ctx, recs, err)
+		}
 		var trip *stormTrip
 		if !errors.As(err, &trip) {
 			return err

@@ -94,10 +94,19 @@ const (
 	// another aggregate, such an event could race that aggregate's own
 	// partition for its row.
 	ClassKeyMismatch = "key_mismatch"
+	// ClassInvalidKey: the record key is not one projector's tables can
+	// hold as text (invalid UTF-8, a NUL byte), or is longer than the key
+	// limit (a key is an index entry of several tables, and an index
+	// entry holds at most about 2,700 bytes).
+	ClassInvalidKey = "invalid_key"
+	// ClassRefused: Postgres refused the writes of this record alone, with
+	// a data error (SQLSTATE classes 22, 23, 54) in a statement other than
+	// its row's: found by applying the batch it came in again in halves.
+	ClassRefused = "refused"
 )
 
 // Classes lists every error class of dead letters.
-var Classes = []string{ClassDecode, ClassInvalid, ClassKeyMismatch, ClassFold, ClassOversized, ClassRejected, ClassGap}
+var Classes = []string{ClassDecode, ClassInvalid, ClassInvalidKey, ClassKeyMismatch, ClassFold, ClassOversized, ClassRejected, ClassRefused, ClassGap}
 
 // ReplayHeader names the dead letter a replayed record came from.
 const ReplayHeader = "projector-dlq-id"
@@ -149,6 +158,15 @@ func (r *RejectedRows) Error() string {
 // ErrFenced reports that a newer owner has claimed the partition: the
 // batch was rolled back and this worker must stop.
 var ErrFenced = errors.New("partition claimed by a newer owner")
+
+// ErrRefusedData marks a failure that says Postgres refused what the
+// batch writes or reads (a data exception, an integrity constraint, a
+// program limit: SQLSTATE classes 22, 23 and 54) in a way the sink could
+// not pin to rows (see RejectedRows): the same transaction fails the same
+// way however often it is tried. A worker applies the batch again in
+// halves, each in its own transaction, until the records responsible are
+// alone, and dead-letters them.
+var ErrRefusedData = errors.New("postgres refuses the data of the batch")
 
 // ErrBadStatement marks a failure that says the sink's own statements do
 // not fit the database (a table or column missing or of another type, a

@@ -61,6 +61,7 @@ type runFlags struct {
 	instanceID      string
 	maxAttempts     int
 	maxRecordBytes  int
+	maxKeyBytes     int
 	retryBase       time.Duration
 	retryCap        time.Duration
 	unreadyAfter    time.Duration
@@ -305,6 +306,7 @@ func (f *runFlags) registerEngine(fs *flag.FlagSet) {
 	fs.StringVar(&f.instanceID, "instance-id", "", "static group membership id, e.g. the pod name of a StatefulSet, under either group protocol; Kafka's group.instance.id (PROJECTOR_INSTANCE_ID)")
 	fs.IntVar(&f.maxAttempts, "max-attempts", 5, "attempts for an error that may succeed on retry (unknown schema id, fold error) before the record is dead-lettered (PROJECTOR_MAX_ATTEMPTS)")
 	fs.IntVar(&f.maxRecordBytes, "max-record-bytes", 1<<20, "records with a larger value are dead-lettered (PROJECTOR_MAX_RECORD_BYTES)")
+	fs.IntVar(&f.maxKeyBytes, "max-key-bytes", partition.DefaultMaxKeyBytes, "records with a longer key are dead-lettered (class invalid_key), as are keys that are not UTF-8 or hold a NUL byte: a key is a text index entry of several tables, which holds at most about 2700 bytes; at most 2400, 0: no limit (PROJECTOR_MAX_KEY_BYTES)")
 	registerRetry(fs, &f.retryBase, &f.retryCap)
 	fs.DurationVar(&f.unreadyAfter, "unready-after", 30*time.Second, "a partition backing off longer than this makes /readyz fail (PROJECTOR_UNREADY_AFTER)")
 	fs.DurationVar(&f.progressEvery, "progress-every", projector.DefaultProgressEvery, "how often each projection logs one line of progress (records applied, stale, dead-lettered, lag) when anything moved; 0: never (PROJECTOR_PROGRESS_EVERY)")
@@ -343,6 +345,9 @@ func (f *runFlags) validate() error {
 	}
 	if f.maxRecordBytes < 1 {
 		return fmt.Errorf("--max-record-bytes %d: must be at least 1", f.maxRecordBytes)
+	}
+	if f.maxKeyBytes < 0 || f.maxKeyBytes > 2400 {
+		return fmt.Errorf("--max-key-bytes %d: must be 0 (no limit) to 2400 (a key is a B-tree index entry, which holds at most 2704 bytes)", f.maxKeyBytes)
 	}
 	if f.stormWindow < 1 {
 		return fmt.Errorf("--dead-letter-storm-window %d: must be at least 1 record", f.stormWindow)
@@ -512,6 +517,15 @@ func (f *runFlags) engineSessionTimeout() time.Duration {
 	return f.sessionTimeout
 }
 
+// maxKeyBytes is --max-key-bytes as partition.Config takes it: the flag's
+// 0 (no limit) is the engine's negative.
+func maxKeyBytes(flag int) int {
+	if flag == 0 {
+		return -1
+	}
+	return flag
+}
+
 // newEngine builds the engine of the projections, decoding with readers.
 func newEngine(f *runFlags, brokers []string, projs []*projection.Projection, reg *sr.Client, readers map[string]avro.Schema, log *slog.Logger, pool *pgxpool.Pool, metrics prometheus.Registerer, tp trace.TracerProvider) (*projector.Engine, error) {
 	return projector.New(projector.Config{
@@ -525,6 +539,7 @@ func newEngine(f *runFlags, brokers []string, projs []*projection.Projection, re
 			CommitMaxBatches: f.commitMax,
 			MaxAttempts:      f.maxAttempts,
 			MaxRecordBytes:   f.maxRecordBytes,
+			MaxKeyBytes:      maxKeyBytes(f.maxKeyBytes),
 			RetryBase:        f.retryBase,
 			RetryCap:         f.retryCap,
 			UnreadyAfter:     f.unreadyAfter,

@@ -462,7 +462,9 @@ func (s *Sink) keyConflict(ctx context.Context, err error) bool {
 // classes 42 (a table, column, type or function missing or different, a
 // privilege missing), 0A (a feature not supported), 26 (a prepared
 // statement missing, as behind a pooler that does not keep them) and 3F
-// (a schema missing). Data errors (classes 22, 23, 54) stay row-level.
+// (a schema missing). Data errors (classes 22, 23, 54) that reach it are
+// not rows' (those come as *sinks.RejectedRows): they are marked
+// sinks.ErrRefusedData, for the worker to find the records responsible.
 func refused(err error) error {
 	var pg *pgconn.PgError
 	if err == nil || !errors.As(err, &pg) || len(pg.Code) < 2 {
@@ -471,6 +473,8 @@ func refused(err error) error {
 	switch pg.Code[:2] {
 	case "42", "0A", "26", "3F":
 		return fmt.Errorf("%w: %w", sinks.ErrBadStatement, err)
+	case "22", "23", "54":
+		return fmt.Errorf("%w: %w", sinks.ErrRefusedData, err)
 	}
 	return err
 }
