@@ -77,6 +77,7 @@ func (w *Worker) retryCommit(ctx context.Context, n int, giveUp *bool, commit fu
 			w.metrics.commitDuration.Observe(time.Since(began).Seconds())
 			w.metrics.batchRecords.Observe(float64(n))
 			w.metrics.commitBatches.Observe(1)
+			w.grown()
 			return nil
 		}
 		var trip *stormTrip
@@ -89,6 +90,9 @@ func (w *Worker) retryCommit(ctx context.Context, n int, giveUp *bool, commit fu
 		}
 		if errors.Is(err, sinks.ErrRefusedData) {
 			return err // the same again would fail the same way (see isolate.go)
+		}
+		if lim := (*sinks.LimitError)(nil); n > 1 && errors.As(err, &lim) {
+			return err // too big for Postgres: applied in smaller parts (see shrink.go)
 		}
 		var fr *foldRetry
 		if errors.As(err, &fr) {

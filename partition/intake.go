@@ -130,8 +130,18 @@ func (w *Worker) take() []*kgo.Record {
 }
 
 // limits returns the most records of one batch and the buffer's bound in
-// effect (see Config.Share).
+// effect (see Config.Share), the batch smaller while transactions are
+// shrunk (see shrink.go).
 func (w *Worker) limits() (batchMax, buffered int) {
+	batchMax, buffered = w.baseLimits()
+	if p := w.owner().partMax.Load(); p > 0 {
+		batchMax = min(batchMax, int(p))
+	}
+	return batchMax, buffered
+}
+
+// baseLimits is limits as configured.
+func (w *Worker) baseLimits() (batchMax, buffered int) {
 	batchMax, buffered = w.cfg.BatchMaxRecords, w.cfg.MaxBuffered
 	if w.cfg.Share != nil {
 		share := max(w.cfg.Share(), 1)

@@ -18,6 +18,7 @@ type Metrics struct {
 	gaps           *prometheus.CounterVec
 	repairFailures *prometheus.CounterVec
 	skipped        *prometheus.CounterVec
+	shrinks        *prometheus.CounterVec
 }
 
 // NewMetrics registers the worker metrics with reg.
@@ -61,6 +62,7 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 	}, []string{"group", "topic", "partition"})
 	m.refused = newRefusedGauge(reg)
 	m.storm = newStormGauge(reg)
+	m.shrinks = newShrinksCounter(reg)
 	m.deadLetters = prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name: "projector_dead_letters_total",
 		Help: "Records dead-lettered, by reason: decode, invalid, invalid_key, key_mismatch, fold, oversized, rejected, refused, gap.",

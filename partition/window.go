@@ -76,6 +76,15 @@ type windowAgg struct {
 	deleted bool
 }
 
+// records is how many records the window's batches hold.
+func (win *window) records() int {
+	n := 0
+	for _, size := range win.sizes {
+		n += size
+	}
+	return n
+}
+
 // windowing reports whether the worker is behind, having taken a full
 // batch of n records, and may commit it with the batches after it: its
 // sink peeks and its fetcher rewinds, and it is not applying a replayed
@@ -87,7 +96,7 @@ func (w *Worker) windowing(n int) bool {
 		}
 	}
 	_, rewinds := w.fetcher.(Rewinder)
-	if !rewinds || w.peeker == nil || w.cfg.CommitMaxBatches <= 1 || w.claim.NextOffset < w.alone {
+	if !rewinds || w.peeker == nil || w.commitMaxBatches() <= 1 || w.claim.NextOffset < w.alone {
 		return false
 	}
 	batchMax, _ := w.limits()
@@ -182,7 +191,7 @@ func (w *Worker) windowFull(wins []*window) bool {
 	if w.cfg.Share != nil {
 		aggs = max(aggs, 2*w.cfg.Share())
 	}
-	if n >= w.cfg.CommitMaxBatches*batchMax {
+	if n >= w.commitMaxBatches()*batchMax {
 		return true
 	}
 	for _, win := range wins {
@@ -414,6 +423,11 @@ func (w *Worker) commitLoop(ctx context.Context, wins []*window, wcs []windowCom
 			w.done()
 			return true, w.replayWindows(ctx, wins, err)
 		}
+		var lim *sinks.LimitError
+		if errors.As(err, &lim) && w.shrinkFor(lim, len(win.sizes), win.records()) {
+			w.done()
+			return true, w.replayWindows(ctx, wins, err)
+		}
 		if err := w.backoffPlanned(ctx, attempt, "commit batches", err); err != nil {
 			return false, err
 		}
@@ -444,6 +458,7 @@ func (w *Worker) windowCommitted(wins []*window, wcs []windowCommit, took time.D
 	}
 	w.metrics.commitBatches.Observe(float64(len(win.sizes)))
 	w.done()
+	w.grown()
 	if len(wins) == 1 {
 		w.guard.commit(win.guardEnd)
 		w.committed(win.end, wcs[0].ch, win.out)

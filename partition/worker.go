@@ -40,6 +40,11 @@ type Worker struct {
 	// pending is the transaction of a window committing while the worker
 	// plans the next one (see launch); only Run's goroutine touches it.
 	pending *pendingCommit
+	// shrink is how far transactions are shrunk after one met a limit
+	// of Postgres, partMax the most records of a batch then (0: no
+	// bound); see shrink.go. Only Run's goroutine touches shrink.
+	shrink  shrinking
+	partMax atomic.Int64
 	fetcher Fetcher
 	log     *slog.Logger
 	metrics *Metrics
@@ -374,7 +379,7 @@ func (w *Worker) Run(ctx context.Context) error {
 			if ok, serr := w.settle(ctx); serr != nil {
 				err = serr
 			} else if ok {
-				err = w.process(ctx, j.recs)
+				err = w.processParts(ctx, j.recs)
 			}
 		}
 		if err != nil {

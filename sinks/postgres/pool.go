@@ -9,6 +9,8 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/projector-dev/projector/sinks"
 )
 
 // DefaultAcquireTimeout bounds how long the commit path waits for a
@@ -92,4 +94,39 @@ func dropStale(conn *pgconn.PgConn, err error) {
 	ctx, cancel := context.WithTimeout(context.Background(), time.Second)
 	defer cancel()
 	_ = conn.Close(ctx) // closed either way; the pool sees it closed on release
+}
+
+// limitSettings names, by SQLSTATE, the settings whose limit a
+// transaction too big for them meets: the statement or the transaction
+// runs too long (57014 statement_timeout, 25P04 transaction_timeout),
+// the session idles too long inside the transaction while the worker
+// plans a batch (25P03), or a statement spills more to temporary files
+// than allowed (53400). Waits for locks (55P03 lock_timeout) and
+// deadlocks are contention, not size: they stay transient failures; a
+// data or size error of a record (class 54) is the record's.
+var limitSettings = map[string]string{
+	"57014": "statement_timeout",
+	"25P04": "transaction_timeout",
+	"25P03": "idle_in_transaction_session_timeout",
+	"53400": "temp_file_limit",
+}
+
+// limited marks err as *sinks.LimitError when the transaction met a limit
+// of limitSettings, with the setting's value as a session of pool shows
+// it; not when ctx ended (pgx cancels the statement then, which fails
+// with 57014 too).
+func limited(ctx context.Context, pool *pgxpool.Pool, err error) error {
+	var pg *pgconn.PgError
+	if err == nil || ctx.Err() != nil || !errors.As(err, &pg) {
+		return err
+	}
+	setting, ok := limitSettings[pg.Code]
+	if !ok {
+		return err
+	}
+	lim := &sinks.LimitError{SQLState: pg.Code, Setting: setting, Err: err}
+	sctx, cancel := context.WithTimeout(ctx, time.Second)
+	defer cancel()
+	_ = pool.QueryRow(sctx, `SELECT current_setting($1, true)`, setting).Scan(&lim.Value) // "" when not read: the limit is named anyway
+	return lim
 }

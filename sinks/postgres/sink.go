@@ -329,7 +329,7 @@ const (
 // returned as *sinks.RejectedRows. When it refuses a statement itself
 // (see refused), the error is marked sinks.ErrBadStatement.
 func (s *Sink) CommitBatch(ctx context.Context, claim sinks.Claim, end int64, keys sinks.Keys, plan func(sinks.State) (sinks.Changes, error)) error {
-	return refused(s.commitBatch(ctx, claim, end, []*lane{{s: s, keys: keys, plan: plan}}))
+	return limited(ctx, s.pool, refused(s.commitBatch(ctx, claim, end, []*lane{{s: s, keys: keys, plan: plan}})))
 }
 
 // CommitLanes implements sinks.LaneCommitter: the lanes' sinks must be
@@ -343,7 +343,7 @@ func (s *Sink) CommitLanes(ctx context.Context, claim sinks.Claim, end int64, la
 		}
 		ls[i] = &lane{s: o, keys: l.Keys, plan: l.Plan}
 	}
-	return refused(s.commitBatch(ctx, claim, end, ls))
+	return limited(ctx, s.pool, refused(s.commitBatch(ctx, claim, end, ls)))
 }
 
 var _ sinks.LaneCommitter = (*Sink)(nil)
