@@ -24,6 +24,8 @@
 //     transaction with the partition's offset;
 //   - retry.go and refused.go: backing off between attempts, and halting
 //     a partition whose statements Postgres refuses;
+//   - shrink.go: committing smaller transactions after one met a limit
+//     Postgres sets on statements or transactions (statement_timeout);
 //   - storm.go: halting a partition, rather than committing, when most of
 //     its recent records would be dead letters of one class;
 //     deadletterlog.go: the rate-limited log lines of its dead letters.
