@@ -50,7 +50,7 @@ func (w *Worker) logDeadLetters(dead []sinks.DeadLetter) {
 			w.deadLog[d.Class] = c
 		}
 		if c.count == 0 {
-			c.offset, c.key, c.err = d.Offset, clip(string(d.RecordKey)), d.Err
+			c.offset, c.key, c.err = d.Offset, clip(string(d.RecordKey)), redact.ClipTo(d.Err, 4*redact.MaxQuoted)
 		}
 		c.count++
 	}

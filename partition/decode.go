@@ -11,6 +11,7 @@ import (
 
 	"github.com/twmb/franz-go/pkg/kgo"
 
+	"github.com/projector-dev/projector/internal/redact"
 	"github.com/projector-dev/projector/projection"
 	"github.com/projector-dev/projector/sinks"
 )
@@ -328,15 +329,6 @@ func keyTombstone(it *item) {
 	it.key = string(it.recordKey)
 }
 
-// clip shortens s for an error message, at a character's start.
-func clip(s string) string {
-	const most = 100
-	if len(s) <= most {
-		return s
-	}
-	end := most
-	for end > 0 && !utf8.RuneStart(s[end]) {
-		end--
-	}
-	return s[:end] + "…"
-}
+// clip bounds a key or value quoted in an error or a log line (see
+// redact.Clip).
+func clip(s string) string { return redact.Clip(s) }

@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 
+	"github.com/projector-dev/projector/internal/redact"
 	"github.com/projector-dev/projector/projection"
 	"github.com/projector-dev/projector/sinks"
 	"github.com/projector-dev/projector/versioning"
@@ -188,7 +189,7 @@ func (p *planner) restoreParked(ctx context.Context) error {
 		it.key, it.version = ev.Key, ev.Version
 		i, ok := index[ev.Key]
 		if !ok {
-			return fmt.Errorf("parked event of %q v%d: not an aggregate of the batch", ev.Key, ev.Version)
+			return fmt.Errorf("parked event of %q v%d: not an aggregate of the batch", clip(ev.Key), ev.Version)
 		}
 		a := p.agg(i)
 		switch {
@@ -237,7 +238,7 @@ func (p *planner) gate(it *item) error {
 	}
 	if msg, bad := p.rejected[it.key]; bad {
 		c := *it
-		c.fail(sinks.ClassRejected, fmt.Errorf("postgres refused the row of %q: %s", it.key, msg))
+		c.fail(sinks.ClassRejected, fmt.Errorf("postgres refused the row of %q: %s", clip(it.key), redact.ClipTo(msg, 4*redact.MaxQuoted)))
 		p.deadLetter(&c)
 		return nil
 	}
@@ -261,12 +262,12 @@ func (p *planner) gate(it *item) error {
 	if err != nil {
 		failed := p.failed
 		if !projection.IsTerminal(err) && !p.giveUp {
-			return &foldRetry{fmt.Errorf("fold %q v%d at offset %d: %w", failed.key, failed.version, failed.offset, err)}
+			return &foldRetry{fmt.Errorf("fold %q v%d at offset %d: %w", clip(failed.key), failed.version, failed.offset, err)}
 		}
 		// The failing event is the offered one or a parked successor
 		// it unblocked; it leaves the gate and goes to the DLQ.
 		f := *failed
-		f.fail(sinks.ClassFold, fmt.Errorf("fold %q v%d: %w", failed.key, failed.version, err))
+		f.fail(sinks.ClassFold, fmt.Errorf("fold %q v%d: %w", clip(failed.key), failed.version, err))
 		p.deadLetter(&f)
 		if failed == it {
 			return nil

@@ -4,7 +4,6 @@ import (
 	"context"
 	"strings"
 	"testing"
-	"unicode/utf8"
 
 	"github.com/projector-dev/projector/projection"
 	"github.com/projector-dev/projector/sinks"
@@ -58,16 +57,5 @@ func TestDecodeChecksTheRecordKey(t *testing.T) {
 				t.Errorf("error %q does not name the key field", it.err)
 			}
 		})
-	}
-}
-
-func TestClipKeepsCharactersWhole(t *testing.T) {
-	long := strings.Repeat("é", 80) // two bytes each
-	got := clip(long)
-	if !utf8.ValidString(got) || len(got) > 100+len("…") || !strings.HasSuffix(got, "…") {
-		t.Errorf("clip = %q (%d bytes), want at most 100 bytes of whole characters and an ellipsis", got, len(got))
-	}
-	if clip("short") != "short" {
-		t.Errorf("clip shortened a short key")
 	}
 }

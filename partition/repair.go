@@ -169,7 +169,7 @@ func (w *Worker) repairLoop(ctx context.Context, out chan<- repaired) {
 			r := repaired{key: key}
 			st, err := w.sink.Load(ctx, w.claim.TP, []string{key})
 			if err != nil {
-				r.err, r.loadFailed = fmt.Errorf("load %q: %w", key, err), true
+				r.err, r.loadFailed = fmt.Errorf("load %q: %w", clip(key), err), true
 			} else {
 				r.missing = st.Versions[key] + 1
 				rctx, cancel := context.WithTimeout(ctx, 30*time.Second)
@@ -213,17 +213,17 @@ func (w *Worker) applyRepair(ctx context.Context, r repaired) error {
 	case errors.Is(r.err, repair.ErrNotFound):
 		w.repairAnswered()
 		w.metrics.repairFailures.WithLabelValues(w.proj.Name, "not_found").Inc()
-		w.log.Warn("gap repair: the source has nothing for the gap; dead-lettering its parked events", "key", r.key, "missing", r.missing, "err", r.err)
-		cause = fmt.Errorf("gap: version %d of %q never arrived and the repair source has nothing for it: %w", r.missing, r.key, r.err)
+		w.log.Warn("gap repair: the source has nothing for the gap; dead-lettering its parked events", "key", clip(r.key), "missing", r.missing, "err", r.err)
+		cause = fmt.Errorf("gap: version %d of %q never arrived and the repair source has nothing for it: %w", r.missing, clip(r.key), r.err)
 	default:
 		w.repairAnswered()
 		w.metrics.repairFailures.WithLabelValues(w.proj.Name, "failed").Inc()
 		attempts := w.gaps.failed(r.key, w.cfg.RetryBase, w.cfg.RetryCap)
-		w.log.Warn("gap repair failed", "key", r.key, "missing", r.missing, "attempt", attempts, "err", r.err)
+		w.log.Warn("gap repair failed", "key", clip(r.key), "missing", r.missing, "attempt", attempts, "err", r.err)
 		if attempts < w.cfg.MaxAttempts {
 			return nil
 		}
-		cause = fmt.Errorf("gap: version %d of %q never arrived; repair failed after %d attempts: %w", r.missing, r.key, attempts, r.err)
+		cause = fmt.Errorf("gap: version %d of %q never arrived; repair failed after %d attempts: %w", r.missing, clip(r.key), attempts, r.err)
 	}
 	return w.commitRepair(ctx, r.key, func(st sinks.State) (sinks.Changes, outcomes, error) {
 		return w.planGapDeadLetters(ctx, r.key, st, cause)
@@ -249,7 +249,7 @@ func (w *Worker) repairUnavailable(r repaired, attempt int) {
 	_, _, waiting := w.gaps.totals()
 	w.repairLogged = now
 	w.log.Warn("gap repair source unavailable; parked events stay parked and are retried with backoff",
-		"key", r.key, "missing", r.missing, "attempt", attempt, "aggregates_waiting", waiting,
+		"key", clip(r.key), "missing", r.missing, "attempt", attempt, "aggregates_waiting", waiting,
 		"down_for", now.Sub(w.repairDown).Round(time.Second), "err", r.err)
 }
 
@@ -342,7 +342,7 @@ func (w *Worker) planRepair(ctx context.Context, r repaired, st sinks.State) (si
 	if r.result.Snapshot != nil {
 		row, err := w.snapshotRow(r.key, r.result.Snapshot)
 		if err != nil {
-			return ch, out, fmt.Errorf("repaired snapshot of %q: %w", r.key, err)
+			return ch, out, fmt.Errorf("repaired snapshot of %q: %w", clip(r.key), err)
 		}
 		agg.row = row
 	} else {
@@ -353,14 +353,14 @@ func (w *Worker) planRepair(ctx context.Context, r repaired, st sinks.State) (si
 			ev.Key = r.key
 			row, err := w.proj.Apply(agg.row, ev)
 			if err != nil {
-				return ch, out, fmt.Errorf("fold repaired event %q v%d: %w", r.key, ev.Version, err)
+				return ch, out, fmt.Errorf("fold repaired event %q v%d: %w", clip(r.key), ev.Version, err)
 			}
 			agg.row = row
 		}
 	}
 	if err := agg.gate.Jump(r.result.Version, drop, apply); err != nil && failed != nil {
 		f := *failed
-		f.fail(sinks.ClassFold, fmt.Errorf("fold %q v%d after repair: %w", failed.key, failed.version, err))
+		f.fail(sinks.ClassFold, fmt.Errorf("fold %q v%d after repair: %w", clip(failed.key), failed.version, err))
 		out.deadLettered[f.class]++
 		ch.DeadLetters = append(ch.DeadLetters, sinks.DeadLetter{Offset: f.offset, RecordKey: f.recordKey, Value: f.value,
 			Headers: f.headers, Timestamp: f.timestamp, Err: f.err.Error(), Class: f.class, Attempts: 1, TraceID: traceID(f.headers)})

@@ -192,7 +192,7 @@ func dlqListCommand(stdout, stderr io.Writer) *ffcli.Command {
 			fmt.Fprintln(tw, "ID\tPROJECTION\tTOPIC\tPARTITION\tOFFSET\tKEY\tSTATUS\tCLASS\tATTEMPTS\tFIRST-SEEN\tERROR")
 			for _, d := range dls {
 				fmt.Fprintf(tw, "%d\t%s\t%s\t%d\t%d\t%s\t%s\t%s\t%d\t%s\t%s\n", d.ID, d.Projection, d.Topic, d.Partition, d.Offset,
-					keyText(d), d.Status, d.ErrorClass, d.Attempts, d.FirstSeen.Format(timeFormat), oneLine(d.Error))
+					keyText(d), d.Status, d.ErrorClass, d.Attempts, d.FirstSeen.Format(timeFormat), errorText(d.Error))
 			}
 			return tw.Flush()
 		})
@@ -202,6 +202,7 @@ func dlqShowCommand(stdout, stderr io.Writer) *ffcli.Command {
 	var (
 		c      common
 		asJSON bool
+		full   bool
 		fset   *flag.FlagSet
 	)
 	return newCommand("show", "projector dlq show ID [flags]",
@@ -209,7 +210,8 @@ func dlqShowCommand(stdout, stderr io.Writer) *ffcli.Command {
 		func(fs *flag.FlagSet) {
 			fset = fs
 			c.register(fs, "database-url", "registry-url")
-			fs.BoolVar(&asJSON, "json", false, "print a JSON object")
+			fs.BoolVar(&asJSON, "json", false, "print a JSON object, with the key, value and error whole")
+			fs.BoolVar(&full, "full", false, "print the key, value and error whole; without it, text quotes the first "+strconv.Itoa(redact.MaxQuoted)+" bytes of each and says how long the whole is")
 		},
 		func(ctx context.Context, args []string) error {
 			// Flags may follow the ID: parsing stopped at it.
@@ -240,7 +242,7 @@ func dlqShowCommand(stdout, stderr io.Writer) *ffcli.Command {
 			if asJSON {
 				return writeJSON(stdout, v)
 			}
-			return v.writeText(stdout)
+			return v.writeText(stdout, full)
 		})
 }
 
@@ -309,7 +311,14 @@ func (v *shownDeadLetter) decode(ctx context.Context, c *common) {
 	v.DecodedValue, v.ValueSchemaID = js, &id
 }
 
-func (v *shownDeadLetter) writeText(w io.Writer) error {
+// writeText prints v for people; unless full, it quotes at most
+// redact.MaxQuoted bytes of the key, the error and the value (see
+// redact.Clip).
+func (v *shownDeadLetter) writeText(w io.Writer, full bool) error {
+	bound := redact.Clip
+	if full {
+		bound = func(s string) string { return s }
+	}
 	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
 	d := v.Entry
 	field := func(name string, value any) { fmt.Fprintf(tw, "%s\t%v\n", name, value) }
@@ -319,11 +328,11 @@ func (v *shownDeadLetter) writeText(w io.Writer) error {
 	field("topic", d.Topic)
 	field("partition", d.Partition)
 	field("offset", d.Offset)
-	field("key", keyText(d))
+	field("key", keyTextBound(d, bound))
 	field("record time", timeOrDash(d.RecordTime))
 	field("status", d.Status)
 	field("error class", d.ErrorClass)
-	field("error", oneLine(d.Error))
+	field("error", oneLine(bound(d.Error)))
 	field("schema id", intOrDash(d.SchemaID))
 	field("trace id", orDashString(d.TraceID))
 	field("attempts", d.Attempts)
@@ -341,9 +350,9 @@ func (v *shownDeadLetter) writeText(w io.Writer) error {
 			case h.Value == nil:
 				fmt.Fprintf(tw, "  %s\t(null)\n", h.Key)
 			case h.Encoding == "base64":
-				fmt.Fprintf(tw, "  %s\t(base64) %s\n", h.Key, *h.Value)
+				fmt.Fprintf(tw, "  %s\t(base64) %s\n", h.Key, bound(*h.Value))
 			default:
-				fmt.Fprintf(tw, "  %s\t%s\n", h.Key, oneLine(*h.Value))
+				fmt.Fprintf(tw, "  %s\t%s\n", h.Key, oneLine(bound(*h.Value)))
 			}
 		}
 	}
@@ -352,13 +361,13 @@ func (v *shownDeadLetter) writeText(w io.Writer) error {
 	}
 	switch {
 	case v.DecodedValue != nil:
-		_, err := fmt.Fprintf(w, "value (decoded, schema id %d):\n%s\n", *v.ValueSchemaID, v.DecodedValue)
+		_, err := fmt.Fprintf(w, "value (decoded, schema id %d):\n%s\n", *v.ValueSchemaID, bound(string(v.DecodedValue)))
 		return err
 	case v.Value == nil:
 		_, err := fmt.Fprintln(w, "value: (null)")
 		return err
 	default:
-		_, err := fmt.Fprintf(w, "value (base64, %d bytes; not decoded: %s):\n%s\n", len(v.Value), v.DecodeError, base64.StdEncoding.EncodeToString(v.Value))
+		_, err := fmt.Fprintf(w, "value (base64, %d bytes; not decoded: %s):\n%s\n", len(v.Value), v.DecodeError, bound(base64.StdEncoding.EncodeToString(v.Value)))
 		return err
 	}
 }
@@ -444,7 +453,7 @@ func dlqReplayCommand(stdout, stderr io.Writer) *ffcli.Command {
 				tw := tabwriter.NewWriter(stdout, 0, 4, 2, ' ', 0)
 				fmt.Fprintln(tw, "ID\tTOPIC\tPARTITION\tOFFSET\tKEY\tERROR")
 				for _, d := range entries {
-					fmt.Fprintf(tw, "%d\t%s\t%d\t%d\t%s\t%s\n", d.ID, d.Topic, d.Partition, d.Offset, keyText(d), oneLine(redact.String(d.Error)))
+					fmt.Fprintf(tw, "%d\t%s\t%d\t%d\t%s\t%s\n", d.ID, d.Topic, d.Partition, d.Offset, keyText(d), errorText(redact.String(d.Error)))
 				}
 				return tw.Flush()
 			}
@@ -645,17 +654,25 @@ func bytesText(b []byte) (s, encoding string) {
 	return base64.StdEncoding.EncodeToString(b), "base64"
 }
 
-// keyText is a record key for a table cell.
-func keyText(d deadletters.Entry) string {
+// keyText is a record key for a table cell, at most redact.MaxQuoted
+// bytes of it (see redact.Clip).
+func keyText(d deadletters.Entry) string { return keyTextBound(d, redact.Clip) }
+
+// keyTextBound is a record key as text, bounded by bound.
+func keyTextBound(d deadletters.Entry, bound func(string) string) string {
 	if d.KeyNull {
 		return "(null)"
 	}
 	s, enc := bytesText([]byte(d.Key))
 	if enc == "base64" {
-		return "(base64) " + s
+		return "(base64) " + bound(s)
 	}
-	return oneLine(s)
+	return oneLine(bound(s))
 }
+
+// errorText is a dead letter's error for a table cell: an error may quote
+// the record's data, so at most a few hundred bytes of it.
+func errorText(s string) string { return oneLine(redact.ClipTo(s, 4*redact.MaxQuoted)) }
 
 // oneLine keeps a text on one line of a table.
 func oneLine(s string) string {

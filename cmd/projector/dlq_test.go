@@ -5,6 +5,7 @@ import (
 	"context"
 	"encoding/base64"
 	"encoding/json"
+	"fmt"
 	"slices"
 	"strconv"
 	"strings"
@@ -406,5 +407,40 @@ func TestDLQPurge(t *testing.T) {
 	}
 	if got := e.listIDs(); len(got) != 4 {
 		t.Errorf("purge with PROJECTOR_YES set deleted entries: %v left", got)
+	}
+}
+
+// TestDLQQuotesLongKeysBounded: a dead letter whose key is 100 KB, with
+// an error that quotes it, is listed and shown in a few hundred bytes of
+// each, saying how long the whole was; dlq show --full and --json give
+// it whole.
+func TestDLQQuotesLongKeysBounded(t *testing.T) {
+	e := newDLQEnv(t)
+	big := strings.Repeat("k", 100_000)
+	e.insert("big", "ident", "accounts", 0, 20, big, e.good, nil, "rejected", "open",
+		fmt.Sprintf("postgres refused the row of %q: index row requires 100064 bytes", big), time.Now())
+
+	const bound = 3000
+	for _, args := range [][]string{
+		{"dlq", "list", "--error-class", "rejected"},
+		{"dlq", "show", e.id("big")},
+	} {
+		out := e.mustRun(args...)
+		if !strings.Contains(out, "kkkk… (100000 bytes)") {
+			t.Errorf("%s does not quote the key's start and length:\n%.600s", strings.Join(args, " "), out)
+		}
+		for _, line := range strings.Split(out, "\n") {
+			if len(line) > bound {
+				t.Errorf("%s: line of %d bytes, over %d: %.300s…", strings.Join(args, " "), len(line), bound, line)
+			}
+		}
+	}
+	for _, args := range [][]string{
+		{"dlq", "show", e.id("big"), "--full"},
+		{"dlq", "show", e.id("big"), "--json"},
+	} {
+		if out := e.mustRun(args...); !strings.Contains(out, big) {
+			t.Errorf("%s does not print the whole key", strings.Join(args, " "))
+		}
 	}
 }

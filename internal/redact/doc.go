@@ -7,6 +7,11 @@
 // api_key and the like), and password and sslpassword in a Postgres
 // keyword/value connection string.
 //
+// It also bounds what such text quotes of record data (Clip): a key or
+// value of any length is quoted by its first few hundred bytes and its
+// length, so that a 100 KB key costs a log line or a table cell no more
+// than a short one.
+//
 // It does not keep secrets out of places that are not text: a secret
 // handed to a child process goes through its environment or stdin, and a
 // secret handed to a client goes through that client's own option (such

@@ -134,21 +134,23 @@ type redacted struct {
 func (r *redacted) Error() string { return r.msg }
 func (r *redacted) Unwrap() error { return r.err }
 
-// ReplaceAttr masks secrets in a log record's strings and errors; it is
-// meant for slog.HandlerOptions.ReplaceAttr, so that a URL or a failure
-// quoting one is never logged in clear, whoever logs it.
+// ReplaceAttr masks secrets in a log record's strings and errors, and
+// bounds each to MaxLogged bytes (see ClipTo); it is meant for
+// slog.HandlerOptions.ReplaceAttr, so that a URL or a failure quoting one
+// is never logged in clear, and a failure quoting a record's data never
+// logs all of it, whoever logs it.
 func ReplaceAttr(_ []string, a slog.Attr) slog.Attr {
 	switch v := a.Value; v.Kind() {
 	case slog.KindString:
 		if s := v.String(); s != "" {
-			if r := String(s); r != s {
+			if r := ClipTo(String(s), MaxLogged); r != s {
 				a.Value = slog.StringValue(r)
 			}
 		}
 	case slog.KindAny:
 		switch x := v.Any().(type) {
 		case error:
-			a.Value = slog.StringValue(String(x.Error()))
+			a.Value = slog.StringValue(ClipTo(String(x.Error()), MaxLogged))
 		case []string:
 			out := make([]string, len(x))
 			for i, s := range x {

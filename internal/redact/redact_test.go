@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io/fs"
 	"log/slog"
+	"strconv"
 	"strings"
 	"testing"
 
@@ -67,5 +68,20 @@ func TestReplaceAttr(t *testing.T) {
 	}
 	if !strings.Contains(buf.String(), "u:xxxxx@sr") {
 		t.Errorf("log line lost what is not secret:\n%s", &buf)
+	}
+}
+
+func TestClip(t *testing.T) {
+	for _, tc := range []struct{ in, want string }{
+		{"", ""},
+		{"short", "short"},
+		{strings.Repeat("a", redact.MaxQuoted), strings.Repeat("a", redact.MaxQuoted)},
+		{strings.Repeat("a", 100_000), strings.Repeat("a", redact.MaxQuoted) + "… (100000 bytes)"},
+		// Cut at a character's start: é is two bytes.
+		{"a" + strings.Repeat("é", redact.MaxQuoted), "a" + strings.Repeat("é", redact.MaxQuoted/2-1) + "… (" + strconv.Itoa(1+2*redact.MaxQuoted) + " bytes)"},
+	} {
+		if got := redact.Clip(tc.in); got != tc.want {
+			t.Errorf("Clip(%.20q… of %d bytes) = %.40q… (%d bytes), want %.40q… (%d bytes)", tc.in, len(tc.in), got, len(got), tc.want, len(tc.want))
+		}
 	}
 }
