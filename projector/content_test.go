@@ -126,34 +126,68 @@ func TestRecordKeysPostgresCannotHold(t *testing.T) {
 // the whole transaction. The batch is applied again in halves until that
 // record is alone: it alone is dead-lettered (class refused), every other
 // record of the batch applies, and the key's next event, whose row
-// Postgres refuses, is dead-lettered as rejected.
+// Postgres refuses, is dead-lettered as rejected. With two projections of
+// the topic, each dead-letters both records.
 func TestRefusedDataIsolated(t *testing.T) {
-	f := faultSetup(t, demo.Options{}, 1)
-	big := incompressible(t, 100_000)
-	var first []demo.Record
-	for i := range 20 {
-		first = append(first, contentEvent(fmt.Sprintf("acct-%d", i), 1, "AccountOpened", "owner", 0))
-		if i == 13 {
-			first = append(first, poisoned(t, f.enc, contentEvent(big, 2, "Deposited", "", 5), "parked event too large to index"))
-		}
-	}
-	f.produce(t, first)
-	cfg := fastRetry
-	cfg.MaxKeyBytes = -1
-	run(t, f.engine(t, "isolate", projector.Config{Partition: cfg}))
-	f.records = first
-	f.waitEnd(t, "isolate", 30*time.Second)
-	f.verify(t, "isolate")
+	for _, shared := range []bool{false, true} {
+		t.Run(fmt.Sprintf("shared topic %v", shared), func(t *testing.T) {
+			f := faultSetup(t, demo.Options{}, 1)
+			engine, verify := f.engine, f.verify
+			if shared {
+				f.sharedTopic(t)
+				engine = func(t *testing.T, identity string, cfg projector.Config) *projector.Engine {
+					return f.sharedEngine(t, identity, cfg, false)
+				}
+				verify = f.verifyShared
+			}
+			big := incompressible(t, 100_000)
+			var first []demo.Record
+			for i := range 20 {
+				first = append(first, contentEvent(fmt.Sprintf("acct-%d", i), 1, "AccountOpened", "owner", 0))
+				if i == 13 {
+					first = append(first, poisoned(t, f.enc, contentEvent(big, 2, "Deposited", "", 5), "parked event too large to index"))
+				}
+			}
+			f.produce(t, first)
+			cfg := fastRetry
+			cfg.MaxKeyBytes = -1
+			run(t, engine(t, "isolate", projector.Config{Partition: cfg}))
+			f.records = first
+			f.waitEnd(t, "isolate", 30*time.Second)
+			verify(t, "isolate")
 
-	second := []demo.Record{poisoned(t, f.enc, contentEvent(big, 1, "AccountOpened", "x", 0), "row key too large to index")}
-	f.produce(t, second)
-	f.records = append(f.records, second...)
-	f.waitEnd(t, "isolate", 30*time.Second)
-	f.verify(t, "isolate")
-	got := deadLetterOffsets(t, f.db.Pool, "isolate")
-	want := map[int64]string{14: sinks.ClassRefused, 21: sinks.ClassRejected}
-	if fmt.Sprint(got) != fmt.Sprint(want) {
-		t.Errorf("dead letters by offset: %v, want %v", got, want)
+			second := []demo.Record{poisoned(t, f.enc, contentEvent(big, 1, "AccountOpened", "x", 0), "row key too large to index")}
+			f.produce(t, second)
+			f.records = append(f.records, second...)
+			f.waitEnd(t, "isolate", 30*time.Second)
+			verify(t, "isolate")
+			rows, err := f.db.Pool.Query(t.Context(), `SELECT projection, "offset", error_class FROM projector_dead_letters ORDER BY 1, 2`)
+			if err != nil {
+				t.Fatal(err)
+			}
+			var got []string
+			for rows.Next() {
+				var (
+					proj, class string
+					off         int64
+				)
+				if err := rows.Scan(&proj, &off, &class); err != nil {
+					t.Fatal(err)
+				}
+				got = append(got, fmt.Sprintf("%s@%d:%s", proj, off, class))
+			}
+			if err := rows.Err(); err != nil {
+				t.Fatal(err)
+			}
+			var want []string
+			for _, p := range f.projs {
+				want = append(want, fmt.Sprintf("%s@14:%s", p.Name, sinks.ClassRefused), fmt.Sprintf("%s@21:%s", p.Name, sinks.ClassRejected))
+			}
+			slices.Sort(want)
+			if fmt.Sprint(got) != fmt.Sprint(want) {
+				t.Errorf("dead letters: %v, want %v", got, want)
+			}
+		})
 	}
 }
 
