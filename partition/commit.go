@@ -23,7 +23,7 @@ func (w *Worker) commitBatch(ctx context.Context, n int, items []*item, end int6
 	var (
 		out      outcomes
 		changes  sinks.Changes
-		rejected = map[string]string{}
+		rejected = map[string]rejection{}
 		giveUp   bool // dead-letter events whose fold keeps failing
 	)
 	mark := w.guard.pos()
@@ -46,9 +46,7 @@ func (w *Worker) commitBatch(ctx context.Context, n int, items []*item, end int6
 	}
 	err = w.retryCommit(ctx, n, &giveUp, func() error { return w.commitTraced(ctx, end, keys, plan) },
 		func(rej *sinks.RejectedRows) bool {
-			for k, msg := range rej.Keys {
-				rejected[k] = msg
-			}
+			rejections(rejected, rej)
 			w.log.Warn("postgres refused rows; dead-lettering their events", "aggregates", len(rej.Keys))
 			return true
 		})

@@ -112,7 +112,7 @@ type laneBatch struct {
 	keys     sinks.Keys
 	changes  sinks.Changes
 	out      outcomes
-	rejected map[string]string
+	rejected map[string]rejection
 	mark     int64 // the lane's storm guard before the batch
 }
 
@@ -163,7 +163,7 @@ func (w *Worker) processLanesOnce(ctx context.Context, recs []*kgo.Record) error
 	for i := range lanes {
 		l := &lanes[i]
 		l.keys = batchKeys(l.items, l.w.gaps.has, nil)
-		l.rejected = map[string]string{}
+		l.rejected = map[string]rejection{}
 	}
 	return w.commitLanes(ctx, len(recs), lanes, end)
 }
@@ -236,9 +236,7 @@ func (w *Worker) commitLanes(ctx context.Context, n int, lanes []laneBatch, end 
 				return false
 			}
 			l := &lanes[rej.Lane]
-			for k, msg := range rej.Keys {
-				l.rejected[k] = msg
-			}
+			rejections(l.rejected, rej)
 			l.w.log.Warn("postgres refused rows; dead-lettering their events", "projection", l.w.proj.Name, "aggregates", len(rej.Keys))
 			return true
 		})

@@ -65,7 +65,7 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 	m.shrinks = newShrinksCounter(reg)
 	m.deadLetters = prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name: "projector_dead_letters_total",
-		Help: "Records dead-lettered, by reason: decode, invalid, invalid_key, key_mismatch, fold, oversized, rejected, refused, gap.",
+		Help: "Records dead-lettered, by reason: decode, invalid, invalid_key, key_mismatch, fold, oversized, invalid_value, rejected, refused, gap.",
 	}, []string{"projection", "reason"})
 	m.gaps = prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name: "projector_gaps_total",

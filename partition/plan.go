@@ -86,7 +86,7 @@ type aggState struct {
 // into their aggregates' gates (restoreParked), each item of the batch
 // passes its aggregate's gate (gate), and what the aggregates became is
 // collected into the changes (collect).
-func (w *Worker) plan(ctx context.Context, items []*item, keys []string, st sinks.State, known []*windowAgg, rejected map[string]string, giveUp bool) (sinks.Changes, outcomes, error) {
+func (w *Worker) plan(ctx context.Context, items []*item, keys []string, st sinks.State, known []*windowAgg, rejected map[string]rejection, giveUp bool) (sinks.Changes, outcomes, error) {
 	p := &planner{
 		w: w, keys: keys, st: st, known: known, rejected: rejected, giveUp: giveUp,
 		out: outcomes{deadLettered: map[string]int{}},
@@ -113,7 +113,7 @@ type planner struct {
 	keys     []string
 	st       sinks.State
 	known    []*windowAgg
-	rejected map[string]string
+	rejected map[string]rejection
 	giveUp   bool
 
 	ch   sinks.Changes
@@ -236,9 +236,9 @@ func (p *planner) gate(it *item) error {
 		p.deadLetter(it)
 		return nil
 	}
-	if msg, bad := p.rejected[it.key]; bad {
+	if r, bad := p.rejected[it.key]; bad {
 		c := *it
-		c.fail(sinks.ClassRejected, fmt.Errorf("postgres refused the row of %q: %s", clip(it.key), redact.ClipTo(msg, 4*redact.MaxQuoted)))
+		c.fail(r.class, fmt.Errorf("postgres refused the row of %q: %s", clip(it.key), redact.ClipTo(r.msg, 4*redact.MaxQuoted)))
 		p.deadLetter(&c)
 		return nil
 	}
@@ -310,6 +310,21 @@ func (p *planner) collect() {
 				})
 			}
 		})
+	}
+}
+
+// rejection is why Postgres refused an aggregate's row: its message, and
+// the class its events are dead-lettered with.
+type rejection struct{ msg, class string }
+
+// rejections adds the rows rej reports to rejected.
+func rejections(rejected map[string]rejection, rej *sinks.RejectedRows) {
+	for k, msg := range rej.Keys {
+		class := sinks.ClassRejected
+		if rej.Invalid[k] {
+			class = sinks.ClassInvalidValue
+		}
+		rejected[k] = rejection{msg: msg, class: class}
 	}
 }
 

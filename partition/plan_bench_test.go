@@ -127,13 +127,13 @@ func BenchmarkPlan(b *testing.B) {
 	items := bb.items(b)
 	keys := batchKeys(items, func(string) bool { return false }, nil)
 	ctx := b.Context()
-	ch, out, err := bb.w.plan(ctx, items, keys.All, bb.state, nil, map[string]string{}, false)
+	ch, out, err := bb.w.plan(ctx, items, keys.All, bb.state, nil, map[string]rejection{}, false)
 	if err != nil || out.applied != benchBatchSize || len(ch.Upserts) != 200 {
 		b.Fatalf("plan: %v, %d applied, %d upserts", err, out.applied, len(ch.Upserts))
 	}
 	b.ReportAllocs()
 	perEvent(b, benchBatchSize, func() {
-		if _, _, err := bb.w.plan(ctx, items, keys.All, bb.state, nil, map[string]string{}, false); err != nil {
+		if _, _, err := bb.w.plan(ctx, items, keys.All, bb.state, nil, map[string]rejection{}, false); err != nil {
 			b.Fatal(err)
 		}
 	})
@@ -158,7 +158,7 @@ func BenchmarkBatchGoSide(b *testing.B) {
 	perEvent(b, benchBatchSize, func() {
 		items := bb.items(b)
 		keys := batchKeys(items, func(string) bool { return false }, nil)
-		if _, _, err := bb.w.plan(ctx, items, keys.All, bb.state, nil, map[string]string{}, false); err != nil {
+		if _, _, err := bb.w.plan(ctx, items, keys.All, bb.state, nil, map[string]rejection{}, false); err != nil {
 			b.Fatal(err)
 		}
 	})

@@ -94,7 +94,9 @@ func (b *bundle) waitEnd(t *testing.T, identity string, within time.Duration) {
 // batch, records whose key Postgres text cannot hold (a NUL byte, invalid
 // UTF-8) or that is over the key limit (100 KB, once in order and once
 // out of order, where it would be parked): each is dead-lettered with
-// class invalid_key, and the good events around them apply.
+// class invalid_key, and the good events around them apply. An event
+// whose value a text column cannot hold is dead-lettered as
+// invalid_value.
 func TestRecordKeysPostgresCannotHold(t *testing.T) {
 	f := faultSetup(t, demo.Options{}, 1)
 	big := strings.Repeat("k", 100_000)
@@ -103,6 +105,7 @@ func TestRecordKeysPostgresCannotHold(t *testing.T) {
 		poisoned(t, f.enc, contentEvent("nul\x00key", 1, "AccountOpened", "x", 0), "NUL in key"),
 		contentEvent("a", 2, "Deposited", "", 10),
 		poisoned(t, f.enc, contentEvent("bad\xff\xfeutf8", 1, "AccountOpened", "x", 0), "invalid UTF-8 key"),
+		poisoned(t, f.enc, contentEvent("c", 1, "AccountOpened", "nul\x00owner", 0), "NUL in a text column"),
 		poisoned(t, f.enc, contentEvent(big, 2, "Deposited", "", 5), "100 KB key, out of order"),
 		poisoned(t, f.enc, contentEvent(big+"2", 1, "AccountOpened", "x", 0), "100 KB key, in order"),
 		contentEvent("b", 1, "AccountOpened", "owner b", 0),
@@ -114,7 +117,7 @@ func TestRecordKeysPostgresCannotHold(t *testing.T) {
 	f.waitEnd(t, "keys", 30*time.Second)
 	f.verify(t, "keys")
 	got := deadLetterOffsets(t, f.db.Pool, "keys")
-	want := map[int64]string{1: sinks.ClassInvalidKey, 3: sinks.ClassInvalidKey, 4: sinks.ClassInvalidKey, 5: sinks.ClassInvalidKey}
+	want := map[int64]string{1: sinks.ClassInvalidKey, 3: sinks.ClassInvalidKey, 4: sinks.ClassInvalidValue, 5: sinks.ClassInvalidKey, 6: sinks.ClassInvalidKey}
 	if fmt.Sprint(got) != fmt.Sprint(want) {
 		t.Errorf("dead letters by offset: %v, want %v", got, want)
 	}
@@ -325,8 +328,8 @@ func TestRandomRecordContent(t *testing.T) {
 			switch want, must := bad[i]; {
 			case must && !slices.Contains(strings.Split(want, " or "), class):
 				rt.Errorf("record %d (%s): dead letter class %q, want %q", i, r.Poison, class, want)
-			case !must && isDead && (!tainted[r.Key] || class != sinks.ClassRejected):
-				rt.Errorf("record %d of %q v%d dead-lettered as %q, though nothing in it is bad", i, r.Key, r.Event.Version, class)
+			case !must && isDead && (!tainted[r.Key] || class != sinks.ClassInvalidValue):
+				rt.Errorf("record %d of %q v%d dead-lettered as %q, though nothing in it or its account is bad", i, r.Key, r.Event.Version, class)
 			}
 			landed[i] = r
 			if isDead && r.Poison == "" {

@@ -103,10 +103,15 @@ const (
 	// a data error (SQLSTATE classes 22, 23, 54) in a statement other than
 	// its row's: found by applying the batch it came in again in halves.
 	ClassRefused = "refused"
+	// ClassInvalidValue: the row the aggregate's events make holds a value
+	// its column cannot (a NUL byte or invalid UTF-8 for text and jsonb):
+	// Postgres refused it (SQLSTATE 22021, 22P05), the message names the
+	// column.
+	ClassInvalidValue = "invalid_value"
 )
 
 // Classes lists every error class of dead letters.
-var Classes = []string{ClassDecode, ClassInvalid, ClassInvalidKey, ClassKeyMismatch, ClassFold, ClassOversized, ClassRejected, ClassRefused, ClassGap}
+var Classes = []string{ClassDecode, ClassInvalid, ClassInvalidKey, ClassKeyMismatch, ClassFold, ClassOversized, ClassInvalidValue, ClassRejected, ClassRefused, ClassGap}
 
 // ReplayHeader names the dead letter a replayed record came from.
 const ReplayHeader = "projector-dlq-id"
@@ -146,6 +151,9 @@ type Changes struct {
 // commits the rest.
 type RejectedRows struct {
 	Keys map[string]string // aggregate key → Postgres error
+	// Invalid marks the aggregates of Keys whose row holds a value its
+	// column cannot (see ClassInvalidValue).
+	Invalid map[string]bool
 	// Lane is the index, in the lanes given to CommitLanes, of the
 	// projection whose rows they are (0 for CommitBatch).
 	Lane int

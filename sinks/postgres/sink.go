@@ -854,7 +854,7 @@ func sameStored(st, v any) bool {
 // isolateUpserts writes each row under its own savepoint and returns the
 // rows Postgres refused as *sinks.RejectedRows.
 func (s *Sink) isolateUpserts(ctx context.Context, tx pgx.Tx, rows []sinks.RowWrite) error {
-	rejected := map[string]string{}
+	rejected, invalid := map[string]string{}, map[string]bool{}
 	for _, w := range rows {
 		args, err := s.upsertArgs([]sinks.RowWrite{w}, 0, nil)
 		if err != nil {
@@ -878,6 +878,9 @@ func (s *Sink) isolateUpserts(ctx context.Context, tx pgx.Tx, rows []sinks.RowWr
 				msg = err.Error()
 			}
 			rejected[w.Key] = msg
+			if invalidText(err) {
+				invalid[w.Key] = true
+			}
 			continue
 		}
 		if _, err := tx.Exec(ctx, "RELEASE SAVEPOINT projector_row"); err != nil {
@@ -885,9 +888,17 @@ func (s *Sink) isolateUpserts(ctx context.Context, tx pgx.Tx, rows []sinks.RowWr
 		}
 	}
 	if len(rejected) > 0 {
-		return &sinks.RejectedRows{Keys: rejected}
+		return &sinks.RejectedRows{Keys: rejected, Invalid: invalid}
 	}
 	return nil
+}
+
+// invalidText reports err to be Postgres refusing text it cannot hold: a
+// NUL byte or bytes not of the database's encoding (22021), or a \u0000
+// in jsonb (22P05).
+func invalidText(err error) bool {
+	var pg *pgconn.PgError
+	return errors.As(err, &pg) && (pg.Code == "22021" || pg.Code == "22P05")
 }
 
 // refusedColumn finds the column of a row Postgres refused (with
