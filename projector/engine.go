@@ -150,6 +150,15 @@ type Config struct {
 	// dead-lettered, lag) when anything moved (default
 	// DefaultProgressEvery; negative: never).
 	ProgressEvery time.Duration
+	// ReclaimAfter is how long a partition the group assigns to this
+	// member, but whose worker a newer owner fenced (another member of
+	// the same identity in another group, or a stale assignment), waits
+	// before the member claims it back: it does so once the partition has
+	// had records to apply and its stored offset has not moved for
+	// ReclaimAfter, so that a newer owner that applies records keeps the
+	// partition and one that is gone does not orphan it (default
+	// DefaultReclaimAfter).
+	ReclaimAfter time.Duration
 	// Logger receives the engine's logs (default slog.Default()).
 	Logger *slog.Logger
 	// Registerer receives the engine's metrics (default: a private
@@ -235,6 +244,9 @@ func (c *Config) validate() error {
 	}
 	if c.ProgressEvery == 0 {
 		c.ProgressEvery = DefaultProgressEvery
+	}
+	if c.ReclaimAfter <= 0 {
+		c.ReclaimAfter = DefaultReclaimAfter
 	}
 	if c.Logger == nil {
 		c.Logger = slog.Default()
@@ -360,6 +372,11 @@ type Engine struct {
 	// adopt holds the partitions whose worker was fenced, with the epoch
 	// it had (under mu; see adoptReset).
 	adopt map[sinks.TP]int64
+	// orphans holds the partitions the group assigns here that have no
+	// worker because a newer owner claimed them (under mu; see orphan.go);
+	// orphansDue is set when they are to be looked at again.
+	orphans    map[sinks.TP]*orphan
+	orphansDue bool
 }
 
 type rewind struct {
@@ -439,6 +456,7 @@ func New(cfg Config, decoderOf Decoders) (*Engine, error) {
 		workers:     map[sinks.TP]*running{},
 		outOfLog:    map[sinks.TP]*lostPartition{},
 		adopt:       map[sinks.TP]int64{},
+		orphans:     map[sinks.TP]*orphan{},
 		now:         time.Now,
 		watch:       defaultWatchTimes.with(cfg.ProgressEvery),
 		kafka:       kafkaWatch{said: map[string]time.Time{}},
@@ -638,10 +656,14 @@ func (e *Engine) Run(ctx context.Context) error {
 		e.wg.Wait()
 		e.close()
 	}()
-	e.wg.Add(2)
+	e.wg.Add(3)
 	go func() {
 		defer e.wg.Done()
 		e.watchStalls(runCtx)
+	}()
+	go func() {
+		defer e.wg.Done()
+		e.watchOrphans(runCtx)
 	}()
 	go func() {
 		defer e.wg.Done()
@@ -685,6 +707,7 @@ func (e *Engine) Run(ctx context.Context) error {
 		})
 		e.mu.Unlock()
 		e.recheckLost(runCtx)
+		e.recheckOrphans(runCtx)
 		e.rewound()
 		e.cl.AllowRebalance()
 	}
@@ -747,7 +770,7 @@ func (e *Engine) claim(ctx context.Context, offsets map[string]map[int32]kgo.Off
 	for _, c := range claims {
 		next, ok := starts[c.TP]
 		if !ok {
-			e.log.Warn("partition claimed by a newer owner before it started", "topic", c.Topic, "partition", c.Partition)
+			e.orphaned(c.TP, c.Epoch, "claimed by a newer owner before its worker started")
 			continue
 		}
 		if out[c.Topic] == nil {
@@ -831,6 +854,7 @@ func (e *Engine) start(c sinks.Claim) {
 	if e.closing {
 		return
 	}
+	e.unorphan(c.TP)
 	if old := e.workers[c.TP]; old != nil {
 		// Reassigned before the old worker was removed: it is fenced by the
 		// new epoch anyway; stop it without waiting under the lock.
@@ -908,7 +932,9 @@ func (e *Engine) stop(tps map[string][]int32) {
 	}
 	for t, ps := range tps {
 		for _, p := range ps {
-			delete(e.adopt, sinks.TP{Topic: t, Partition: p})
+			tp := sinks.TP{Topic: t, Partition: p}
+			delete(e.adopt, tp)
+			e.unorphan(tp)
 		}
 	}
 	e.mu.Unlock()
@@ -931,6 +957,9 @@ func (e *Engine) stop(tps map[string][]int32) {
 func (e *Engine) stopAll(timeout time.Duration) {
 	e.mu.Lock()
 	e.closing = true
+	for tp := range e.orphans {
+		e.unorphan(tp)
+	}
 	stopping := make([]*running, 0, len(e.workers))
 	for tp, r := range e.workers {
 		delete(e.workers, tp)
@@ -1219,8 +1248,14 @@ func (e *Engine) recheckLost(ctx context.Context) {
 	clear(e.adopt)
 	e.mu.Unlock()
 	for _, c := range checks {
-		if !e.adoptReset(ctx, c.tp, c.epoch, !c.halted) && c.unknown {
+		adopted := e.adoptReset(ctx, c.tp, c.epoch, !c.halted)
+		switch {
+		case !adopted && c.unknown:
 			e.offsetLost(ctx, c.tp)
+		case !adopted && !c.halted:
+			// Fenced by a newer owner, not by an operator's reset, while
+			// the group still assigns the partition here.
+			e.orphaned(c.tp, c.epoch, "its worker was fenced: a newer owner claimed it")
 		}
 	}
 }
@@ -1305,6 +1340,9 @@ func (e *Engine) Ready(ctx context.Context) map[string]error {
 		if s.Halted != "" {
 			stuck = append(stuck, fmt.Sprintf("%s/%d halted: %s", s.Topic, s.Partition, s.Halted))
 		}
+	}
+	for _, o := range e.orphanStatus() {
+		stuck = append(stuck, fmt.Sprintf("%s/%d orphaned since %s: %s", o.Topic, o.Partition, o.Since.UTC().Format(time.RFC3339), o.Reason))
 	}
 	checks["partitions"] = nil
 	if len(stuck) > 0 {

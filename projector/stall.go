@@ -17,7 +17,9 @@ import (
 
 // A worker that has records to apply and commits nothing for
 // Partition.StallAfter (see partition.Status.Stalled) is stuck in a way
-// retrying will not mend: a deadlock, a connection that never answers.
+// retrying will not mend: a deadlock, a connection that never answers. An
+// assigned partition without a worker (an orphan, see orphan.go) whose
+// records wait uncommitted as long counts as stalled too.
 // The engine says so once per stall, in an error line and in
 // projector_partition_stalled, and Live fails, so that the process is
 // restarted (Kubernetes' liveness probe) and the partition moves.
@@ -85,6 +87,12 @@ func (e *Engine) Live(context.Context) map[string]error {
 		if s.Stalled {
 			stuck = append(stuck, fmt.Sprintf("%s/%d has committed nothing since %s while records wait",
 				s.Topic, s.Partition, s.ProgressAt.UTC().Format(time.RFC3339)))
+		}
+	}
+	for _, o := range e.orphanStatus() {
+		if o.Stalled {
+			stuck = append(stuck, fmt.Sprintf("%s/%d has no worker since %s (%s) and its records wait uncommitted",
+				o.Topic, o.Partition, o.Since.UTC().Format(time.RFC3339), o.Reason))
 		}
 	}
 	checks := map[string]error{"partitions": nil}

@@ -49,6 +49,9 @@ type Offsets interface {
 	// offset while this member, at epoch mine, owned it. ok is false when
 	// there is nothing to adopt.
 	Adopt(ctx context.Context, tp TP, mine int64) (c Claimed, ok bool, err error)
+	// Owners reads the owner epoch and stored next offset of partitions
+	// without claiming them; a partition never claimed is left out.
+	Owners(ctx context.Context, tps []TP) ([]Claimed, error)
 }
 
 // Forgetter is a Sink that keeps state of a partition's aggregates in

@@ -66,6 +66,7 @@ type runFlags struct {
 	retryCap        time.Duration
 	unreadyAfter    time.Duration
 	stallAfter      time.Duration
+	reclaimAfter    time.Duration
 	progressEvery   time.Duration
 	dlqTopic        string
 	onOffsetLost    string
@@ -311,6 +312,7 @@ func (f *runFlags) registerEngine(fs *flag.FlagSet) {
 	fs.DurationVar(&f.unreadyAfter, "unready-after", 30*time.Second, "a partition backing off longer than this makes /readyz fail (PROJECTOR_UNREADY_AFTER)")
 	fs.DurationVar(&f.progressEvery, "progress-every", projector.DefaultProgressEvery, "how often each projection logs one line of progress (records applied, stale, dead-lettered, lag) when anything moved; 0: never (PROJECTOR_PROGRESS_EVERY)")
 	fs.DurationVar(&f.stallAfter, "stall-after", partition.DefaultStallAfter, "a partition with records to apply that commits nothing for this long is stalled: an error line, projector_partition_stalled, and /livez fails so that the member is restarted (PROJECTOR_STALL_AFTER)")
+	fs.DurationVar(&f.reclaimAfter, "reclaim-after", projector.DefaultReclaimAfter, "a partition the group assigns to this member but another owner of the same identity claimed (a second member outside the group) is claimed back once its records have waited this long with its stored offset unmoved (PROJECTOR_RECLAIM_AFTER)")
 	f.stormShare = partition.DefaultDeadLetterStormShare
 	fs.Var(&f.stormShare, "dead-letter-storm-share", "a partition halts, rather than commit a batch and move its offset on, when more than this share of its last --dead-letter-storm-window records would be dead letters of one class; it tries the batch again every --retry-cap. The guard judges once 100 records (or the whole window) are in view; off lets every failing record be dead-lettered (PROJECTOR_DEAD_LETTER_STORM_SHARE)")
 	fs.IntVar(&f.stormWindow, "dead-letter-storm-window", partition.DefaultDeadLetterStormWindow, "how many of a partition's most recent records the dead-letter storm guard looks at (PROJECTOR_DEAD_LETTER_STORM_WINDOW)")
@@ -357,6 +359,9 @@ func (f *runFlags) validate() error {
 	}
 	if f.progressEvery < 0 {
 		return fmt.Errorf("--progress-every %s: must be 0 (never) or positive", f.progressEvery)
+	}
+	if f.reclaimAfter <= 0 {
+		return fmt.Errorf("--reclaim-after %s: must be positive", f.reclaimAfter)
 	}
 	if f.stallAfter <= f.retryCap {
 		return fmt.Errorf("--stall-after %s: must be longer than --retry-cap %s, or a partition waiting out one backoff would count as stalled", f.stallAfter, f.retryCap)
@@ -555,6 +560,7 @@ func newEngine(f *runFlags, brokers []string, projs []*projection.Projection, re
 		OnOffsetLost:     f.onOffsetLost,
 		RevokeTimeout:    f.revokeTimeout,
 		ShutdownTimeout:  f.shutdownTimeout,
+		ReclaimAfter:     f.reclaimAfter,
 		GroupProtocol:    f.groupProtocol,
 		SessionTimeout:   f.engineSessionTimeout(),
 		InstanceID:       f.instanceID,

@@ -351,6 +351,26 @@ func (o *offsets) InitAll(ctx context.Context, claims []sinks.Claimed, firsts []
 	return out, nil
 }
 
+// Owners implements sinks.Offsets.
+func (o *offsets) Owners(ctx context.Context, tps []sinks.TP) ([]sinks.Claimed, error) {
+	o.s.mu.Lock()
+	defer o.s.mu.Unlock()
+	var out []sinks.Claimed
+	for _, tp := range tps {
+		st := o.s.offsets[offsetKey{o.identity, tp}]
+		if st == nil {
+			continue
+		}
+		c := sinks.Claimed{TP: tp, Epoch: st.epoch}
+		if st.next != nil {
+			next := *st.next
+			c.NextOffset = &next
+		}
+		out = append(out, c)
+	}
+	return out, nil
+}
+
 // Adopt implements sinks.Offsets. The store has no operator reset, so
 // there is never one to adopt.
 func (o *offsets) Adopt(ctx context.Context, tp sinks.TP, mine int64) (sinks.Claimed, bool, error) {

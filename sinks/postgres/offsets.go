@@ -150,6 +150,32 @@ func (o *Offsets) Adopt(ctx context.Context, tp sinks.TP, mine int64) (c sinks.C
 	return c, true, nil
 }
 
+// Owners reads the owner epoch and stored next offset of partitions
+// without claiming them, in one statement; a partition never claimed is
+// left out. At is when the row last changed.
+func (o *Offsets) Owners(ctx context.Context, tps []sinks.TP) ([]sinks.Claimed, error) {
+	topics := make([]string, len(tps))
+	parts := make([]int32, len(tps))
+	for i, tp := range tps {
+		topics[i], parts[i] = tp.Topic, tp.Partition
+	}
+	rows, err := o.pool.Query(ctx, `SELECT o.topic, o.partition, o.owner_epoch, o.next_offset, o.updated_at
+		FROM projector_offsets o JOIN unnest($2::text[], $3::int[]) AS u(topic, partition)
+		  ON o.topic = u.topic AND o.partition = u.partition
+		WHERE o.identity = $1`, o.identity, topics, parts)
+	if err != nil {
+		return nil, fmt.Errorf("read the owners of %d partitions: %w", len(tps), err)
+	}
+	out, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (sinks.Claimed, error) {
+		var c sinks.Claimed
+		return c, r.Scan(&c.Topic, &c.Partition, &c.Epoch, &c.NextOffset, &c.At)
+	})
+	if err != nil {
+		return nil, fmt.Errorf("read the owners of %d partitions: %w", len(tps), err)
+	}
+	return out, nil
+}
+
 // Stored is one partition's stored position.
 type Stored struct {
 	sinks.TP
