@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/projector-dev/projector/internal/backoff"
+	"github.com/projector-dev/projector/internal/redact"
 	"github.com/projector-dev/projector/sinks"
 )
 
@@ -53,6 +54,10 @@ func (w *Worker) backoffUnless(ctx context.Context, attempt int, what string, ca
 		w.mu.Unlock()
 		w.metrics.backoff.WithLabelValues(w.group, w.claim.Topic, strconv.Itoa(int(w.claim.Partition))).Set(1)
 	}
+	if cause != nil {
+		msg := what + ": " + redact.ClipTo(redact.String(cause.Error()), 4*redact.MaxQuoted)
+		w.backoffErr.Store(&msg)
+	}
 	quiet := w.refusedBy(what, cause) || w.storm.on
 	delay := backoff.Policy{Base: w.cfg.RetryBase, Cap: w.cfg.RetryCap}.Delay(attempt)
 	w.metrics.retries.WithLabelValues(w.group, w.claim.Topic, strconv.Itoa(int(w.claim.Partition)), reasonOf(cause)).Inc()
@@ -86,6 +91,7 @@ func (w *Worker) done() {
 	if w.backoffSince.Swap(0) == 0 {
 		return
 	}
+	w.backoffErr.Store(nil)
 	w.metrics.backoff.WithLabelValues(w.group, w.claim.Topic, strconv.Itoa(int(w.claim.Partition))).Set(0)
 	w.mu.Lock()
 	w.syncFetch()

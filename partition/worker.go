@@ -71,9 +71,10 @@ type Worker struct {
 	// draining is set by Drain, before stop closes.
 	draining atomic.Bool
 
-	next         atomic.Int64 // stored next offset, after the last commit
-	hwm          atomic.Int64 // high watermark last seen in a fetch
-	backoffSince atomic.Int64 // unix nanoseconds; 0 when not backing off
+	next         atomic.Int64           // stored next offset, after the last commit
+	hwm          atomic.Int64           // high watermark last seen in a fetch
+	backoffSince atomic.Int64           // unix nanoseconds; 0 when not backing off
+	backoffErr   atomic.Pointer[string] // the last failure retried, while backing off
 	// progress is when the worker last committed, or last stopped
 	// waiting for records with none in hand (unix nanoseconds); idle is
 	// set while it waits so. A worker neither idle nor making progress
@@ -260,6 +261,9 @@ type Status struct {
 	// Unready is set when the worker has backed off longer than
 	// UnreadyAfter.
 	Unready bool
+	// BackoffErr is the last failure retried while backing off (quoting
+	// at most a few hundred bytes of data).
+	BackoffErr string
 	// Parked counts events waiting for a missing version; OldestParked is
 	// when the oldest of them was parked.
 	Parked       int
@@ -297,6 +301,9 @@ func (w *Worker) Status() Status {
 	if ns := w.backoffSince.Load(); ns != 0 {
 		st.BackoffSince = time.Unix(0, ns)
 		st.Unready = time.Since(st.BackoffSince) > w.cfg.UnreadyAfter
+		if e := w.backoffErr.Load(); e != nil {
+			st.BackoffErr = *e
+		}
 	}
 	st.ProgressAt = time.Unix(0, w.progress.Load())
 	st.Stalled = !w.idle.Load() && st.Halted == "" && time.Since(st.ProgressAt) > w.cfg.StallAfter

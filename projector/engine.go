@@ -377,6 +377,9 @@ type Engine struct {
 	// orphansDue is set when they are to be looked at again.
 	orphans    map[sinks.TP]*orphan
 	orphansDue bool
+	// stateRec records the partitions' states for projector status (nil:
+	// the store keeps none); only the stall watch uses it.
+	stateRec *stateRecord
 }
 
 type rewind struct {
@@ -464,6 +467,7 @@ func New(cfg Config, decoderOf Decoders) (*Engine, error) {
 		done:        make(chan struct{}),
 	}
 	e.dead, _ = cfg.Store.(DeadLetterStore)
+	e.stateRec = newStateRecord(cfg.Store, cfg.InstanceID)
 	if budget := cfg.MemberMaxRecords; budget >= 0 {
 		if budget == 0 {
 			budget = DefaultMemberMaxRecords

@@ -76,6 +76,7 @@ func (e *Engine) watchStalls(ctx context.Context) {
 			}
 		}
 		stalled = now
+		e.recordStates(ctx)
 	}
 }
 

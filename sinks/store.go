@@ -84,3 +84,22 @@ type CacheReporter interface {
 type TombstoneReporter interface {
 	TombstoneChecks() (ruledOut, probed int64)
 }
+
+// PartitionState is what a member says of a partition it is assigned
+// when something keeps it from moving: State is one of the
+// PartitionState… values, Reason says why in a sentence, Since is when
+// the state began. The zero State means the partition moves.
+type PartitionState struct {
+	TP
+	State  string
+	Reason string
+	Since  time.Time
+}
+
+// The states a member reports of a partition (see PartitionState).
+const (
+	PartitionBackingOff = "backing-off" // retrying a failed transaction past the unready time
+	PartitionStalled    = "stalled"     // records wait and nothing has committed for the stall time
+	PartitionHalted     = "halted"      // stopped until an operator acts
+	PartitionOrphaned   = "orphaned"    // assigned here, without a worker: a newer owner claimed it
+)

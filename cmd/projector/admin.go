@@ -9,6 +9,7 @@ import (
 	"maps"
 	"slices"
 	"strings"
+	"time"
 	"text/tabwriter"
 
 	"github.com/peterbourgon/ff/v3/ffcli"
@@ -74,7 +75,14 @@ type partitionStatus struct {
 	// offset is past the log end.
 	Lag        *int64 `json:"lag"`
 	OwnerEpoch int64  `json:"owner_epoch"`
-	State      string `json:"state"`
+	// State is the member's word for the partition when it said one
+	// (backing-off, stalled, halted, orphaned), else what the stored
+	// offset and the log tell (ok, records-deleted, …). Reason, Member and
+	// Since come with the member's word.
+	State  string     `json:"state"`
+	Reason string     `json:"reason,omitempty"`
+	Member string     `json:"member,omitempty"`
+	Since  *time.Time `json:"since,omitempty"`
 }
 
 // States of a partition in `projector status`.
@@ -135,11 +143,19 @@ func newStatusCommand(name, usage string, stdout, stderr io.Writer) *ffcli.Comma
 					return err
 				}
 			}
+			said, err := postgres.States(ctx, pool, c.identity)
+			if err != nil {
+				return err
+			}
 			rows := make([]partitionStatus, 0, len(stored))
 			for _, s := range stored {
 				r := statusOf(s, bounds)
 				if noLog {
 					r.State = stateLogNotAsked
+				}
+				if st, ok := said[s.TP]; ok {
+					since := st.Since
+					r.State, r.Reason, r.Member, r.Since = st.State, st.Reason, st.Member, &since
 				}
 				rows = append(rows, r)
 			}
@@ -154,7 +170,17 @@ func newStatusCommand(name, usage string, stdout, stderr io.Writer) *ffcli.Comma
 				fmt.Fprintf(tw, "%s\t%d\t%s\t%s\t%s\t%s\t%d\t%s\n", r.Topic, r.Partition, orDash(r.NextOffset),
 					orDash(r.LogStartOffset), orDash(r.HighWatermark), orDash(r.Lag), r.OwnerEpoch, r.State)
 			}
-			return tw.Flush()
+			if err := tw.Flush(); err != nil {
+				return err
+			}
+			// Reasons are sentences: one line each under the table.
+			for _, r := range rows {
+				if r.Reason != "" {
+					fmt.Fprintf(stdout, "%s/%d %s since %s (member %s): %s\n", r.Topic, r.Partition, r.State,
+						r.Since.UTC().Format(time.RFC3339), r.Member, oneLine(r.Reason))
+				}
+			}
+			return nil
 		})
 }
 

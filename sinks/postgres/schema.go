@@ -30,6 +30,22 @@ var engineDDL = []string{
 		updated_at  timestamptz NOT NULL DEFAULT now(),
 		PRIMARY KEY (identity, topic, partition)
 	)`,
+	// What the member assigned a partition says of it when something
+	// keeps it from moving (backing off, stalled, halted, orphaned), for
+	// projector status: written when the state changes, never per batch,
+	// and kept apart from projector_offsets so that it never waits on a
+	// commit's row lock.
+	`CREATE TABLE IF NOT EXISTS projector_partition_states (
+		identity   text        NOT NULL,
+		topic      text        NOT NULL,
+		partition  integer     NOT NULL,
+		state      text        NOT NULL,
+		reason     text        NOT NULL,
+		member     text        NOT NULL,
+		since      timestamptz NOT NULL,
+		updated_at timestamptz NOT NULL DEFAULT now(),
+		PRIMARY KEY (identity, topic, partition)
+	)`,
 	// Every operator reset of a stored offset: who, when, from where to
 	// where, and the owner epoch that fenced the owner of the time.
 	`CREATE TABLE IF NOT EXISTS projector_offsets_audit (
