@@ -658,6 +658,7 @@ func (e *Engine) Run(ctx context.Context) error {
 		e.cl.AllowRebalance()
 		e.cl.Close()
 		e.wg.Wait()
+		e.clearStates()
 		e.close()
 	}()
 	e.wg.Add(3)

@@ -16,7 +16,8 @@ import (
 // members, shows it on every replica's partitions. The states are
 // computed from the workers' status as the stall watch looks at them and
 // written only when one changes; a partition first seen moving clears
-// what an earlier owner left. Batches never write them.
+// what an earlier owner left. A member leaving clears what it recorded:
+// its next owner records its own. Batches never write them.
 
 // StateRecorder is a Store that keeps the members' partition states (see
 // sinks.PartitionState). A store without it records none.
@@ -104,6 +105,28 @@ func (e *Engine) recordStates(ctx context.Context) {
 			changed = append(changed, sinks.PartitionState{TP: tp})
 		}
 	}
+	e.writeStates(ctx, cur, changed)
+}
+
+// clearStates clears every state this member recorded, as it leaves.
+func (e *Engine) clearStates() {
+	r := e.stateRec
+	if r == nil {
+		return
+	}
+	var changed []sinks.PartitionState
+	for tp, prev := range r.last {
+		if prev.State != "" {
+			changed = append(changed, sinks.PartitionState{TP: tp})
+		}
+	}
+	e.writeStates(context.Background(), nil, changed)
+}
+
+// writeStates writes the changed states, cur being every state now; a
+// failure is said once, and what failed is written at the next look.
+func (e *Engine) writeStates(ctx context.Context, cur map[sinks.TP]sinks.PartitionState, changed []sinks.PartitionState) {
+	r := e.stateRec
 	if len(changed) == 0 {
 		return
 	}
