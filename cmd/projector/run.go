@@ -320,7 +320,7 @@ func (f *runFlags) registerEngine(fs *flag.FlagSet) {
 	fs.StringVar(&f.onOffsetLost, "on-offset-lost", projector.OffsetLostHalt, "when retention deleted records before they were applied: halt the partition, or skip to the log start (PROJECTOR_ON_OFFSET_LOST)")
 	fs.StringVar(&f.checkWriters, "check-writers", check.WritersAll, "which registered writer versions of each subject the startup check proves the reader schema against: all, or latest when the topics no longer hold events of older ones (PROJECTOR_CHECK_WRITERS)")
 	fs.DurationVar(&f.revokeTimeout, "revoke-timeout", 10*time.Second, "longest a revoked partition may take to finish its open batch (PROJECTOR_REVOKE_TIMEOUT)")
-	fs.DurationVar(&f.shutdownTimeout, "shutdown-timeout", projector.DefaultShutdownTimeout, "on SIGTERM, longest the member waits for its planned batches to commit before it abandons them and leaves the group; keep it below the grace period the process is given, 30s on Kubernetes (PROJECTOR_SHUTDOWN_TIMEOUT)")
+	fs.DurationVar(&f.shutdownTimeout, "shutdown-timeout", projector.DefaultShutdownTimeout, "on SIGTERM or SIGHUP, longest the member waits for its planned batches to commit before it abandons them and leaves the group; keep it below the grace period the process is given, 30s on Kubernetes (PROJECTOR_SHUTDOWN_TIMEOUT)")
 }
 
 func (f *runFlags) validate() error {
