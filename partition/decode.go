@@ -176,7 +176,7 @@ func (w *Worker) items(ctx context.Context, recs []*kgo.Record, start int64, mem
 // keeps keys well below that.
 func checkKey(key []byte, max int) error {
 	if max >= 0 && len(key) > max {
-		return fmt.Errorf("record key of %d bytes is over the %d-byte key limit (%q…)", len(key), max, clip(string(key)))
+		return fmt.Errorf("record key of %d bytes is over the %d-byte key limit: %q", len(key), max, clip(string(key)))
 	}
 	if i := bytes.IndexByte(key, 0); i >= 0 {
 		return fmt.Errorf("record key %q has a NUL byte at %d, which Postgres text cannot hold", clip(string(key)), i)
