@@ -15,6 +15,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/projector-dev/projector/deadletters"
+	"github.com/projector-dev/projector/internal/redact"
 	"github.com/projector-dev/projector/projection"
 	"github.com/projector-dev/projector/sinks"
 )
@@ -865,7 +866,7 @@ func (s *Sink) isolateUpserts(ctx context.Context, tx pgx.Tx, rows []sinks.RowWr
 		}
 		if _, err := tx.Exec(ctx, s.sql.upsert, args...); err != nil {
 			if !rowLevel(err) {
-				return fmt.Errorf("write row %q: %w", w.Key, err)
+				return fmt.Errorf("write row %q: %w", redact.Clip(w.Key), err)
 			}
 			if _, err := tx.Exec(ctx, "ROLLBACK TO SAVEPOINT projector_row"); err != nil {
 				return fmt.Errorf("rollback to savepoint: %w", err)
@@ -931,7 +932,7 @@ func (s *Sink) refusedColumn(ctx context.Context, tx pgx.Tx, w sinks.RowWrite, r
 		}
 		if castErr != nil {
 			if !rowLevel(castErr) {
-				return "", fmt.Errorf("write row %q: column %s: %w", w.Key, c.Name, castErr)
+				return "", fmt.Errorf("write row %q: column %s: %w", redact.Clip(w.Key), c.Name, castErr)
 			}
 			return fmt.Sprintf("column %s (%s): %v", c.Name, c.Type, castErr), nil
 		}
@@ -941,7 +942,7 @@ func (s *Sink) refusedColumn(ctx context.Context, tx pgx.Tx, w sinks.RowWrite, r
 		}
 		var cut bool
 		if err := tx.QueryRow(ctx, "SELECT $1::text::"+c.Type+"::"+base+" IS DISTINCT FROM $1::text::"+base, *text).Scan(&cut); err != nil {
-			return "", fmt.Errorf("write row %q: column %s: compare with its type's length: %w", w.Key, c.Name, err)
+			return "", fmt.Errorf("write row %q: column %s: compare with its type's length: %w", redact.Clip(w.Key), c.Name, err)
 		}
 		if cut {
 			return fmt.Sprintf("column %s (%s): %v", c.Name, c.Type, rowErr), nil
@@ -991,7 +992,7 @@ func (s *Sink) load(ctx context.Context, tx pgx.Tx, tp sinks.TP, keys, parkedKey
 			for i, c := range cols {
 				val, err := c.DecodeText(texts[i])
 				if err != nil {
-					return fmt.Errorf("row %q: %w", key, err)
+					return fmt.Errorf("row %q: %w", redact.Clip(key), err)
 				}
 				row[c.Name] = val
 			}
@@ -1025,7 +1026,7 @@ func (s *Sink) load(ctx context.Context, tx pgx.Tx, tp sinks.TP, keys, parkedKey
 					return err
 				}
 				if err := json.Unmarshal(headers, &ev.Headers); err != nil {
-					return fmt.Errorf("parked %q v%d: headers: %w", ev.Key, ev.Version, err)
+					return fmt.Errorf("parked %q v%d: headers: %w", redact.Clip(ev.Key), ev.Version, err)
 				}
 				if ts != nil {
 					ev.Timestamp = *ts
@@ -1137,7 +1138,7 @@ func (s *Sink) upsertArgs(rows []sinks.RowWrite, base int, inexact *[]int) ([]an
 		for i, c := range s.p.Columns {
 			ok, err := cols[i].set(r, w.Row[c.Name])
 			if err != nil {
-				return nil, fmt.Errorf("aggregate %q v%d: %w", w.Key, w.Version, err)
+				return nil, fmt.Errorf("aggregate %q v%d: %w", redact.Clip(w.Key), w.Version, err)
 			}
 			exact = exact && ok
 		}
