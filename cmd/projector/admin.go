@@ -9,8 +9,8 @@ import (
 	"maps"
 	"slices"
 	"strings"
-	"time"
 	"text/tabwriter"
+	"time"
 
 	"github.com/peterbourgon/ff/v3/ffcli"
 	"github.com/twmb/franz-go/pkg/kadm"
