@@ -46,18 +46,18 @@ func appendValue(b []byte, v any) ([]byte, error) {
 	case float64:
 		return appendFloat(b, x, 64)
 	case string:
-		return appendString(b, x), nil
+		return AppendString(b, x), nil
 	case []byte:
-		return appendString(b, base64.StdEncoding.EncodeToString(x)), nil
+		return AppendString(b, base64.StdEncoding.EncodeToString(x)), nil
 	case *big.Rat:
 		if x == nil {
 			return append(b, "null"...), nil
 		}
 		return append(b, Decimal(x)...), nil
 	case time.Time:
-		return appendString(b, Timestamp(x)), nil
+		return AppendString(b, Timestamp(x)), nil
 	case time.Duration:
-		return appendString(b, Clock(x)), nil
+		return AppendString(b, Clock(x)), nil
 	case json.RawMessage:
 		if x == nil {
 			return append(b, "null"...), nil
@@ -88,7 +88,7 @@ func appendValue(b []byte, v any) ([]byte, error) {
 			if i > 0 {
 				b = append(b, ',')
 			}
-			b = appendString(b, k)
+			b = AppendString(b, k)
 			b = append(b, ':')
 			var err error
 			if b, err = appendValue(b, x[k]); err != nil {
@@ -98,7 +98,7 @@ func appendValue(b []byte, v any) ([]byte, error) {
 		return append(b, '}'), nil
 	}
 	if raw, ok := FixedBytes(v); ok {
-		return appendString(b, base64.StdEncoding.EncodeToString(raw)), nil
+		return AppendString(b, base64.StdEncoding.EncodeToString(raw)), nil
 	}
 	js, err := json.Marshal(v)
 	if err != nil {
@@ -114,9 +114,9 @@ func appendFloat(b []byte, f float64, bits int) ([]byte, error) {
 	return strconv.AppendFloat(b, f, 'g', -1, bits), nil
 }
 
-// appendString appends s as a JSON string. HTML characters stay as they
+// AppendString appends s as a JSON string. HTML characters stay as they
 // are (encoding/json would escape them), and invalid UTF-8 becomes U+FFFD.
-func appendString(b []byte, s string) []byte {
+func AppendString(b []byte, s string) []byte {
 	const hex = "0123456789abcdef"
 	b = append(b, '"')
 	for i := 0; i < len(s); {

@@ -2,8 +2,8 @@ package bench
 
 import (
 	"strconv"
-	"unicode/utf8"
 
+	"github.com/projector-dev/projector/internal/avrojson"
 	"github.com/projector-dev/projector/internal/demo"
 )
 
@@ -31,7 +31,7 @@ const connectValueSchema = `{"type":"struct","name":"demo.accounts.AccountEvent"
 // appendConnectKey appends the JsonConverter envelope of an account's key.
 func appendConnectKey(dst []byte, accountID string) []byte {
 	dst = append(dst, `{"schema":`+connectKeySchema+`,"payload":{"account_id":`...)
-	dst = appendJSONString(dst, accountID)
+	dst = avrojson.AppendString(dst, accountID)
 	return append(dst, "}}"...)
 }
 
@@ -43,59 +43,22 @@ func appendConnectValue(dst, scratch []byte, ev demo.Event, size int) ([]byte, [
 	scratch = appendUnpadded(scratch[:0], 0, ev)
 	pad := paddingLen(len(scratch), size)
 	dst = append(dst, `{"schema":`+connectValueSchema+`,"payload":{"account_id":`...)
-	dst = appendJSONString(dst, ev.AccountID)
+	dst = avrojson.AppendString(dst, ev.AccountID)
 	dst = append(dst, `,"version":`...)
 	dst = strconv.AppendInt(dst, ev.Version, 10)
 	dst = append(dst, `,"type":`...)
-	dst = appendJSONString(dst, ev.Type)
+	dst = avrojson.AppendString(dst, ev.Type)
 	dst = append(dst, `,"owner":`...)
 	if ev.Owner == "" {
 		dst = append(dst, "null"...)
 	} else {
-		dst = appendJSONString(dst, ev.Owner)
+		dst = avrojson.AppendString(dst, ev.Owner)
 	}
 	dst = append(dst, `,"amount":`...)
 	dst = strconv.AppendInt(dst, ev.Amount, 10)
 	dst = append(dst, `,"occurred_at":`...)
 	dst = strconv.AppendInt(dst, ev.OccurredAt.UnixMilli(), 10)
 	dst = append(dst, `,"padding":`...)
-	dst = appendJSONString(dst, filler[:pad])
+	dst = avrojson.AppendString(dst, filler[:pad])
 	return append(dst, "}}"...), scratch
-}
-
-// appendJSONString appends s as a JSON string: quotes, backslashes and
-// control characters escaped, invalid UTF-8 replaced by U+FFFD (as
-// encoding/json does).
-func appendJSONString(dst []byte, s string) []byte {
-	const hex = "0123456789abcdef"
-	dst = append(dst, '"')
-	for i := 0; i < len(s); {
-		c := s[i]
-		if c < utf8.RuneSelf {
-			switch {
-			case c == '"' || c == '\\':
-				dst = append(dst, '\\', c)
-			case c == '\n':
-				dst = append(dst, '\\', 'n')
-			case c == '\r':
-				dst = append(dst, '\\', 'r')
-			case c == '\t':
-				dst = append(dst, '\\', 't')
-			case c < 0x20:
-				dst = append(dst, '\\', 'u', '0', '0', hex[c>>4], hex[c&0xf])
-			default:
-				dst = append(dst, c)
-			}
-			i++
-			continue
-		}
-		r, n := utf8.DecodeRuneInString(s[i:])
-		if r == utf8.RuneError && n == 1 {
-			dst = append(dst, `\ufffd`...)
-		} else {
-			dst = append(dst, s[i:i+n]...)
-		}
-		i += n
-	}
-	return append(dst, '"')
 }

@@ -6,6 +6,8 @@ import (
 	"testing"
 
 	"github.com/hamba/avro/v2"
+
+	"github.com/projector-dev/projector/internal/avrojson"
 )
 
 // connectSchema is a Connect schema as JsonConverter writes and reads it.
@@ -102,7 +104,7 @@ func TestConnectValueCarriesTheEvent(t *testing.T) {
 func TestAppendJSONString(t *testing.T) {
 	for _, s := range []string{"", "acc-0000001", `a "quoted" \ path`, "tab\tline\nreturn\r", "\x00\x1f\x7f", "héllo €", "bad \xff utf-8", "<&>"} {
 		var got string
-		if err := json.Unmarshal(appendJSONString(nil, s), &got); err != nil {
+		if err := json.Unmarshal(avrojson.AppendString(nil, s), &got); err != nil {
 			t.Fatalf("%q: %v", s, err)
 		}
 		want, _ := json.Marshal(s)
