@@ -244,6 +244,9 @@ func (p *Projection) Validate() error {
 	if p.Topic == "" {
 		return bad("topic is required")
 	}
+	if err := CheckTopic(p.Topic); err != nil {
+		return fmt.Errorf("projection %q: %w", p.Name, err)
+	}
 	if p.Table == "" || !qualifiedRe.MatchString(p.Table) {
 		return bad("table %q must be a plain or schema-qualified identifier", p.Table)
 	}
