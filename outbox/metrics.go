@@ -19,7 +19,7 @@ type metrics struct {
 }
 
 func newMetrics(reg prometheus.Registerer) *metrics {
-	return &metrics{
+	m := &metrics{
 		pending: register(reg, prometheus.NewGauge(prometheus.GaugeOpts{
 			Name: "projector_outbox_pending", Help: "Outbox rows not yet published (the whole table, as every relay sees it).",
 		})),
@@ -50,6 +50,12 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 			Name: "projector_outbox_session_restarts_total", Help: "Database sessions of this relay that ended and were started again, by reason (connect, connection_lost, no_table, database_error); its shards are released each time.",
 		}, []string{"reason"})),
 	}
+	// Every reason's series exists at 0 from the start, so that rate()
+	// has a first sample and a fresh relay looks like a healthy one.
+	for _, reason := range []string{"connect", "connection_lost", "no_table", "database_error"} {
+		m.restarts.WithLabelValues(reason)
+	}
+	return m
 }
 
 // register registers c, or returns the collector already registered in

@@ -1,6 +1,12 @@
 package partition
 
-import "github.com/prometheus/client_golang/prometheus"
+import (
+	"strconv"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/projector-dev/projector/sinks"
+)
 
 // Metrics are the counters every worker of an engine shares.
 type Metrics struct {
@@ -81,4 +87,46 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 	}, []string{"group", "topic", "partition"})
 	reg.MustRegister(m.processed, m.commitDuration, m.batchRecords, m.commitBatches, m.replays, m.fenced, m.retries, m.backoff, m.deadLetters, m.gaps, m.repairFailures, m.skipped)
 	return m
+}
+
+// The label values each counter can take, so that its series exist at 0
+// from the start: a fresh member then looks like a healthy one, and
+// rate() has a first sample to start from.
+var (
+	processedOutcomes = []string{"applied", "stale", "parked", "dead_lettered"}
+	gapResolutions    = []string{"filled", "repaired", "dead_lettered"}
+	repairFailReasons = []string{"unavailable", "not_found", "failed"}
+	retryReasons      = []string{"fold", "dead_letter_storm", "timeout", "postgres", "error"}
+	shrinkSQLStates   = []string{"57014", "25P04", "25P03", "53400"}
+)
+
+// Known creates the series of projection's counters at 0: the records
+// processed from topic by outcome, dead letters by class, gaps by
+// resolution, repair failures by reason, and transaction shrinks.
+func (m *Metrics) Known(projection, topic string) {
+	for _, o := range processedOutcomes {
+		m.processed.WithLabelValues(projection, topic, o)
+	}
+	for _, c := range sinks.Classes {
+		m.deadLetters.WithLabelValues(projection, c)
+	}
+	for _, r := range gapResolutions {
+		m.gaps.WithLabelValues(projection, r)
+	}
+	for _, r := range repairFailReasons {
+		m.repairFailures.WithLabelValues(projection, r)
+	}
+	for _, s := range shrinkSQLStates {
+		m.shrinks.WithLabelValues(s)
+	}
+}
+
+// knownPartition creates the series of a claimed partition's counters at
+// 0: its retries by reason and its skipped offsets.
+func (m *Metrics) knownPartition(group string, tp sinks.TP) {
+	p := strconv.Itoa(int(tp.Partition))
+	for _, r := range retryReasons {
+		m.retries.WithLabelValues(group, tp.Topic, p, r)
+	}
+	m.skipped.WithLabelValues(group, tp.Topic, p)
 }

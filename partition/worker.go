@@ -193,6 +193,7 @@ func newWorker(cfg Config, d WorkerDeps) *Worker {
 		w.now = time.Now
 	}
 	w.guard = newStormGuard(cfg)
+	w.metrics.knownPartition(w.group, claim.TP)
 	w.peeker, _ = sink.(sinks.Peeker)
 	if vd, ok := dec.(ValuesDecoder); ok && vd.Width() > 0 && !p.ReadsFieldsMap() {
 		w.values = vd

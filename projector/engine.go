@@ -512,6 +512,9 @@ func New(cfg Config, decoderOf Decoders) (*Engine, error) {
 		e.cfg.Partition.Tracer = cfg.TracerProvider.Tracer("github.com/projector-dev/projector")
 	}
 	e.metrics = partition.NewMetrics(cfg.Registerer)
+	for _, p := range cfg.Projections {
+		e.metrics.Known(p.Name, p.Topic)
+	}
 	e.group = newGroupMetrics(cfg.Registerer, cfg.Identity)
 	e.group.stalled = newStalledGauge(cfg.Registerer, cfg.Identity)
 	cfg.Registerer.MustRegister(&lagCollector{e: e})

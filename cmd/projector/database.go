@@ -304,6 +304,9 @@ func newStartup(log *slog.Logger, reg prometheus.Registerer, timeout, base, cap 
 		Help: "Attempts of startup's database work (step: connect, migrate) that failed and were retried.",
 	}, []string{"step"})
 	reg.MustRegister(retries)
+	for _, step := range []string{"connect", "check", "migrate"} {
+		retries.WithLabelValues(step) // at 0 from the start, for rate()
+	}
 	return startup{log: log, timeout: timeout, base: base, cap: cap,
 		failed: func(what string, err error) {
 			retries.WithLabelValues(what).Inc()
