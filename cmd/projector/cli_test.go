@@ -179,19 +179,37 @@ func TestByteSizeFlag(t *testing.T) {
 	}
 }
 
-// Shares are fractions of 1, and off (or 0) turns the guard off, which
-// the engine reads as a negative share (its 0 is the default).
+// Shares are fractions of 1, and only off turns the guard off, which the
+// engine reads as a negative share (its 0 is the default); a 0 is refused,
+// since it reads as the strictest share rather than none.
 func TestShareFlag(t *testing.T) {
-	for in, want := range map[string]float64{"0.5": 0.5, "1": 1, "0.05": 0.05, "off": -1, "OFF": -1, "0": -1} {
+	for in, want := range map[string]float64{"0.5": 0.5, "1": 1, "0.05": 0.05, "off": -1, "OFF": -1} {
 		var s cliflag.Share
 		if err := s.Set(in); err != nil || cliflag.ShareOff(s) != want {
 			t.Errorf("%q: got %v, %v; want %v", in, cliflag.ShareOff(s), err, want)
 		}
 	}
-	for _, in := range []string{"-0.1", "1.01", "NaN", "half", ""} {
+	for _, in := range []string{"0", "0.0", "-0", "-0.1", "1.01", "NaN", "half", ""} {
 		var s cliflag.Share
 		if err := s.Set(in); err == nil {
 			t.Errorf("%q: accepted as %v", in, s)
+		}
+	}
+}
+
+// TestStormShareZeroIsRefused: --dead-letter-storm-share 0 is a usage
+// error on every command that has the flag, saying that off is the word
+// that turns the guard off, instead of silently turning it off.
+func TestStormShareZeroIsRefused(t *testing.T) {
+	for _, args := range [][]string{
+		{"run", "--brokers", "127.0.0.1:1", "--registry-url", "http://127.0.0.1:1", "--dead-letter-storm-share", "0"},
+		{"dev", "--dead-letter-storm-share", "0"},
+		{"dev", "--dead-letter-storm-share", "0.0"},
+	} {
+		var out syncBuffer
+		err := Main(t.Context(), args, &out, &out)
+		if exitCode(err) != exitUsage || err == nil || !strings.Contains(err.Error(), "--dead-letter-storm-share") || !strings.Contains(err.Error(), "write off") {
+			t.Errorf("projector %s: got %v (exit %d), want a usage error saying to write off", strings.Join(args, " "), err, exitCode(err))
 		}
 	}
 }

@@ -63,7 +63,9 @@ func OffDuration(flag time.Duration) time.Duration {
 }
 
 // Share is a flag of a share of records, more than 0 and at most 1, or
-// off: 0.5, 1, off (0 is off too).
+// off: 0.5, 1, off. Only the word off turns its feature off: a 0 is
+// refused, since a share of 0 reads as the strictest setting, not as none.
+// Its zero value is off.
 type Share float64
 
 func (s *Share) String() string {
@@ -80,6 +82,9 @@ func (s *Share) Set(v string) error {
 		return nil
 	}
 	f, err := strconv.ParseFloat(strings.TrimSpace(v), 64)
+	if err == nil && f == 0 {
+		return errors.New("want a share more than 0 and at most 1, such as 0.5; 0 does not mean off: write off for that")
+	}
 	if err != nil || math.IsNaN(f) || f < 0 || f > 1 {
 		return errors.New("want a share more than 0 and at most 1, such as 0.5, or off")
 	}
@@ -87,7 +92,7 @@ func (s *Share) Set(v string) error {
 	return nil
 }
 
-// ShareOff maps a share flag whose off (or 0) turns its feature off
+// ShareOff maps a share flag whose off turns its feature off
 // (--dead-letter-storm-share) to the engine's setting, where 0 means the
 // default and a negative value off.
 func ShareOff(flag Share) float64 {
