@@ -16,6 +16,7 @@ import (
 	"github.com/peterbourgon/ff/v3/ffcli"
 	"github.com/twmb/franz-go/pkg/kadm"
 
+	"github.com/projector-dev/projector/projection"
 	"github.com/projector-dev/projector/projector"
 	"github.com/projector-dev/projector/sinks"
 	"github.com/projector-dev/projector/sinks/postgres"
@@ -151,6 +152,9 @@ func offsetsResetCommand(stdout, stderr io.Writer) *ffcli.Command {
 		func(ctx context.Context, _ []string) error {
 			if topic == "" {
 				return errors.New("--topic is required: the topic whose stored offsets move")
+			}
+			if err := projection.CheckTopic(topic); err != nil {
+				return fmt.Errorf("--topic: %w", err)
 			}
 			if err := target.validate(); err != nil {
 				return err

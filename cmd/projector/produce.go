@@ -25,6 +25,7 @@ import (
 
 	"github.com/projector-dev/projector/internal/kafkaclient"
 	"github.com/projector-dev/projector/internal/redact"
+	"github.com/projector-dev/projector/projection"
 	"github.com/projector-dev/projector/schemas"
 )
 
@@ -108,6 +109,9 @@ func (f *produceFlags) readsLines() bool {
 func (f *produceFlags) validate() error {
 	if f.topic == "" {
 		return errors.New("--topic (PROJECTOR_TOPIC) is required")
+	}
+	if err := projection.CheckTopic(f.topic); err != nil {
+		return fmt.Errorf("--topic: %w", err)
 	}
 	if f.timeout <= 0 {
 		return fmt.Errorf("--timeout %s: must be positive", f.timeout)

@@ -348,6 +348,11 @@ func (f *runFlags) validate() error {
 	if f.maxRecordBytes < 1 {
 		return fmt.Errorf("--max-record-bytes %d: must be at least 1", f.maxRecordBytes)
 	}
+	if f.dlqTopic != "" {
+		if err := projection.CheckTopic(f.dlqTopic); err != nil {
+			return fmt.Errorf("--dlq-topic: %w", err)
+		}
+	}
 	if f.maxKeyBytes < 0 || f.maxKeyBytes > 2400 {
 		return fmt.Errorf("--max-key-bytes %d: must be 0 (no limit) to 2400 (a key is a B-tree index entry, which holds at most 2704 bytes)", f.maxKeyBytes)
 	}
