@@ -2,7 +2,9 @@
 // and strings, error messages that quote them, and log attributes.
 //
 // It owns one rule for what a secret is, so that every command prints the
-// same masked form: the password of a URL's userinfo, the values of query
+// same masked form: the password of a URL's userinfo (with or without a
+// scheme: user:password@host is masked too, since it does not rest on a
+// URL parser reading it as a URL), the values of query
 // parameters that carry credentials (password, sslpassword, token,
 // api_key and the like), and password and sslpassword in a Postgres
 // keyword/value connection string.

@@ -55,12 +55,93 @@ func String(s string) string {
 	return b.String()
 }
 
-// keywords masks the passwords of keyword/value pairs.
+// keywords masks the passwords of keyword/value pairs, and those of URLs
+// written without a scheme.
 func keywords(s string) string {
+	s = bare(s)
 	if !strings.Contains(strings.ToLower(s), "password") {
 		return s
 	}
 	return keywordRe.ReplaceAllString(s, "${1}${2}"+Mask)
+}
+
+// bare masks the userinfo password of every URL written without a scheme,
+// user:password@host[:port][/…], such as a flag's value whose http:// was
+// forgotten: URL parsers take it for a scheme and an opaque part, so
+// nothing that relies on parsing it finds the password. A word (text
+// between white space, quotes, angle brackets and backquotes) is taken
+// for one when it has a colon and, after it, an @ followed by something
+// shaped like a host; the password runs from the first colon to the last
+// such @, as a URL parser takes it. Prose rarely has such a word, and
+// masking one that was not a password costs less than printing one that
+// was; an e-mail address, which has no colon before its @, stays, and so
+// do mailto: addresses and image digests (name:tag@sha256:…).
+func bare(s string) string {
+	if !strings.Contains(s, "@") {
+		return s
+	}
+	var b strings.Builder
+	last := 0
+	for i := 0; i < len(s); {
+		if wordBreak(s[i]) {
+			i++
+			continue
+		}
+		j := i
+		for j < len(s) && !wordBreak(s[j]) {
+			j++
+		}
+		if m := bareWord(s[i:j]); m != s[i:j] {
+			b.WriteString(s[last:i])
+			b.WriteString(m)
+			last = j
+		}
+		i = j
+	}
+	if last == 0 {
+		return s
+	}
+	b.WriteString(s[last:])
+	return b.String()
+}
+
+// wordBreak reports whether c ends a word for bare: the characters urlRe
+// stops a URL at.
+func wordBreak(c byte) bool {
+	switch c {
+	case ' ', '\t', '\n', '\r', '\v', '\f', '"', '\'', '<', '>', '`':
+		return true
+	}
+	return false
+}
+
+// bareWord masks w's password and credential parameters when w is a URL
+// without a scheme (see bare), and returns it unchanged otherwise.
+func bareWord(w string) string {
+	colon := strings.IndexByte(w, ':')
+	if colon < 0 || strings.HasPrefix(strings.ToLower(w), "mailto:") {
+		return w
+	}
+	at := -1
+	for k := len(w) - 1; k > colon; k-- {
+		if w[k] == '@' && k+1 < len(w) && hostStart(w[k+1]) {
+			at = k
+			break
+		}
+	}
+	if at < 0 || at == colon+1 {
+		return w
+	}
+	host := strings.ToLower(w[at+1:])
+	if strings.HasPrefix(host, "sha256:") || strings.HasPrefix(host, "sha512:") {
+		return w
+	}
+	return w[:colon+1] + Mask + params(w[at:])
+}
+
+// hostStart reports whether c may begin a host name or address.
+func hostStart(c byte) bool {
+	return 'a' <= c && c <= 'z' || 'A' <= c && c <= 'Z' || '0' <= c && c <= '9' || c == '_' || c == '['
 }
 
 // URL returns the URL u with its userinfo password and the values of its
@@ -103,7 +184,15 @@ func URL(u string) string {
 
 // patternURL masks what it can recognise in a URL that does not parse.
 func patternURL(u string) string {
-	u = userinfoRe.ReplaceAllString(u, "${1}"+Mask+"@")
+	if !strings.Contains(u, "://") {
+		// user:password@host parses as scheme user and an opaque part.
+		return params(bareWord(u))
+	}
+	return params(userinfoRe.ReplaceAllString(u, "${1}"+Mask+"@"))
+}
+
+// params masks the values of u's credential query parameters by pattern.
+func params(u string) string {
 	return paramRe.ReplaceAllStringFunc(u, func(m string) string {
 		sub := paramRe.FindStringSubmatch(m)
 		name, _ := url.QueryUnescape(sub[2])

@@ -43,6 +43,54 @@ func TestString(t *testing.T) {
 	}
 }
 
+// TestStringWithoutScheme: a URL whose scheme was left out still has its
+// password masked, in a flag's value as in any text quoting it, whatever
+// a URL parser makes of it; words that only look a little like one stay.
+func TestStringWithoutScheme(t *testing.T) {
+	for _, tc := range []struct{ in, want string }{
+		{"user:S3cret@127.0.0.1:1", "user:xxxxx@127.0.0.1:1"},
+		{"user:S3cret@sr.example", "user:xxxxx@sr.example"},
+		{"user:S3cret@sr.example:8081/path?x=1", "user:xxxxx@sr.example:8081/path?x=1"},
+		{"user:S3cret@h/db?token=S3cret&sslmode=disable", "user:xxxxx@h/db?token=xxxxx&sslmode=disable"},
+		{"user:S3cret@[::1]:5432/db", "user:xxxxx@[::1]:5432/db"},
+		{":S3cret@h:6379", ":xxxxx@h:6379"},
+		// The password runs to the last @, as a URL parser takes it, and
+		// may hold colons, slashes and equals signs.
+		{"app:p@ss:w/rd=S3cret@db:5432", "app:xxxxx@db:5432"},
+		// In text: quoted, after a flag, in a log's key=value.
+		{`--registry-url user:S3cret@127.0.0.1:1: want an http:// or https:// URL`, `--registry-url user:xxxxx@127.0.0.1:1: want an http:// or https:// URL`},
+		{`Get "user:S3cret@127.0.0.1:1/subjects": unsupported protocol scheme "user"`, `Get "user:xxxxx@127.0.0.1:1/subjects": unsupported protocol scheme "user"`},
+		{"url=user:S3cret@h err=refused", "url=user:xxxxx@h err=refused"},
+		{"cannot parse `user:S3cret@h`: bad", "cannot parse `user:xxxxx@h`: bad"},
+		// Prose with a colon before an @ and a host after it reads as a
+		// URL: masking it costs less than printing a password.
+		{"see a:b@c for more", "see a:xxxxx@c for more"},
+		// Nothing secret: unchanged, byte for byte.
+		{"mail ops@example.com or admin@example.com", "mail ops@example.com or admin@example.com"},
+		{"Reply to: ops@example.com", "Reply to: ops@example.com"},
+		{"mailto:ops@example.com", "mailto:ops@example.com"},
+		{"ghcr.io/projector-dev/projector:1.4@sha256:0123abcd", "ghcr.io/projector-dev/projector:1.4@sha256:0123abcd"},
+		{"dial tcp 127.0.0.1:5432: connect: connection refused", "dial tcp 127.0.0.1:5432: connect: connection refused"},
+		{"user@127.0.0.1:5432", "user@127.0.0.1:5432"},
+		{"key a:b@ (no host)", "key a:b@ (no host)"},
+		{"ratio 1:2 @ 3", "ratio 1:2 @ 3"},
+	} {
+		if got := redact.String(tc.in); got != tc.want {
+			t.Errorf("String(%q)\n got %q\nwant %q", tc.in, got, tc.want)
+		}
+		if strings.ContainsAny(tc.in, " `\"") {
+			continue // URL is for a URL alone
+		}
+		if got := redact.URL(tc.in); strings.Contains(got, "S3cret") {
+			t.Errorf("URL(%q) = %q leaks the secret", tc.in, got)
+		}
+	}
+	err := redact.Error(errors.New("--registry-url user:S3cret@127.0.0.1:1: want a URL"))
+	if strings.Contains(err.Error(), "S3cret") {
+		t.Errorf("Error() = %q leaks the password", err)
+	}
+}
+
 func TestErrorKeepsTheChain(t *testing.T) {
 	cause := fmt.Errorf("open %q: %w", "postgres://u:s3cret@h/db", fs.ErrNotExist)
 	err := redact.Error(cause)
