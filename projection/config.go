@@ -45,6 +45,10 @@ type Spec struct {
 	// Fillfactor: the percentage of each page of the table that new rows
 	// fill (see Projection.Fillfactor).
 	Fillfactor int `yaml:"fillfactor"`
+	// TombstoneRetention: how long a deleted aggregate's tombstone is
+	// kept, e.g. 7d or 72h, or off to keep it forever (see
+	// Projection.TombstoneRetention).
+	TombstoneRetention string `yaml:"tombstone_retention"`
 }
 
 // RepairDef is the repair source in the YAML file: exactly one of HTTP
@@ -161,6 +165,13 @@ func (s Spec) compile(dir string) (*Projection, error) {
 	}
 	if err := s.compileRepair(p); err != nil {
 		return nil, bad("%v", err)
+	}
+	if s.TombstoneRetention != "" {
+		d, err := ParseRetention(s.TombstoneRetention)
+		if err != nil {
+			return nil, bad("tombstone_retention %q: %v", s.TombstoneRetention, err)
+		}
+		p.TombstoneRetention = d
 	}
 	cols, defaults, err := parseColumns(&s.Columns)
 	if err != nil {

@@ -155,6 +155,13 @@ type Projection struct {
 	// gets DefaultFillfactor and an existing one keeps its own; otherwise
 	// an existing table is given this one.
 	Fillfactor int
+	// TombstoneRetention is how long the engine keeps the tombstone of
+	// a deleted aggregate, the last version it had, which stops a late
+	// copy of one of its events from writing the row again; past it the
+	// tombstone is pruned. Kafka's delete.retention.ms plays the same
+	// part for a compacted topic's tombstones. 0: the engine's
+	// (projector.Config.TombstoneRetention); negative: kept forever.
+	TombstoneRetention time.Duration
 }
 
 // DefaultFillfactor is the fillfactor of the tables the engine creates.

@@ -67,6 +67,19 @@ var engineDDL = []string{
 		deleted_at timestamptz NOT NULL DEFAULT now(),
 		PRIMARY KEY (table_name, key)
 	)`,
+	// The tombstones past their retention, oldest first, for the
+	// engine's background pruning (see PruneTombstones), which would
+	// otherwise read the whole table to find them. Created only when
+	// missing: CREATE INDEX locks the table against writes even when the
+	// index exists, and a replica starting would queue every member's
+	// deletes behind a frozen member's open transaction. Created once
+	// on a table of many tombstones, it holds their writes for as long
+	// as it takes to build.
+	`DO $$ BEGIN
+		IF to_regclass('projector_tombstones_deleted_at') IS NULL THEN
+			CREATE INDEX IF NOT EXISTS projector_tombstones_deleted_at ON projector_tombstones (table_name, deleted_at);
+		END IF;
+	END $$`,
 	`CREATE TABLE IF NOT EXISTS projector_parked (
 		identity   text        NOT NULL,
 		projection text        NOT NULL,
