@@ -21,8 +21,8 @@ import (
 )
 
 // checkDBTimeout bounds how long check waits for PostgreSQL before it
-// notes that it could not be reached and skips the table checks: a
-// producer's CI without a database still gets the schema checks quickly.
+// gives up with errNotChecked, so that a CI job whose database is down
+// fails in seconds rather than at the job's own timeout.
 const checkDBTimeout = 10 * time.Second
 
 type checkFlags struct {
@@ -37,7 +37,7 @@ type checkFlags struct {
 func checkCommand(stdout, stderr io.Writer) *ffcli.Command {
 	f := &checkFlags{}
 	return newCommand("check", "projector check --config FILE [--schema-file NEW.avsc --projection NAME] [flags]",
-		"Prove a projection file against the Schema Registry and PostgreSQL without writing anything: one line per problem, exit status 1 if any.", stderr,
+		"Prove a projection file against the Schema Registry and PostgreSQL without writing anything: one line per problem, exit status 1 if any, 3 if PostgreSQL or the registry could not be asked (--no-database checks without PostgreSQL).", stderr,
 		func(fs *flag.FlagSet) {
 			f.common.register(fs, "registry-url", "database-url", "config", "log")
 			f.db.register(fs)
@@ -57,6 +57,12 @@ func checkCommand(stdout, stderr io.Writer) *ffcli.Command {
 // errCheckFailed is what check returns when it found problems, which it
 // has printed already.
 var errCheckFailed = errors.New("check found problems")
+
+// errNotChecked is what check returns when it could not ask PostgreSQL or
+// the registry: nothing it would have proved was proved, which a CI job
+// must not take for a pass, nor for problems in the file (exit status
+// exitNotChecked).
+var errNotChecked = errors.New("could not check")
 
 func (f *checkFlags) run(ctx context.Context, stdout, stderr io.Writer) error {
 	if f.writers != check.WritersAll && f.writers != check.WritersLatest {
@@ -94,28 +100,19 @@ func (f *checkFlags) run(ctx context.Context, stdout, stderr io.Writer) error {
 		}
 		cfg.Registry = reg
 	}
-	var unreachable error
+	// Only --no-database or an empty --database-url skips PostgreSQL: a
+	// database that was named but cannot be asked is not a pass.
 	if !f.noDatabase && f.databaseURL != "" {
 		pool, err := f.openPool(ctx)
-		var down *dbDown
-		switch {
-		case errors.As(err, &down):
-			unreachable = down.err
-		case err != nil:
+		if err != nil {
 			return err
-		default:
-			defer pool.Close()
-			cfg.DB = pool
 		}
+		defer pool.Close()
+		cfg.DB, cfg.RequireDB = pool, true
 	}
 	rep, err := check.Run(ctx, cfg)
 	if err != nil {
-		return err
-	}
-	if unreachable != nil {
-		// In place of check's own note, which cannot say why.
-		rep.Notes = slices.DeleteFunc(rep.Notes, func(n string) bool { return n == check.NoteNoDatabase })
-		rep.Notes = append(rep.Notes, fmt.Sprintf("PostgreSQL not checked (%v): column types, defaults and existing tables were not proved", unreachable))
+		return fmt.Errorf("%w: %w", errNotChecked, err)
 	}
 	for _, n := range rep.Notes {
 		fmt.Fprintln(stdout, "note:", redact.String(n))
@@ -138,14 +135,10 @@ func (f *checkFlags) run(ctx context.Context, stdout, stderr io.Writer) error {
 	return nil
 }
 
-// dbDown reports a database that did not answer: the checks it serves
-// are then skipped with a note.
-type dbDown struct{ err error }
-
-func (d *dbDown) Error() string { return d.err.Error() }
-
-// openPool opens a pool on --database-url, or fails with a *dbDown when
-// PostgreSQL does not answer within checkDBTimeout.
+// openPool opens a pool on --database-url, or fails with errNotChecked
+// when PostgreSQL does not answer within checkDBTimeout or refuses the
+// session (no such database or role, a wrong password): the message says
+// which, as run's does.
 func (f *checkFlags) openPool(ctx context.Context) (*pgxpool.Pool, error) {
 	cfg, err := f.db.poolConfig(f.databaseURL)
 	if err != nil {
@@ -160,7 +153,7 @@ func (f *checkFlags) openPool(ctx context.Context) (*pgxpool.Pool, error) {
 	defer cancel()
 	if err := pool.Ping(pctx); err != nil {
 		pool.Close()
-		return nil, &dbDown{fmt.Errorf("%s did not answer: %w", targetOf(cfg), err)}
+		return nil, fmt.Errorf("%w: %w\nTo prove the file without PostgreSQL (column types, defaults and existing tables unproved), pass --no-database", errNotChecked, explain(targetOf(cfg), err))
 	}
 	return pool, nil
 }

@@ -46,6 +46,9 @@ var zeroDurations = map[string]struct{ zero, negative bool }{
 const (
 	exitFailed = 1 // the command ran and failed
 	exitUsage  = 2 // the command line is wrong; nothing ran
+	// check could not ask PostgreSQL or the registry, so proved nothing:
+	// neither a pass nor problems found in the file.
+	exitNotChecked = 3
 )
 
 // usageError is a command line that is wrong in its form. Its message is
@@ -65,6 +68,8 @@ func exitCode(err error) int {
 		return 0
 	case errors.As(err, &u):
 		return exitUsage
+	case errors.Is(err, errNotChecked):
+		return exitNotChecked
 	}
 	return exitFailed
 }

@@ -8,7 +8,9 @@
 // (--database-url → PROJECTOR_DATABASE_URL). A flag on the command line wins.
 //
 // Exit status: 0 on success and for --help; 1 when a command ran and
-// failed; 2 when the command line is wrong and nothing ran.
+// failed (for check: it found problems); 2 when the command line is wrong
+// and nothing ran; 3 when check could not ask PostgreSQL or the registry,
+// and so proved nothing.
 package main
 
 import (
@@ -160,6 +162,11 @@ func newCommand(name, usage, help string, stderr io.Writer, setup func(fs *flag.
 		ShortHelp:  help,
 		FlagSet:    fs,
 		Options:    []ff.Option{ff.WithEnvVarPrefix("PROJECTOR")},
-		Exec:       exec,
+		Exec: func(ctx context.Context, args []string) error {
+			if err := checkURLFlags(fs); err != nil {
+				return err
+			}
+			return exec(ctx, args)
+		},
 	}
 }

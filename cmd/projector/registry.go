@@ -3,7 +3,6 @@ package main
 import (
 	"errors"
 	"fmt"
-	"net/url"
 
 	"github.com/twmb/franz-go/pkg/sr"
 
@@ -23,12 +22,9 @@ type registryAuth struct {
 // quotes that URL in its errors and those reach logs, dead letters and
 // the terminal.
 func (c *common) registryClient() (*sr.Client, error) {
-	u, err := url.Parse(c.registryURL)
+	u, err := parseRegistryURL(c.registryURL)
 	if err != nil {
-		return nil, fmt.Errorf("--registry-url %s: %w", redact.String(c.registryURL), redact.Error(errors.Unwrap(err)))
-	}
-	if u.Scheme != "http" && u.Scheme != "https" || u.Host == "" {
-		return nil, fmt.Errorf("--registry-url %s: want an http:// or https:// URL with a host", redact.String(c.registryURL))
+		return nil, err
 	}
 	user, pass, auth := "", "", false
 	if u.User != nil {
