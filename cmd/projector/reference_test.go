@@ -317,8 +317,16 @@ const metricsPreamble = `# Metrics reference
 <!-- Generated from the metric registry of the engine and the relay: edit the metrics in the code and run make docs; TestMetricsReference fails when this file drifts. -->
 
 ` + "`projector run`" + ` and ` + "`projector relay`" + ` serve Prometheus metrics on ` + "`/metrics`" + ` at
-` + "`--http-addr`" + ` (default ` + "`:8080`" + `). The labels ` + "`group`, `topic`, `partition`" + ` follow
-kafka-lag-exporter, so dashboards written for it work. Besides the metrics
+` + "`--http-addr`" + ` (default ` + "`:8080`" + `). Only the label names ` + "`group`, `topic`" + ` and
+` + "`partition`" + ` are kafka-lag-exporter's: its metric names are not
+(` + "`projector_consumer_lag`" + ` holds what its ` + "`kafka_consumergroup_group_lag`" + ` would,
+measured against the offset stored in PostgreSQL), its other labels
+(` + "`cluster_name`, `member_host`, `consumer_id`, `client_id`" + `) are absent, and
+` + "`projector_consumer_lag_seconds`" + ` is the age of the oldest record not yet
+committed rather than its interpolated estimate. A dashboard written for it
+therefore needs its queries rewritten to these names. Nor can
+kafka-lag-exporter measure projector itself: projector commits no offsets to
+Kafka, so the group has none for it to read. Besides the metrics
 below, both serve franz-go's client metrics (` + "`kgo_*`" + `: connections, bytes,
 fetch and produce batches, from its ` + "`kprom`" + ` plugin), and the Go runtime's,
 the process's and ` + "`go_build_info`" + `. Alert rules for these metrics are in
