@@ -159,6 +159,15 @@ type Config struct {
 	// partition and one that is gone does not orphan it (default
 	// DefaultReclaimAfter).
 	ReclaimAfter time.Duration
+	// TombstoneRetention is how long a deleted aggregate's tombstone is
+	// kept, for the projections that do not set their own
+	// (projection.Projection.TombstoneRetention); older ones are pruned
+	// in the background when the Store is a TombstonePruner. Like
+	// Kafka's delete.retention.ms, it must exceed the time a late copy
+	// of an aggregate's events may still arrive: one arriving after its
+	// tombstone was pruned may write the row again. 0:
+	// DefaultTombstoneRetention; negative: kept forever.
+	TombstoneRetention time.Duration
 	// Logger receives the engine's logs (default slog.Default()).
 	Logger *slog.Logger
 	// Registerer receives the engine's metrics (default: a private
@@ -247,6 +256,9 @@ func (c *Config) validate() error {
 	}
 	if c.ReclaimAfter <= 0 {
 		c.ReclaimAfter = DefaultReclaimAfter
+	}
+	if c.TombstoneRetention == 0 {
+		c.TombstoneRetention = DefaultTombstoneRetention
 	}
 	if c.Logger == nil {
 		c.Logger = slog.Default()
@@ -380,6 +392,8 @@ type Engine struct {
 	// stateRec records the partitions' states for projector status (nil:
 	// the store keeps none); only the stall watch uses it.
 	stateRec *stateRecord
+	// pruner prunes tombstones past their retention (nil: none to prune).
+	pruner *tombstonePruner
 }
 
 type rewind struct {
@@ -518,6 +532,7 @@ func New(cfg Config, decoderOf Decoders) (*Engine, error) {
 	e.group = newGroupMetrics(cfg.Registerer, cfg.Identity)
 	e.group.stalled = newStalledGauge(cfg.Registerer, cfg.Identity)
 	cfg.Registerer.MustRegister(&lagCollector{e: e})
+	e.pruner = newTombstonePruner(&e.cfg, e.log)
 
 	opts := []kgo.Opt{
 		kgo.ConsumerGroup(cfg.Identity),
@@ -677,6 +692,13 @@ func (e *Engine) Run(ctx context.Context) error {
 		defer e.wg.Done()
 		e.watchKafka(runCtx)
 	}()
+	if e.pruner != nil {
+		e.wg.Add(1)
+		go func() {
+			defer e.wg.Done()
+			e.pruner.run(runCtx)
+		}()
+	}
 	if e.cfg.DLQTopic != "" && e.dead != nil {
 		pub := dlqpublish.New(e.dead.DeadLetterPool(), e.cl, e.log, time.Second)
 		e.wg.Add(1)
