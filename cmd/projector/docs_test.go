@@ -13,6 +13,7 @@ import (
 	"strings"
 	"testing"
 	"time"
+	"unicode"
 
 	"github.com/peterbourgon/ff/v3/ffcli"
 	"github.com/twmb/franz-go/pkg/kfake"
@@ -602,13 +603,21 @@ func TestDocPaths(t *testing.T) {
 			var candidates []string
 			if strings.HasSuffix(file, ".md") {
 				for _, m := range linkRE.FindAllStringSubmatch(l, -1) {
-					target, _, _ := strings.Cut(m[1], "#")
-					if target == "" || strings.Contains(target, ":") {
-						continue // an anchor of the same page, or a URL
+					target, anchor, hasAnchor := strings.Cut(m[1], "#")
+					if strings.Contains(target, ":") {
+						continue // a URL
 					}
 					checked++
-					if !exists(target) {
+					if target != "" && !exists(target) {
 						t.Errorf("%s:%d: link to %s, which does not exist", rel, n, target)
+						continue
+					}
+					page := file
+					if target != "" {
+						page = filepath.Join(dir, target)
+					}
+					if hasAnchor && strings.HasSuffix(page, ".md") && !slices.Contains(headingAnchors(t, page), anchor) {
+						t.Errorf("%s:%d: link to %s, whose page has no heading %q", rel, n, m[1], anchor)
 					}
 				}
 			}
@@ -638,4 +647,46 @@ func TestDocPaths(t *testing.T) {
 	if checked < 20 {
 		t.Errorf("checked %d paths; the documents name more: is the extraction broken?", checked)
 	}
+}
+
+// headingAnchors returns the anchors GitHub gives the headings of a
+// markdown file: lower case, spaces as dashes, punctuation dropped, a
+// repeated one numbered.
+func headingAnchors(t *testing.T, file string) []string {
+	t.Helper()
+	text, err := os.ReadFile(file)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var (
+		out    []string
+		seen   = map[string]int{}
+		inCode bool
+	)
+	for _, l := range strings.Split(string(text), "\n") {
+		if strings.HasPrefix(strings.TrimSpace(l), "```") {
+			inCode = !inCode
+		}
+		h, ok := strings.CutPrefix(strings.TrimLeft(l, "#"), " ")
+		if inCode || !ok || !strings.HasPrefix(l, "#") {
+			continue
+		}
+		var b strings.Builder
+		for _, r := range strings.ToLower(strings.TrimSpace(h)) {
+			switch {
+			case r == ' ':
+				b.WriteByte('-')
+			case r == '-' || r == '_' || unicode.IsLetter(r) || unicode.IsDigit(r):
+				b.WriteRune(r)
+			}
+		}
+		a := b.String()
+		if n := seen[a]; n > 0 {
+			out = append(out, fmt.Sprintf("%s-%d", a, n))
+		} else {
+			out = append(out, a)
+		}
+		seen[a]++
+	}
+	return out
 }
