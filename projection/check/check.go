@@ -370,6 +370,8 @@ func dbProblem(projs []*projection.Projection, err error) Problem {
 		fix = "give a default that parses as the column's type"
 	case errors.Is(err, postgres.ErrBadType):
 		fix = "name a type this database has"
+	case errors.Is(err, postgres.ErrUnfilledColumn):
+		// Its message names the fix, with the table's and column's names.
 	case errors.Is(err, postgres.ErrTableMismatch):
 		fix = "alter the table to match, declare the column as the table has it, or write to a new table"
 	case errors.Is(err, postgres.ErrTableShared):

@@ -16,7 +16,7 @@ import (
 // projection, without creating or changing anything: it runs in a
 // read-only transaction that it rolls back. problems holds one error per
 // problem found (wrapping ErrBadType, ErrBadDefault, ErrTableShared or
-// ErrTableMismatch), all of them, not only the first; err reports failing
+// ErrTableMismatch, and ErrUnfilledColumn too where that is why), all of them, not only the first; err reports failing
 // to ask. Like Migrate it gives each column whose type resolves the name
 // Postgres gives its type.
 func Check(ctx context.Context, pool *pgxpool.Pool, projections ...*projection.Projection) (problems []error, err error) {
@@ -49,7 +49,7 @@ func Check(ctx context.Context, pool *pgxpool.Pool, projections ...*projection.P
 				return err
 			}
 			for _, f := range found {
-				problems = append(problems, fmt.Errorf("projection %q: table %s: %w: %s", p.Name, p.Table, ErrTableMismatch, f))
+				problems = append(problems, f.err(p))
 			}
 		}
 		if len(resolved) > 1 {

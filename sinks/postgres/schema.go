@@ -113,6 +113,12 @@ var engineDDL = []string{
 // columns or types than the projection declares.
 var ErrTableMismatch = errors.New("existing table does not match the projection")
 
+// ErrUnfilledColumn reports an existing table with a column the projection
+// does not write that is NOT NULL without a default: every insert would
+// fail (SQLSTATE 23502) and every event be dead-lettered. Errors wrapping
+// it wrap ErrTableMismatch too.
+var ErrUnfilledColumn = errors.New("a column the projection does not fill is NOT NULL without a default")
+
 // Migrate creates the engine's tables and every projection's table when
 // missing, and refuses a projection that contradicts an existing table.
 // Before it creates anything it proves the projections against Postgres:
@@ -235,65 +241,117 @@ func byteOrderable(typ string) bool { return keyTypeRe.MatchString(strings.TrimS
 // checkTable compares an existing table with the projection: every
 // declared column must exist with the same type (type modifiers aside), the
 // key column must be the primary key, and a bigint version column must
-// exist. Extra columns are allowed.
+// exist. Extra columns are allowed, but for one that is NOT NULL without a
+// default (ErrUnfilledColumn), which no insert of the engine would fill.
 func checkTable(ctx context.Context, tx pgx.Tx, p *projection.Projection) error {
 	problems, err := tableProblems(ctx, tx, p)
 	if err != nil {
 		return err
 	}
-	if len(problems) > 0 {
-		return fmt.Errorf("projection %q: table %s: %w: %s", p.Name, p.Table, ErrTableMismatch, strings.Join(problems, "; "))
+	var mismatches, unfilled []string
+	for _, pr := range problems {
+		if pr.unfilled {
+			unfilled = append(unfilled, pr.text)
+		} else {
+			mismatches = append(mismatches, pr.text)
+		}
+	}
+	switch {
+	case len(unfilled) > 0 && len(mismatches) > 0:
+		return fmt.Errorf("projection %q: table %s: %w: %s; %w: %s", p.Name, p.Table, ErrTableMismatch, strings.Join(mismatches, "; "),
+			ErrUnfilledColumn, strings.Join(unfilled, "; "))
+	case len(unfilled) > 0:
+		return fmt.Errorf("projection %q: table %s: %w: %w: %s", p.Name, p.Table, ErrTableMismatch, ErrUnfilledColumn, strings.Join(unfilled, "; "))
+	case len(mismatches) > 0:
+		return fmt.Errorf("projection %q: table %s: %w: %s", p.Name, p.Table, ErrTableMismatch, strings.Join(mismatches, "; "))
 	}
 	return nil
 }
 
+// tableProblem is one way an existing table differs from its projection.
+type tableProblem struct {
+	text     string
+	unfilled bool // an ErrUnfilledColumn, else an ErrTableMismatch
+}
+
+// err is the problem as Check reports it.
+func (pr tableProblem) err(p *projection.Projection) error {
+	if pr.unfilled {
+		return fmt.Errorf("projection %q: table %s: %w: %w: %s", p.Name, p.Table, ErrTableMismatch, ErrUnfilledColumn, pr.text)
+	}
+	return fmt.Errorf("projection %q: table %s: %w: %s", p.Name, p.Table, ErrTableMismatch, pr.text)
+}
+
 // tableProblems lists how an existing table differs from the projection
 // (see checkTable), one problem a line.
-func tableProblems(ctx context.Context, tx pgx.Tx, p *projection.Projection) ([]string, error) {
+func tableProblems(ctx context.Context, tx pgx.Tx, p *projection.Projection) ([]tableProblem, error) {
+	// unfilled: NOT NULL (of the column or of its domain) with no default
+	// (of the column or of its domain), neither identity nor generated:
+	// an insert that leaves it out fails.
 	rows, err := tx.Query(ctx, `
 		SELECT a.attname, format_type(a.atttypid, NULL),
 		       coalesce((SELECT i.indnatts = 1 AND i.indkey[0] = a.attnum
-		                 FROM pg_index i WHERE i.indrelid = a.attrelid AND i.indisprimary), false)
-		FROM pg_attribute a
-		WHERE a.attrelid = $1::regclass AND a.attnum > 0 AND NOT a.attisdropped`, p.Table)
+		                 FROM pg_index i WHERE i.indrelid = a.attrelid AND i.indisprimary), false),
+		       (a.attnotnull OR t.typnotnull) AND NOT a.atthasdef AND t.typdefault IS NULL
+		           AND t.typdefaultbin IS NULL AND a.attidentity = '' AND a.attgenerated = ''
+		FROM pg_attribute a JOIN pg_type t ON t.oid = a.atttypid
+		WHERE a.attrelid = $1::regclass AND a.attnum > 0 AND NOT a.attisdropped
+		ORDER BY a.attnum`, p.Table)
 	if err != nil {
 		return nil, fmt.Errorf("projection %q: inspect table %s: %w", p.Name, p.Table, err)
 	}
 	type col struct {
-		typ string
-		pk  bool
+		typ      string
+		pk       bool
+		unfilled bool
 	}
 	have := map[string]col{}
+	var order []string
 	for rows.Next() {
 		var name, typ string
-		var pk bool
-		if err := rows.Scan(&name, &typ, &pk); err != nil {
+		var pk, unfilled bool
+		if err := rows.Scan(&name, &typ, &pk, &unfilled); err != nil {
 			return nil, fmt.Errorf("projection %q: inspect table %s: %w", p.Name, p.Table, err)
 		}
-		have[name] = col{typ, pk}
+		have[name] = col{typ, pk, unfilled}
+		order = append(order, name)
 	}
 	if err := rows.Err(); err != nil {
 		return nil, fmt.Errorf("projection %q: inspect table %s: %w", p.Name, p.Table, err)
 	}
-	var problems []string
+	var problems []tableProblem
+	mismatch := func(format string, args ...any) {
+		problems = append(problems, tableProblem{text: fmt.Sprintf(format, args...)})
+	}
+	declared := map[string]bool{"version": true}
 	for i, c := range p.Columns {
+		declared[c.Name] = true
 		var want string
 		if err := tx.QueryRow(ctx, `SELECT format_type(to_regtype($1), NULL)`, c.Type).Scan(&want); err != nil || want == "" {
-			problems = append(problems, fmt.Sprintf("column %s: %q is not a known Postgres type", c.Name, c.Type))
+			mismatch("column %s: %q is not a known Postgres type", c.Name, c.Type)
 			continue
 		}
 		h, ok := have[c.Name]
 		switch {
 		case !ok:
-			problems = append(problems, fmt.Sprintf("column %s (%s) is missing", c.Name, want))
+			mismatch("column %s (%s) is missing", c.Name, want)
 		case h.typ != want:
-			problems = append(problems, fmt.Sprintf("column %s is %s in the table but %s in the projection", c.Name, h.typ, want))
+			mismatch("column %s is %s in the table but %s in the projection", c.Name, h.typ, want)
 		case i == 0 && !h.pk:
-			problems = append(problems, fmt.Sprintf("column %s is not the table's single-column primary key", c.Name))
+			mismatch("column %s is not the table's single-column primary key", c.Name)
 		}
 	}
 	if v, ok := have["version"]; !ok || v.typ != "bigint" {
-		problems = append(problems, "column version bigint is missing")
+		mismatch("column version bigint is missing")
+	}
+	for _, name := range order {
+		if h := have[name]; h.unfilled && !declared[name] {
+			problems = append(problems, tableProblem{unfilled: true, text: fmt.Sprintf(
+				"column %s (%s): every insert would fail with SQLSTATE 23502 (not_null_violation) and every event be dead-lettered; "+
+					"fix: give it a default (ALTER TABLE %s ALTER COLUMN %s SET DEFAULT …), drop its NOT NULL (ALTER TABLE %[3]s ALTER COLUMN %[4]s DROP NOT NULL), "+
+					"or declare it among the projection's columns with a default or a field that fills it",
+				name, h.typ, quoteTable(p.Table), quoteIdent(name))})
+		}
 	}
 	return problems, nil
 }
