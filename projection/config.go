@@ -2,7 +2,6 @@ package projection
 
 import (
 	"bytes"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -11,8 +10,9 @@ import (
 	"strings"
 	"time"
 
-	"github.com/hamba/avro/v2"
 	"go.yaml.in/yaml/v3"
+
+	"github.com/projector-dev/projector/internal/schemafile"
 )
 
 // File is the projection file: a list of declarative projections.
@@ -348,34 +348,18 @@ func readSchema(dir, path string) (string, error) {
 		return "", fmt.Errorf("open the projection file's directory: %w", err)
 	}
 	defer root.Close()
-	b, err := root.ReadFile(path)
+	f, err := root.Open(path)
 	if err != nil {
 		return "", err
 	}
-	var top any
-	if err := json.Unmarshal(b, &top); err != nil {
-		var syn *json.SyntaxError
-		if errors.As(err, &syn) {
-			line, col := position(b, syn.Offset)
-			return "", fmt.Errorf("not JSON: syntax error at line %d, column %d", line, col)
-		}
-		return "", errors.New("not JSON")
+	defer f.Close()
+	b, _, err := schemafile.Read(f)
+	if err != nil {
+		return "", err
 	}
-	if _, ok := top.(map[string]any); !ok {
-		return "", errors.New("want a JSON object: an Avro record schema")
-	}
-	// hamba/avro's errors quote the names they refuse, which here would
-	// be the file's content: say only that the schema does not parse.
-	if _, err := avro.ParseBytesWithCache(b, "", &avro.SchemaCache{}); err != nil {
-		return "", errors.New("not a valid Avro schema: check its type names and attributes")
+	if b = bytes.TrimSpace(b); b[0] != '{' {
+		line, col := schemafile.Position(b, 1)
+		return "", &schemafile.Error{Line: line, Column: col, Problem: "want a JSON object: an Avro record schema"}
 	}
 	return string(b), nil
-}
-
-// position returns the 1-based line and column of byte offset off in b.
-func position(b []byte, off int64) (line, col int) {
-	off = min(max(off, 1), int64(len(b)))
-	before := b[:off-1]
-	line = bytes.Count(before, []byte{'\n'}) + 1
-	return line, len(before) - bytes.LastIndexByte(before, '\n')
 }

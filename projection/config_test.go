@@ -402,6 +402,7 @@ func TestParseSchemaStaysInsideAndUnquoted(t *testing.T) {
 	write("passwd.avsc", "root:x:0:0:"+secret+":/root:/bin/sh\n")
 	write("string.avsc", `"`+secret+`"`)
 	write("unknown.avsc", `{"type":"record","name":"X","fields":[{"name":"id","type":"`+secret+`"}]}`)
+	write("int.avsc", `"int"`)
 	write("broken.avsc", "{\n  \"type\": \"record\",\n  "+secret+"\n}")
 	if err := os.Symlink(outsideFile, filepath.Join(dir, "link.avsc")); err != nil {
 		t.Fatal(err)
@@ -416,8 +417,9 @@ func TestParseSchemaStaysInsideAndUnquoted(t *testing.T) {
 		{"symbolic link out", "link.avsc", "link.avsc"},
 		{"not JSON", "passwd.avsc", "line 1, column 1"},
 		{"not JSON further in", "broken.avsc", "line 3, column 3"},
-		{"a JSON string", "string.avsc", "JSON object"},
-		{"an unknown Avro type", "unknown.avsc", "not a valid Avro schema"},
+		{"a JSON string", "string.avsc", "line 1, column 1: a type that is neither"},
+		{"an unknown Avro type", "unknown.avsc", "line 1, column 59: a type that is neither"},
+		{"an Avro schema that is not a record", "int.avsc", "line 1, column 1: want a JSON object"},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {

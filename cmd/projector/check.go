@@ -6,7 +6,6 @@ import (
 	"flag"
 	"fmt"
 	"io"
-	"os"
 	"path/filepath"
 	"slices"
 	"strings"
@@ -87,9 +86,9 @@ func (f *checkFlags) run(ctx context.Context, stdout, stderr io.Writer) error {
 		if len(projs) != 1 {
 			return fmt.Errorf("--schema-file needs --projection: %s defines %d projections", f.config, len(projs))
 		}
-		b, err := os.ReadFile(f.schemaFile)
+		b, _, err := readSchemaFile(f.schemaFile)
 		if err != nil {
-			return fmt.Errorf("--schema-file: %w", err)
+			return fmt.Errorf("--schema-file %w", err)
 		}
 		cfg.Writer, cfg.WriterName = string(b), filepath.Base(f.schemaFile)
 	}

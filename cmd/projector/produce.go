@@ -186,13 +186,11 @@ func (f *produceFlags) resolveSchema(ctx context.Context, cl *sr.Client) (valueS
 		vs.subject = f.topic + "-value"
 	}
 	if f.schemaFile != "" {
-		text, err := os.ReadFile(f.schemaFile)
+		text, schema, err := readSchemaFile(f.schemaFile)
 		if err != nil {
-			return vs, fmt.Errorf("--schema: %w", err)
+			return vs, fmt.Errorf("--schema %w", err)
 		}
-		if vs.schema, err = avro.Parse(string(text)); err != nil {
-			return vs, fmt.Errorf("--schema %s: not an Avro schema: %w", f.schemaFile, err)
-		}
+		vs.schema = schema
 		ids, err := schemas.Register(ctx, cl, vs.subject, string(text))
 		if err != nil {
 			return vs, fmt.Errorf("--schema %s: %w", f.schemaFile, err)

@@ -1,0 +1,63 @@
+package main
+
+import (
+	"os"
+	"path/filepath"
+	"regexp"
+	"strings"
+	"testing"
+)
+
+// TestSchemaFileErrorsNeverQuoteIt: produce --schema and check
+// --schema-file pointed at a file that is not an Avro schema (a passwd
+// file, a password file, a JSON file with a password in it) refuse it
+// with the file's name, a line and column and what was wanted, and print
+// no line of it.
+func TestSchemaFileErrorsNeverQuoteIt(t *testing.T) {
+	const pass = "S3cret"
+	dir := t.TempDir()
+	events := filepath.Join(dir, "events.jsonl")
+	if err := os.WriteFile(events, []byte(`{"id": "a"}`+"\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	files := map[string]struct{ text, at string }{
+		"passwd":      {"root:x:0:0:root:/root:/bin/bash\ndaemon:x:1:1:daemon:/usr/sbin:/usr/sbin/nologin\n", "line 1, column 1"},
+		"pgpass":      {"db.example:5432:app:app:" + pass + "\n", "line 1, column 1"},
+		"app.conf":    {"# database\npassword=" + pass + "\n", "line 1, column 1"},
+		"config.json": {"{\"user\": \"app\",\n \"password\": " + pass + "}\n", "line 2, column 14"},
+		"secret.avsc": {`"` + pass + `"`, "line 1, column 1"},
+	}
+	pos := regexp.MustCompile(`line \d+, column \d+`)
+	for name, f := range files {
+		path := filepath.Join(dir, name)
+		if err := os.WriteFile(path, []byte(f.text), 0o600); err != nil {
+			t.Fatal(err)
+		}
+		for _, args := range [][]string{
+			{"produce", "--registry-url", "http://127.0.0.1:1", "--topic", "t", "--key", "k", "--file", events, "--schema", path},
+			{"check", "--config", "../../examples/saga.yaml", "--no-database", "--schema-file", path},
+		} {
+			t.Run(args[0]+" "+name, func(t *testing.T) {
+				out, err := runCaptured(t.Context(), args...)
+				if err == nil {
+					t.Fatalf("%s accepted %s:\n%s", args[0], name, out)
+				}
+				msg := err.Error()
+				if !strings.Contains(msg, path) || !pos.MatchString(msg) || !strings.Contains(msg, "want an Avro schema") {
+					t.Errorf("the error does not name the file, a line and column and what was wanted: %s", msg)
+				}
+				if !strings.Contains(msg, f.at) {
+					t.Errorf("the error does not point at %s: %s", f.at, msg)
+				}
+				if strings.Contains(out, pass) {
+					t.Errorf("the output prints the file's password:\n%s", out)
+				}
+				for _, line := range strings.Split(f.text, "\n") {
+					if len(line) > 3 && strings.Contains(out, line) {
+						t.Errorf("the output quotes the file's line %q:\n%s", line, out)
+					}
+				}
+			})
+		}
+	}
+}
