@@ -4,9 +4,13 @@ import (
 	"bytes"
 	"context"
 	"errors"
+	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/projector-dev/projector/internal/demo"
 )
 
 // TestUnfilledColumnRefused: an existing table with a NOT NULL column
@@ -36,7 +40,22 @@ func TestUnfilledColumnRefused(t *testing.T) {
 		}
 	}
 
-	config, _ := devConfigWithSchema(t)
+	// dev starts its registry empty: the reader schema comes from the file.
+	schemas, err := demo.Schemas()
+	if err != nil {
+		t.Fatal(err)
+	}
+	dir := t.TempDir()
+	config := filepath.Join(dir, "projections.yaml")
+	withSchema := bytes.Replace(demo.Projections, []byte("    table: accounts\n"), []byte("    table: accounts\n    schema: account_event.avsc\n"), 1)
+	if bytes.Equal(withSchema, demo.Projections) {
+		t.Fatal("the demo projection file names another table")
+	}
+	for name, b := range map[string][]byte{config: withSchema, filepath.Join(dir, "account_event.avsc"): []byte(schemas["account_event"])} {
+		if err := os.WriteFile(name, b, 0o600); err != nil {
+			t.Fatal(err)
+		}
+	}
 	for _, tc := range []struct {
 		name string
 		args []string
