@@ -284,6 +284,9 @@ func (w *docWorld) path(name string) string { return filepath.Join(w.dir, name) 
 
 func (w *docWorld) write(name, text string) {
 	w.t.Helper()
+	if err := os.MkdirAll(filepath.Dir(w.path(name)), 0o700); err != nil {
+		w.t.Fatal(err)
+	}
 	if err := os.WriteFile(w.path(name), []byte(text), 0o600); err != nil {
 		w.t.Fatal(err)
 	}
@@ -471,12 +474,22 @@ func (w *docWorld) example(b docBlock, c *docCommand) error {
 		stdin = string(text)
 	}
 	out, err := w.run(args, stdin)
-	wantFail := slices.ContainsFunc(c.output, func(l string) bool { return strings.HasPrefix(l, "projector: ") })
+	// The failure the document shows: what failed, the words before the
+	// error's first colon ("check found problems", "could not check").
+	var wantFail string
+	for _, l := range c.output {
+		if msg, ok := strings.CutPrefix(l, "projector: "); ok {
+			wantFail, _, _ = strings.Cut(msg, ":")
+			break
+		}
+	}
 	switch {
-	case err != nil && !wantFail:
+	case err != nil && wantFail == "":
 		return fmt.Errorf("%q fails: %v\n%s", c.line, err, out)
-	case err == nil && wantFail:
-		return fmt.Errorf("%q succeeds, but the document shows it failing:\n%s", c.line, out)
+	case err == nil && wantFail != "":
+		return fmt.Errorf("%q succeeds, but the document shows it failing (%s):\n%s", c.line, wantFail, out)
+	case err != nil && !strings.HasPrefix(err.Error(), wantFail):
+		return fmt.Errorf("%q fails with %q, but the document shows it failing with %q", c.line, err, wantFail)
 	}
 	if len(c.output) > 0 && headerRE.MatchString(c.output[0]) {
 		first, _, _ := strings.Cut(out, "\n")
