@@ -39,7 +39,7 @@ func (w *Worker) refusedBy(what string, cause error) (quiet bool) {
 		return w.refusing
 	}
 	w.refusing = true
-	w.Halt(fmt.Sprintf("%s: %v; fix the table or the grants and the partition resumes (it tries again every %s)", what, cause, w.cfg.RetryCap))
+	w.Halt(sinks.HaltStatementsRefused, fmt.Sprintf("%s: %v; fix the table or the grants and the partition resumes (it tries again every %s)", what, cause, w.cfg.RetryCap))
 	w.metrics.refused.WithLabelValues(w.group, w.claim.Topic, strconv.Itoa(int(w.claim.Partition))).Set(1)
 	w.log.Error("partition halted: Postgres refuses the statements projector writes with, and retrying cannot help until the table or the grants are fixed",
 		"what", what, "attempts", w.badStatements, "err", cause)

@@ -212,7 +212,7 @@ func (w *Worker) stormed(trip *stormTrip) {
 		w.metrics.storm.DeleteLabelValues(w.group, w.claim.Topic, p, s.class)
 	}
 	s.on, s.class, s.logged = true, trip.class, now
-	w.Halt(fmt.Sprintf("%v; the partition tries the batch again every %s and resumes once its records are no longer dead-lettered so", trip, w.cfg.RetryCap))
+	w.Halt(sinks.HaltDeadLetterStorm, fmt.Sprintf("%v; the partition tries the batch again every %s and resumes once its records are no longer dead-lettered so, or from an offset reset (projector offsets reset)", trip, w.cfg.RetryCap))
 	w.metrics.storm.WithLabelValues(w.group, w.claim.Topic, p, trip.class).Set(1)
 	name := w.proj.Name
 	if trip.projection != "" {

@@ -107,7 +107,7 @@ type Worker struct {
 	// last logged; only Run's goroutine touches them.
 	repairDown, repairLogged time.Time
 	skips                    chan skipRequest
-	halted                   atomic.Pointer[string]
+	halted                   atomic.Pointer[halt]
 
 	// others are the lanes of the other projections the partition's topic
 	// feeds (see lanes.go); lead is the worker a lane belongs to (nil: a
@@ -272,8 +272,12 @@ type Status struct {
 	// RepairUnavailable counts the aggregates whose last repair attempt
 	// found the repair source unavailable; they are retried with backoff.
 	RepairUnavailable int
-	// Halted says why the partition stopped, "" while it runs.
-	Halted string
+	// Halted says why the partition stopped, "" while it runs; HaltKind
+	// names the halt (one of the sinks.Halt… values) and HaltedSince
+	// says when it began.
+	Halted      string
+	HaltKind    string
+	HaltedSince time.Time
 	// Stalled is set when the worker, not halted, has had records to
 	// apply and committed none for longer than StallAfter, since
 	// ProgressAt.
@@ -297,7 +301,7 @@ func (w *Worker) Status() Status {
 		st.Others = append(st.Others, ls)
 	}
 	if h := w.halted.Load(); h != nil {
-		st.Halted = *h
+		st.Halted, st.HaltKind, st.HaltedSince = h.reason, h.kind, h.since
 	}
 	if ns := w.backoffSince.Load(); ns != 0 {
 		st.BackoffSince = time.Unix(0, ns)
@@ -502,13 +506,25 @@ func (w *Worker) skip(ctx context.Context, req skipRequest) error {
 	return err
 }
 
+// halt is why a partition stopped: kind is one of the sinks.Halt…
+// values, since when the halt of that kind began.
+type halt struct {
+	kind, reason string
+	since        time.Time
+}
+
 // Halt marks the partition as stopped by a condition an operator must
-// resolve (records deleted before they were applied); /readyz reports it.
-// Fetching of the partition stays paused until SkipTo moves past it: a
-// fetch from an offset that is not in the log fails at once, over and
-// over.
-func (w *Worker) Halt(reason string) {
-	w.halted.Store(&reason)
+// resolve (records deleted before they were applied), of kind (one of the
+// sinks.Halt… values); /readyz reports it. Fetching of the partition stays
+// paused until SkipTo moves past it: a fetch from an offset that is not in
+// the log fails at once, over and over. Halted again of the same kind
+// (the reason said anew), the halt keeps the time it began.
+func (w *Worker) Halt(kind, reason string) {
+	h := &halt{kind: kind, reason: reason, since: w.now()}
+	if old := w.halted.Load(); old != nil && old.kind == kind {
+		h.since = old.since
+	}
+	w.halted.Store(h)
 	w.mu.Lock()
 	w.syncFetch()
 	w.mu.Unlock()

@@ -384,6 +384,9 @@ type Engine struct {
 	// adopt holds the partitions whose worker was fenced, with the epoch
 	// it had (under mu; see adoptReset).
 	adopt map[sinks.TP]int64
+	// haltsDue is set when the halted partitions are to be looked at
+	// for an operator's offset reset (under mu; see watchHalts).
+	haltsDue bool
 	// orphans holds the partitions the group assigns here that have no
 	// worker because a newer owner claimed them (under mu; see orphan.go);
 	// orphansDue is set when they are to be looked at again.
@@ -679,10 +682,14 @@ func (e *Engine) Run(ctx context.Context) error {
 		e.clearStates()
 		e.close()
 	}()
-	e.wg.Add(3)
+	e.wg.Add(4)
 	go func() {
 		defer e.wg.Done()
 		e.watchStalls(runCtx)
+	}()
+	go func() {
+		defer e.wg.Done()
+		e.watchHalts(runCtx)
 	}()
 	go func() {
 		defer e.wg.Done()
@@ -1047,15 +1054,23 @@ const (
 	haltUnknown = "unknown"
 )
 
+// haltKinds gives the halt each reason label of projector_partition_halted
+// is (see sinks.PartitionState.Halt).
+var haltKinds = map[string]string{
+	haltRecordsDeleted: sinks.HaltRecordsDeleted,
+	haltBeyondLogEnd:   sinks.HaltBeyondLogEnd,
+	haltUnknown:        sinks.HaltOffsetNotInLog,
+}
+
 // haltLogEvery is how often a halted partition's error is logged again
 // when the condition is seen again: once is enough to act on, and a
 // broker answering every fetch at once must not flood the log.
 const haltLogEvery = time.Minute
 
 // ResetCheckInterval is how often a halted partition is looked at again:
-// its log's bounds listed again when they could not be listed, or its
+// its log's bounds listed again when they could not be listed, and its
 // stored offset checked for an operator's reset (projector offsets reset),
-// from which it then resumes.
+// from which it then resumes, whatever halted it (see watchHalts).
 const ResetCheckInterval = 10 * time.Second
 
 const lostRecheck = ResetCheckInterval
@@ -1149,7 +1164,7 @@ func (e *Engine) offsetLost(ctx context.Context, tp sinks.TP) {
 		reason = fmt.Sprintf("the broker reports the fetch position out of range although the stored offset %d is in the log [%d, %d]; checking again in %s",
 			st.NextOffset, logStart, logEnd, lostRecheck)
 	}
-	r.w.Halt(reason)
+	r.w.Halt(haltKinds[kind], reason)
 	e.setHalted(tp, kind)
 	e.mu.Lock()
 	if lp.kind != kind {
@@ -1253,7 +1268,8 @@ func (e *Engine) setHalted(tp sinks.TP, kind string) {
 }
 
 // recheckLost looks again at the halted partitions whose recheck is due
-// (see armRecheck), and at the partitions whose worker was fenced.
+// (see armRecheck and watchHalts), and at the partitions whose worker was
+// fenced.
 func (e *Engine) recheckLost(ctx context.Context) {
 	type check struct {
 		tp              sinks.TP
@@ -1276,6 +1292,9 @@ func (e *Engine) recheckLost(ctx context.Context) {
 		checks = append(checks, check{tp: tp, epoch: epoch})
 	}
 	clear(e.adopt)
+	for _, h := range e.haltedDue() {
+		checks = append(checks, check{tp: h.tp, epoch: h.epoch, halted: true})
+	}
 	e.mu.Unlock()
 	for _, c := range checks {
 		adopted := e.adoptReset(ctx, c.tp, c.epoch, !c.halted)
@@ -1313,9 +1332,14 @@ func (e *Engine) adoptReset(ctx context.Context, tp sinks.TP, mine int64, fenced
 		return false
 	}
 	e.forgetLost(map[string][]int32{tp.Topic: {tp.Partition}})
+	halt := e.retire(tp)
 	e.start(sinks.Claim{TP: tp, Epoch: c.Epoch, NextOffset: *c.NextOffset, Since: c.At})
 	e.cl.SetOffsets(map[string]map[int32]kgo.EpochOffset{tp.Topic: {tp.Partition: {Epoch: -1, Offset: *c.NextOffset}}})
-	e.log.Warn("partition resumes from an operator's offset reset", "topic", tp.Topic, "partition", tp.Partition, "next_offset", *c.NextOffset)
+	if halt != "" {
+		e.log.Warn("halted partition resumes from an operator's offset reset", "topic", tp.Topic, "partition", tp.Partition, "next_offset", *c.NextOffset, "halt", halt)
+	} else {
+		e.log.Warn("partition resumes from an operator's offset reset", "topic", tp.Topic, "partition", tp.Partition, "next_offset", *c.NextOffset)
+	}
 	return true
 }
 

@@ -48,13 +48,13 @@ func newStateRecord(store Store, instanceID string) *stateRecord {
 
 // partitionStates says what keeps each partition this member is assigned
 // from moving; a zero State: nothing.
-func (e *Engine) partitionStates(now time.Time) map[sinks.TP]sinks.PartitionState {
+func (e *Engine) partitionStates() map[sinks.TP]sinks.PartitionState {
 	out := map[sinks.TP]sinks.PartitionState{}
 	for _, s := range e.Workers() {
 		st := sinks.PartitionState{TP: s.TP}
 		switch {
 		case s.Halted != "":
-			st.State, st.Reason, st.Since = sinks.PartitionHalted, s.Halted, now
+			st.State, st.Halt, st.Reason, st.Since = sinks.PartitionHalted, s.HaltKind, s.Halted, s.HaltedSince
 		case s.Stalled:
 			st.State, st.Since = sinks.PartitionStalled, s.ProgressAt
 			st.Reason = "records wait and nothing has committed since " + s.ProgressAt.UTC().Format(time.RFC3339)
@@ -86,16 +86,15 @@ func (e *Engine) recordStates(ctx context.Context) {
 	if r == nil {
 		return
 	}
-	now := e.now()
-	cur := e.partitionStates(now)
+	cur := e.partitionStates()
 	var changed []sinks.PartitionState
 	for tp, st := range cur {
 		prev, seen := r.last[tp]
 		switch {
 		case !seen:
-		case prev.State == st.State && prev.Reason == st.Reason:
+		case prev.State == st.State && prev.Halt == st.Halt && prev.Reason == st.Reason:
 			continue
-		case prev.State == st.State:
+		case prev.State == st.State && prev.Halt == st.Halt:
 			st.Since = prev.Since // the same state, said anew
 		}
 		changed = append(changed, st)

@@ -88,10 +88,13 @@ type TombstoneReporter interface {
 // PartitionState is what a member says of a partition it is assigned
 // when something keeps it from moving: State is one of the
 // PartitionState… values, Reason says why in a sentence, Since is when
-// the state began. The zero State means the partition moves.
+// the state began. Halt names what halted a PartitionHalted partition
+// (one of the Halt… values), so that an operator can tell the halts apart
+// without reading the reason. The zero State means the partition moves.
 type PartitionState struct {
 	TP
 	State  string
+	Halt   string
 	Reason string
 	Since  time.Time
 }
@@ -102,4 +105,15 @@ const (
 	PartitionStalled    = "stalled"     // records wait and nothing has committed for the stall time
 	PartitionHalted     = "halted"      // stopped until an operator acts
 	PartitionOrphaned   = "orphaned"    // assigned here, without a worker: a newer owner claimed it
+)
+
+// What halted a partition (PartitionState.Halt). Each halt lasts until
+// its cause is gone or an operator resets the partition's stored offset
+// (projector offsets reset), from which the partition then resumes.
+const (
+	HaltDeadLetterStorm   = "dead-letter-storm"  // most of its recent records would be dead letters of one class
+	HaltStatementsRefused = "statements-refused" // Postgres refuses the statements projector writes with
+	HaltRecordsDeleted    = "records-deleted"    // retention deleted records before they were applied
+	HaltBeyondLogEnd      = "beyond-log-end"     // the stored offset is past the log end (the topic was created again)
+	HaltOffsetNotInLog    = "offset-not-in-log"  // the broker says the offset is out of range and the log's bounds do not say why
 )

@@ -77,9 +77,11 @@ type partitionStatus struct {
 	OwnerEpoch int64  `json:"owner_epoch"`
 	// State is the member's word for the partition when it said one
 	// (backing-off, stalled, halted, orphaned), else what the stored
-	// offset and the log tell (ok, records-deleted, …). Reason, Member and
-	// Since come with the member's word.
+	// offset and the log tell (ok, records-deleted, …). Halt (what halted
+	// a halted partition: dead-letter-storm, statements-refused, …),
+	// Reason, Member and Since come with the member's word.
 	State  string     `json:"state"`
+	Halt   string     `json:"halt,omitempty"`
 	Reason string     `json:"reason,omitempty"`
 	Member string     `json:"member,omitempty"`
 	Since  *time.Time `json:"since,omitempty"`
@@ -155,7 +157,7 @@ func newStatusCommand(name, usage string, stdout, stderr io.Writer) *ffcli.Comma
 				}
 				if st, ok := said[s.TP]; ok {
 					since := st.Since
-					r.State, r.Reason, r.Member, r.Since = st.State, st.Reason, st.Member, &since
+					r.State, r.Halt, r.Reason, r.Member, r.Since = st.State, st.Halt, st.Reason, st.Member, &since
 				}
 				rows = append(rows, r)
 			}
@@ -173,10 +175,15 @@ func newStatusCommand(name, usage string, stdout, stderr io.Writer) *ffcli.Comma
 			if err := tw.Flush(); err != nil {
 				return err
 			}
-			// Reasons are sentences: one line each under the table.
+			// Reasons are sentences: one line each under the table, a
+			// halt's with what halted it.
 			for _, r := range rows {
 				if r.Reason != "" {
-					fmt.Fprintf(stdout, "%s/%d %s since %s (member %s): %s\n", r.Topic, r.Partition, r.State,
+					state := r.State
+					if r.Halt != "" {
+						state += " (" + r.Halt + ")"
+					}
+					fmt.Fprintf(stdout, "%s/%d %s since %s (member %s): %s\n", r.Topic, r.Partition, state,
 						r.Since.UTC().Format(time.RFC3339), r.Member, oneLine(r.Reason))
 				}
 			}

@@ -40,12 +40,22 @@ var engineDDL = []string{
 		topic      text        NOT NULL,
 		partition  integer     NOT NULL,
 		state      text        NOT NULL,
+		halt       text        NOT NULL DEFAULT '',
 		reason     text        NOT NULL,
 		member     text        NOT NULL,
 		since      timestamptz NOT NULL,
 		updated_at timestamptz NOT NULL DEFAULT now(),
 		PRIMARY KEY (identity, topic, partition)
 	)`,
+	// What halted a halted partition, for a table created before it was
+	// kept. Added only when missing: ALTER TABLE locks the table even
+	// when the column exists.
+	`DO $$ BEGIN
+		IF NOT EXISTS (SELECT 1 FROM pg_attribute
+			WHERE attrelid = to_regclass('projector_partition_states') AND attname = 'halt' AND NOT attisdropped) THEN
+			ALTER TABLE projector_partition_states ADD COLUMN halt text NOT NULL DEFAULT '';
+		END IF;
+	END $$`,
 	// Every operator reset of a stored offset: who, when, from where to
 	// where, and the owner epoch that fenced the owner of the time.
 	`CREATE TABLE IF NOT EXISTS projector_offsets_audit (

@@ -19,10 +19,11 @@ import (
 // never per batch.
 func (s *Store) RecordStates(ctx context.Context, identity, member string, states []sinks.PartitionState) error {
 	var (
-		topics, clearTopics     []string
-		parts, clearParts       []int32
-		names, reasons, members []string
-		since                   []time.Time
+		topics, clearTopics   []string
+		parts, clearParts     []int32
+		names, halts, reasons []string
+		members               []string
+		since                 []time.Time
 	)
 	for _, st := range states {
 		if st.State == "" {
@@ -30,7 +31,8 @@ func (s *Store) RecordStates(ctx context.Context, identity, member string, state
 			continue
 		}
 		topics, parts = append(topics, st.Topic), append(parts, st.Partition)
-		names, reasons, members, since = append(names, st.State), append(reasons, st.Reason), append(members, member), append(since, st.Since)
+		names, halts, reasons = append(names, st.State), append(halts, st.Halt), append(reasons, st.Reason)
+		members, since = append(members, member), append(since, st.Since)
 	}
 	err := pgx.BeginFunc(ctx, s.pool, func(tx pgx.Tx) error {
 		if len(clearTopics) > 0 {
@@ -41,12 +43,12 @@ func (s *Store) RecordStates(ctx context.Context, identity, member string, state
 			}
 		}
 		if len(topics) > 0 {
-			if _, err := tx.Exec(ctx, `INSERT INTO projector_partition_states AS s (identity, topic, partition, state, reason, member, since)
-				SELECT $1, u.* FROM unnest($2::text[], $3::int[], $4::text[], $5::text[], $6::text[], $7::timestamptz[]) AS u
+			if _, err := tx.Exec(ctx, `INSERT INTO projector_partition_states AS s (identity, topic, partition, state, halt, reason, member, since)
+				SELECT $1, u.* FROM unnest($2::text[], $3::int[], $4::text[], $5::text[], $6::text[], $7::text[], $8::timestamptz[]) AS u
 				ORDER BY 2, 3
 				ON CONFLICT (identity, topic, partition) DO UPDATE
-				SET state = excluded.state, reason = excluded.reason, member = excluded.member, since = excluded.since, updated_at = now()`,
-				identity, topics, parts, names, reasons, members, since); err != nil {
+				SET state = excluded.state, halt = excluded.halt, reason = excluded.reason, member = excluded.member, since = excluded.since, updated_at = now()`,
+				identity, topics, parts, names, halts, reasons, members, since); err != nil {
 				return err
 			}
 		}
@@ -66,18 +68,14 @@ type StoredState struct {
 }
 
 // States returns the partition states recorded for identity (see
-// RecordStates); none where the table does not exist yet.
+// RecordStates); none where the table does not exist yet. A table from
+// before halts were named (not migrated since) is read without them.
 func States(ctx context.Context, pool *pgxpool.Pool, identity string) (map[sinks.TP]StoredState, error) {
-	rows, err := pool.Query(ctx, `SELECT topic, partition, state, reason, since, member, updated_at
-		FROM projector_partition_states WHERE identity = $1`, identity)
-	if err != nil {
-		return nil, fmt.Errorf("read partition states: %w", err)
-	}
-	list, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (StoredState, error) {
-		var s StoredState
-		return s, r.Scan(&s.Topic, &s.Partition, &s.State, &s.Reason, &s.Since, &s.Member, &s.UpdatedAt)
-	})
+	list, err := readStates(ctx, pool, identity, "halt")
 	var pgErr *pgconn.PgError
+	if errors.As(err, &pgErr) && pgErr.Code == "42703" { // undefined_column: the halt column
+		list, err = readStates(ctx, pool, identity, "''")
+	}
 	if errors.As(err, &pgErr) && pgErr.Code == "42P01" { // undefined_table: not migrated since
 		return map[sinks.TP]StoredState{}, nil
 	}
@@ -89,4 +87,18 @@ func States(ctx context.Context, pool *pgxpool.Pool, identity string) (map[sinks
 		out[s.TP] = s
 	}
 	return out, nil
+}
+
+// readStates reads the states of identity, with halt the expression of
+// the halt column.
+func readStates(ctx context.Context, pool *pgxpool.Pool, identity, halt string) ([]StoredState, error) {
+	rows, err := pool.Query(ctx, `SELECT topic, partition, state, `+halt+`, reason, since, member, updated_at
+		FROM projector_partition_states WHERE identity = $1`, identity)
+	if err != nil {
+		return nil, err
+	}
+	return pgx.CollectRows(rows, func(r pgx.CollectableRow) (StoredState, error) {
+		var s StoredState
+		return s, r.Scan(&s.Topic, &s.Partition, &s.State, &s.Halt, &s.Reason, &s.Since, &s.Member, &s.UpdatedAt)
+	})
 }
