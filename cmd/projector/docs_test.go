@@ -21,11 +21,11 @@ import (
 	"github.com/projector-dev/projector/internal/testenv"
 )
 
-// The documents whose command examples are run and whose paths must exist.
-// TestReadmeJourney runs the README's five-minute path itself; this test
-// runs every other `projector` command line of these documents.
+// repoRoot is the repository's root, seen from this package's directory.
 const repoRoot = "../.."
 
+// docFiles are the documents whose command examples are run and whose paths
+// must exist.
 func docFiles(t *testing.T) []string {
 	t.Helper()
 	docs, err := filepath.Glob(filepath.Join(repoRoot, "docs", "*.md"))
@@ -41,7 +41,6 @@ func docFiles(t *testing.T) []string {
 type docBlock struct {
 	file   string // relative to the repository's root
 	line   int    // of the opening fence
-	lang   string
 	notRun string // the reason of a "<!-- not run: REASON -->" line just before it
 	// journey: the block is part of the README's five-minute path, which
 	// TestReadmeJourney runs.
@@ -77,7 +76,7 @@ func docBlocks(file, text string) []docBlock {
 		}
 		if m := fenceRE.FindStringSubmatch(l); m != nil {
 			indent = len(m[1])
-			cur = &docBlock{file: file, line: i + 1, lang: m[2], journey: journeyRE.MatchString(before)}
+			cur = &docBlock{file: file, line: i + 1, journey: journeyRE.MatchString(before)}
 			if m := notRunRE.FindStringSubmatch(before); m != nil {
 				cur.notRun = m[1]
 			}
