@@ -12,6 +12,7 @@ import (
 
 	"go.yaml.in/yaml/v3"
 
+	"github.com/projector-dev/projector/internal/redact"
 	"github.com/projector-dev/projector/internal/schemafile"
 )
 
@@ -101,7 +102,20 @@ func Load(path string) ([]*Projection, error) {
 
 // Parse parses a projection file's content; dir resolves relative schema
 // paths.
+//
+// Its errors about the file's form give a line and column and what was
+// wanted, and never quote the file beyond a clipped name: a --config
+// pointed at the wrong file must not print it.
 func Parse(content []byte, dir string) ([]*Projection, error) {
+	// The document tree gives the decoder's errors their columns, and is
+	// where over-long names are refused before any error can quote one.
+	var root yaml.Node
+	if err := yaml.Unmarshal(content, &root); err != nil {
+		return nil, fmt.Errorf("parse: %w", yamlError(err, nil))
+	}
+	if err := checkNameLengths(&root, ""); err != nil {
+		return nil, fmt.Errorf("parse: %w", err)
+	}
 	dec := yaml.NewDecoder(bytes.NewReader(content))
 	dec.KnownFields(true)
 	var f File
@@ -109,7 +123,7 @@ func Parse(content []byte, dir string) ([]*Projection, error) {
 		if errors.Is(err, io.EOF) {
 			return nil, errors.New("no projections defined")
 		}
-		return nil, fmt.Errorf("parse: %w", err)
+		return nil, fmt.Errorf("parse: %w", yamlError(err, &root))
 	}
 	if len(f.Projections) == 0 {
 		return nil, errors.New("no projections defined")
@@ -181,7 +195,7 @@ func (s Spec) compile(dir string) (*Projection, error) {
 	if s.Schema != "" {
 		schema, err := readSchema(dir, s.Schema)
 		if err != nil {
-			return nil, bad("schema %q: %v", s.Schema, err)
+			return nil, bad("schema %q: %v", redact.Clip(s.Schema), err)
 		}
 		p.Schema, p.SchemaFile = schema, s.Schema
 	}
@@ -315,7 +329,7 @@ func (s Spec) compileRepair(p *Projection) error {
 	p.Repair = &RepairSpec{}
 	if r.HTTP != nil {
 		if r.HTTP.URL == "" || !strings.Contains(r.HTTP.URL, "{key}") {
-			return fmt.Errorf("repair.http.url %q: want a URL with a {key} placeholder", r.HTTP.URL)
+			return fmt.Errorf("repair.http.url %q: want a URL with a {key} placeholder", redact.Clip(redact.String(r.HTTP.URL)))
 		}
 		p.Repair.HTTPURL = r.HTTP.URL
 		if r.HTTP.Timeout != "" {

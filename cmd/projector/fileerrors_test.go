@@ -61,3 +61,44 @@ func TestSchemaFileErrorsNeverQuoteIt(t *testing.T) {
 		}
 	}
 }
+
+// TestConfigFileErrorsNeverQuoteIt: check --config (as every command that
+// loads the projection file) pointed at a file that is not a projection
+// file, or at one with a 10 MB name, fails in a short error that names
+// the file and a line and column, and quotes no line of it.
+func TestConfigFileErrorsNeverQuoteIt(t *testing.T) {
+	const pass = "S3cret"
+	dir := t.TempDir()
+	long := strings.Repeat("x", 10<<20)
+	for name, text := range map[string]string{
+		"passwd":    "root:x:0:0:root:/root:/bin/bash\ndaemon:x:1:1:daemon:/usr/sbin:/usr/sbin/nologin\n",
+		"pgpass":    "db.example:5432:app:app:" + pass + "\n",
+		"long name": "projections:\n  - name: " + long + "\n    topic: t\n    mode: fold\n",
+		"long key":  "projections:\n  - name: p\n    ? " + long + "\n    : " + pass + "\n",
+	} {
+		t.Run(name, func(t *testing.T) {
+			path := filepath.Join(dir, strings.ReplaceAll(name, " ", "-")+".yaml")
+			if err := os.WriteFile(path, []byte(text), 0o600); err != nil {
+				t.Fatal(err)
+			}
+			out, err := runCaptured(t.Context(), "check", "--no-database", "--config", path)
+			if err == nil {
+				t.Fatalf("check accepted %s:\n%.300s", name, out)
+			}
+			if len(out) > 1000 {
+				t.Fatalf("check printed %d bytes: %.300s…", len(out), out)
+			}
+			if !strings.Contains(out, path) || !regexp.MustCompile(`line \d+, column \d+`).MatchString(out) {
+				t.Errorf("the error does not name the file and a line and column:\n%s", out)
+			}
+			if strings.Contains(out, pass) {
+				t.Errorf("the output prints the file's password:\n%s", out)
+			}
+			for _, line := range strings.Split(text, "\n") {
+				if len(line) > 7 && !strings.HasPrefix(line, "projections:") && strings.Contains(out, line[:7]) {
+					t.Errorf("the output quotes the file's line %.40q:\n%s", line, out)
+				}
+			}
+		})
+	}
+}
