@@ -517,11 +517,12 @@ type halt struct {
 // resolve (records deleted before they were applied), of kind (one of the
 // sinks.Halt… values); /readyz reports it. Fetching of the partition stays
 // paused until SkipTo moves past it: a fetch from an offset that is not in
-// the log fails at once, over and over. Halted again of the same kind
-// (the reason said anew), the halt keeps the time it began.
+// the log fails at once, over and over. Halted again while halted (the
+// reason said anew, or found to be another), the halt keeps the time it
+// began: the partition has not moved since.
 func (w *Worker) Halt(kind, reason string) {
 	h := &halt{kind: kind, reason: reason, since: w.now()}
-	if old := w.halted.Load(); old != nil && old.kind == kind {
+	if old := w.halted.Load(); old != nil {
 		h.since = old.since
 	}
 	w.halted.Store(h)

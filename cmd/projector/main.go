@@ -1,6 +1,6 @@
 // Command projector turns Kafka event streams into versioned read models in
 // PostgreSQL. Subcommands: run, dev, produce, check, relay, demo, migrate, status,
-// offsets, dlq.
+// offsets, dlq, tombstones.
 // The benchmark is the command projector-bench.
 //
 // Every flag can also be set through an environment variable: PROJECTOR_
@@ -73,6 +73,7 @@ func rootCommand(stdout, stderr io.Writer) *ffcli.Command {
 			statusCommand(stdout, stderr),
 			offsetsCommand(stdout, stderr),
 			dlqCommand(stdout, stderr),
+			tombstonesCommand(stdout, stderr),
 			relayCommand(stdout, stderr),
 			benchMovedCommand(),
 		},

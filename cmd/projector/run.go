@@ -73,6 +73,8 @@ type runFlags struct {
 	checkWriters    string
 	stormShare      cliflag.Share
 	stormWindow     int
+
+	tombstoneRetention retentionFlag
 }
 
 func runCommand(_, stderr io.Writer) *ffcli.Command {
@@ -293,6 +295,7 @@ func (f *runFlags) register(fs *flag.FlagSet) {
 func (f *runFlags) registerEngine(fs *flag.FlagSet) {
 	f.common.register(fs, "database-url", "identity", "config", "log")
 	f.dbFlags.register(fs, "pool", "sessions", "startup")
+	registerTombstoneRetention(fs, &f.tombstoneRetention)
 	fs.StringVar(&f.httpAddr, "http-addr", ":8080", "address of /metrics, /livez, /readyz (PROJECTOR_HTTP_ADDR); empty disables")
 	fs.StringVar(&f.startFrom, "start-from", projector.StartEarliest, "where a partition without a stored offset starts: earliest or latest (PROJECTOR_START_FROM)")
 	fs.IntVar(&f.batchMaxRecords, "batch-max-records", partition.DefaultBatchMaxRecords, "most records planned together in one batch (PROJECTOR_BATCH_MAX_RECORDS)")
@@ -575,5 +578,8 @@ func newEngine(f *runFlags, brokers []string, projs []*projection.Projection, re
 		TracerProvider:   tp,
 		ClientOpts:       f.clientOpts,
 		Store:            postgres.NewStore(pool),
+
+		// The flag's off is the engine's negative retention.
+		TombstoneRetention: time.Duration(f.tombstoneRetention),
 	}, projector.PrunedDecoders(reg, readers)) // only the fields each projection reads are decoded
 }
