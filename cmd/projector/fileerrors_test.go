@@ -6,6 +6,8 @@ import (
 	"regexp"
 	"strings"
 	"testing"
+
+	"github.com/projector-dev/projector/internal/demo"
 )
 
 // TestSchemaFileErrorsNeverQuoteIt: produce --schema and check
@@ -100,5 +102,20 @@ func TestConfigFileErrorsNeverQuoteIt(t *testing.T) {
 				}
 			}
 		})
+	}
+}
+
+// TestProduceLongFieldShortError: an events line with a 10 MB field name
+// fails produce in an error of a few hundred bytes that names the line.
+func TestProduceLongFieldShortError(t *testing.T) {
+	e := newProduceEnv(t, demo.Topic, 1)
+	avsc := filepath.Join("..", "..", "internal", "demo", "account_event.avsc")
+	line := `{"account_id": "a", "version": 1, "type": "AccountOpened", "` + strings.Repeat("f", 10<<20) + `": 1, "occurred_at": 0}` + "\n"
+	_, err := e.produce(strings.NewReader(line), "--schema", avsc, "--key-field", "account_id")
+	if err == nil {
+		t.Fatal("produced a line with an unknown field")
+	}
+	if len(err.Error()) > 1000 || !strings.HasPrefix(err.Error(), "line 1: field ") {
+		t.Errorf("error of %d bytes: %.300s", len(err.Error()), err)
 	}
 }

@@ -266,7 +266,9 @@ func (f *produceFlags) encode(lines []inputLine, vs valueSchema) ([]*kgo.Record,
 		r, err := f.encodeLine(l, vs)
 		if err != nil {
 			if failed++; failed <= maxLineErrors {
-				problems = append(problems, fmt.Sprintf("line %d: %v", l.n, err))
+				// Clipped: an error quotes the line's field names, which
+				// may be as long as the line.
+				problems = append(problems, fmt.Sprintf("line %d: %s", l.n, redact.ClipTo(err.Error(), 2*redact.MaxQuoted)))
 			}
 			continue
 		}
