@@ -118,15 +118,16 @@ func (e *offsetsEnv) waitResumed(live *projector.Engine, reg prometheus.Gatherer
 	})
 }
 
-// TestResetReleasesDeadLetterStorm: a run of records that are not Avro
-// halts the partition for a dead-letter storm; projector status shows the
-// halt, what halted it and since when. The operator skips the records
+// TestResetReleasesDeadLetterStorm: records that are not Avro are
+// dead-lettered until the storm guard judges (80 of them, committed),
+// then halt the partition for a dead-letter storm; projector status shows
+// the halt, what halted it and since when. The operator skips the records
 // with offsets reset --execute: the live member takes the partition up
 // from the new offset without a restart (/readyz passes, the storm gauge
-// is 0), and its storm guard judges the records after the reset afresh,
-// so a single bad record among them is dead-lettered as any would be
-// instead of halting the partition again. The table equals the reference
-// fold of the good records.
+// is 0), and its storm guard judges the records after the reset afresh: a
+// single bad record among them is dead-lettered as any would be, where
+// the 80 dead letters before the reset would have made it a storm again.
+// The table equals the reference fold of the good records.
 func TestResetReleasesDeadLetterStorm(t *testing.T) {
 	e := newOffsetsEnv(t, 1)
 	e.produce(0, "good-", 0, 10, nil)
@@ -134,8 +135,10 @@ func TestResetReleasesDeadLetterStorm(t *testing.T) {
 	live, stop := e.engine(reg)
 	e.waitStored(0, 10)
 
+	e.produceGarbage(80)
+	e.waitStored(0, 90)
 	began := time.Now()
-	e.produceGarbage(300)
+	e.produceGarbage(100)
 	testenv.WaitFor(t, 30*time.Second, func() error {
 		if g := gaugeSum(t, reg, "projector_partition_dead_letter_storm"); g != 1 {
 			return fmt.Errorf("projector_partition_dead_letter_storm = %v, want 1", g)
@@ -155,8 +158,16 @@ func TestResetReleasesDeadLetterStorm(t *testing.T) {
 	e.produce(0, "after-", 0, 20, nil)
 	e.produceGarbage(1)
 	e.produce(0, "after-", 20, 25, nil)
-	e.waitResumed(live, reg, "projector_partition_dead_letter_storm", 10+300+20+1+5)
+	e.waitResumed(live, reg, "projector_partition_dead_letter_storm", 10+180+20+1+5)
 	stop()
+
+	var dead int
+	if err := e.db.Pool.QueryRow(t.Context(), `SELECT count(*) FROM projector_dead_letters WHERE partition = 0 AND "offset" = $1`, 10+180+20).Scan(&dead); err != nil {
+		t.Fatal(err)
+	}
+	if dead != 1 {
+		t.Errorf("the bad record after the reset has %d dead letters, want 1", dead)
+	}
 
 	if err := demo.Verify(t.Context(), e.db.Pool, demo.Table, demo.Fold(append(opened("good-", 0, 10), opened("after-", 0, 25)...))); err != nil {
 		t.Error(err)
