@@ -67,7 +67,7 @@ var benchSpawn = func(args []string) *exec.Cmd {
 const benchHelp = "Measure the engine against Postgres's COPY limit and hand-written consumers, on one generated stream, with a reference-fold check."
 
 func (f *benchFlags) register(fs *flag.FlagSet) {
-	fs.StringVar(&f.databaseURL, "database-url", DefaultDatabaseURL, "PostgreSQL connection URL (PROJECTOR_DATABASE_URL); every run gets a fresh schema, dropped afterwards")
+	fs.StringVar(&f.databaseURL, "database-url", DefaultDatabaseURL, "PostgreSQL connection URL; every run gets a fresh schema, dropped afterwards")
 	fs.StringVar(&f.brokers, "brokers", "", "real Kafka seed brokers, comma-separated; empty: an embedded broker (kfake)")
 	fs.IntVar(&f.events, "events", 1_000_000, "events in the stream (10000000 shows whether the engine's RSS stays flat: add --modes engine-fold)")
 	fs.StringVar(&f.aggregates, "aggregates", "100000", "accounts the events spread over; a comma list (10000,100000,1000000) adds an engine events/s and a keyed COPY limit per size (scaling)")

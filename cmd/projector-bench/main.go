@@ -6,9 +6,12 @@
 // the peers it is measured against (Sarama, Watermill) or the embedded
 // broker and registry it runs them on.
 //
-// Every flag can also be set through an environment variable: PROJECTOR_
-// followed by the flag name in upper case with dashes as underscores
-// (--database-url → PROJECTOR_DATABASE_URL). A flag on the command line wins.
+// Every flag can also be set through an environment variable, which
+// --help names: PROJECTOR_BENCH_ followed by the flag name in upper case
+// with dashes as underscores (--events → PROJECTOR_BENCH_EVENTS), so that
+// a shell set up for projector does not change the benchmark, nor the
+// benchmark's settings projector; --database-url reads projector's own
+// PROJECTOR_DATABASE_URL. A flag on the command line wins.
 package main
 
 import (
@@ -19,9 +22,8 @@ import (
 	"io"
 	"os"
 	"os/signal"
+	"strings"
 	"syscall"
-
-	"github.com/peterbourgon/ff/v3"
 
 	"github.com/projector-dev/projector/internal/redact"
 )
@@ -48,6 +50,11 @@ func Main(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	fs := flag.NewFlagSet("projector-bench", flag.ContinueOnError)
 	fs.SetOutput(stderr)
 	f.register(fs)
+	fs.VisitAll(func(fl *flag.Flag) {
+		if v := envVar(fl.Name); v != "" {
+			fl.Usage += " (" + v + ")"
+		}
+	})
 	fs.Usage = func() {
 		fmt.Fprintln(stderr, "Usage: projector-bench [flags]")
 		fmt.Fprintln(stderr)
@@ -56,7 +63,10 @@ func Main(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		fmt.Fprintln(stderr, "Flags:")
 		fs.PrintDefaults()
 	}
-	if err := ff.Parse(fs, args, ff.WithEnvVarPrefix("PROJECTOR")); err != nil {
+	if err := fs.Parse(args); err != nil {
+		return err
+	}
+	if err := readEnv(fs); err != nil {
 		return err
 	}
 	if fs.NArg() > 0 {
@@ -65,4 +75,34 @@ func Main(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	// Whatever failed, its message is masked: errors quote URLs and
 	// connection strings.
 	return redact.Error(f.exec(ctx, stdout, stderr))
+}
+
+// envVar is the environment variable of the flag name, or "" for none.
+func envVar(name string) string {
+	switch name {
+	case "database-url":
+		return "PROJECTOR_DATABASE_URL" // the database projector uses too
+	case "worker":
+		return "" // set by the benchmark for its children, on their command line
+	}
+	return "PROJECTOR_BENCH_" + strings.ToUpper(strings.ReplaceAll(name, "-", "_"))
+}
+
+// readEnv sets every flag of fs that the command line did not give from
+// its environment variable.
+func readEnv(fs *flag.FlagSet) error {
+	given := map[string]bool{}
+	fs.Visit(func(f *flag.Flag) { given[f.Name] = true })
+	var err error
+	fs.VisitAll(func(f *flag.Flag) {
+		name := envVar(f.Name)
+		v := os.Getenv(name)
+		if err != nil || given[f.Name] || name == "" || v == "" {
+			return
+		}
+		if serr := fs.Set(f.Name, v); serr != nil {
+			err = fmt.Errorf("invalid value %q for --%s from %s: %w", v, f.Name, name, serr)
+		}
+	})
+	return err
 }

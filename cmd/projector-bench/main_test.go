@@ -97,3 +97,28 @@ func TestSecretsNeverPrinted(t *testing.T) {
 		noSecret("a benchmark child's command line", strings.Join(a, " "))
 	}
 }
+
+// The benchmark reads PROJECTOR_BENCH_<FLAG>, not projector's variables,
+// which mean other things (projector's --partitions is not the
+// benchmark's), and --help names each flag's variable.
+func TestBenchEnvironment(t *testing.T) {
+	t.Setenv("PROJECTOR_EVENTS", "ten")
+	t.Setenv("PROJECTOR_LOG_LEVEL", "nonsense")
+	var out bytes.Buffer
+	if err := Main(t.Context(), []string{"--modes", "fastest"}, &out, &out); err == nil || !strings.Contains(err.Error(), "--modes") {
+		t.Errorf("with projector's variables set: error %v, want the one about --modes", err)
+	}
+	t.Setenv("PROJECTOR_BENCH_EVENTS", "ten")
+	if err := Main(t.Context(), nil, &out, &out); err == nil || !strings.Contains(err.Error(), "PROJECTOR_BENCH_EVENTS") {
+		t.Errorf("PROJECTOR_BENCH_EVENTS=ten: error %v, want one naming the variable", err)
+	}
+	out.Reset()
+	if err := Main(t.Context(), []string{"--help"}, &out, &out); err == nil {
+		t.Fatal("--help: no flag.ErrHelp")
+	}
+	for _, want := range []string{"(PROJECTOR_BENCH_EVENTS)", "(PROJECTOR_BENCH_PARTITIONS)", "(PROJECTOR_DATABASE_URL)"} {
+		if !strings.Contains(out.String(), want) {
+			t.Errorf("--help does not show %s:\n%s", want, &out)
+		}
+	}
+}

@@ -40,10 +40,10 @@ func checkCommand(stdout, stderr io.Writer) *ffcli.Command {
 		func(fs *flag.FlagSet) {
 			f.common.register(fs, "registry-url", "database-url", "config", "log")
 			f.db.register(fs)
-			fs.StringVar(&f.writers, "writers", check.WritersAll, "which registered writer versions each reader schema must read: all, or latest (PROJECTOR_WRITERS)")
-			fs.StringVar(&f.schemaFile, "schema-file", "", "prove this writer schema (.avsc) instead of the registered ones: can --projection read events written with it? (PROJECTOR_SCHEMA_FILE)")
-			fs.StringVar(&f.projection, "projection", "", "check only this projection; required with --schema-file when the file has several (PROJECTOR_PROJECTION)")
-			fs.BoolVar(&f.noDatabase, "no-database", false, "skip the PostgreSQL checks (column types, defaults, existing tables), as an empty --database-url does (PROJECTOR_NO_DATABASE)")
+			fs.StringVar(&f.writers, "writers", check.WritersAll, "which registered writer versions each reader schema must read: all, or latest")
+			fs.StringVar(&f.schemaFile, "schema-file", "", "prove this writer schema (.avsc) instead of the registered ones: can --projection read events written with it?")
+			fs.StringVar(&f.projection, "projection", "", "check only this projection; required with --schema-file when the file has several")
+			fs.BoolVar(&f.noDatabase, "no-database", false, "skip the PostgreSQL checks (column types, defaults, existing tables), as an empty --database-url does")
 		},
 		func(ctx context.Context, args []string) error {
 			if len(args) > 0 {

@@ -22,7 +22,9 @@ import (
 //     nothing was asked, so a script that ran it is wrong;
 //   - an unknown subcommand, a bad flag value, an unknown flag or a stray
 //     argument is one line on stderr and exit 2, without the whole usage;
-//   - a duration must be positive unless zeroDurations says otherwise.
+//   - a duration must be positive unless zeroDurations says otherwise;
+//   - a flag not on the command line is read from its environment
+//     variable, which its usage names, as env.go describes.
 
 // takesArgs lists the commands that read positional arguments; every
 // other command refuses them, so that a typo is not silently ignored.
@@ -88,11 +90,12 @@ type cli struct {
 	paths          map[*ffcli.Command]string // "projector dlq list"
 	usageOf        *ffcli.Command
 	badValue       error
+	knownEnv       map[string]bool // the variables some command reads
 }
 
 // execute runs args on the tree of root under the conventions above.
 func execute(ctx context.Context, root *ffcli.Command, args []string, stdout, stderr io.Writer) error {
-	c := &cli{stdout: stdout, stderr: stderr, paths: map[*ffcli.Command]string{}}
+	c := &cli{stdout: stdout, stderr: stderr, paths: map[*ffcli.Command]string{}, knownEnv: map[string]bool{}}
 	root.Subcommands = append(root.Subcommands, c.helpCommand(root))
 	c.apply(root, root.Name)
 	err := root.ParseAndRun(ctx, args)
@@ -137,17 +140,32 @@ func (c *cli) apply(cmd *ffcli.Command, path string) {
 		c.usageOf = cmd
 		return ""
 	}
+	flags := 0
 	cmd.FlagSet.VisitAll(func(f *flag.Flag) {
 		f.Value = &checked{Value: f.Value, name: f.Name, cli: c}
+		f.Usage += " (" + envNote(path, f.Name) + ")"
+		if v := envVar(path, f.Name); v != "" {
+			c.knownEnv[v] = true
+		}
+		flags++
 	})
+	// The environment is read by the commands themselves, below, so
+	// that every flag's variable is the one envVar names.
+	cmd.Options = nil
 	switch {
 	case len(cmd.Subcommands) > 0:
 		cmd.Exec = c.group(cmd, path)
-	case cmd.Exec != nil && !takesArgs[path]:
+	case cmd.Exec != nil:
 		exec := cmd.Exec
+		fs := cmd.FlagSet
 		cmd.Exec = func(ctx context.Context, args []string) error {
-			if len(args) > 0 {
+			if len(args) > 0 && !takesArgs[path] {
 				return &usageError{msg: fmt.Sprintf("unexpected argument %q; see %s --help", args[0], path)}
+			}
+			if flags > 0 {
+				if err := c.readEnv(path, fs); err != nil {
+					return err
+				}
 			}
 			return exec(ctx, args)
 		}

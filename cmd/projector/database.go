@@ -77,13 +77,13 @@ func (d *dbFlags) register(fs *flag.FlagSet, which ...string) {
 	for _, w := range which {
 		switch w {
 		case "pool":
-			fs.IntVar(&d.maxConns, "database-max-conns", DefaultDatabaseMaxConns, "most PostgreSQL connections this member opens; keep members × this + headroom for other clients within max_connections; a pool_max_conns in --database-url applies unless this flag is set (PROJECTOR_DATABASE_MAX_CONNS)")
-			fs.DurationVar(&d.maxLifetime, "database-max-conn-lifetime", DefaultDatabaseMaxConnLifetime, "how long a PostgreSQL session lives before it is replaced (plus up to a fifth more at random), so that settings changed with ALTER ROLE or ALTER DATABASE ... SET reach every session within it; a pool_max_conn_lifetime in --database-url applies unless this flag is set (PROJECTOR_DATABASE_MAX_CONN_LIFETIME)")
+			fs.IntVar(&d.maxConns, "database-max-conns", DefaultDatabaseMaxConns, "most PostgreSQL connections this member opens; keep members × this + headroom for other clients within max_connections; a pool_max_conns in --database-url applies unless this flag is set")
+			fs.DurationVar(&d.maxLifetime, "database-max-conn-lifetime", DefaultDatabaseMaxConnLifetime, "how long a PostgreSQL session lives before it is replaced (plus up to a fifth more at random), so that settings changed with ALTER ROLE or ALTER DATABASE ... SET reach every session within it; a pool_max_conn_lifetime in --database-url applies unless this flag is set")
 		case "sessions":
-			fs.DurationVar(&d.lockTimeout, "database-lock-timeout", DefaultDatabaseLockTimeout, "longest a statement waits for a lock before it fails and is retried; PostgreSQL's lock_timeout; 0: the server's setting (PROJECTOR_DATABASE_LOCK_TIMEOUT)")
-			fs.DurationVar(&d.idleInTx, "database-idle-in-transaction-timeout", DefaultDatabaseIdleInTxTimeout, "PostgreSQL ends a session idle this long inside a transaction, so a frozen member's locks do not hold up the partitions' new owners; PostgreSQL's idle_in_transaction_session_timeout; 0: the server's setting (PROJECTOR_DATABASE_IDLE_IN_TRANSACTION_TIMEOUT)")
+			fs.DurationVar(&d.lockTimeout, "database-lock-timeout", DefaultDatabaseLockTimeout, "longest a statement waits for a lock before it fails and is retried; PostgreSQL's lock_timeout; 0: the server's setting")
+			fs.DurationVar(&d.idleInTx, "database-idle-in-transaction-timeout", DefaultDatabaseIdleInTxTimeout, "PostgreSQL ends a session idle this long inside a transaction, so a frozen member's locks do not hold up the partitions' new owners; PostgreSQL's idle_in_transaction_session_timeout; 0: the server's setting")
 		case "startup":
-			fs.DurationVar(&d.startupTimeout, "startup-timeout", DefaultStartupTimeout, "how long startup retries connecting to and migrating PostgreSQL while it is unreachable, restarting or failing over (PROJECTOR_STARTUP_TIMEOUT)")
+			fs.DurationVar(&d.startupTimeout, "startup-timeout", DefaultStartupTimeout, "how long startup retries connecting to and migrating PostgreSQL while it is unreachable, restarting or failing over")
 		}
 	}
 }
@@ -248,8 +248,8 @@ func (s slots) allowed() int {
 // every retry a command makes (partitions, claims, gap repair, startup,
 // the outbox relay).
 func registerRetry(fs *flag.FlagSet, base, ceiling *time.Duration) {
-	fs.DurationVar(base, "retry-base", defaultRetryBase, "base of the exponential backoff after a transient failure (PROJECTOR_RETRY_BASE)")
-	fs.DurationVar(ceiling, "retry-cap", defaultRetryCap, "cap of the exponential backoff; each delay is random in [0, min(cap, base·2^attempt)] (PROJECTOR_RETRY_CAP)")
+	fs.DurationVar(base, "retry-base", defaultRetryBase, "base of the exponential backoff after a transient failure")
+	fs.DurationVar(ceiling, "retry-cap", defaultRetryCap, "cap of the exponential backoff; each delay is random in [0, min(cap, base·2^attempt)]")
 }
 
 // validateRetry checks the values of --retry-base and --retry-cap.

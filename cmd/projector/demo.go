@@ -49,7 +49,7 @@ func demoCommand(stdout, stderr io.Writer) *ffcli.Command {
 	return newCommand("demo", "projector demo [flags]",
 		"Run the engine on an embedded broker and registry against real Postgres, and verify the result.", stderr,
 		func(fs *flag.FlagSet) {
-			fs.StringVar(&f.databaseURL, "database-url", DefaultDatabaseURL, "PostgreSQL connection URL (PROJECTOR_DATABASE_URL)")
+			fs.StringVar(&f.databaseURL, "database-url", DefaultDatabaseURL, "PostgreSQL connection URL")
 			fs.StringVar(&f.schema, "database-schema", "projector_demo", "Postgres schema the demo recreates and writes into")
 			fs.IntVar(&f.aggregates, "aggregates", demo.DefaultOptions().Aggregates, "accounts in the generated stream (about 11 events each)")
 			fs.IntVar(&f.partitions, "partitions", 6, "partitions of the demo topic")

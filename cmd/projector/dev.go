@@ -39,10 +39,10 @@ func devCommand(stdout, stderr io.Writer) *ffcli.Command {
 			// Not run's identity: see DevIdentity.
 			id := fs.Lookup("identity")
 			id.DefValue, f.identity = DevIdentity, DevIdentity
-			id.Usage = "consumer identity: the namespace of stored offsets, moved back to 0 on every start since the embedded topics start empty; not run's default, so that dev never moves a run's offsets (PROJECTOR_IDENTITY)"
-			fs.StringVar(&f.brokersAddr, "brokers-addr", DevBrokers, "host:port the embedded Kafka broker listens on and advertises (PROJECTOR_BROKERS_ADDR)")
-			fs.StringVar(&f.registryAddr, "registry-addr", strings.TrimPrefix(DevRegistryURL, "http://"), "host:port the embedded Schema Registry listens on (PROJECTOR_REGISTRY_ADDR)")
-			fs.IntVar(&f.partitions, "partitions", DefaultDevPartitions, "partitions of each topic of the projection file, created at start (PROJECTOR_PARTITIONS)")
+			id.Usage = "consumer identity: the namespace of stored offsets, moved back to 0 on every start since the embedded topics start empty; not run's default, so that dev never moves a run's offsets"
+			fs.StringVar(&f.brokersAddr, "brokers-addr", DevBrokers, "host:port the embedded Kafka broker listens on and advertises")
+			fs.StringVar(&f.registryAddr, "registry-addr", strings.TrimPrefix(DevRegistryURL, "http://"), "host:port the embedded Schema Registry listens on")
+			fs.IntVar(&f.partitions, "partitions", DefaultDevPartitions, "partitions of each topic of the projection file, created at start")
 		},
 		func(ctx context.Context, args []string) error { return f.run(ctx, args, stdout, stderr) })
 }

@@ -54,7 +54,7 @@ type dlqFilters struct {
 }
 
 func (d *dlqFilters) register(fs *flag.FlagSet, limit int, limitHelp string) {
-	fs.StringVar(&d.identity, "identity", "", "only this consumer identity (PROJECTOR_IDENTITY); empty: all")
+	fs.StringVar(&d.identity, "identity", "", "only this consumer identity; empty: all")
 	fs.StringVar(&d.projection, "projection", "", "only this projection")
 	fs.StringVar(&d.topic, "topic", "", "only this source topic")
 	fs.StringVar(&d.key, "key", "", "only records with exactly this key")
@@ -541,7 +541,7 @@ func dlqPurgeCommand(stdout, stderr io.Writer) *ffcli.Command {
 			c.register(fs, "database-url")
 			filters.register(fs, 0, "most entries to purge, oldest first; 0: no limit")
 			fs.Var(&ids, "id", "purge this dead letter (repeatable, or comma-separated)")
-			fs.BoolVar(&yes, "yes", false, "really delete them (command line only: PROJECTOR_YES is refused)")
+			fs.BoolVar(&yes, "yes", false, "really delete them")
 			fs.StringVar(&actor, "actor", defaultActor(), "who purges, for the audit log (default: $USER)")
 		},
 		func(ctx context.Context, _ []string) error {

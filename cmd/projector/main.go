@@ -3,9 +3,14 @@
 // offsets, dlq, tombstones.
 // The benchmark is the command projector-bench.
 //
-// Every flag can also be set through an environment variable: PROJECTOR_
-// followed by the flag name in upper case with dashes as underscores
-// (--database-url → PROJECTOR_DATABASE_URL). A flag on the command line wins.
+// Most flags can also be set through an environment variable, which
+// --help names: PROJECTOR_ followed by the flag name in upper case with
+// dashes as underscores (--database-url → PROJECTOR_DATABASE_URL), or with
+// the command's name before it where the same flag name means something
+// else elsewhere (relay's --unready-after → PROJECTOR_RELAY_UNREADY_AFTER).
+// A flag on the command line wins. The flags that confirm a destructive
+// action (--execute, --dry-run, --yes, dev's --take-over-identity) are
+// taken from the command line only.
 //
 // Exit status: 0 on success and for --help; 1 when a command ran and
 // failed (for check: it found problems); 2 when the command line is wrong
@@ -23,7 +28,6 @@ import (
 	"os"
 	"strings"
 
-	"github.com/peterbourgon/ff/v3"
 	"github.com/peterbourgon/ff/v3/ffcli"
 
 	"github.com/projector-dev/projector/internal/redact"
@@ -101,22 +105,22 @@ func (c *common) register(fs *flag.FlagSet, which ...string) {
 	for _, w := range which {
 		switch w {
 		case "brokers":
-			fs.StringVar(&c.brokers, "brokers", "", "Kafka seed brokers, comma-separated (PROJECTOR_BROKERS)")
+			fs.StringVar(&c.brokers, "brokers", "", "Kafka seed brokers, comma-separated")
 			c.kafkaTransport.register(fs)
 		case "registry-url":
-			fs.StringVar(&c.registryURL, "registry-url", "", "Schema Registry URL (PROJECTOR_REGISTRY_URL)")
-			fs.StringVar(&c.registryUser, "registry-user", "", "Schema Registry basic-auth user, instead of user:password@ in --registry-url (PROJECTOR_REGISTRY_USER)")
-			fs.StringVar(&c.registryPassword, "registry-password", "", "Schema Registry basic-auth password; prefer the environment variable, a flag shows in ps (PROJECTOR_REGISTRY_PASSWORD)")
+			fs.StringVar(&c.registryURL, "registry-url", "", "Schema Registry URL")
+			fs.StringVar(&c.registryUser, "registry-user", "", "Schema Registry basic-auth user, instead of user:password@ in --registry-url")
+			fs.StringVar(&c.registryPassword, "registry-password", "", "Schema Registry basic-auth password; prefer the environment variable, a flag shows in ps")
 			c.kafkaTransport.registerRegistry(fs)
 		case "database-url":
-			fs.StringVar(&c.databaseURL, "database-url", DefaultDatabaseURL, "PostgreSQL connection URL (PROJECTOR_DATABASE_URL)")
+			fs.StringVar(&c.databaseURL, "database-url", DefaultDatabaseURL, "PostgreSQL connection URL")
 		case "identity":
-			fs.StringVar(&c.identity, "identity", "projector", "consumer identity: the Kafka group id and the namespace of stored offsets (PROJECTOR_IDENTITY)")
+			fs.StringVar(&c.identity, "identity", "projector", "consumer identity: the Kafka group id and the namespace of stored offsets")
 		case "config":
-			fs.StringVar(&c.config, "config", "projections.yaml", "projection file (PROJECTOR_CONFIG)")
+			fs.StringVar(&c.config, "config", "projections.yaml", "projection file")
 		case "log":
-			fs.StringVar(&c.logLevel, "log-level", "info", "log level: debug, info, warn, error (PROJECTOR_LOG_LEVEL)")
-			fs.StringVar(&c.logFormat, "log-format", "json", "log format: json or text (PROJECTOR_LOG_FORMAT)")
+			fs.StringVar(&c.logLevel, "log-level", "info", "log level: debug, info, warn, error")
+			fs.StringVar(&c.logFormat, "log-format", "json", "log format: json or text")
 		}
 	}
 }
@@ -151,7 +155,7 @@ func (c *common) logger(w io.Writer) (*slog.Logger, error) {
 	return nil, fmt.Errorf("--log-format %q: want json or text", c.logFormat)
 }
 
-// newCommand builds a subcommand whose flags also read PROJECTOR_*
+// newCommand builds a subcommand; execute has its flags read their
 // environment variables.
 func newCommand(name, usage, help string, stderr io.Writer, setup func(fs *flag.FlagSet), exec func(ctx context.Context, args []string) error) *ffcli.Command {
 	fs := flag.NewFlagSet("projector "+name, flag.ContinueOnError)
@@ -162,7 +166,6 @@ func newCommand(name, usage, help string, stderr io.Writer, setup func(fs *flag.
 		ShortUsage: usage,
 		ShortHelp:  help,
 		FlagSet:    fs,
-		Options:    []ff.Option{ff.WithEnvVarPrefix("PROJECTOR")},
 		Exec: func(ctx context.Context, args []string) error {
 			if err := checkURLFlags(fs); err != nil {
 				return err

@@ -81,15 +81,15 @@ func (f *produceFlags) register(fs *flag.FlagSet) {
 	// registry.
 	setDefault(fs, "brokers", DevBrokers)
 	setDefault(fs, "registry-url", DevRegistryURL)
-	fs.StringVar(&f.topic, "topic", "", "topic to produce to (PROJECTOR_TOPIC)")
-	fs.StringVar(&f.schemaFile, "schema", "", "Avro schema file (.avsc) to register under --subject and encode with; without it, the latest schema of --subject (PROJECTOR_SCHEMA)")
-	fs.StringVar(&f.subject, "subject", "", "registry subject of the value schema; default <topic>-value (PROJECTOR_SUBJECT)")
-	fs.StringVar(&f.keyField, "key-field", "", "event field whose value (a string or a number) is the record key (PROJECTOR_KEY_FIELD)")
-	fs.StringVar(&f.key, "key", "", "record key of every line, instead of --key-field (PROJECTOR_KEY)")
-	fs.StringVar(&f.file, "file", "", "file of events, one per line; default (or -): stdin (PROJECTOR_FILE)")
-	fs.StringVar(&f.format, "format", formatJSON, "what a line is: json (an event, encoded with the schema), or the record value's bytes as they are (raw), in hex (hex) or in base64 (base64), for poison pills (PROJECTOR_FORMAT)")
-	fs.Var(&f.tombstones, "tombstone", "send a tombstone (null value) with record key `KEY`; repeatable; without --file, stdin is not read (--file - reads it too) (PROJECTOR_TOMBSTONE)")
-	fs.DurationVar(&f.timeout, "timeout", 30*time.Second, "how long registering and producing may take before produce gives up (PROJECTOR_TIMEOUT)")
+	fs.StringVar(&f.topic, "topic", "", "topic to produce to")
+	fs.StringVar(&f.schemaFile, "schema", "", "Avro schema file (.avsc) to register under --subject and encode with; without it, the latest schema of --subject")
+	fs.StringVar(&f.subject, "subject", "", "registry subject of the value schema; default <topic>-value")
+	fs.StringVar(&f.keyField, "key-field", "", "event field whose value (a string or a number) is the record key")
+	fs.StringVar(&f.key, "key", "", "record key of every line, instead of --key-field")
+	fs.StringVar(&f.file, "file", "", "file of events, one per line; default (or -): stdin")
+	fs.StringVar(&f.format, "format", formatJSON, "what a line is: json (an event, encoded with the schema), or the record value's bytes as they are (raw), in hex (hex) or in base64 (base64), for poison pills")
+	fs.Var(&f.tombstones, "tombstone", "send a tombstone (null value) with record key `KEY`; repeatable; without --file, stdin is not read (--file - reads it too)")
+	fs.DurationVar(&f.timeout, "timeout", 30*time.Second, "how long registering and producing may take before produce gives up")
 }
 
 // setDefault changes the default of a registered flag, value and help
@@ -108,7 +108,7 @@ func (f *produceFlags) readsLines() bool {
 
 func (f *produceFlags) validate() error {
 	if f.topic == "" {
-		return errors.New("--topic (PROJECTOR_TOPIC) is required")
+		return errors.New("--topic (PROJECTOR_PRODUCE_TOPIC) is required")
 	}
 	if err := projection.CheckTopic(f.topic); err != nil {
 		return fmt.Errorf("--topic: %w", err)

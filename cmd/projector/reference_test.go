@@ -83,10 +83,10 @@ const configPreamble = `# Configuration reference
 
 <!-- Generated from the commands' flag sets: edit the flags in cmd/projector and run make docs; TestConfigReference fails when this file drifts. -->
 
-Every flag of a command that says *Reads the environment* can also be set as
-an environment variable: ` + "`PROJECTOR_`" + ` and the flag name in upper case with
-` + "`_`" + ` for ` + "`-`" + ` (` + "`--database-url`" + ` is ` + "`PROJECTOR_DATABASE_URL`" + `). A flag on the command
-line wins. Durations are Go durations (` + "`100ms`, `30s`, `2m`" + `) and must be
+Most flags can also be set as an environment variable, which the tables
+below and the command's ` + "`--help`" + ` name (see [Environment
+variables](#environment-variables)); a flag on the command line wins.
+Durations are Go durations (` + "`100ms`, `30s`, `2m`" + `) and must be
 positive, except where a flag says what 0 or a negative value means; sizes
 take ` + "`KiB`, `MiB`, `GiB`" + ` suffixes or plain bytes.
 
@@ -108,17 +108,73 @@ What the run-time flags do, and when to change them, is explained in
 projection file (` + "`--config`" + `) is described in [projections.md](projections.md).
 The benchmark's flags are not part of the product: ` + "`make bench`" + ` runs it, and
 its ` + "`--help`" + ` lists them (see [performance.md](performance.md)).
+
+## Environment variables
+
+A flag not given on the command line is read from its environment
+variable. A variable has one meaning in every command that reads it: it
+is ` + "`PROJECTOR_`" + ` and the flag name in upper case with ` + "`_`" + ` for ` + "`-`" + `
+(` + "`--database-url`" + ` reads ` + "`PROJECTOR_DATABASE_URL`" + ` in every command), so that a
+deployment sets it once for ` + "`run`" + `, ` + "`relay`" + ` and the tools. Where a
+command's flag means something else than the flag of the same name of
+another command, or has another default, its variable carries the
+command's name too: relay's ` + "`--unready-after`" + ` (5s, waiting for the broker's
+acknowledgement) reads ` + "`PROJECTOR_RELAY_UNREADY_AFTER`" + `, run's (30s, a
+partition backing off) ` + "`PROJECTOR_UNREADY_AFTER`" + `. The filters of the ` + "`dlq`" + `
+commands each have their own, so that a filter left set for ` + "`dlq list`" + `
+does not decide what a replay or a purge selects.
+
+The flags that confirm a destructive action — ` + "`--execute`" + ` of ` + "`offsets reset`" + `
+and ` + "`dlq replay`" + `, ` + "`--dry-run`" + ` of ` + "`dlq replay`" + `, ` + "`--yes`" + ` of ` + "`dlq purge`" + `,
+` + "`--take-over-identity`" + ` of ` + "`dev`" + ` — are taken from the command line only
+(*command line only* in the tables): a variable left in a shell or a
+deployment must not turn a dry run into a real one. When
+` + "`PROJECTOR_EXECUTE`" + `, ` + "`PROJECTOR_DRY_RUN`" + ` or another such name is set, the
+command says once on stderr that it ignores it, and does what its command
+line says; ` + "`dlq purge`" + ` and ` + "`dev`" + ` go further and refuse to start while it
+is set.
+
+A ` + "`PROJECTOR_`" + ` variable that no command reads is reported before anything
+runs. One a letter or two away from a variable that some command reads is
+refused with exit status 2 (` + "`unknown environment variable\nPROJECTOR_DATABSE_URL: did you mean PROJECTOR_DATABASE_URL?`" + `), since the command
+would otherwise quietly fall back to a default, such as the default
+database; any other gets one warning line on stderr. A variable that
+another command reads is not reported, as one environment may serve both
+` + "`run`" + ` and ` + "`relay`" + `; nor are the names that the repository's scripts and tests
+read (a name ending in ` + "`_`" + ` stands for every name it begins):
 `
 
-// envSuffix is the "(PROJECTOR_X)" a usage string ends with: the table
-// gives the variable a column of its own.
-var envSuffix = regexp.MustCompile(`\s*\(PROJECTOR_[A-Z0-9_]+\)`)
+// envReference renders the names the commands do not report and the
+// variables that carry their command's name, with the name they had when
+// every flag read PROJECTOR_<FLAG>.
+func envReference() string {
+	var b strings.Builder
+	b.WriteString("\n")
+	for _, name := range reservedEnv {
+		fmt.Fprintf(&b, "`%s` ", name)
+	}
+	b.WriteString("\n\nThe variables that carry their command's name; before, these flags read\nthe variable in the last column, which now means what the other commands\nmean by it, or nothing:\n\n| command | flag | variable | formerly |\n|---|---|---|---|\n")
+	cmds := make([]string, 0, len(ownEnv))
+	for cmd := range ownEnv {
+		cmds = append(cmds, cmd)
+	}
+	sort.Strings(cmds)
+	for _, cmd := range cmds {
+		names := slices.Clone(ownEnv[cmd])
+		sort.Strings(names)
+		for _, name := range names {
+			fmt.Fprintf(&b, "| `%s` | `--%s` | `%s` | `%s` |\n", cmd, name, envVar("projector "+cmd, name), envPrefix+envWord(name))
+		}
+	}
+	return b.String()
+}
 
 // configReference renders every command's flags, in the order the
 // command tree lists them.
 func configReference(root *ffcli.Command) string {
 	var b strings.Builder
 	b.WriteString(configPreamble)
+	b.WriteString(envReference())
 	var walk func(path string, c *ffcli.Command)
 	walk = func(path string, c *ffcli.Command) {
 		if c.Name == "bench" {
@@ -129,17 +185,12 @@ func configReference(root *ffcli.Command) string {
 			if c.ShortUsage != "" {
 				fmt.Fprintf(&b, "\n```\n%s\n```\n", c.ShortUsage)
 			}
-			env := len(c.Options) > 0
 			var flags []*flag.Flag
 			if c.FlagSet != nil {
 				c.FlagSet.VisitAll(func(f *flag.Flag) { flags = append(flags, f) })
 			}
 			if len(flags) > 0 {
-				if env {
-					b.WriteString("\nReads the environment.\n\n| flag | environment | default | meaning |\n|---|---|---|---|\n")
-				} else {
-					b.WriteString("\n| flag | default | meaning |\n|---|---|---|\n")
-				}
+				b.WriteString("\n| flag | environment | default | meaning |\n|---|---|---|---|\n")
 				for _, f := range flags {
 					kind, usage := flag.UnquoteUsage(f)
 					name := "`--" + f.Name + "`"
@@ -150,13 +201,11 @@ func configReference(root *ffcli.Command) string {
 					if f.DefValue != "" && !(kind == "" && f.DefValue == "false") {
 						def = "`" + f.DefValue + "`"
 					}
-					usage = cell(envSuffix.ReplaceAllString(usage, ""))
-					if env {
-						v := "`PROJECTOR_" + strings.ToUpper(strings.ReplaceAll(f.Name, "-", "_")) + "`"
-						fmt.Fprintf(&b, "| %s | %s | %s | %s |\n", name, v, def, usage)
-					} else {
-						fmt.Fprintf(&b, "| %s | %s | %s |\n", name, def, usage)
+					v := "*command line only*"
+					if e := envVar(path, f.Name); e != "" {
+						v = "`" + e + "`"
 					}
+					fmt.Fprintf(&b, "| %s | %s | %s | %s |\n", name, v, def, cell(usage))
 				}
 			}
 		}

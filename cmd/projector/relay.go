@@ -145,13 +145,13 @@ func relayCommand(_, stderr io.Writer) *ffcli.Command {
 func (f *relayFlags) register(fs *flag.FlagSet) {
 	f.common.register(fs, "brokers", "registry-url", "database-url", "log")
 	f.dbFlags.register(fs, "startup")
-	fs.StringVar(&f.httpAddr, "http-addr", ":8080", "address of /metrics, /livez, /readyz (PROJECTOR_HTTP_ADDR); empty disables")
-	fs.IntVar(&f.batchSize, "batch-size", outbox.DefaultBatchSize, "most outbox rows one round claims and publishes; a crash between acknowledgement and marking republishes at most this many (PROJECTOR_BATCH_SIZE)")
-	fs.IntVar(&f.shards, "shards", outbox.DefaultShards, "aggregate shards the replicas share; every replica must use the same number (PROJECTOR_SHARDS)")
-	fs.DurationVar(&f.pollInterval, "poll-interval", outbox.DefaultPollInterval, "how often to look for rows without a notification and to rebalance shards among replicas (PROJECTOR_POLL_INTERVAL)")
-	fs.DurationVar(&f.retention, "retention", outbox.DefaultRetention, "how long published rows are kept before they are deleted; negative keeps them (PROJECTOR_RETENTION)")
-	fs.DurationVar(&f.unreadyAfter, "unready-after", outbox.DefaultUnreadyAfter, "records waiting this long for the broker's acknowledgement make /readyz fail and log a warning, until the broker acknowledges again (PROJECTOR_UNREADY_AFTER)")
-	fs.DurationVar(&f.cleanupInterval, "cleanup-interval", outbox.DefaultCleanupInterval, "how often published rows past --retention are deleted and blocked rows retried (PROJECTOR_CLEANUP_INTERVAL)")
+	fs.StringVar(&f.httpAddr, "http-addr", ":8080", "address of /metrics, /livez, /readyz; empty disables")
+	fs.IntVar(&f.batchSize, "batch-size", outbox.DefaultBatchSize, "most outbox rows one round claims and publishes; a crash between acknowledgement and marking republishes at most this many")
+	fs.IntVar(&f.shards, "shards", outbox.DefaultShards, "aggregate shards the replicas share; every replica must use the same number")
+	fs.DurationVar(&f.pollInterval, "poll-interval", outbox.DefaultPollInterval, "how often to look for rows without a notification and to rebalance shards among replicas")
+	fs.DurationVar(&f.retention, "retention", outbox.DefaultRetention, "how long published rows are kept before they are deleted; negative keeps them")
+	fs.DurationVar(&f.unreadyAfter, "unready-after", outbox.DefaultUnreadyAfter, "records waiting this long for the broker's acknowledgement make /readyz fail and log a warning, until the broker acknowledges again")
+	fs.DurationVar(&f.cleanupInterval, "cleanup-interval", outbox.DefaultCleanupInterval, "how often published rows past --retention are deleted and blocked rows retried")
 	registerRetry(fs, &f.retryBase, &f.retryCap)
 }
 

@@ -37,18 +37,18 @@ type kafkaTransport struct {
 }
 
 func (k *kafkaTransport) register(fs *flag.FlagSet) {
-	fs.BoolVar(&k.tls, "kafka-tls", false, "connect to the brokers over TLS, verified against the system's CAs unless --kafka-tls-ca-file; implied by any other --kafka-tls-* flag (PROJECTOR_KAFKA_TLS)")
-	fs.StringVar(&k.caFile, "kafka-tls-ca-file", "", "PEM file of the CAs that sign the brokers' certificates, instead of the system's (PROJECTOR_KAFKA_TLS_CA_FILE)")
-	fs.StringVar(&k.certFile, "kafka-tls-cert-file", "", "PEM file of the client certificate, for brokers that require one; needs --kafka-tls-key-file (PROJECTOR_KAFKA_TLS_CERT_FILE)")
-	fs.StringVar(&k.keyFile, "kafka-tls-key-file", "", "PEM file of the client certificate's private key; needs --kafka-tls-cert-file (PROJECTOR_KAFKA_TLS_KEY_FILE)")
-	fs.StringVar(&k.serverName, "kafka-tls-server-name", "", "name the brokers' certificates are verified against; empty: each broker's host (PROJECTOR_KAFKA_TLS_SERVER_NAME)")
-	fs.StringVar(&k.saslMechanism, "kafka-sasl-mechanism", "", "SASL mechanism: plain, scram-sha-256 or scram-sha-512; empty: no SASL (PROJECTOR_KAFKA_SASL_MECHANISM)")
-	fs.StringVar(&k.saslUsername, "kafka-sasl-username", "", "SASL user name (PROJECTOR_KAFKA_SASL_USERNAME)")
-	fs.StringVar(&k.saslPassword, "kafka-sasl-password", "", "SASL password; prefer the environment variable, a flag shows in ps (PROJECTOR_KAFKA_SASL_PASSWORD)")
+	fs.BoolVar(&k.tls, "kafka-tls", false, "connect to the brokers over TLS, verified against the system's CAs unless --kafka-tls-ca-file; implied by any other --kafka-tls-* flag")
+	fs.StringVar(&k.caFile, "kafka-tls-ca-file", "", "PEM file of the CAs that sign the brokers' certificates, instead of the system's")
+	fs.StringVar(&k.certFile, "kafka-tls-cert-file", "", "PEM file of the client certificate, for brokers that require one; needs --kafka-tls-key-file")
+	fs.StringVar(&k.keyFile, "kafka-tls-key-file", "", "PEM file of the client certificate's private key; needs --kafka-tls-cert-file")
+	fs.StringVar(&k.serverName, "kafka-tls-server-name", "", "name the brokers' certificates are verified against; empty: each broker's host")
+	fs.StringVar(&k.saslMechanism, "kafka-sasl-mechanism", "", "SASL mechanism: plain, scram-sha-256 or scram-sha-512; empty: no SASL")
+	fs.StringVar(&k.saslUsername, "kafka-sasl-username", "", "SASL user name")
+	fs.StringVar(&k.saslPassword, "kafka-sasl-password", "", "SASL password; prefer the environment variable, a flag shows in ps")
 }
 
 func (k *kafkaTransport) registerRegistry(fs *flag.FlagSet) {
-	fs.StringVar(&k.registryCAFile, "registry-tls-ca-file", "", "PEM file of the CAs that sign an https:// --registry-url's certificate, instead of the system's (PROJECTOR_REGISTRY_TLS_CA_FILE)")
+	fs.StringVar(&k.registryCAFile, "registry-tls-ca-file", "", "PEM file of the CAs that sign an https:// --registry-url's certificate, instead of the system's")
 }
 
 // kafkaConfig returns the client configuration of --brokers and the
