@@ -20,6 +20,7 @@ import (
 	"github.com/projector-dev/projector/internal/demo"
 	"github.com/projector-dev/projector/internal/testenv"
 	"github.com/projector-dev/projector/projector"
+	"github.com/projector-dev/projector/sinks"
 )
 
 // logLines collects the JSON log lines of an engine.
@@ -108,6 +109,11 @@ func TestStatementRefusedHaltsPartition(t *testing.T) {
 	err := e.Ready(ctx)["partitions"]
 	if err == nil || !strings.Contains(err.Error(), "halted") || !strings.Contains(err.Error(), "SQLSTATE 42703") {
 		t.Errorf("/readyz partitions check: %v, want each partition halted with Postgres's error", err)
+	}
+	for _, s := range e.Workers() {
+		if s.HaltKind != sinks.HaltStatementsRefused || s.HaltedSince.IsZero() {
+			t.Errorf("partition %d halted as %q since %v, want %q and when", s.Partition, s.HaltKind, s.HaltedSince, sinks.HaltStatementsRefused)
+		}
 	}
 	if got := gauge(t, reg, "projector_partition_statements_refused"); got != partitions {
 		t.Errorf("projector_partition_statements_refused sums to %v, want %d", got, partitions)
