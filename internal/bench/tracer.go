@@ -215,6 +215,8 @@ func statementName(sql string) string {
 		return "park"
 	case strings.HasPrefix(s, "DELETE FROM projector_parked"):
 		return "unpark"
+	case strings.HasPrefix(s, "DELETE FROM projector_tombstones"):
+		return "prune tombstones" // the engine's background pruning, not a batch's
 	case strings.HasPrefix(s, "WITH u AS"):
 		return "dead letters"
 	case strings.HasPrefix(s, "DELETE FROM"):
