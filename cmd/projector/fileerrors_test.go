@@ -119,3 +119,37 @@ func TestProduceLongFieldShortError(t *testing.T) {
 		t.Errorf("error of %d bytes: %.300s", len(err.Error()), err)
 	}
 }
+
+// TestPEMFileErrorsNeverQuoteIt: the TLS file flags pointed at a file
+// that holds no PEM block (a password file) name the flag and the file,
+// and print nothing of it.
+func TestPEMFileErrorsNeverQuoteIt(t *testing.T) {
+	const pass = "S3cret"
+	dir := t.TempDir()
+	pgpass := filepath.Join(dir, "pgpass")
+	events := filepath.Join(dir, "events.jsonl")
+	for path, text := range map[string]string{pgpass: "db.example:5432:app:app:" + pass + "\n", events: "{}\n"} {
+		if err := os.WriteFile(path, []byte(text), 0o600); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for _, flags := range [][]string{
+		{"--kafka-tls-ca-file", pgpass},
+		{"--kafka-tls-cert-file", pgpass, "--kafka-tls-key-file", pgpass},
+		{"--registry-tls-ca-file", pgpass},
+	} {
+		t.Run(flags[0], func(t *testing.T) {
+			args := append([]string{"produce", "--topic", "t", "--key", "k", "--file", events, "--registry-url", "https://127.0.0.1:1"}, flags...)
+			out, err := runCaptured(t.Context(), args...)
+			if err == nil {
+				t.Fatalf("produce accepted %s:\n%s", flags[0], out)
+			}
+			if !strings.Contains(err.Error(), flags[0]+" "+pgpass) {
+				t.Errorf("the error does not name the flag and the file: %v", err)
+			}
+			if strings.Contains(out, pass) || strings.Contains(out, "db.example") {
+				t.Errorf("the output quotes the file:\n%s", out)
+			}
+		})
+	}
+}
