@@ -21,7 +21,7 @@ import (
 func newRefusedGauge(reg prometheus.Registerer) *prometheus.GaugeVec {
 	g := prometheus.NewGaugeVec(prometheus.GaugeOpts{
 		Name: "projector_partition_statements_refused",
-		Help: "1 while a partition is halted because Postgres refuses the statements projector writes with (a table or column changed, a privilege revoked); it resumes once they are accepted.",
+		Help: "1 while a partition is halted because Postgres refuses the statements projector writes with (a table or column changed, a privilege revoked); it resumes once they are accepted, or from an offset reset (projector offsets reset).",
 	}, []string{"group", "topic", "partition"})
 	reg.MustRegister(g)
 	return g

@@ -193,7 +193,7 @@ type stormHalt struct {
 func newStormGauge(reg prometheus.Registerer) *prometheus.GaugeVec {
 	g := prometheus.NewGaugeVec(prometheus.GaugeOpts{
 		Name: "projector_partition_dead_letter_storm",
-		Help: "1 while a partition is halted because more than --dead-letter-storm-share of its last --dead-letter-storm-window records would be dead letters of one class (the class label); it tries the batch again every --retry-cap and resumes once they are not.",
+		Help: "1 while a partition is halted because more than --dead-letter-storm-share of its last --dead-letter-storm-window records would be dead letters of one class (the class label); it tries the batch again every --retry-cap and resumes once they are not, or from an offset reset (projector offsets reset).",
 	}, []string{"group", "topic", "partition", "class"})
 	reg.MustRegister(g)
 	return g
