@@ -24,7 +24,10 @@ import (
 // a minute) and tries the batch again, decoded afresh, every RetryCap, so
 // that it resumes by itself once the cause is gone (a schema registered, a
 // column type fixed). A mistake in the configuration needs a deploy that
-// fixes it; turning the guard off lets a deliberate flood through.
+// fixes it; turning the guard off lets a deliberate flood through; an
+// operator's offset reset skips the records: the engine then replaces the
+// worker with one from the reset offset, whose guard has seen none of
+// them.
 //
 // The guard judges only once stormLeast records, or the whole window when
 // it is smaller, are in view: a topic's first records, two bad ones of
