@@ -4,6 +4,7 @@ import (
 	"flag"
 	"fmt"
 	"os"
+	"regexp"
 	"slices"
 	"sort"
 	"strings"
@@ -26,7 +27,9 @@ import (
 //   - A PROJECTOR_ variable no command reads is reported before anything
 //     runs: refused when it is one or two letters away from one that is
 //     read (a misspelt PROJECTOR_DATABSE_URL would otherwise fall back to
-//     the default database), warned about otherwise.
+//     the default database), warned about otherwise. The names of
+//     reservedEnv, and those Kubernetes sets for a Service named
+//     projector, are not reported.
 //
 // --help and docs/configuration.md show each flag's variable, from envVar.
 
@@ -37,24 +40,27 @@ const envPrefix = "PROJECTOR_"
 // variable is PROJECTOR_<COMMAND>_<FLAG>: those that mean something else,
 // or default to something else, than a flag of the same name of another
 // command. The dlq commands' filters all have their own, so that a filter
-// left set for dlq list does not decide what a replay or a purge selects.
+// left set for dlq list does not decide what a replay or a purge selects;
+// so do tombstones forget's, so that no variable left set chooses whose
+// tombstone is deleted.
 // TestEnvOneMeaning walks the command tree and fails when a variable
 // would be read by two flags of different defaults or usage.
 var ownEnv = map[string][]string{
-	"dev":           {"identity", "http-addr", "partitions"},
-	"demo":          {"http-addr", "log-level", "partitions", "timeout"},
-	"produce":       {"brokers", "registry-url", "topic", "key", "timeout"},
-	"check":         {"projection"},
-	"status":        {"json"},
-	"offsets list":  {"json"},
-	"offsets reset": {"topic", "partitions", "actor", "json"},
-	"offsets audit": {"limit", "json"},
-	"dlq list":      {"identity", "projection", "topic", "key", "error-class", "status", "since", "until", "limit", "json"},
-	"dlq show":      {"json"},
-	"dlq replay":    {"identity", "projection", "topic", "key", "error-class", "status", "since", "until", "limit", "id", "actor"},
-	"dlq purge":     {"identity", "projection", "topic", "key", "error-class", "status", "since", "until", "limit", "id", "actor"},
-	"dlq audit":     {"limit", "json"},
-	"relay":         {"unready-after"},
+	"dev":               {"identity", "http-addr", "partitions"},
+	"demo":              {"http-addr", "log-level", "partitions", "timeout"},
+	"produce":           {"brokers", "registry-url", "topic", "key", "timeout"},
+	"check":             {"projection"},
+	"status":            {"json"},
+	"offsets list":      {"json"},
+	"offsets reset":     {"topic", "partitions", "actor", "json"},
+	"offsets audit":     {"limit", "json"},
+	"dlq list":          {"identity", "projection", "topic", "key", "error-class", "status", "since", "until", "limit", "json"},
+	"dlq show":          {"json"},
+	"dlq replay":        {"identity", "projection", "topic", "key", "error-class", "status", "since", "until", "limit", "id", "actor"},
+	"dlq purge":         {"identity", "projection", "topic", "key", "error-class", "status", "since", "until", "limit", "id", "actor"},
+	"dlq audit":         {"limit", "json"},
+	"relay":             {"unready-after"},
+	"tombstones forget": {"projection", "key"},
 }
 
 // commandLineOnly are the flags that confirm a destructive action, with
@@ -130,6 +136,27 @@ func reserved(name string) bool {
 	return false
 }
 
+// serviceLinkName matches the variables Kubernetes gives every pod for
+// each Service of its namespace (enableServiceLinks): a Service named
+// projector, as in the deployment example, or projector-relay brings
+// PROJECTOR_SERVICE_HOST, PROJECTOR_PORT_8080_TCP_ADDR,
+// PROJECTOR_RELAY_SERVICE_PORT and the like.
+var serviceLinkName = regexp.MustCompile(`^PROJECTOR_([A-Z0-9_]+_)?(SERVICE_HOST|SERVICE_PORT(_[A-Z0-9_]+)?|PORT_[0-9]+_(TCP|UDP|SCTP)(_PROTO|_PORT|_ADDR)?)$`)
+
+// serviceLink reports whether the variable name=value is one Kubernetes
+// sets for a Service, which the commands neither read nor report. Its
+// bare <SERVICE>_PORT is told by its value, tcp://10.0.0.1:8080.
+func serviceLink(name, value string) bool {
+	if serviceLinkName.MatchString(name) {
+		return true
+	}
+	if !strings.HasSuffix(name, "_PORT") {
+		return false
+	}
+	scheme, _, ok := strings.Cut(value, "://")
+	return ok && (scheme == "tcp" || scheme == "udp" || scheme == "sctp")
+}
+
 // environ returns the PROJECTOR_ variables that are set and not empty, by
 // name, sorted.
 func environ() map[string]string {
@@ -154,7 +181,7 @@ func (c *cli) readEnv(path string, fs *flag.FlagSet) error {
 	}
 	sort.Strings(names)
 	for _, name := range names {
-		if c.knownEnv[name] || reserved(name) || commandLineOnly[strings.ToLower(strings.ReplaceAll(strings.TrimPrefix(name, envPrefix), "_", "-"))] {
+		if c.knownEnv[name] || reserved(name) || serviceLink(name, vars[name]) || commandLineOnly[strings.ToLower(strings.ReplaceAll(strings.TrimPrefix(name, envPrefix), "_", "-"))] {
 			continue // a confirmation's variable is said to be ignored below
 		}
 		if near := c.nearestEnv(name); near != "" {

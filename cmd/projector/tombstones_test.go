@@ -36,7 +36,7 @@ const tombstonesFile = `projections:
 `
 
 // TestTombstonesForget: the command says what it would forget and changes
-// nothing without --execute; with
+// nothing without --execute, also with PROJECTOR_EXECUTE set; with
 // --execute it deletes that tombstone only; it refuses an aggregate whose
 // row exists, keeping its row and tombstone, and names what it needs.
 func TestTombstonesForget(t *testing.T) {
@@ -81,8 +81,12 @@ func TestTombstonesForget(t *testing.T) {
 	if err != nil || !strings.Contains(out, `would forget the tombstone of key "gone" in table accounts (version 3`) || !strings.Contains(out, "dry run: nothing changed") {
 		t.Errorf("dry run: %v\n%s", err, out)
 	}
+	t.Setenv("PROJECTOR_EXECUTE", "true")
+	if out, err := forget("--projection", "accounts", "--key", "gone"); err != nil || !strings.Contains(out, "dry run") {
+		t.Errorf("with PROJECTOR_EXECUTE=true and no --execute: %v\n%s", err, out)
+	}
 	if got := tombstones(); got != all {
-		t.Fatalf("tombstones after a dry run: %s, want %s", got, all)
+		t.Fatalf("tombstones after dry runs: %s, want %s", got, all)
 	}
 
 	out, err = forget("--projection", "accounts", "--key", "gone", "--execute")
