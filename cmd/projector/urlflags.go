@@ -33,7 +33,7 @@ func checkURLFlags(fs *flag.FlagSet) error {
 			}
 		case "database-url":
 			if v != "" && !strings.Contains(v, "://") && !keywordDSN.MatchString(v) {
-				err = fmt.Errorf("--database-url %s: no scheme: want a URL such as postgres://user@host:5432/db, or a keyword/value string such as host=… dbname=…", redact.String(v))
+				err = fmt.Errorf("--database-url %s: want a URL such as postgres://user@host:5432/db, and it has no scheme, or a keyword/value string such as host=… dbname=…", redact.String(v))
 			}
 		}
 	})
@@ -44,7 +44,7 @@ func checkURLFlags(fs *flag.FlagSet) error {
 // https:// URL with a host.
 func parseRegistryURL(s string) (*url.URL, error) {
 	if !strings.Contains(s, "://") {
-		return nil, fmt.Errorf("--registry-url %s: no scheme: want an http:// or https:// URL such as http://host:8081 (credentials go after the scheme, http://user:password@host:8081, or in --registry-user and --registry-password)", redact.String(s))
+		return nil, fmt.Errorf("--registry-url %s: want an http:// or https:// URL such as http://host:8081, and it has no scheme (credentials go after the scheme, or in --registry-user and --registry-password)", redact.String(s))
 	}
 	u, err := url.Parse(s)
 	if err != nil {

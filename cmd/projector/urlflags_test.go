@@ -36,7 +36,7 @@ func TestURLFlagWithoutScheme(t *testing.T) {
 			if strings.Contains(out, pass) {
 				t.Errorf("the output prints the password:\n%s", out)
 			}
-			if !strings.Contains(err.Error(), tc.flag+" ") || !strings.Contains(err.Error(), "no scheme") {
+			if !strings.Contains(err.Error(), tc.flag+" ") || !strings.Contains(err.Error(), "has no scheme") {
 				t.Errorf("the error does not say that %s has no scheme: %v", tc.flag, err)
 			}
 		})
