@@ -161,7 +161,7 @@ func stopSignalCommitsPlannedBatches(t *testing.T, sig syscall.Signal) *child {
 func TestShutdownTimeoutMustBePositive(t *testing.T) {
 	for _, v := range []string{"0s", "-1s"} {
 		var out bytes.Buffer
-		err := Main(t.Context(), []string{"run", "--brokers", "b", "--registry-url", "r", "--shutdown-timeout", v}, &out, &out)
+		err := Main(t.Context(), []string{"run", "--brokers", "b", "--registry-url", "http://r", "--shutdown-timeout", v}, &out, &out)
 		if err == nil || !strings.Contains(err.Error(), "--shutdown-timeout") {
 			t.Errorf("--shutdown-timeout %s: got error %v, want one naming the flag", v, err)
 		}
