@@ -1,6 +1,7 @@
 package main
 
 import (
+	"fmt"
 	"os"
 	"path/filepath"
 	"regexp"
@@ -106,7 +107,8 @@ func TestConfigFileErrorsNeverQuoteIt(t *testing.T) {
 }
 
 // TestProduceLongFieldShortError: an events line with a 10 MB field name
-// fails produce in an error of a few hundred bytes that names the line.
+// fails produce in an error of a few hundred bytes that names the line,
+// and the file when it comes from one.
 func TestProduceLongFieldShortError(t *testing.T) {
 	e := newProduceEnv(t, demo.Topic, 1)
 	avsc := filepath.Join("..", "..", "internal", "demo", "account_event.avsc")
@@ -117,6 +119,15 @@ func TestProduceLongFieldShortError(t *testing.T) {
 	}
 	if len(err.Error()) > 1000 || !strings.HasPrefix(err.Error(), "line 1: field ") {
 		t.Errorf("error of %d bytes: %.300s", len(err.Error()), err)
+	}
+	// Read from a file, the error names it.
+	file := filepath.Join(t.TempDir(), "events.jsonl")
+	if err := os.WriteFile(file, []byte(line), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	_, err = e.produce(strings.NewReader(""), "--schema", avsc, "--key-field", "account_id", "--file", file)
+	if err == nil || len(err.Error()) > 1000 || !strings.HasPrefix(err.Error(), file+": line 1: field ") {
+		t.Errorf("error of %d bytes: %.300s", len(fmt.Sprint(err)), err)
 	}
 }
 

@@ -274,15 +274,20 @@ func (f *produceFlags) encode(lines []inputLine, vs valueSchema) ([]*kgo.Record,
 		}
 		records = append(records, r)
 	}
+	// A file's problems name it, as every error about a file does.
+	file := ""
+	if f.file != "" && f.file != "-" {
+		file = f.file + ": "
+	}
 	switch {
 	case failed == 1:
-		return nil, fmt.Errorf("%s (nothing was produced)", problems[0])
+		return nil, fmt.Errorf("%s%s (nothing was produced)", file, problems[0])
 	case failed > 0:
 		more := ""
 		if failed > maxLineErrors {
 			more = fmt.Sprintf("\n  and %d more", failed-maxLineErrors)
 		}
-		return nil, fmt.Errorf("%d of %d lines do not encode; nothing was produced:\n  %s%s", failed, len(lines), strings.Join(problems, "\n  "), more)
+		return nil, fmt.Errorf("%s%d of %d lines do not encode; nothing was produced:\n  %s%s", file, failed, len(lines), strings.Join(problems, "\n  "), more)
 	}
 	for _, k := range f.tombstones {
 		records = append(records, &kgo.Record{Topic: f.topic, Key: []byte(k)})
