@@ -230,6 +230,7 @@ func TestEnvUnknownVariables(t *testing.T) {
 
 	t.Run("unknown", func(t *testing.T) {
 		t.Setenv("PROJECTOR_FAVOURITE_COLOUR", "blue")
+		t.Setenv("PROJECTOR_HTTP_PORT", "8080") // not Kubernetes': its value is no tcp:// address
 		_, stderr, err := run("check", "--config", config, "--no-database")
 		if err == nil || exitCode(err) == exitUsage {
 			t.Errorf("check of a broken file: %v, want it to run and fail", err)
@@ -237,6 +238,9 @@ func TestEnvUnknownVariables(t *testing.T) {
 		want := "projector: unknown environment variable PROJECTOR_FAVOURITE_COLOUR ignored: no command reads it\n"
 		if strings.Count(stderr, "PROJECTOR_FAVOURITE_COLOUR") != 1 || !strings.Contains(stderr, want) {
 			t.Errorf("stderr:\n%s\nwant the line %q once", stderr, want)
+		}
+		if strings.Count(stderr, "PROJECTOR_HTTP_PORT") != 1 {
+			t.Errorf("stderr:\n%s\nwant one line about PROJECTOR_HTTP_PORT", stderr)
 		}
 	})
 
@@ -250,6 +254,22 @@ func TestEnvUnknownVariables(t *testing.T) {
 				name += "RUNS" // a family: any name it begins
 			}
 			t.Setenv(name, "1")
+		}
+		// What Kubernetes gives every pod for the Services projector and
+		// projector-relay of its namespace.
+		for name, value := range map[string]string{
+			"PROJECTOR_SERVICE_HOST":        "10.0.0.7",
+			"PROJECTOR_SERVICE_PORT":        "8080",
+			"PROJECTOR_SERVICE_PORT_HTTP":   "8080",
+			"PROJECTOR_PORT":                "tcp://10.0.0.7:8080",
+			"PROJECTOR_PORT_8080_TCP":       "tcp://10.0.0.7:8080",
+			"PROJECTOR_PORT_8080_TCP_PROTO": "tcp",
+			"PROJECTOR_PORT_8080_TCP_PORT":  "8080",
+			"PROJECTOR_PORT_8080_TCP_ADDR":  "10.0.0.7",
+			"PROJECTOR_RELAY_SERVICE_HOST":  "10.0.0.8",
+			"PROJECTOR_RELAY_PORT":          "tcp://10.0.0.8:8080",
+		} {
+			t.Setenv(name, value)
 		}
 		t.Setenv("PROJECTOR_EXECUTE", "true") // said only by the commands that have --execute
 		_, stderr, err := run("check", "--config", config, "--no-database")
@@ -277,6 +297,7 @@ func TestEnvNamesInTheRepository(t *testing.T) {
 	// A name that stands for a pattern, and the misspelling the docs show.
 	ignoredOK["PROJECTOR_KAFKA_"] = true
 	ignoredOK["PROJECTOR_DATABSE_URL"] = true
+	ignoredOK["PROJECTOR_PORT"] = true // Kubernetes', told by its tcp:// value
 	nameRE := regexp.MustCompile(`PROJECTOR_[A-Z0-9_]+`)
 	var files []string
 	for _, pattern := range []string{"../../docs/*.md", "../../README.md", "../../deploy/*", "../../deploy/*/*", "../../examples/*", "../../docker-compose.yml", "../../Makefile", "../../scripts/*", "../../internal/testenv/*.go", "*_test.go", "*.go"} {
@@ -301,7 +322,7 @@ func TestEnvNamesInTheRepository(t *testing.T) {
 		names := nameRE.FindAllString(string(b), -1)
 		slices.Sort(names)
 		for _, name := range slices.Compact(names) {
-			if !c.knownEnv[name] && !reserved(name) && !ignoredOK[name] {
+			if !c.knownEnv[name] && !reserved(name) && !ignoredOK[name] && !serviceLinkName.MatchString(name) {
 				t.Errorf("%s names %s, which no command reads and reservedEnv does not list", file, name)
 			}
 		}

@@ -140,8 +140,11 @@ refused with exit status 2 (` + "`unknown environment variable\nPROJECTOR_DATABS
 would otherwise quietly fall back to a default, such as the default
 database; any other gets one warning line on stderr. A variable that
 another command reads is not reported, as one environment may serve both
-` + "`run`" + ` and ` + "`relay`" + `; nor are the names that the repository's scripts and tests
-read (a name ending in ` + "`_`" + ` stands for every name it begins):
+` + "`run`" + ` and ` + "`relay`" + `; nor are those Kubernetes gives every pod for a Service
+named ` + "`projector`" + ` or ` + "`projector-…`" + ` of its namespace (` + "`PROJECTOR_SERVICE_HOST`" + `,
+` + "`PROJECTOR_PORT=tcp://…`" + `, ` + "`PROJECTOR_PORT_8080_TCP_ADDR`" + `, …), nor the names that
+the repository's scripts and tests read (a name ending in ` + "`_`" + ` stands for
+every name it begins):
 `
 
 // envReference renders the names the commands do not report and the
