@@ -148,15 +148,17 @@ every name it begins):
 `
 
 // envReference renders the names the commands do not report and the
-// variables that carry their command's name, with the name they had when
-// every flag read PROJECTOR_<FLAG>.
+// variables that carry their command's name, with the PROJECTOR_<FLAG>
+// they do not read.
 func envReference() string {
 	var b strings.Builder
 	b.WriteString("\n")
-	for _, name := range reservedEnv {
-		fmt.Fprintf(&b, "`%s` ", name)
+	names := make([]string, len(reservedEnv))
+	for i, name := range reservedEnv {
+		names[i] = "`" + name + "`"
 	}
-	b.WriteString("\n\nThe variables that carry their command's name; before, these flags read\nthe variable in the last column, which now means what the other commands\nmean by it, or nothing:\n\n| command | flag | variable | formerly |\n|---|---|---|---|\n")
+	b.WriteString(strings.Join(names, " "))
+	b.WriteString("\n\nThe variables that carry their command's name. These flags do not read the\nname in the last column, which most of them read in earlier releases:\nit means what the other commands mean by it, or nothing.\n\n| command | flag | variable | not read |\n|---|---|---|---|\n")
 	cmds := make([]string, 0, len(ownEnv))
 	for cmd := range ownEnv {
 		cmds = append(cmds, cmd)
