@@ -53,7 +53,7 @@ func demoCommand(stdout, stderr io.Writer) *ffcli.Command {
 			fs.StringVar(&f.schema, "database-schema", "projector_demo", "Postgres schema the demo recreates and writes into")
 			fs.IntVar(&f.aggregates, "aggregates", demo.DefaultOptions().Aggregates, "accounts in the generated stream (about 11 events each)")
 			fs.IntVar(&f.partitions, "partitions", 6, "partitions of the demo topic")
-			fs.StringVar(&f.httpAddr, "http-addr", "", "serve the first member's /metrics and /readyz here while the demo runs")
+			fs.StringVar(&f.httpAddr, "http-addr", "", "serve the first member's /metrics and /readyz here while the demo runs, e.g. 127.0.0.1:8080 for loopback only (:8080 listens on all interfaces); empty: not served")
 			fs.StringVar(&f.logLevel, "log-level", "error", "log level of the members and the relay (debug, info, warn, error)")
 			fs.DurationVar(&f.timeout, "timeout", 5*time.Minute, "give up when the members have not caught up by then")
 		},

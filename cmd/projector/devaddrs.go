@@ -8,6 +8,12 @@ const (
 	DevRegistryURL = "http://127.0.0.1:8081"
 )
 
+// DevHTTPAddr is where projector dev serves /metrics, /livez and /readyz
+// unless told otherwise: loopback only, since dev runs on a laptop, often
+// on a network it does not control; run's default listens on every
+// interface, for the scraper of its deployment.
+const DevHTTPAddr = "127.0.0.1:8080"
+
 // DevIdentity is projector dev's consumer identity unless told otherwise:
 // dev moves its identity's stored offsets back to 0 on every start (its
 // embedded topics start empty), which must never happen to the identity a

@@ -117,8 +117,9 @@ type engineEnv struct {
 	// engine is built.
 	migrated func(ctx context.Context, pool *pgxpool.Pool) error
 	// running, when not nil, is called once the engine is built, with
-	// the database it writes.
-	running func(target dbTarget)
+	// the database it writes and the address the HTTP surface listens
+	// on (nil: none).
+	running func(target dbTarget, http net.Addr)
 }
 
 // runOn checks everything that needs neither DDL nor the group (flags, the
@@ -240,7 +241,11 @@ func (f *runFlags) runOn(ctx context.Context, stderr io.Writer, env engineEnv) e
 		}
 		engine.Store(e)
 		if env.running != nil {
-			env.running(target)
+			var addr net.Addr
+			if ln != nil {
+				addr = ln.Addr()
+			}
+			env.running(target, addr)
 		}
 		log.Info("projector running", "identity", f.identity, "config", f.config, "group_protocol", f.groupProtocol,
 			"batch_max_records", f.batchMaxRecords, "batch_max_wait", f.batchMaxWait.String(), "commit_max_batches", f.commitMax,
