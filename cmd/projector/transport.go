@@ -6,6 +6,7 @@ import (
 	"errors"
 	"flag"
 	"fmt"
+	"io"
 	"log/slog"
 	"net/http"
 	"os"
@@ -34,9 +35,17 @@ type kafkaTransport struct {
 	saslUsername   string
 	saslPassword   string
 	registryCAFile string
+	// warnTo is the command's stderr, for the warnings of the flags'
+	// combination when the command has no logger; warned: said once.
+	warnTo io.Writer
+	warned bool
 }
 
 func (k *kafkaTransport) register(fs *flag.FlagSet) {
+	// newCommand gives the flag set the command's stderr before the
+	// flags are registered (the command line's conventions silence it
+	// only later, for parse errors).
+	k.warnTo = fs.Output()
 	fs.BoolVar(&k.tls, "kafka-tls", false, "connect to the brokers over TLS, verified against the system's CAs unless --kafka-tls-ca-file; implied by any other --kafka-tls-* flag")
 	fs.StringVar(&k.caFile, "kafka-tls-ca-file", "", "PEM file of the CAs that sign the brokers' certificates, instead of the system's")
 	fs.StringVar(&k.certFile, "kafka-tls-cert-file", "", "PEM file of the client certificate, for brokers that require one; needs --kafka-tls-key-file")
@@ -67,17 +76,51 @@ func (c *common) kafkaConfig(log *slog.Logger, metrics prometheus.Registerer) (k
 	if err != nil {
 		return kafkaclient.Config{}, err
 	}
+	c.warnCleartext(log, tlsCfg, mech)
 	return kafkaclient.Config{Brokers: brokers, TLS: tlsCfg, SASL: mech, Logger: log, Registerer: metrics}, nil
 }
 
 // checkTransport reports what is wrong with the transport flags, for a
 // command that builds its client only later.
 func (k *kafkaTransport) checkTransport() error {
-	if _, err := k.kafkaTLS(); err != nil {
+	tlsCfg, err := k.kafkaTLS()
+	if err != nil {
 		return err
 	}
-	_, err := k.kafkaSASL()
-	return err
+	mech, err := k.kafkaSASL()
+	if err != nil {
+		return err
+	}
+	k.warnCleartext(nil, tlsCfg, mech)
+	return nil
+}
+
+// warnCleartext warns, once per command, when SASL is to run over a
+// connection without TLS: PLAIN then sends the password as it is, and
+// with SCRAM, which does not, the records and the authenticated session
+// still cross the network in clear. It is a warning, not a refusal: a
+// cluster on a private network may be set up so on purpose. log, when not
+// nil, says it; otherwise it is a line on the command's stderr. Neither
+// names the user or the password.
+func (k *kafkaTransport) warnCleartext(log *slog.Logger, tlsCfg *tls.Config, mech sasl.Mechanism) {
+	if mech == nil || tlsCfg != nil || k.warned {
+		return
+	}
+	k.warned = true
+	what := "the records and the authenticated session cross the network unencrypted"
+	if mech.Name() == "PLAIN" {
+		what = "the password crosses the network as it is, and the records unencrypted"
+	}
+	msg := fmt.Sprintf("SASL %s without TLS: %s; --kafka-tls (PROJECTOR_KAFKA_TLS) connects over TLS", mech.Name(), what)
+	if log != nil {
+		log.Warn(msg)
+		return
+	}
+	w := k.warnTo
+	if w == nil {
+		w = os.Stderr
+	}
+	fmt.Fprintln(w, "projector: warning:", msg)
 }
 
 // kafkaTLS is the TLS configuration of the --kafka-tls* flags, nil for

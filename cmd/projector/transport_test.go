@@ -361,3 +361,71 @@ func TestSecuredKafka(t *testing.T) {
 		noSecret(t, "relay", s.out.String())
 	})
 }
+
+// TestSASLWithoutTLSWarnsOnce: a command given SASL credentials but no TLS
+// warns once, before it connects, naming the mechanism and the flag that
+// turns TLS on, and never the password: as a line on stderr, or a warning
+// of its log when it has one (relay). With TLS, or without SASL, it says
+// nothing of the kind.
+func TestSASLWithoutTLSWarnsOnce(t *testing.T) {
+	const password = "S3cretPw-of-the-test"
+	busy, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer busy.Close()
+	deadDB := "postgres://postgres@127.0.0.1:1/test?connect_timeout=2"
+	commands := map[string][]string{
+		// Each fails after the transport is read, without a cluster.
+		"run":    {"run", "--brokers", "127.0.0.1:1", "--registry-url", "http://127.0.0.1:1", "--config", filepath.Join(t.TempDir(), "none.yaml"), "--http-addr", ""},
+		"status": {"status", "--brokers", "127.0.0.1:1", "--database-url", deadDB},
+		"relay":  {"relay", "--brokers", "127.0.0.1:1", "--database-url", deadDB, "--http-addr", busy.Addr().String(), "--log-format", "text"},
+	}
+	sasl := func(mech string) []string {
+		return []string{"--kafka-sasl-mechanism", mech, "--kafka-sasl-username", "projector", "--kafka-sasl-password", password}
+	}
+	for name, base := range commands {
+		for _, tc := range []struct {
+			flags []string
+			want  string // "": no warning
+		}{
+			{sasl("plain"), "SASL PLAIN without TLS: the password crosses the network as it is"},
+			{sasl("scram-sha-256"), "SASL SCRAM-SHA-256 without TLS: the records and the authenticated session cross the network unencrypted"},
+			{append(sasl("plain"), "--kafka-tls"), ""},
+			{nil, ""},
+		} {
+			args := append(append([]string{}, base...), tc.flags...)
+			var out syncBuffer
+			err := Main(t.Context(), args, &out, &out)
+			if err == nil {
+				t.Errorf("projector %s: no error, want one from the missing config, database or port", strings.Join(args, " "))
+			}
+			all := out.String() + fmt.Sprint(err)
+			if strings.Contains(all, password) {
+				t.Errorf("projector %s printed the SASL password:\n%s", name, all)
+			}
+			n := strings.Count(all, "without TLS")
+			switch {
+			case tc.want == "" && n != 0:
+				t.Errorf("projector %s: warned of SASL without TLS, want no warning:\n%s", strings.Join(args, " "), all)
+			case tc.want != "" && (n != 1 || !strings.Contains(all, tc.want) || !strings.Contains(all, "--kafka-tls (PROJECTOR_KAFKA_TLS) connects over TLS")):
+				t.Errorf("projector %s: want the warning %q once, naming --kafka-tls; got %d:\n%s", strings.Join(args, " "), tc.want, n, all)
+			}
+		}
+	}
+
+	// A command that checks its transport first and builds its client
+	// later (status) still says it once.
+	var c common
+	var buf bytes.Buffer
+	c.brokers, c.saslMechanism, c.saslUsername, c.saslPassword, c.warnTo = "127.0.0.1:1", "plain", "projector", password, &buf
+	if err := c.checkTransport(); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := c.kafkaConfig(nil, nil); err != nil {
+		t.Fatal(err)
+	}
+	if n := strings.Count(buf.String(), "without TLS"); n != 1 {
+		t.Errorf("checkTransport then kafkaConfig warned %d times, want once:\n%s", n, buf.String())
+	}
+}
