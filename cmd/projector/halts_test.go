@@ -47,24 +47,6 @@ func opened(prefix string, from, to int) []demo.Record {
 	return out
 }
 
-// gaugeSum sums the samples of a gauge family.
-func gaugeSum(t *testing.T, g prometheus.Gatherer, name string) float64 {
-	t.Helper()
-	mfs, err := g.Gather()
-	if err != nil {
-		t.Fatal(err)
-	}
-	var sum float64
-	for _, mf := range mfs {
-		if mf.GetName() == name {
-			for _, m := range mf.GetMetric() {
-				sum += m.GetGauge().GetValue()
-			}
-		}
-	}
-	return sum
-}
-
 // waitHaltShown polls projector status until it shows partition 0 halted
 // by halt, with a reason holding why and the time the halt began (between
 // began and seen, when the test saw it halted), in --json and in the
@@ -101,7 +83,7 @@ func (e *offsetsEnv) waitResumed(live *projector.Engine, reg prometheus.Gatherer
 		if err := live.Ready(e.t.Context())["partitions"]; err != nil {
 			return fmt.Errorf("/readyz partitions check: %w", err)
 		}
-		if g := gaugeSum(e.t, reg, gauge); g != 0 {
+		if g := metricSum(e.t, reg, gauge); g != 0 {
 			return fmt.Errorf("%s sums to %v, want 0", gauge, g)
 		}
 		if next, _ := e.stored(0); next == nil || *next != end {
@@ -140,7 +122,7 @@ func TestResetReleasesDeadLetterStorm(t *testing.T) {
 	began := time.Now()
 	e.produceGarbage(100)
 	testenv.WaitFor(t, 30*time.Second, func() error {
-		if g := gaugeSum(t, reg, "projector_partition_dead_letter_storm"); g != 1 {
+		if g := metricSum(t, reg, "projector_partition_dead_letter_storm"); g != 1 {
 			return fmt.Errorf("projector_partition_dead_letter_storm = %v, want 1", g)
 		}
 		return nil
@@ -194,7 +176,7 @@ func TestResetReleasesLostOffset(t *testing.T) {
 	reg := prometheus.NewRegistry()
 	live, stop := e.engine(reg)
 	testenv.WaitFor(t, 30*time.Second, func() error {
-		if g := gaugeSum(t, reg, "projector_partition_halted"); g != 1 {
+		if g := metricSum(t, reg, "projector_partition_halted"); g != 1 {
 			return errors.New("partition 0 not halted yet")
 		}
 		return nil

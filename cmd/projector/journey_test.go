@@ -35,49 +35,6 @@ func readmeBlocks(t *testing.T) map[string]string {
 	return out
 }
 
-// shellWords splits a README command line as a POSIX shell would for the
-// forms the README uses: words, single quotes, a trailing comment and
-// "< file".
-func shellWords(line string) (words []string, stdin string) {
-	var (
-		w      strings.Builder
-		inWord bool
-		quoted bool
-	)
-	flush := func() {
-		if inWord {
-			words = append(words, w.String())
-		}
-		w.Reset()
-		inWord = false
-	}
-	for i := 0; i < len(line); i++ {
-		c := line[i]
-		switch {
-		case quoted && c == '\'':
-			quoted = false
-		case quoted:
-			w.WriteByte(c)
-		case c == '\'':
-			quoted, inWord = true, true
-		case c == '#' && !inWord:
-			flush()
-			return words, stdin
-		case c == ' ' || c == '\t':
-			flush()
-		default:
-			w.WriteByte(c)
-			inWord = true
-		}
-	}
-	flush()
-	if i := slices.Index(words, "<"); i >= 0 && i+1 < len(words) {
-		stdin = words[i+1]
-		words = slices.Delete(words, i, i+2)
-	}
-	return words, stdin
-}
-
 // withFlags returns args with each flag of set given that value, replacing
 // the README's value or appended when the README has none.
 func withFlags(args []string, set map[string]string) []string {
@@ -180,7 +137,7 @@ func TestReadmeJourney(t *testing.T) {
 	sc := bufio.NewScanner(strings.NewReader(blocks["shell"]))
 	ran := map[string]bool{}
 	for sc.Scan() {
-		words, stdin := shellWords(sc.Text())
+		words, stdin := docWords(sc.Text())
 		if len(words) == 0 {
 			continue
 		}

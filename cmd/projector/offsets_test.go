@@ -288,7 +288,7 @@ func TestOffsetsReset(t *testing.T) {
 	// partition 0.
 	e.produce(1, "two-", 12, 14, nil)
 	testenv.WaitFor(t, 30*time.Second, func() error {
-		if n := counter(t, reg, "projector_fenced_batches_total"); n == 0 {
+		if n := metricSum(t, reg, "projector_fenced_batches_total"); n == 0 {
 			return fmt.Errorf("the live owner committed no fenced batch yet")
 		}
 		return nil
@@ -349,8 +349,8 @@ func TestOffsetsResetRefusesBadTargets(t *testing.T) {
 	}
 }
 
-// counter sums the samples of a counter family.
-func counter(t *testing.T, g prometheus.Gatherer, name string) float64 {
+// metricSum sums the samples of a counter or gauge family.
+func metricSum(t *testing.T, g prometheus.Gatherer, name string) float64 {
 	t.Helper()
 	mfs, err := g.Gather()
 	if err != nil {
@@ -360,7 +360,7 @@ func counter(t *testing.T, g prometheus.Gatherer, name string) float64 {
 	for _, mf := range mfs {
 		if mf.GetName() == name {
 			for _, m := range mf.GetMetric() {
-				sum += m.GetCounter().GetValue()
+				sum += m.GetCounter().GetValue() + m.GetGauge().GetValue()
 			}
 		}
 	}
