@@ -2,6 +2,7 @@ package projector
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"sync"
 
@@ -65,4 +66,19 @@ func DecodeOptions(p *projection.Projection) []schemas.Option {
 		return nil
 	}
 	return []schemas.Option{schemas.UnionsAsJSON()}
+}
+
+// ClassifyDecode tells the partition workers how to treat a decode error
+// of package schemas: malformed or undecodable values and schemas the
+// projection cannot read are terminal, an unknown schema id is retried up
+// to the attempt limit (it may be registered late), anything else (the
+// registry unreachable) is transient.
+func ClassifyDecode(err error) partition.Class {
+	switch {
+	case errors.Is(err, schemas.ErrUnknownSchema):
+		return partition.Retryable
+	case schemas.IsTerminal(err):
+		return partition.Terminal
+	}
+	return partition.Transient
 }
