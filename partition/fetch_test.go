@@ -51,7 +51,7 @@ func TestFetchingResumesWhenABatchEmptiesTheBufferDuringAPause(t *testing.T) {
 	f := &slowFetcher{entered: make(chan struct{}), release: make(chan struct{})}
 	cfg := Config{BatchMaxRecords: 4, MaxBuffered: 4, BatchMaxWait: time.Millisecond}
 	w := NewWorker(cfg, WorkerDeps{Group: "g", Claim: sinks.Claim{TP: sinks.TP{Topic: "t", Partition: 0}}, Fetcher: f,
-		Log: slog.New(slog.DiscardHandler), Metrics: NewMetrics(prometheus.NewRegistry())})
+		Log: slog.New(slog.DiscardHandler), Metrics: NewMetrics(prometheus.NewRegistry(), nil)})
 
 	recs := make([]*kgo.Record, 4)
 	for i := range recs {
@@ -100,7 +100,7 @@ func TestFetchingResumesWhenABatchEmptiesTheBufferDuringAPause(t *testing.T) {
 func TestNewWorkerResumesFetching(t *testing.T) {
 	f := &slowFetcher{paused: true}
 	NewWorker(Config{}, WorkerDeps{Group: "g", Claim: sinks.Claim{TP: sinks.TP{Topic: "t", Partition: 0}}, Fetcher: f,
-		Log: slog.New(slog.DiscardHandler), Metrics: NewMetrics(prometheus.NewRegistry())})
+		Log: slog.New(slog.DiscardHandler), Metrics: NewMetrics(prometheus.NewRegistry(), nil)})
 	if f.isPaused() {
 		t.Fatal("the partition's fetching stays paused under its new worker: it would never be fetched")
 	}
@@ -122,7 +122,7 @@ func TestShareBoundsBatchAndBuffer(t *testing.T) {
 	f := &countingFetcher{}
 	cfg := Config{BatchMaxRecords: 100, MaxBuffered: 100, BatchMaxWait: time.Millisecond, Share: func() int { return share }}
 	w := NewWorker(cfg, WorkerDeps{Group: "g", Claim: sinks.Claim{TP: sinks.TP{Topic: "t", Partition: 0}}, Fetcher: f,
-		Log: slog.New(slog.DiscardHandler), Metrics: NewMetrics(prometheus.NewRegistry())})
+		Log: slog.New(slog.DiscardHandler), Metrics: NewMetrics(prometheus.NewRegistry(), nil)})
 	recs := func(n int) []*kgo.Record {
 		out := make([]*kgo.Record, n)
 		for i := range out {

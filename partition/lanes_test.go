@@ -92,7 +92,7 @@ func TestLanesDecodeOncePerReader(t *testing.T) {
 		w := NewWorker(Config{BatchMaxRecords: 7, BatchMaxWait: time.Millisecond, CommitMaxBatches: tc.maxBatches}, WorkerDeps{
 			Group: "g", Claim: sinks.Claim{TP: tp, Epoch: cs[0].Epoch}, Projection: p, Sink: sinkOf(p), Decoder: first,
 			Others:  []Lane{{Projection: snap, Sink: sinkOf(snap), Decoder: second}},
-			Fetcher: f, Log: slog.New(slog.DiscardHandler), Metrics: NewMetrics(reg),
+			Fetcher: f, Log: slog.New(slog.DiscardHandler), Metrics: NewMetrics(reg, nil),
 		})
 		f.w = w
 		w.Push(recs, int64(len(recs)))

@@ -27,64 +27,78 @@ type Metrics struct {
 	shrinks        *prometheus.CounterVec
 }
 
-// NewMetrics registers the worker metrics with reg.
-func NewMetrics(reg prometheus.Registerer) *Metrics {
+// NewMetrics registers the worker metrics with reg, each with the
+// constant labels given (the engine's: its consumer group), so that the
+// workers of several engines share one registry.
+func NewMetrics(reg prometheus.Registerer, labels prometheus.Labels) *Metrics {
 	m := &Metrics{
 		processed: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Name: "projector_records_processed_total",
-			Help: "Records processed, by outcome: applied, stale (duplicate or older version), parked (waiting for a missing version), dead_lettered.",
+			Name:        "projector_records_processed_total",
+			ConstLabels: labels,
+			Help:        "Records processed, by outcome: applied, stale (duplicate or older version), parked (waiting for a missing version), dead_lettered.",
 		}, []string{"projection", "topic", "outcome"}),
 		commitDuration: prometheus.NewHistogram(prometheus.HistogramOpts{
-			Name:    "projector_batch_commit_duration_seconds",
-			Help:    "Duration of one transaction: load state, write rows, parked events, dead letters and the offset, commit.",
-			Buckets: prometheus.ExponentialBuckets(0.001, 2, 14),
+			Name:        "projector_batch_commit_duration_seconds",
+			ConstLabels: labels,
+			Help:        "Duration of one transaction: load state, write rows, parked events, dead letters and the offset, commit.",
+			Buckets:     prometheus.ExponentialBuckets(0.001, 2, 14),
 		}),
 		batchRecords: prometheus.NewHistogram(prometheus.HistogramOpts{
-			Name:    "projector_batch_records",
-			Help:    "Records one committed batch covered, at most --batch-max-records or the partition's share of --member-max-records.",
-			Buckets: prometheus.ExponentialBuckets(1, 2, 14),
+			Name:        "projector_batch_records",
+			ConstLabels: labels,
+			Help:        "Records one committed batch covered, at most --batch-max-records or the partition's share of --member-max-records.",
+			Buckets:     prometheus.ExponentialBuckets(1, 2, 14),
 		}),
 		commitBatches: prometheus.NewHistogram(prometheus.HistogramOpts{
-			Name:    "projector_commit_batches",
-			Help:    "Batches one transaction covered: 1, or more while the partition is behind (up to --commit-max-batches full ones' worth of records).",
-			Buckets: prometheus.ExponentialBuckets(1, 2, 7),
+			Name:        "projector_commit_batches",
+			ConstLabels: labels,
+			Help:        "Batches one transaction covered: 1, or more while the partition is behind (up to --commit-max-batches full ones' worth of records).",
+			Buckets:     prometheus.ExponentialBuckets(1, 2, 7),
 		}),
 		replays: prometheus.NewCounter(prometheus.CounterOpts{
-			Name: "projector_commit_replays_total",
-			Help: "Transactions of several batches applied again batch by batch: Postgres did not hold what they were planned on, or refused a row.",
+			Name:        "projector_commit_replays_total",
+			ConstLabels: labels,
+			Help:        "Transactions of several batches applied again batch by batch: Postgres did not hold what they were planned on, or refused a row.",
 		}),
 		fenced: prometheus.NewCounter(prometheus.CounterOpts{
-			Name: "projector_fenced_batches_total",
-			Help: "Batches rolled back because a newer owner had claimed the partition.",
+			Name:        "projector_fenced_batches_total",
+			ConstLabels: labels,
+			Help:        "Batches rolled back because a newer owner had claimed the partition.",
 		}),
 		retries: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Name: "projector_retries_total",
-			Help: "Attempts retried after a transient failure (database, registry or broker unavailable).",
-		}, []string{"group", "topic", "partition", "reason"}),
+			Name:        "projector_retries_total",
+			ConstLabels: labels,
+			Help:        "Attempts retried after a transient failure (database, registry or broker unavailable).",
+		}, []string{"topic", "partition", "reason"}),
 	}
 	m.backoff = prometheus.NewGaugeVec(prometheus.GaugeOpts{
-		Name: "projector_backoff_active",
-		Help: "1 while the partition's worker backs off after a failure (its fetching is paused), else 0.",
-	}, []string{"group", "topic", "partition"})
-	m.refused = newRefusedGauge(reg)
-	m.storm = newStormGauge(reg)
-	m.shrinks = newShrinksCounter(reg)
+		Name:        "projector_backoff_active",
+		ConstLabels: labels,
+		Help:        "1 while the partition's worker backs off after a failure (its fetching is paused), else 0.",
+	}, []string{"topic", "partition"})
+	m.refused = newRefusedGauge(reg, labels)
+	m.storm = newStormGauge(reg, labels)
+	m.shrinks = newShrinksCounter(reg, labels)
 	m.deadLetters = prometheus.NewCounterVec(prometheus.CounterOpts{
-		Name: "projector_dead_letters_total",
-		Help: "Records dead-lettered, by reason: decode, invalid, invalid_key, key_mismatch, fold, oversized, invalid_value, rejected, refused, gap.",
+		Name:        "projector_dead_letters_total",
+		ConstLabels: labels,
+		Help:        "Records dead-lettered, by reason: decode, invalid, invalid_key, key_mismatch, fold, oversized, invalid_value, rejected, refused, gap.",
 	}, []string{"projection", "reason"})
 	m.gaps = prometheus.NewCounterVec(prometheus.CounterOpts{
-		Name: "projector_gaps_total",
-		Help: "Aggregates that stopped waiting for a missing version, by resolution: filled (it arrived), repaired, dead_lettered.",
+		Name:        "projector_gaps_total",
+		ConstLabels: labels,
+		Help:        "Aggregates that stopped waiting for a missing version, by resolution: filled (it arrived), repaired, dead_lettered.",
 	}, []string{"projection", "resolution"})
 	m.repairFailures = prometheus.NewCounterVec(prometheus.CounterOpts{
-		Name: "projector_gap_repair_failures_total",
-		Help: "Gap repair attempts that got no usable answer, by reason: unavailable (the source or Postgres is down; retried without limit), not_found (the source has nothing for the gap; its parked events are dead-lettered), failed (any other error; dead-lettered after --max-attempts).",
+		Name:        "projector_gap_repair_failures_total",
+		ConstLabels: labels,
+		Help:        "Gap repair attempts that got no usable answer, by reason: unavailable (the source or Postgres is down; retried without limit), not_found (the source has nothing for the gap; its parked events are dead-lettered), failed (any other error; dead-lettered after --max-attempts).",
 	}, []string{"projection", "reason"})
 	m.skipped = prometheus.NewCounterVec(prometheus.CounterOpts{
-		Name: "projector_records_skipped_total",
-		Help: "Offsets skipped because retention deleted them before they were applied (--on-offset-lost=skip).",
-	}, []string{"group", "topic", "partition"})
+		Name:        "projector_records_skipped_total",
+		ConstLabels: labels,
+		Help:        "Offsets skipped because retention deleted them before they were applied (--on-offset-lost=skip).",
+	}, []string{"topic", "partition"})
 	reg.MustRegister(m.processed, m.commitDuration, m.batchRecords, m.commitBatches, m.replays, m.fenced, m.retries, m.backoff, m.deadLetters, m.gaps, m.repairFailures, m.skipped)
 	return m
 }
@@ -123,10 +137,10 @@ func (m *Metrics) Known(projection, topic string) {
 
 // knownPartition creates the series of a claimed partition's counters at
 // 0: its retries by reason and its skipped offsets.
-func (m *Metrics) knownPartition(group string, tp sinks.TP) {
+func (m *Metrics) knownPartition(tp sinks.TP) {
 	p := strconv.Itoa(int(tp.Partition))
 	for _, r := range retryReasons {
-		m.retries.WithLabelValues(group, tp.Topic, p, r)
+		m.retries.WithLabelValues(tp.Topic, p, r)
 	}
-	m.skipped.WithLabelValues(group, tp.Topic, p)
+	m.skipped.WithLabelValues(tp.Topic, p)
 }

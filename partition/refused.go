@@ -18,11 +18,12 @@ import (
 // on it tries once per RetryCap without a line each time, so that it
 // resumes by itself once the table or the grants are fixed.
 
-func newRefusedGauge(reg prometheus.Registerer) *prometheus.GaugeVec {
+func newRefusedGauge(reg prometheus.Registerer, labels prometheus.Labels) *prometheus.GaugeVec {
 	g := prometheus.NewGaugeVec(prometheus.GaugeOpts{
-		Name: "projector_partition_statements_refused",
-		Help: "1 while a partition is halted because Postgres refuses the statements projector writes with (a table or column changed, a privilege revoked); it resumes once they are accepted, or from an offset reset (projector offsets reset).",
-	}, []string{"group", "topic", "partition"})
+		Name:        "projector_partition_statements_refused",
+		ConstLabels: labels,
+		Help:        "1 while a partition is halted because Postgres refuses the statements projector writes with (a table or column changed, a privilege revoked); it resumes once they are accepted, or from an offset reset (projector offsets reset).",
+	}, []string{"topic", "partition"})
 	reg.MustRegister(g)
 	return g
 }
@@ -40,7 +41,7 @@ func (w *Worker) refusedBy(what string, cause error) (quiet bool) {
 	}
 	w.refusing = true
 	w.Halt(sinks.HaltStatementsRefused, fmt.Sprintf("%s: %v; fix the table or the grants and the partition resumes (it tries again every %s)", what, cause, w.cfg.RetryCap))
-	w.metrics.refused.WithLabelValues(w.group, w.claim.Topic, strconv.Itoa(int(w.claim.Partition))).Set(1)
+	w.metrics.refused.WithLabelValues(w.claim.Topic, strconv.Itoa(int(w.claim.Partition))).Set(1)
 	w.log.Error("partition halted: Postgres refuses the statements projector writes with, and retrying cannot help until the table or the grants are fixed",
 		"what", what, "attempts", w.badStatements, "err", cause)
 	return true
@@ -67,5 +68,5 @@ func (w *Worker) leaveRefused() {
 	if !w.storm.on {
 		w.halted.Store(nil) // fetching resumes with the backoff's end (see done)
 	}
-	w.metrics.refused.DeleteLabelValues(w.group, w.claim.Topic, strconv.Itoa(int(w.claim.Partition)))
+	w.metrics.refused.DeleteLabelValues(w.claim.Topic, strconv.Itoa(int(w.claim.Partition)))
 }

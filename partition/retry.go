@@ -52,7 +52,7 @@ func (w *Worker) backoffUnless(ctx context.Context, attempt int, what string, ca
 		w.mu.Lock()
 		w.syncFetch()
 		w.mu.Unlock()
-		w.metrics.backoff.WithLabelValues(w.group, w.claim.Topic, strconv.Itoa(int(w.claim.Partition))).Set(1)
+		w.metrics.backoff.WithLabelValues(w.claim.Topic, strconv.Itoa(int(w.claim.Partition))).Set(1)
 	}
 	if cause != nil {
 		msg := what + ": " + redact.ClipTo(redact.String(cause.Error()), 4*redact.MaxQuoted)
@@ -60,7 +60,7 @@ func (w *Worker) backoffUnless(ctx context.Context, attempt int, what string, ca
 	}
 	quiet := w.refusedBy(what, cause) || w.storm.on
 	delay := backoff.Policy{Base: w.cfg.RetryBase, Cap: w.cfg.RetryCap}.Delay(attempt)
-	w.metrics.retries.WithLabelValues(w.group, w.claim.Topic, strconv.Itoa(int(w.claim.Partition)), reasonOf(cause)).Inc()
+	w.metrics.retries.WithLabelValues(w.claim.Topic, strconv.Itoa(int(w.claim.Partition)), reasonOf(cause)).Inc()
 	if quiet {
 		delay = w.cfg.RetryCap // halted: said once, tried now and then
 	} else {
@@ -92,7 +92,7 @@ func (w *Worker) done() {
 		return
 	}
 	w.backoffErr.Store(nil)
-	w.metrics.backoff.WithLabelValues(w.group, w.claim.Topic, strconv.Itoa(int(w.claim.Partition))).Set(0)
+	w.metrics.backoff.WithLabelValues(w.claim.Topic, strconv.Itoa(int(w.claim.Partition))).Set(0)
 	w.mu.Lock()
 	w.syncFetch()
 	w.mu.Unlock()

@@ -37,10 +37,11 @@ type shrinking struct {
 	said bool
 }
 
-func newShrinksCounter(reg prometheus.Registerer) *prometheus.CounterVec {
+func newShrinksCounter(reg prometheus.Registerer, labels prometheus.Labels) *prometheus.CounterVec {
 	c := prometheus.NewCounterVec(prometheus.CounterOpts{
-		Name: "projector_transaction_shrinks_total",
-		Help: "Transactions applied again in smaller ones because they met a limit Postgres sets on a statement or transaction, by SQLSTATE (57014 statement_timeout, 25P04 transaction_timeout, 25P03 idle_in_transaction_session_timeout, 53400 temp_file_limit).",
+		Name:        "projector_transaction_shrinks_total",
+		ConstLabels: labels,
+		Help:        "Transactions applied again in smaller ones because they met a limit Postgres sets on a statement or transaction, by SQLSTATE (57014 statement_timeout, 25P04 transaction_timeout, 25P03 idle_in_transaction_session_timeout, 53400 temp_file_limit).",
 	}, []string{"sqlstate"})
 	reg.MustRegister(c)
 	return c

@@ -193,11 +193,12 @@ type stormHalt struct {
 	logged time.Time
 }
 
-func newStormGauge(reg prometheus.Registerer) *prometheus.GaugeVec {
+func newStormGauge(reg prometheus.Registerer, labels prometheus.Labels) *prometheus.GaugeVec {
 	g := prometheus.NewGaugeVec(prometheus.GaugeOpts{
-		Name: "projector_partition_dead_letter_storm",
-		Help: "1 while a partition is halted because more than --dead-letter-storm-share of its last --dead-letter-storm-window records would be dead letters of one class (the class label); it tries the batch again every --retry-cap and resumes once they are not, or from an offset reset (projector offsets reset).",
-	}, []string{"group", "topic", "partition", "class"})
+		Name:        "projector_partition_dead_letter_storm",
+		ConstLabels: labels,
+		Help:        "1 while a partition is halted because more than --dead-letter-storm-share of its last --dead-letter-storm-window records would be dead letters of one class (the class label); it tries the batch again every --retry-cap and resumes once they are not, or from an offset reset (projector offsets reset).",
+	}, []string{"topic", "partition", "class"})
 	reg.MustRegister(g)
 	return g
 }
@@ -212,11 +213,11 @@ func (w *Worker) stormed(trip *stormTrip) {
 		return
 	}
 	if s.on && s.class != trip.class {
-		w.metrics.storm.DeleteLabelValues(w.group, w.claim.Topic, p, s.class)
+		w.metrics.storm.DeleteLabelValues(w.claim.Topic, p, s.class)
 	}
 	s.on, s.class, s.logged = true, trip.class, now
 	w.Halt(sinks.HaltDeadLetterStorm, fmt.Sprintf("%v; the partition tries the batch again every %s and resumes once its records are no longer dead-lettered so, or from an offset reset (projector offsets reset)", trip, w.cfg.RetryCap))
-	w.metrics.storm.WithLabelValues(w.group, w.claim.Topic, p, trip.class).Set(1)
+	w.metrics.storm.WithLabelValues(w.claim.Topic, p, trip.class).Set(1)
 	name := w.proj.Name
 	if trip.projection != "" {
 		name = trip.projection
@@ -247,7 +248,7 @@ func (w *Worker) leaveStorm() {
 	if !w.storm.on {
 		return
 	}
-	w.metrics.storm.DeleteLabelValues(w.group, w.claim.Topic, strconv.Itoa(int(w.claim.Partition)), w.storm.class)
+	w.metrics.storm.DeleteLabelValues(w.claim.Topic, strconv.Itoa(int(w.claim.Partition)), w.storm.class)
 	w.storm = stormHalt{}
 	if !w.refusing {
 		w.halted.Store(nil)

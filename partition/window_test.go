@@ -189,7 +189,7 @@ func windowWorkerConfig(t *testing.T, sink sinks.Sink, cfg Config, events []demo
 	}
 	f := &rewindFetcher{recs: recs}
 	w := NewWorker(cfg, WorkerDeps{Group: "g", Claim: sinks.Claim{TP: sinks.TP{Topic: demo.Topic}},
-		Projection: p, Sink: sink, Decoder: dec, Fetcher: f, Log: slog.New(slog.DiscardHandler), Metrics: NewMetrics(prometheus.NewRegistry())})
+		Projection: p, Sink: sink, Decoder: dec, Fetcher: f, Log: slog.New(slog.DiscardHandler), Metrics: NewMetrics(prometheus.NewRegistry(), nil)})
 	f.w = w
 	return w, recs
 }
@@ -756,7 +756,7 @@ func TestGoFoldGetsFieldsMaps(t *testing.T) {
 			}
 		}
 		w := NewWorker(Config{}, WorkerDeps{Group: "g", Claim: sinks.Claim{TP: sinks.TP{Topic: demo.Topic}}, Projection: p, Sink: newMemSink(), Decoder: dec,
-			Fetcher: &rewindFetcher{}, Log: slog.New(slog.DiscardHandler), Metrics: NewMetrics(prometheus.NewRegistry())})
+			Fetcher: &rewindFetcher{}, Log: slog.New(slog.DiscardHandler), Metrics: NewMetrics(prometheus.NewRegistry(), nil)})
 		if (w.values != nil) == goFold {
 			t.Errorf("Go fold %v: decoding into values %v", goFold, w.values != nil)
 		}

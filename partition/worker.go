@@ -178,7 +178,7 @@ func newWorker(cfg Config, d WorkerDeps) *Worker {
 		d.Log = slog.New(slog.DiscardHandler)
 	}
 	if d.Metrics == nil {
-		d.Metrics = NewMetrics(prometheus.NewRegistry())
+		d.Metrics = NewMetrics(prometheus.NewRegistry(), nil)
 	}
 	claim, p, sink, dec := d.Claim, d.Projection, d.Sink, d.Decoder
 	w := &Worker{
@@ -193,7 +193,7 @@ func newWorker(cfg Config, d WorkerDeps) *Worker {
 		w.now = time.Now
 	}
 	w.guard = newStormGuard(cfg)
-	w.metrics.knownPartition(w.group, claim.TP)
+	w.metrics.knownPartition(claim.TP)
 	w.peeker, _ = sink.(sinks.Peeker)
 	if vd, ok := dec.(ValuesDecoder); ok && vd.Width() > 0 && !p.ReadsFieldsMap() {
 		w.values = vd
@@ -500,7 +500,7 @@ func (w *Worker) skip(ctx context.Context, req skipRequest) error {
 		w.syncFetch()
 		w.mu.Unlock()
 		w.log.Warn("skipped records deleted by retention before they were applied", "from", from, "to", req.to, "lost", req.to-from)
-		w.metrics.skipped.WithLabelValues(w.group, w.claim.Topic, strconv.Itoa(int(w.claim.Partition))).Add(float64(req.to - from))
+		w.metrics.skipped.WithLabelValues(w.claim.Topic, strconv.Itoa(int(w.claim.Partition))).Add(float64(req.to - from))
 	}
 	req.done <- err
 	return err

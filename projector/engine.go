@@ -13,6 +13,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
 	"github.com/twmb/franz-go/pkg/kadm"
 	"github.com/twmb/franz-go/pkg/kerr"
 	"github.com/twmb/franz-go/pkg/kgo"
@@ -204,13 +205,18 @@ func New(cfg Config, decoderOf Decoders) (*Engine, error) {
 	if cfg.TracerProvider != nil {
 		e.cfg.Partition.Tracer = cfg.TracerProvider.Tracer("github.com/projector-dev/projector")
 	}
-	e.metrics = partition.NewMetrics(cfg.Registerer)
+	// Every metric of the engine carries its consumer group, so that
+	// engines of several identities (generations run side by side) share
+	// one registry.
+	group := prometheus.Labels{"group": cfg.Identity}
+	grouped := prometheus.WrapRegistererWith(group, cfg.Registerer)
+	e.metrics = partition.NewMetrics(cfg.Registerer, group)
 	for _, p := range cfg.Projections {
 		e.metrics.Known(p.Name, p.Topic)
 	}
-	e.group = newGroupMetrics(cfg.Registerer, cfg.Identity)
-	e.group.stalled = newStalledGauge(cfg.Registerer, cfg.Identity)
-	cfg.Registerer.MustRegister(&lagCollector{e: e})
+	e.group = newGroupMetrics(cfg.Registerer, group)
+	e.group.stalled = newStalledGauge(cfg.Registerer, group)
+	grouped.MustRegister(&lagCollector{e: e})
 	e.pruner = newTombstonePruner(&e.cfg, e.log)
 
 	opts := []kgo.Opt{
@@ -262,7 +268,7 @@ func New(cfg Config, decoderOf Decoders) (*Engine, error) {
 	if cfg.InstanceID != "" {
 		opts = append(opts, kgo.InstanceID(cfg.InstanceID))
 	}
-	e.opts = kafkaclient.ConsumerOptions(kafkaclient.Config{Brokers: cfg.Brokers, Registerer: cfg.Registerer, Logger: cfg.Logger, Extra: cfg.ClientOpts}, opts...)
+	e.opts = kafkaclient.ConsumerOptions(kafkaclient.Config{Brokers: cfg.Brokers, Registerer: grouped, Logger: cfg.Logger, Extra: cfg.ClientOpts}, opts...)
 	return e, nil
 }
 

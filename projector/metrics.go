@@ -18,8 +18,7 @@ type groupMetrics struct {
 	stalled       *prometheus.GaugeVec // see stall.go
 }
 
-func newGroupMetrics(reg prometheus.Registerer, group string) *groupMetrics {
-	labels := prometheus.Labels{"group": group}
+func newGroupMetrics(reg prometheus.Registerer, labels prometheus.Labels) *groupMetrics {
 	m := &groupMetrics{
 		rebalances: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "projector_rebalances_total", Help: "Rebalances this member took part in (each ends with an assignment, possibly empty).", ConstLabels: labels,
@@ -60,10 +59,10 @@ func (m *groupMetrics) removed(removed map[string][]int32) {
 var (
 	lagDesc = prometheus.NewDesc("projector_consumer_lag",
 		"Records not yet committed: high watermark minus the stored next offset.",
-		[]string{"group", "topic", "partition"}, nil)
+		[]string{"topic", "partition"}, nil)
 	lagSecondsDesc = prometheus.NewDesc("projector_consumer_lag_seconds",
 		"Age of the oldest fetched record not yet committed; 0 when caught up.",
-		[]string{"group", "topic", "partition"}, nil)
+		[]string{"topic", "partition"}, nil)
 )
 
 var (
@@ -166,7 +165,7 @@ func (c *lagCollector) Collect(ch chan<- prometheus.Metric) {
 		ch <- prometheus.MustNewConstMetric(tombstoneChecksDesc, prometheus.CounterValue, float64(probed), p.Name, "probe")
 	}
 	for _, s := range c.e.Workers() {
-		labels := []string{c.e.cfg.Identity, s.Topic, strconv.Itoa(int(s.Partition))}
+		labels := []string{s.Topic, strconv.Itoa(int(s.Partition))}
 		// Past the log end (the topic was created again) there is no lag
 		// to tell: projector_partition_halted says why.
 		if s.HighWatermark >= 0 && s.NextOffset <= s.HighWatermark {

@@ -52,16 +52,16 @@ func TestCountersExistFromTheStart(t *testing.T) {
 	topic := f.kafka.Topic
 	for _, p := range f.projs {
 		for _, o := range []string{"applied", "stale", "parked", "dead_lettered"} {
-			want = append(want, fmt.Sprintf(`projector_records_processed_total{outcome=%q,projection=%q,topic=%q}`, o, p.Name, topic))
+			want = append(want, fmt.Sprintf(`projector_records_processed_total{group="fresh",outcome=%q,projection=%q,topic=%q}`, o, p.Name, topic))
 		}
 		for _, c := range sinks.Classes {
-			want = append(want, fmt.Sprintf(`projector_dead_letters_total{projection=%q,reason=%q}`, p.Name, c))
+			want = append(want, fmt.Sprintf(`projector_dead_letters_total{group="fresh",projection=%q,reason=%q}`, p.Name, c))
 		}
 		for _, r := range []string{"filled", "repaired", "dead_lettered"} {
-			want = append(want, fmt.Sprintf(`projector_gaps_total{projection=%q,resolution=%q}`, p.Name, r))
+			want = append(want, fmt.Sprintf(`projector_gaps_total{group="fresh",projection=%q,resolution=%q}`, p.Name, r))
 		}
 		for _, r := range []string{"unavailable", "not_found", "failed"} {
-			want = append(want, fmt.Sprintf(`projector_gap_repair_failures_total{projection=%q,reason=%q}`, p.Name, r))
+			want = append(want, fmt.Sprintf(`projector_gap_repair_failures_total{group="fresh",projection=%q,reason=%q}`, p.Name, r))
 		}
 	}
 	for part := range 2 {
@@ -70,7 +70,7 @@ func TestCountersExistFromTheStart(t *testing.T) {
 		}
 		want = append(want, fmt.Sprintf(`projector_records_skipped_total{group="fresh",partition="%d",topic=%q}`, part, topic))
 	}
-	want = append(want, `projector_transaction_shrinks_total{sqlstate="57014"}`, `projector_rebalances_total{group="fresh"}`)
+	want = append(want, `projector_transaction_shrinks_total{group="fresh",sqlstate="57014"}`, `projector_rebalances_total{group="fresh"}`)
 	for _, s := range want {
 		v, ok := have[s]
 		switch {

@@ -25,11 +25,11 @@ import (
 // restarted (Kubernetes' liveness probe) and the partition moves.
 
 // newStalledGauge registers projector_partition_stalled with reg.
-func newStalledGauge(reg prometheus.Registerer, group string) *prometheus.GaugeVec {
+func newStalledGauge(reg prometheus.Registerer, labels prometheus.Labels) *prometheus.GaugeVec {
 	g := prometheus.NewGaugeVec(prometheus.GaugeOpts{
 		Name:        "projector_partition_stalled",
+		ConstLabels: labels,
 		Help:        "1 while a partition has had records to apply and committed none for --stall-after; /livez fails meanwhile.",
-		ConstLabels: prometheus.Labels{"group": group},
 	}, []string{"topic", "partition"})
 	reg.MustRegister(g)
 	return g

@@ -71,8 +71,9 @@ func newTombstonePruner(cfg *Config, log *slog.Logger) *tombstonePruner {
 		now:       time.Now,
 		log:       log,
 		pruned: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Name: "projector_tombstones_pruned_total",
-			Help: "Tombstones of deleted aggregates this member pruned because they were older than the projection's tombstone retention.",
+			Name:        "projector_tombstones_pruned_total",
+			ConstLabels: prometheus.Labels{"group": cfg.Identity},
+			Help:        "Tombstones of deleted aggregates this member pruned because they were older than the projection's tombstone retention.",
 		}, []string{"projection"}),
 	}
 	for _, proj := range cfg.Projections {

@@ -391,6 +391,9 @@ when one fires is in [operations.md](operations.md).
 const metricsNotes = `
 Reading them:
 
+- Every metric of the engine carries ` + "`group`" + `, its consumer identity, the
+  client's ` + "`kgo_*`" + ` metrics too: engines of several identities in one process
+  share one registry, each with its own series.
 - ` + "`projector_consumer_lag`" + ` is absent while a partition's stored offset is past
   the log end (the topic was created again); ` + "`projector_partition_halted`" + ` says why.
 - ` + "`projector_records_processed_total`" + ` counts records on arrival; a batch tried
