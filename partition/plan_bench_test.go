@@ -1,6 +1,7 @@
 package partition
 
 import (
+	"context"
 	"fmt"
 	"io"
 	"log/slog"
@@ -162,4 +163,39 @@ func BenchmarkBatchGoSide(b *testing.B) {
 			b.Fatal(err)
 		}
 	})
+}
+
+// stateSink is a Sink that plans each batch on a fixed state and writes
+// nothing: what a worker does for a batch besides Postgres.
+type stateSink struct{ st sinks.State }
+
+func (s stateSink) CommitBatch(_ context.Context, _ sinks.Claim, _ int64, _ sinks.Keys, plan func(sinks.State) (sinks.Changes, error)) error {
+	_, err := plan(s.st)
+	return err
+}
+
+func (stateSink) Parked(context.Context, sinks.TP) (map[string]sinks.ParkedInfo, error) {
+	return nil, nil
+}
+
+func (s stateSink) Load(context.Context, sinks.TP, []string) (sinks.State, error) { return s.st, nil }
+
+// BenchmarkProcess is a batch applied on its own as a worker that is not
+// behind applies it: records to items, decode, keys, the plan inside the
+// sink's transaction, and the worker moving past it (metrics, storm
+// guard), the sink writing nothing.
+func BenchmarkProcess(b *testing.B) {
+	bb := newBenchBatch(b)
+	w := NewWorker(Config{}, WorkerDeps{Group: "bench", Claim: sinks.Claim{TP: sinks.TP{Topic: demo.Topic}}, Projection: bb.w.proj,
+		Sink: stateSink{bb.state}, Decoder: bb.w.dec, Fetcher: idleFetcher{}, Log: slog.New(slog.DiscardHandler)})
+	ctx := b.Context()
+	run := func() {
+		w.claim.NextOffset = 0
+		if err := w.process(ctx, bb.recs); err != nil {
+			b.Fatal(err)
+		}
+	}
+	run() // warm the schema cache
+	b.ReportAllocs()
+	perEvent(b, benchBatchSize, run)
 }
