@@ -90,7 +90,7 @@ func TestHotAggregateCollapsesToOneRowWrite(t *testing.T) {
 	reg := prometheus.NewRegistry()
 	w := NewWorker(Config{}, WorkerDeps{Group: "g", Claim: sinks.Claim{TP: sinks.TP{Topic: demo.Topic}}, Projection: p, Sink: sink, Decoder: dec,
 		Fetcher: idleFetcher{}, Log: slog.New(slog.DiscardHandler), Metrics: NewMetrics(reg, nil)})
-	w.gaps.aggs = map[string]*gap{}
+	w.lanes[0].gaps.aggs = map[string]*gap{}
 	if err := w.process(t.Context(), recs); err != nil {
 		t.Fatal(err)
 	}

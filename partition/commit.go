@@ -20,26 +20,27 @@ import (
 // dead-letter storm is not committed: commitBatch returns its
 // *stormTrip.
 func (w *Worker) commitBatch(ctx context.Context, n int, items []*item, end int64, keys sinks.Keys) (err error) {
+	l := w.lanes[0]
 	var (
 		out      outcomes
 		changes  sinks.Changes
 		rejected = map[string]rejection{}
 		giveUp   bool // dead-letter events whose fold keeps failing
 	)
-	mark := w.guard.pos()
+	mark := l.guard.pos()
 	defer func() {
 		if err != nil {
-			w.guard.truncate(mark) // the batch did not commit
+			l.guard.truncate(mark) // the batch did not commit
 		}
 	}()
 	plan := func(st sinks.State) (sinks.Changes, error) {
 		var err error
-		changes, out, err = w.plan(ctx, items, keys.All, st, nil, rejected, giveUp)
+		changes, out, err = l.plan(ctx, items, keys.All, st, nil, rejected, giveUp)
 		if err != nil {
 			return changes, err
 		}
-		w.guard.truncate(mark) // planned again: an earlier plan's outcomes go
-		if trip := w.guard.add(items, changes.DeadLetters); trip != nil {
+		l.guard.truncate(mark) // planned again: an earlier plan's outcomes go
+		if trip := l.guard.add(items, changes.DeadLetters); trip != nil {
 			return sinks.Changes{}, trip
 		}
 		return changes, nil
@@ -54,8 +55,7 @@ func (w *Worker) commitBatch(ctx context.Context, n int, items []*item, end int6
 		return err
 	}
 	w.done()
-	w.guard.commit(w.guard.pos())
-	w.committed(end, changes, out)
+	w.committed(end, 1, func(int) (*lane, *sinks.Changes, *outcomes, int64) { return l, &changes, &out, l.guard.pos() })
 	return nil
 }
 
@@ -103,22 +103,18 @@ func (w *Worker) retryCommit(ctx context.Context, n int, giveUp *bool, commit fu
 	}
 }
 
-// committed moves the worker past a committed transaction that ended
-// before offset end, with changes and outcomes out.
-func (w *Worker) committed(end int64, changes sinks.Changes, out outcomes) {
-	w.notifyCommitted(end, changes)
-	w.moved(end, changes, out)
-}
-
-// moved is committed but for telling Config.Committed, which a worker
-// with lanes tells once for all of them.
-func (w *Worker) moved(end int64, changes sinks.Changes, out outcomes) {
+// committed moves the worker past a committed transaction of n lanes
+// that ended before offset end: at gives each lane, the changes and
+// outcomes of its part of the transaction, and its storm guard's position
+// after that part's records.
+func (w *Worker) committed(end int64, n int, at func(i int) (l *lane, ch *sinks.Changes, out *outcomes, guardEnd int64)) {
+	w.notifyCommitted(end, n, func(i int) *sinks.Changes {
+		_, ch, _, _ := at(i)
+		return ch
+	})
 	w.claim.NextOffset = end
 	w.next.Store(end)
 	w.progress.Store(time.Now().UnixNano())
-	if closed := w.gaps.update(changes.Park, changes.Unpark, time.Now()); closed > 0 {
-		w.metrics.gaps.WithLabelValues(w.proj.Name, "filled").Add(float64(closed))
-	}
 	w.mu.Lock()
 	if len(w.queue) > 0 {
 		w.oldest = w.queue[0].Timestamp
@@ -126,8 +122,23 @@ func (w *Worker) moved(end int64, changes sinks.Changes, out outcomes) {
 		w.oldest = time.Time{}
 	}
 	w.mu.Unlock()
+	for i := range n {
+		l, ch, out, guardEnd := at(i)
+		l.guard.commit(guardEnd)
+		l.moved(*ch, *out)
+	}
+	w.stormOver()
+}
+
+// moved moves the lane past its part of a committed transaction, with
+// changes and outcomes out: its parked events, metrics and dead letters.
+func (l *lane) moved(changes sinks.Changes, out outcomes) {
+	w := l.w
+	if closed := l.gaps.update(changes.Park, changes.Unpark, time.Now()); closed > 0 {
+		w.metrics.gaps.WithLabelValues(l.proj.Name, "filled").Add(float64(closed))
+	}
 	m := w.metrics.processed
-	name, topic := w.proj.Name, w.claim.Topic
+	name, topic := l.proj.Name, w.claim.Topic
 	m.WithLabelValues(name, topic, "applied").Add(float64(out.applied))
 	m.WithLabelValues(name, topic, "stale").Add(float64(out.stale))
 	m.WithLabelValues(name, topic, "parked").Add(float64(out.parked))
@@ -137,11 +148,10 @@ func (w *Worker) moved(end int64, changes sinks.Changes, out outcomes) {
 		w.metrics.deadLetters.WithLabelValues(name, class).Add(float64(n))
 	}
 	m.WithLabelValues(name, topic, "dead_lettered").Add(float64(dead))
-	w.totals.applied.Add(int64(out.applied))
-	w.totals.stale.Add(int64(out.stale))
-	w.totals.dead.Add(int64(dead))
-	w.logDeadLetters(changes.DeadLetters)
-	w.stormOver()
+	l.totals.applied.Add(int64(out.applied))
+	l.totals.stale.Add(int64(out.stale))
+	l.totals.dead.Add(int64(dead))
+	l.logDeadLetters(changes.DeadLetters)
 }
 
 // commitTraced runs the batch transaction, as a child span when tracing.
@@ -152,13 +162,14 @@ func (w *Worker) commitTraced(ctx context.Context, end int64, keys sinks.Keys, p
 // commitAs is commitTraced under claim, which a transaction committing
 // while the worker plans the next one is given as it was when it began.
 func (w *Worker) commitAs(ctx context.Context, claim sinks.Claim, end int64, keys sinks.Keys, plan func(sinks.State) (sinks.Changes, error)) error {
+	sink := w.lanes[0].sink
 	if w.cfg.Tracer == nil {
-		return w.sink.CommitBatch(ctx, claim, end, keys, plan)
+		return sink.CommitBatch(ctx, claim, end, keys, plan)
 	}
 	ctx, span := w.cfg.Tracer.Start(ctx, "commit batch", trace.WithSpanKind(trace.SpanKindClient),
 		trace.WithAttributes(attribute.String("db.system.name", "postgresql"), attribute.String("db.operation.name", "COMMIT")))
 	defer span.End()
-	err := w.sink.CommitBatch(ctx, claim, end, keys, plan)
+	err := sink.CommitBatch(ctx, claim, end, keys, plan)
 	if err != nil {
 		span.RecordError(err)
 		span.SetStatus(codes.Error, err.Error())
@@ -167,19 +178,29 @@ func (w *Worker) commitAs(ctx context.Context, claim sinks.Claim, end int64, key
 }
 
 // notifyCommitted tells Config.Committed, if set, that a transaction
-// ending before offset end committed changes.
-func (w *Worker) notifyCommitted(end int64, changes sinks.Changes) {
+// ending before offset end committed the changes of its n lanes (changes
+// gives each).
+func (w *Worker) notifyCommitted(end int64, n int, changes func(i int) *sinks.Changes) {
 	if w.cfg.Committed == nil {
 		return
 	}
 	var keys []string
-	if n := len(changes.Upserts) + len(changes.Deletes); n > 0 {
-		keys = make([]string, 0, n)
-		for _, u := range changes.Upserts {
-			keys = append(keys, u.Key)
+	rows := 0
+	for i := range n {
+		ch := changes(i)
+		rows += len(ch.Upserts) + len(ch.Deletes)
+	}
+	if rows > 0 {
+		keys = make([]string, 0, rows)
+		for i := range n {
+			for _, u := range changes(i).Upserts {
+				keys = append(keys, u.Key)
+			}
 		}
-		for _, d := range changes.Deletes {
-			keys = append(keys, d.Key)
+		for i := range n {
+			for _, d := range changes(i).Deletes {
+				keys = append(keys, d.Key)
+			}
 		}
 	}
 	w.cfg.Committed(w.claim.TP, end, keys)

@@ -35,42 +35,42 @@ type classLog struct {
 
 // logDeadLetters counts the committed dead letters of a transaction and
 // logs each class that is due.
-func (w *Worker) logDeadLetters(dead []sinks.DeadLetter) {
-	if len(dead) == 0 && len(w.deadLog) == 0 {
+func (l *lane) logDeadLetters(dead []sinks.DeadLetter) {
+	if len(dead) == 0 && len(l.deadLog) == 0 {
 		return
 	}
 	for i := range dead {
 		d := &dead[i]
-		c := w.deadLog[d.Class]
+		c := l.deadLog[d.Class]
 		if c == nil {
-			if w.deadLog == nil {
-				w.deadLog = map[string]*classLog{}
+			if l.deadLog == nil {
+				l.deadLog = map[string]*classLog{}
 			}
 			c = &classLog{}
-			w.deadLog[d.Class] = c
+			l.deadLog[d.Class] = c
 		}
 		if c.count == 0 {
 			c.offset, c.key, c.err = d.Offset, clip(string(d.RecordKey)), redact.ClipTo(d.Err, 4*redact.MaxQuoted)
 		}
 		c.count++
 	}
-	now := w.now()
-	for class, c := range w.deadLog {
+	now := l.w.now()
+	for class, c := range l.deadLog {
 		if c.count == 0 || (!c.logged.IsZero() && now.Sub(c.logged) < deadLetterLogEvery) {
 			continue
 		}
-		attrs := []any{"projection", w.proj.Name, "class", class, "records", c.count,
+		attrs := []any{"projection", l.proj.Name, "class", class, "records", c.count,
 			"offset", c.offset, "key", c.key, "err", redact.String(c.err)}
 		if !c.logged.IsZero() {
 			attrs = append(attrs, "since", c.logged)
 		}
 		if class == sinks.ClassKeyMismatch {
-			attrs = append(attrs, "key_field", w.proj.KeyField)
+			attrs = append(attrs, "key_field", l.proj.KeyField)
 		}
 		if hint := deadLetterHints[class]; hint != "" {
 			attrs = append(attrs, "hint", hint)
 		}
-		w.log.Warn("records dead-lettered; projector dlq list shows them", attrs...)
+		l.log.Warn("records dead-lettered; projector dlq list shows them", attrs...)
 		c.logged, c.count = now, 0
 	}
 }

@@ -79,7 +79,7 @@ type item struct {
 // made: one allocation each for the batch. A worker that is behind plans
 // batch after batch and keeps none of their items once planned (what it
 // keeps is copied out: rows, parked events, dead letters), so it makes
-// them in the same memory every time (see Worker.planBatch).
+// them in the same memory every time (see lane.planBatch).
 type batchMemory struct {
 	ptrs   []*item
 	items  []item
@@ -131,13 +131,14 @@ func recordItem(it *item, r *kgo.Record) {
 // items returns the decoded items of the records from offset start on
 // (those before it are committed) and the offset after the last record,
 // made in mem (nil: in new memory).
-func (w *Worker) items(ctx context.Context, recs []*kgo.Record, start int64, mem *batchMemory) ([]*item, int64, error) {
+func (l *lane) items(ctx context.Context, recs []*kgo.Record, start int64, mem *batchMemory) ([]*item, int64, error) {
 	if mem == nil {
 		mem = &batchMemory{}
 	}
+	w := l.w
 	width := 0
-	if w.values != nil {
-		width = w.values.Width()
+	if l.values != nil {
+		width = l.values.Width()
 	}
 	items, slab, values := mem.take(len(recs), width)
 	for i, r := range recs {
@@ -162,10 +163,10 @@ func (w *Worker) items(ctx context.Context, recs []*kgo.Record, start int64, mem
 			it.fail(sinks.ClassInvalidKey, err)
 		}
 	}
-	if r := w.owner().refusal; r != nil {
+	if r := w.refusal; r != nil {
 		r.mark(items)
 	}
-	return items, end, w.decodeAll(ctx, items)
+	return items, end, l.decodeAll(ctx, items)
 }
 
 // checkKey reports why a record key cannot be an aggregate's key: a
@@ -190,7 +191,8 @@ func checkKey(key []byte, max int) error {
 // decodeAll decodes every item that needs it. Terminal failures stay in
 // the item; records whose schema may yet appear are retried up to
 // MaxAttempts; an unreachable registry is retried without limit.
-func (w *Worker) decodeAll(ctx context.Context, items []*item) error {
+func (l *lane) decodeAll(ctx context.Context, items []*item) error {
+	w := l.w
 	for _, it := range items {
 		if it.tombstone && it.err == nil {
 			keyTombstone(it) // nothing to decode or retry: its key is the record's
@@ -204,7 +206,7 @@ func (w *Worker) decodeAll(ctx context.Context, items []*item) error {
 			if it.err != nil || it.decoded() || it.tombstone {
 				continue
 			}
-			err := w.decode(ctx, it)
+			err := l.decode(ctx, it)
 			if err == nil {
 				continue
 			}
@@ -226,14 +228,14 @@ func (w *Worker) decodeAll(ctx context.Context, items []*item) error {
 		}
 		if len(again) == 0 {
 			if attempt > 0 {
-				w.owner().done()
+				w.done()
 			}
 			return nil
 		}
 		if w.cfg.ClassifyDecode(cause) == Retryable {
 			retries++
 		}
-		if err := w.owner().backoff(ctx, attempt, fmt.Sprintf("decode %d records", len(again)), cause); err != nil {
+		if err := w.backoff(ctx, attempt, fmt.Sprintf("decode %d records", len(again)), cause); err != nil {
 			return err
 		}
 	}
@@ -242,7 +244,7 @@ func (w *Worker) decodeAll(ctx context.Context, items []*item) error {
 // decode fills the item's aggregate key, version and fields. A decode
 // error is returned for the caller to classify; a decoded record without a
 // usable key or version fails the item.
-func (w *Worker) decode(ctx context.Context, it *item) error {
+func (l *lane) decode(ctx context.Context, it *item) error {
 	if it.tombstone {
 		keyTombstone(it)
 		return nil
@@ -251,27 +253,27 @@ func (w *Worker) decode(ctx context.Context, it *item) error {
 		id  int
 		err error
 	)
-	if w.values != nil {
+	if l.values != nil {
 		if it.values == nil { // not of a batch (a parked event)
-			it.values = make([]any, w.values.Width())
+			it.values = make([]any, l.values.Width())
 		}
-		it.names, it.fields, id, err = w.values.DecodeValues(ctx, it.value, it.values)
+		it.names, it.fields, id, err = l.values.DecodeValues(ctx, it.value, it.values)
 	} else {
-		it.fields, id, err = w.dec.Decode(ctx, it.value)
+		it.fields, id, err = l.dec.Decode(ctx, it.value)
 	}
 	it.schemaID = id
 	if err != nil {
 		return err
 	}
-	w.extract(it)
+	l.extract(it)
 	return nil
 }
 
 // extract fills the decoded item's aggregate key, version and type from
 // the fields the projection names; a record without usable ones fails
 // the item.
-func (w *Worker) extract(it *item) {
-	p := w.proj
+func (l *lane) extract(it *item) {
+	p := l.proj
 	ev := it.event(0)
 	field := func(name string) any {
 		v, _ := ev.Field(name)

@@ -134,7 +134,7 @@ func (w *Worker) take() []*kgo.Record {
 // shrunk (see shrink.go).
 func (w *Worker) limits() (batchMax, buffered int) {
 	batchMax, buffered = w.baseLimits()
-	if p := w.owner().partMax.Load(); p > 0 {
+	if p := w.partMax.Load(); p > 0 {
 		batchMax = min(batchMax, int(p))
 	}
 	return batchMax, buffered
@@ -233,12 +233,16 @@ type Rewinder interface {
 	Rewind(tp sinks.TP, offset int64, done func())
 }
 
-// replay applies the window's records again, batch by batch, each batch
-// planned in its own transaction: the partition is fetched again from
-// the window's first record.
-func (w *Worker) replay(ctx context.Context, win *window, cause error) error {
+// replay applies the records of the lanes' windows (wins, in the order of
+// the lanes) again, batch by batch, each batch planned in its own
+// transaction: the partition is fetched again from the windows' first
+// record.
+func (w *Worker) replay(ctx context.Context, wins []*window, cause error) error {
 	w.metrics.replays.Inc()
-	w.guard.truncate(win.guardStart) // its records are applied again
+	for i, l := range w.lanes {
+		l.guard.truncate(wins[i].guardStart) // their records are applied again
+	}
+	win := wins[0]
 	w.log.Info("applying the batches of a transaction again one by one", "reason", cause.Error(),
 		"from", win.start, "to", win.end)
 	w.mu.Lock()

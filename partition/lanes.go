@@ -4,7 +4,9 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"reflect"
+	"sync/atomic"
 	"time"
 
 	"github.com/twmb/franz-go/pkg/kgo"
@@ -15,6 +17,17 @@ import (
 	"github.com/projector-dev/projector/projection"
 	"github.com/projector-dev/projector/sinks"
 )
+
+// A worker applies its partition's records to every projection its topic
+// feeds: each is a lane, the worker's own projection the first. The
+// worker owns what belongs to the partition (its claim and stored offset,
+// fetching, batching, backoff, halts); a lane what belongs to one
+// projection of it (its sink, decoder, version gates through the parked
+// events it knows, storm guard, metrics). A batch is decoded once per
+// reader schema, planned through each lane, and committed with the
+// partition's offset in one transaction (sinks.LaneCommitter's
+// CommitLanes), so that every projection's table stays at the offset the
+// partition's one row says.
 
 // Lane is another projection a worker's topic feeds (see
 // WorkerDeps.Others): its sink and the decoder of its reader schema.
@@ -34,32 +47,53 @@ type LaneStatus struct {
 	Applied, Stale, DeadLettered int64
 }
 
-// newLanes makes a lane of its own for each of d.Others. A lane is a
-// worker that never runs: its lead fetches, batches and commits, and
-// plans each batch through each lane's gate, parked events and sink.
-func (w *Worker) newLanes(d WorkerDeps) {
-	if len(d.Others) == 0 {
-		return
+// lane is one projection of a worker's partition: what planning a batch
+// for it needs, and what it keeps between batches. Only Run's goroutine
+// touches it, but for gaps and totals, which Status reads.
+type lane struct {
+	w      *Worker // the worker whose partition it is
+	i      int     // its index in w.lanes
+	proj   *projection.Projection
+	sink   sinks.Sink
+	peeker sinks.Peeker // sink, when it reads state outside a batch (nil: it does not)
+	dec    Decoder
+	values ValuesDecoder // dec, when events are decoded into values (see ValuesDecoder)
+	// decodedBy is the index of the earlier lane whose decoded records
+	// this one shares, its decoder being the same (-1: it decodes them
+	// itself).
+	decodedBy int
+	log       *slog.Logger
+	// batchMem is the memory of the batches a window plans, one after
+	// the other (see batchMemory).
+	batchMem batchMemory
+	// keyIndex is the index of a batch's keys that batchKeys builds,
+	// cleared and used again by the next batch.
+	keyIndex map[string]int
+	// guard keeps the outcomes of the partition's recent records in this
+	// projection (see storm.go); deadLog what it has to say of its dead
+	// letters (see logDeadLetters).
+	guard   stormGuard
+	deadLog map[string]*classLog
+	gaps    gaps
+	// totals count what committed transactions did (see Status).
+	totals struct{ applied, stale, dead atomic.Int64 }
+}
+
+// newLane adds a lane for projection p, committed through sink and
+// decoded by dec, to the worker.
+func (w *Worker) newLane(p *projection.Projection, sink sinks.Sink, dec Decoder, log *slog.Logger) {
+	l := &lane{w: w, i: len(w.lanes), proj: p, sink: sink, dec: dec, log: log, decodedBy: -1, guard: newStormGuard(w.cfg)}
+	l.peeker, _ = sink.(sinks.Peeker)
+	if vd, ok := dec.(ValuesDecoder); ok && vd.Width() > 0 && !p.ReadsFieldsMap() {
+		l.values = vd
 	}
-	all := []*Worker{w}
-	for _, l := range d.Others {
-		o := newWorker(w.cfg, WorkerDeps{
-			Group: d.Group, Claim: d.Claim, Projection: l.Projection, Sink: l.Sink, Decoder: l.Decoder,
-			Log: d.Log, Metrics: d.Metrics, Now: d.Now,
-		})
-		o.lead = w
-		o.log = w.log.With("projection", l.Projection.Name)
-		by := -1
-		for j, e := range all {
-			if sameDecoder(e.dec, o.dec) && (e.values != nil) == (o.values != nil) {
-				by = j
-				break
-			}
+	for _, e := range w.lanes {
+		if sameDecoder(e.dec, l.dec) && (e.values != nil) == (l.values != nil) {
+			l.decodedBy = e.i
+			break
 		}
-		w.decodedBy = append(w.decodedBy, by)
-		w.others = append(w.others, o)
-		all = append(all, o)
 	}
+	w.lanes = append(w.lanes, l)
 }
 
 // sameDecoder reports whether a and b are one decoder (projections whose
@@ -69,45 +103,21 @@ func sameDecoder(a, b Decoder) bool {
 	return ta != nil && ta == reflect.TypeOf(b) && ta.Comparable() && a == b
 }
 
-// lanes returns the worker and its lanes, in the order of their windows
-// and of the lanes a transaction commits.
-func (w *Worker) lanes() []*Worker {
-	return append([]*Worker{w}, w.others...)
-}
-
-// owner is the worker whose fetching and backoff a lane's work pauses.
-func (w *Worker) owner() *Worker {
-	if w.lead != nil {
-		return w.lead
-	}
-	return w
-}
-
-// replayWindows is replay for the windows of every projection of the
-// topic (wins, the worker's own first): the lanes' storm guards forget
-// the outcomes of their windows too.
-func (w *Worker) replayWindows(ctx context.Context, wins []*window, cause error) error {
-	for i, o := range w.others {
-		o.guard.truncate(wins[i+1].guardStart)
-	}
-	return w.replay(ctx, wins[0], cause)
-}
-
-// lanesCommit checks that a worker with lanes can commit them together.
+// lanesCommit checks that the worker can commit its lanes together.
 func (w *Worker) lanesCommit() error {
-	if len(w.others) == 0 {
+	if len(w.lanes) == 1 {
 		return nil
 	}
-	if _, ok := w.sink.(sinks.LaneCommitter); !ok {
+	if _, ok := w.lanes[0].sink.(sinks.LaneCommitter); !ok {
 		return fmt.Errorf("topic %s feeds %d projections, and the sink of projection %q cannot commit them in one transaction (it is no sinks.LaneCommitter)",
-			w.claim.Topic, 1+len(w.others), w.proj.Name)
+			w.claim.Topic, len(w.lanes), w.lanes[0].proj.Name)
 	}
 	return nil
 }
 
 // laneBatch is one lane's part of a batch.
 type laneBatch struct {
-	w        *Worker
+	l        *lane
 	items    []*item
 	keys     sinks.Keys
 	changes  sinks.Changes
@@ -145,34 +155,35 @@ func (w *Worker) processLanes(ctx context.Context, recs []*kgo.Record) (err erro
 // processLanesOnce is one attempt of processLanes.
 func (w *Worker) processLanesOnce(ctx context.Context, recs []*kgo.Record) error {
 	start := w.claim.NextOffset
-	items, end, err := w.items(ctx, recs, start, nil)
-	if err != nil || end <= start {
-		return err
-	}
-	lanes := make([]laneBatch, 1+len(w.others))
-	lanes[0] = laneBatch{w: w, items: items}
-	for i, o := range w.others {
-		its := []*item(nil)
-		if by := w.decodedBy[i]; by >= 0 {
-			its = o.shareDecoded(lanes[by].items)
-		} else if its, _, err = o.items(ctx, recs, start, nil); err != nil {
-			return err
+	bs := make([]laneBatch, len(w.lanes))
+	var end int64
+	for i, l := range w.lanes {
+		var (
+			items []*item
+			err   error
+		)
+		switch {
+		case l.decodedBy >= 0:
+			items = l.shareDecoded(bs[l.decodedBy].items)
+		case i == 0:
+			if items, end, err = l.items(ctx, recs, start, nil); err != nil || end <= start {
+				return err
+			}
+		default:
+			if items, _, err = l.items(ctx, recs, start, nil); err != nil {
+				return err
+			}
 		}
-		lanes[i+1] = laneBatch{w: o, items: its}
+		bs[i] = laneBatch{l: l, items: items, keys: batchKeys(items, l.gaps.has, nil), rejected: map[string]rejection{}}
 	}
-	for i := range lanes {
-		l := &lanes[i]
-		l.keys = batchKeys(l.items, l.w.gaps.has, nil)
-		l.rejected = map[string]rejection{}
-	}
-	return w.commitLanes(ctx, len(recs), lanes, end)
+	return w.commitLanes(ctx, len(recs), bs, end)
 }
 
 // shareDecoded returns the items another lane decoded with this lane's
 // decoder, as this lane's: each one's key, version and type are read
 // again with this projection's fields, and a record that could not be
 // decoded fails here too.
-func (w *Worker) shareDecoded(from []*item) []*item {
+func (l *lane) shareDecoded(from []*item) []*item {
 	out := make([]*item, len(from))
 	slab := make([]item, len(from))
 	for i, src := range from {
@@ -188,7 +199,7 @@ func (w *Worker) shareDecoded(from []*item) []*item {
 		case it.tombstone:
 			keyTombstone(it)
 		default:
-			w.extract(it)
+			l.extract(it)
 		}
 		out[i] = it
 	}
@@ -199,63 +210,55 @@ func (w *Worker) shareDecoded(from []*item) []*item {
 // lane is planned and written in one transaction with the offset end,
 // tried again as commitBatch tries a batch. Rows Postgres refuses
 // dead-letter their events in their projection only.
-func (w *Worker) commitLanes(ctx context.Context, n int, lanes []laneBatch, end int64) (err error) {
-	lc := w.sink.(sinks.LaneCommitter) // checked by lanesCommit
-	giveUp := false                    // dead-letter events whose fold keeps failing
-	sl := make([]sinks.Lane, len(lanes))
-	for i := range lanes {
-		l := &lanes[i]
-		l.mark = l.w.guard.pos()
-		sl[i] = sinks.Lane{Sink: l.w.sink, Keys: l.keys, Plan: func(st sinks.State) (sinks.Changes, error) {
+func (w *Worker) commitLanes(ctx context.Context, n int, bs []laneBatch, end int64) (err error) {
+	lc := w.lanes[0].sink.(sinks.LaneCommitter) // checked by lanesCommit
+	giveUp := false                             // dead-letter events whose fold keeps failing
+	sl := make([]sinks.Lane, len(bs))
+	for i := range bs {
+		b := &bs[i]
+		b.mark = b.l.guard.pos()
+		sl[i] = sinks.Lane{Sink: b.l.sink, Keys: b.keys, Plan: func(st sinks.State) (sinks.Changes, error) {
 			var err error
-			l.changes, l.out, err = l.w.plan(ctx, l.items, l.keys.All, st, nil, l.rejected, giveUp)
+			b.changes, b.out, err = b.l.plan(ctx, b.items, b.keys.All, st, nil, b.rejected, giveUp)
 			if err != nil {
-				return l.changes, err
+				return b.changes, err
 			}
 			// Each projection's storm guard judges its own dead letters:
 			// one projection's mistake halts the partition, whose offset
 			// all of them share.
-			l.w.guard.truncate(l.mark) // planned again: an earlier plan's outcomes go
-			if trip := l.w.guard.add(l.items, l.changes.DeadLetters); trip != nil {
-				trip.projection = l.w.proj.Name
+			b.l.guard.truncate(b.mark) // planned again: an earlier plan's outcomes go
+			if trip := b.l.guard.add(b.items, b.changes.DeadLetters); trip != nil {
+				trip.projection = b.l.proj.Name
 				return sinks.Changes{}, trip
 			}
-			return l.changes, nil
+			return b.changes, nil
 		}}
 	}
 	defer func() {
 		if err != nil {
-			for i := range lanes {
-				lanes[i].w.guard.truncate(lanes[i].mark) // the batch did not commit
+			for i := range bs {
+				bs[i].l.guard.truncate(bs[i].mark) // the batch did not commit
 			}
 		}
 	}()
 	err = w.retryCommit(ctx, n, &giveUp, func() error { return w.commitLanesTraced(ctx, lc, w.claim, end, sl) },
 		func(rej *sinks.RejectedRows) bool {
-			if rej.Lane < 0 || rej.Lane >= len(lanes) {
+			if rej.Lane < 0 || rej.Lane >= len(bs) {
 				return false
 			}
-			l := &lanes[rej.Lane]
-			rejections(l.rejected, rej)
-			l.w.log.Warn("postgres refused rows; dead-lettering their events", "projection", l.w.proj.Name, "aggregates", len(rej.Keys))
+			b := &bs[rej.Lane]
+			rejections(b.rejected, rej)
+			b.l.log.Warn("postgres refused rows; dead-lettering their events", "projection", b.l.proj.Name, "aggregates", len(rej.Keys))
 			return true
 		})
 	if err != nil {
 		return err
 	}
 	w.done()
-	var all sinks.Changes // the rows every lane wrote, for Config.Committed
-	for i := range lanes {
-		l := &lanes[i]
-		all.Upserts = append(all.Upserts, l.changes.Upserts...)
-		all.Deletes = append(all.Deletes, l.changes.Deletes...)
-	}
-	w.notifyCommitted(end, all)
-	for i := range lanes {
-		l := &lanes[i]
-		l.w.guard.commit(l.w.guard.pos())
-		l.w.moved(end, l.changes, l.out)
-	}
+	w.committed(end, len(bs), func(i int) (*lane, *sinks.Changes, *outcomes, int64) {
+		b := &bs[i]
+		return b.l, &b.changes, &b.out, b.l.guard.pos()
+	})
 	return nil
 }
 

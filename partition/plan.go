@@ -56,12 +56,12 @@ func batchKeys(items []*item, parked func(string) bool, index map[string]int) si
 	return keys
 }
 
-// keys returns the worker's index of a batch's keys (see batchKeys).
-func (w *Worker) keys() map[string]int {
-	if w.keyIndex == nil {
-		w.keyIndex = map[string]int{}
+// keys returns the lane's index of a batch's keys (see batchKeys).
+func (l *lane) keys() map[string]int {
+	if l.keyIndex == nil {
+		l.keyIndex = map[string]int{}
 	}
-	return w.keyIndex
+	return l.keyIndex
 }
 
 // aggState is one aggregate during planning.
@@ -77,7 +77,7 @@ type aggState struct {
 // which its items index (see batchKeys). A window's batch passes known,
 // the window's aggregates at the index of keys, in place of st.Rows and
 // st.Versions: the plan finds each by index rather than by hashing its key
-// twice more. It only reads worker state, so it
+// twice more. It only reads the lane's state, so it
 // may run again when the transaction is retried. Events of rejected
 // aggregates are dead-lettered; with giveUp, so are events whose fold keeps
 // failing.
@@ -86,9 +86,9 @@ type aggState struct {
 // into their aggregates' gates (restoreParked), each item of the batch
 // passes its aggregate's gate (gate), and what the aggregates became is
 // collected into the changes (collect).
-func (w *Worker) plan(ctx context.Context, items []*item, keys []string, st sinks.State, known []*windowAgg, rejected map[string]rejection, giveUp bool) (sinks.Changes, outcomes, error) {
+func (l *lane) plan(ctx context.Context, items []*item, keys []string, st sinks.State, known []*windowAgg, rejected map[string]rejection, giveUp bool) (sinks.Changes, outcomes, error) {
 	p := &planner{
-		w: w, keys: keys, st: st, known: known, rejected: rejected, giveUp: giveUp,
+		l: l, keys: keys, st: st, known: known, rejected: rejected, giveUp: giveUp,
 		out: outcomes{deadLettered: map[string]int{}},
 		// Each aggregate's state at its index in keys: items find theirs
 		// without hashing their key again.
@@ -109,7 +109,7 @@ func (w *Worker) plan(ctx context.Context, items []*item, keys []string, st sink
 
 // planner is one run of plan: what it reads and what it has planned.
 type planner struct {
-	w        *Worker
+	l        *lane
 	keys     []string
 	st       sinks.State
 	known    []*windowAgg
@@ -180,8 +180,8 @@ func (p *planner) restoreParked(ctx context.Context) error {
 			offset: ev.Offset, recordKey: ev.RecordKey, value: ev.Value, headers: ev.Headers,
 			timestamp: ev.Timestamp, restored: true,
 		}
-		if err := p.w.decode(ctx, it); err != nil {
-			if p.w.cfg.ClassifyDecode(err) != Terminal {
+		if err := p.l.decode(ctx, it); err != nil {
+			if p.l.w.cfg.ClassifyDecode(err) != Terminal {
 				return err // the registry is down: retry the batch
 			}
 			it.fail(sinks.ClassDecode, fmt.Errorf("decode parked event: %w", err))
@@ -208,7 +208,7 @@ func (p *planner) restoreParked(ctx context.Context) error {
 // row; the gate calls it for each event it lets through.
 func (p *planner) apply(v int64, it *item) error {
 	// cur.row is the plan's (see State.Rows) or an earlier fold's.
-	row, err := p.w.proj.FoldOwned(p.cur.row, it.event(v))
+	row, err := p.l.proj.FoldOwned(p.cur.row, it.event(v))
 	if err != nil {
 		p.failed = it
 		return err
@@ -252,7 +252,7 @@ func (p *planner) gate(it *item) error {
 		p.resolve(it)
 		return nil
 	}
-	if p.w.proj.OnGap == projection.GapApply && versioning.Decide(cur.gate.Version, it.version) == versioning.Parked {
+	if p.l.proj.OnGap == projection.GapApply && versioning.Decide(cur.gate.Version, it.version) == versioning.Parked {
 		if err := cur.gate.Jump(it.version-1, p.drop, p.applyFn); err != nil {
 			return err
 		}

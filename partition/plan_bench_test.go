@@ -98,7 +98,7 @@ func (bb *benchBatch) items(b *testing.B) []*item {
 		items[i] = new(item)
 		recordItem(items[i], r)
 	}
-	if err := bb.w.decodeAll(b.Context(), items); err != nil {
+	if err := bb.w.lanes[0].decodeAll(b.Context(), items); err != nil {
 		b.Fatal(err)
 	}
 	return items
@@ -128,13 +128,13 @@ func BenchmarkPlan(b *testing.B) {
 	items := bb.items(b)
 	keys := batchKeys(items, func(string) bool { return false }, nil)
 	ctx := b.Context()
-	ch, out, err := bb.w.plan(ctx, items, keys.All, bb.state, nil, map[string]rejection{}, false)
+	ch, out, err := bb.w.lanes[0].plan(ctx, items, keys.All, bb.state, nil, map[string]rejection{}, false)
 	if err != nil || out.applied != benchBatchSize || len(ch.Upserts) != 200 {
 		b.Fatalf("plan: %v, %d applied, %d upserts", err, out.applied, len(ch.Upserts))
 	}
 	b.ReportAllocs()
 	perEvent(b, benchBatchSize, func() {
-		if _, _, err := bb.w.plan(ctx, items, keys.All, bb.state, nil, map[string]rejection{}, false); err != nil {
+		if _, _, err := bb.w.lanes[0].plan(ctx, items, keys.All, bb.state, nil, map[string]rejection{}, false); err != nil {
 			b.Fatal(err)
 		}
 	})
@@ -159,7 +159,7 @@ func BenchmarkBatchGoSide(b *testing.B) {
 	perEvent(b, benchBatchSize, func() {
 		items := bb.items(b)
 		keys := batchKeys(items, func(string) bool { return false }, nil)
-		if _, _, err := bb.w.plan(ctx, items, keys.All, bb.state, nil, map[string]rejection{}, false); err != nil {
+		if _, _, err := bb.w.lanes[0].plan(ctx, items, keys.All, bb.state, nil, map[string]rejection{}, false); err != nil {
 			b.Fatal(err)
 		}
 	})
@@ -186,8 +186,8 @@ func (s stateSink) Load(context.Context, sinks.TP, []string) (sinks.State, error
 // guard), the sink writing nothing.
 func BenchmarkProcess(b *testing.B) {
 	bb := newBenchBatch(b)
-	w := NewWorker(Config{}, WorkerDeps{Group: "bench", Claim: sinks.Claim{TP: sinks.TP{Topic: demo.Topic}}, Projection: bb.w.proj,
-		Sink: stateSink{bb.state}, Decoder: bb.w.dec, Fetcher: idleFetcher{}, Log: slog.New(slog.DiscardHandler)})
+	w := NewWorker(Config{}, WorkerDeps{Group: "bench", Claim: sinks.Claim{TP: sinks.TP{Topic: demo.Topic}}, Projection: bb.w.lanes[0].proj,
+		Sink: stateSink{bb.state}, Decoder: bb.w.lanes[0].dec, Fetcher: idleFetcher{}, Log: slog.New(slog.DiscardHandler)})
 	ctx := b.Context()
 	run := func() {
 		w.claim.NextOffset = 0

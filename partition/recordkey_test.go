@@ -39,12 +39,12 @@ func TestDecodeChecksTheRecordKey(t *testing.T) {
 		{"tombstone without a key", nil, nil, sinks.ClassInvalid, ""},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			w := &Worker{proj: p, dec: fieldsDecoder{"id": tc.id, "version": int64(1)}}
+			l := &lane{w: &Worker{}, proj: p, dec: fieldsDecoder{"id": tc.id, "version": int64(1)}}
 			it := &item{recordKey: tc.recordKey, value: []byte("a value"), tombstone: tc.id == nil}
 			if it.tombstone {
 				it.value = nil
 			}
-			if err := w.decodeAll(t.Context(), []*item{it}); err != nil {
+			if err := l.decodeAll(t.Context(), []*item{it}); err != nil {
 				t.Fatal(err)
 			}
 			if it.class != tc.class {

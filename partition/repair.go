@@ -154,8 +154,11 @@ type repaired struct {
 // repairLoop asks the repairer about aggregates parked longer than the
 // projection's gap timeout and hands the answers to the worker goroutine,
 // which commits them between batches. Network calls never block batches.
+// Only a worker of one lane repairs (a projection that repairs gaps does
+// not share its topic): its gaps are the first lane's.
 func (w *Worker) repairLoop(ctx context.Context, out chan<- repaired) {
-	tick := time.NewTicker(min(w.proj.GapTimeout/4+time.Millisecond, time.Second))
+	l := w.lanes[0]
+	tick := time.NewTicker(min(l.proj.GapTimeout/4+time.Millisecond, time.Second))
 	defer tick.Stop()
 	for {
 		select {
@@ -165,9 +168,9 @@ func (w *Worker) repairLoop(ctx context.Context, out chan<- repaired) {
 			return
 		case <-tick.C:
 		}
-		for _, key := range w.gaps.due(time.Now(), w.proj.GapTimeout) {
+		for _, key := range l.gaps.due(time.Now(), l.proj.GapTimeout) {
 			r := repaired{key: key}
-			st, err := w.sink.Load(ctx, w.claim.TP, []string{key})
+			st, err := l.sink.Load(ctx, w.claim.TP, []string{key})
 			if err != nil {
 				r.err, r.loadFailed = fmt.Errorf("load %q: %w", clip(key), err), true
 			} else {
@@ -197,28 +200,29 @@ func (w *Worker) repairLoop(ctx context.Context, out chan<- repaired) {
 // (repair.IsTransient), or Postgres not answering, is retried with backoff
 // without limit and the events stay parked: an outage never dead-letters.
 func (w *Worker) applyRepair(ctx context.Context, r repaired) error {
+	l := w.lanes[0]
 	if r.err == nil {
 		w.repairAnswered()
 		return w.commitRepair(ctx, r.key, func(st sinks.State) (sinks.Changes, outcomes, error) {
-			return w.planRepair(ctx, r, st)
+			return l.planRepair(ctx, r, st)
 		}, "repaired")
 	}
 	var cause error
 	switch {
 	case r.loadFailed || repair.IsTransient(r.err):
-		n := w.gaps.unavailable(r.key, w.cfg.RetryBase, w.cfg.RetryCap)
-		w.metrics.repairFailures.WithLabelValues(w.proj.Name, "unavailable").Inc()
+		n := l.gaps.unavailable(r.key, w.cfg.RetryBase, w.cfg.RetryCap)
+		w.metrics.repairFailures.WithLabelValues(l.proj.Name, "unavailable").Inc()
 		w.repairUnavailable(r, n)
 		return nil
 	case errors.Is(r.err, repair.ErrNotFound):
 		w.repairAnswered()
-		w.metrics.repairFailures.WithLabelValues(w.proj.Name, "not_found").Inc()
+		w.metrics.repairFailures.WithLabelValues(l.proj.Name, "not_found").Inc()
 		w.log.Warn("gap repair: the source has nothing for the gap; dead-lettering its parked events", "key", clip(r.key), "missing", r.missing, "err", r.err)
 		cause = fmt.Errorf("gap: version %d of %q never arrived and the repair source has nothing for it: %w", r.missing, clip(r.key), r.err)
 	default:
 		w.repairAnswered()
-		w.metrics.repairFailures.WithLabelValues(w.proj.Name, "failed").Inc()
-		attempts := w.gaps.failed(r.key, w.cfg.RetryBase, w.cfg.RetryCap)
+		w.metrics.repairFailures.WithLabelValues(l.proj.Name, "failed").Inc()
+		attempts := l.gaps.failed(r.key, w.cfg.RetryBase, w.cfg.RetryCap)
 		w.log.Warn("gap repair failed", "key", clip(r.key), "missing", r.missing, "attempt", attempts, "err", r.err)
 		if attempts < w.cfg.MaxAttempts {
 			return nil
@@ -226,7 +230,7 @@ func (w *Worker) applyRepair(ctx context.Context, r repaired) error {
 		cause = fmt.Errorf("gap: version %d of %q never arrived; repair failed after %d attempts: %w", r.missing, clip(r.key), attempts, r.err)
 	}
 	return w.commitRepair(ctx, r.key, func(st sinks.State) (sinks.Changes, outcomes, error) {
-		return w.planGapDeadLetters(ctx, r.key, st, cause)
+		return l.planGapDeadLetters(ctx, r.key, st, cause)
 	}, "dead_lettered")
 }
 
@@ -239,6 +243,7 @@ const repairLogEvery = time.Minute
 // source, then at most once per repairLogEvery. Only Run's goroutine
 // calls it.
 func (w *Worker) repairUnavailable(r repaired, attempt int) {
+	l := w.lanes[0]
 	now := time.Now()
 	if !w.repairDown.IsZero() && now.Sub(w.repairLogged) < repairLogEvery {
 		return
@@ -246,7 +251,7 @@ func (w *Worker) repairUnavailable(r repaired, attempt int) {
 	if w.repairDown.IsZero() {
 		w.repairDown = now
 	}
-	_, _, waiting := w.gaps.totals()
+	_, _, waiting := l.gaps.totals()
 	w.repairLogged = now
 	w.log.Warn("gap repair source unavailable; parked events stay parked and are retried with backoff",
 		"key", clip(r.key), "missing", r.missing, "attempt", attempt, "aggregates_waiting", waiting,
@@ -263,6 +268,7 @@ func (w *Worker) repairAnswered() {
 }
 
 func (w *Worker) commitRepair(ctx context.Context, key string, plan func(sinks.State) (sinks.Changes, outcomes, error), resolution string) error {
+	l := w.lanes[0]
 	var (
 		ch  sinks.Changes
 		out outcomes
@@ -273,7 +279,7 @@ func (w *Worker) commitRepair(ctx context.Context, key string, plan func(sinks.S
 		return ch, err
 	}
 	for attempt := 0; ; attempt++ {
-		err := w.sink.CommitBatch(ctx, w.claim, w.claim.NextOffset, sinks.Keys{All: []string{key}, Parked: []string{key}}, wrapped)
+		err := l.sink.CommitBatch(ctx, w.claim, w.claim.NextOffset, sinks.Keys{All: []string{key}, Parked: []string{key}}, wrapped)
 		if err == nil {
 			break
 		}
@@ -284,7 +290,7 @@ func (w *Worker) commitRepair(ctx context.Context, key string, plan func(sinks.S
 		if errors.As(err, &rej) {
 			// The repaired row itself is refused: leave the events parked
 			// and try the repair again later.
-			w.gaps.failed(key, w.cfg.RetryBase, w.cfg.RetryCap)
+			l.gaps.failed(key, w.cfg.RetryBase, w.cfg.RetryCap)
 			return nil
 		}
 		if err := w.backoff(ctx, attempt, "commit repair", err); err != nil {
@@ -292,23 +298,23 @@ func (w *Worker) commitRepair(ctx context.Context, key string, plan func(sinks.S
 		}
 	}
 	w.done()
-	w.notifyCommitted(w.claim.NextOffset, ch)
-	w.gaps.release(key)
-	w.gaps.update(nil, ch.Unpark, time.Now())
-	name := w.proj.Name
+	w.notifyCommitted(w.claim.NextOffset, 1, func(int) *sinks.Changes { return &ch })
+	l.gaps.release(key)
+	l.gaps.update(nil, ch.Unpark, time.Now())
+	name := l.proj.Name
 	if len(ch.Unpark) > 0 || len(ch.Upserts)+len(ch.Deletes) > 0 {
 		w.metrics.gaps.WithLabelValues(name, resolution).Inc()
 	}
 	for class, n := range out.deadLettered {
 		w.metrics.deadLetters.WithLabelValues(name, class).Add(float64(n))
 	}
-	w.logDeadLetters(ch.DeadLetters)
+	l.logDeadLetters(ch.DeadLetters)
 	return nil
 }
 
 // planRepair applies a repair result to the aggregate and drains what it
 // unblocks.
-func (w *Worker) planRepair(ctx context.Context, r repaired, st sinks.State) (sinks.Changes, outcomes, error) {
+func (l *lane) planRepair(ctx context.Context, r repaired, st sinks.State) (sinks.Changes, outcomes, error) {
 	var (
 		ch  sinks.Changes
 		out = outcomes{deadLettered: map[string]int{}}
@@ -320,7 +326,7 @@ func (w *Worker) planRepair(ctx context.Context, r repaired, st sinks.State) (si
 	}
 	for _, ev := range st.Parked {
 		it := &item{offset: ev.Offset, recordKey: ev.RecordKey, value: ev.Value, headers: ev.Headers, timestamp: ev.Timestamp, restored: true}
-		if err := w.decode(ctx, it); err != nil {
+		if err := l.decode(ctx, it); err != nil {
 			return ch, out, err
 		}
 		it.key, it.version = ev.Key, ev.Version
@@ -328,7 +334,7 @@ func (w *Worker) planRepair(ctx context.Context, r repaired, st sinks.State) (si
 	}
 	var failed *item
 	apply := func(v int64, it *item) error {
-		row, err := w.proj.Apply(agg.row, it.event(v))
+		row, err := l.proj.Apply(agg.row, it.event(v))
 		if err != nil {
 			failed = it
 			return err
@@ -340,7 +346,7 @@ func (w *Worker) planRepair(ctx context.Context, r repaired, st sinks.State) (si
 	drop := func(v int64, it *item) { ch.Unpark = append(ch.Unpark, sinks.ParkedRef{Key: it.key, Version: v}) }
 
 	if r.result.Snapshot != nil {
-		row, err := w.snapshotRow(r.key, r.result.Snapshot)
+		row, err := l.snapshotRow(r.key, r.result.Snapshot)
 		if err != nil {
 			return ch, out, fmt.Errorf("repaired snapshot of %q: %w", clip(r.key), err)
 		}
@@ -351,7 +357,7 @@ func (w *Worker) planRepair(ctx context.Context, r repaired, st sinks.State) (si
 				continue
 			}
 			ev.Key = r.key
-			row, err := w.proj.Apply(agg.row, ev)
+			row, err := l.proj.Apply(agg.row, ev)
 			if err != nil {
 				return ch, out, fmt.Errorf("fold repaired event %q v%d: %w", clip(r.key), ev.Version, err)
 			}
@@ -376,8 +382,8 @@ func (w *Worker) planRepair(ctx context.Context, r repaired, st sinks.State) (si
 
 // snapshotRow turns a repaired snapshot into a row of the projection's
 // columns; the key column always holds the aggregate id.
-func (w *Worker) snapshotRow(key string, snap projection.Row) (projection.Row, error) {
-	cols := w.proj.Columns
+func (l *lane) snapshotRow(key string, snap projection.Row) (projection.Row, error) {
+	cols := l.proj.Columns
 	row := make(projection.Row, len(cols))
 	row[cols[0].Name] = key
 	for _, c := range cols[1:] {
@@ -395,7 +401,7 @@ func (w *Worker) snapshotRow(key string, snap projection.Row) (projection.Row, e
 }
 
 // planGapDeadLetters moves an aggregate's parked events to the DLQ.
-func (w *Worker) planGapDeadLetters(ctx context.Context, key string, st sinks.State, cause error) (sinks.Changes, outcomes, error) {
+func (l *lane) planGapDeadLetters(ctx context.Context, key string, st sinks.State, cause error) (sinks.Changes, outcomes, error) {
 	var (
 		ch  sinks.Changes
 		out = outcomes{deadLettered: map[string]int{}}
@@ -405,10 +411,10 @@ func (w *Worker) planGapDeadLetters(ctx context.Context, key string, st sinks.St
 			continue
 		}
 		it := &item{offset: ev.Offset, recordKey: ev.RecordKey, value: ev.Value, headers: ev.Headers, timestamp: ev.Timestamp}
-		_ = w.decode(ctx, it) // for the schema id; the record is dead-lettered either way
+		_ = l.decode(ctx, it) // for the schema id; the record is dead-lettered either way
 		out.deadLettered[sinks.ClassGap]++
 		ch.DeadLetters = append(ch.DeadLetters, sinks.DeadLetter{Offset: ev.Offset, RecordKey: ev.RecordKey, Value: ev.Value,
-			Headers: ev.Headers, Timestamp: ev.Timestamp, Err: cause.Error(), Class: sinks.ClassGap, Attempts: w.cfg.MaxAttempts,
+			Headers: ev.Headers, Timestamp: ev.Timestamp, Err: cause.Error(), Class: sinks.ClassGap, Attempts: l.w.cfg.MaxAttempts,
 			SchemaID: it.schemaID, TraceID: traceID(ev.Headers)})
 		ch.Unpark = append(ch.Unpark, sinks.ParkedRef{Key: ev.Key, Version: ev.Version})
 	}

@@ -50,7 +50,7 @@ func newShrinksCounter(reg prometheus.Registerer, labels prometheus.Labels) *pro
 // commitMaxBatches is the most full batches' worth of records one
 // transaction covers now.
 func (w *Worker) commitMaxBatches() int {
-	if b := w.owner().shrink.batches; b > 0 {
+	if b := w.shrink.batches; b > 0 {
 		return b
 	}
 	return w.cfg.CommitMaxBatches
@@ -60,14 +60,13 @@ func (w *Worker) commitMaxBatches() int {
 // batches and records records met lim; it reports false when it is as
 // small as a transaction gets (one record).
 func (w *Worker) shrinkFor(lim *sinks.LimitError, batches, records int) bool {
-	o := w.owner()
-	s := &o.shrink
+	s := &w.shrink
 	switch {
 	case batches > 1:
 		s.batches = max(1, batches/2)
 	case records > 1:
 		s.batches = 1
-		o.partMax.Store(int64(max(1, records/2)))
+		w.partMax.Store(int64(max(1, records/2)))
 	default:
 		return false
 	}
@@ -77,7 +76,7 @@ func (w *Worker) shrinkFor(lim *sinks.LimitError, batches, records int) bool {
 		s.said = true
 		w.log.Warn("a transaction met a limit PostgreSQL sets on statements or transactions; committing smaller transactions, growing back after successes (raise the setting, or lower --commit-max-batches, --batch-max-records or --member-max-records)",
 			"sqlstate", lim.SQLState, "setting", lim.Setting, "value", lim.Value,
-			"batches", batches, "records", records, "next_batches", s.batches, "next_batch_records", o.partMax.Load(), "err", lim.Err)
+			"batches", batches, "records", records, "next_batches", s.batches, "next_batch_records", w.partMax.Load(), "err", lim.Err)
 	}
 	return true
 }
@@ -85,23 +84,22 @@ func (w *Worker) shrinkFor(lim *sinks.LimitError, batches, records int) bool {
 // grown counts a committed transaction, doubling a shrunk size after
 // growAfter of them in a row.
 func (w *Worker) grown() {
-	o := w.owner()
-	s := &o.shrink
-	if s.batches == 0 && o.partMax.Load() == 0 {
+	s := &w.shrink
+	if s.batches == 0 && w.partMax.Load() == 0 {
 		return
 	}
 	if s.ok++; s.ok < growAfter {
 		return
 	}
 	s.ok = 0
-	if p := o.partMax.Load(); p > 0 {
-		batchMax, _ := o.baseLimits()
+	if p := w.partMax.Load(); p > 0 {
+		batchMax, _ := w.baseLimits()
 		if p*2 >= int64(batchMax) {
 			p = 0
 		} else {
 			p *= 2
 		}
-		o.partMax.Store(p)
+		w.partMax.Store(p)
 		return
 	}
 	if s.batches *= 2; s.batches >= w.cfg.CommitMaxBatches {

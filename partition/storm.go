@@ -218,7 +218,7 @@ func (w *Worker) stormed(trip *stormTrip) {
 	s.on, s.class, s.logged = true, trip.class, now
 	w.Halt(sinks.HaltDeadLetterStorm, fmt.Sprintf("%v; the partition tries the batch again every %s and resumes once its records are no longer dead-lettered so, or from an offset reset (projector offsets reset)", trip, w.cfg.RetryCap))
 	w.metrics.storm.WithLabelValues(w.claim.Topic, p, trip.class).Set(1)
-	name := w.proj.Name
+	name := w.lanes[0].proj.Name
 	if trip.projection != "" {
 		name = trip.projection
 	}
@@ -239,7 +239,7 @@ func (w *Worker) stormOver() {
 	w.mu.Lock()
 	w.syncFetch()
 	w.mu.Unlock()
-	w.log.Info("partition resumed: its records are no longer dead-lettered in a storm", "projection", w.proj.Name, "class", class)
+	w.log.Info("partition resumed: its records are no longer dead-lettered in a storm", "projection", w.lanes[0].proj.Name, "class", class)
 }
 
 // leaveStorm ends a halt for a storm, if any, without a word: as the

@@ -126,8 +126,8 @@ func TestStormGuardForgetsWhatDidNotCommit(t *testing.T) {
 func TestDeadLettersAreLoggedOncePerMinute(t *testing.T) {
 	var out bytes.Buffer
 	now := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
-	w := &Worker{proj: &projection.Projection{Name: "accounts", KeyField: "id"}, log: slog.New(slog.NewJSONHandler(&out, nil)),
-		now: func() time.Time { return now }}
+	l := &lane{w: &Worker{now: func() time.Time { return now }}, proj: &projection.Projection{Name: "accounts", KeyField: "id"},
+		log: slog.New(slog.NewJSONHandler(&out, nil))}
 	dl := func(off int64, class string) sinks.DeadLetter {
 		return sinks.DeadLetter{Offset: off, Class: class, RecordKey: []byte("acc-1"), Err: "decode: fetch schema from postgres://u:hunter2@db/x failed"}
 	}
@@ -149,7 +149,7 @@ func TestDeadLettersAreLoggedOncePerMinute(t *testing.T) {
 		out.Reset()
 		return ls
 	}
-	w.logDeadLetters([]sinks.DeadLetter{dl(1, sinks.ClassDecode), dl(2, sinks.ClassDecode)})
+	l.logDeadLetters([]sinks.DeadLetter{dl(1, sinks.ClassDecode), dl(2, sinks.ClassDecode)})
 	if ls := lines(); len(ls) != 1 || ls[0].Records != 2 || ls[0].Offset != 1 || ls[0].Class != sinks.ClassDecode {
 		t.Fatalf("first dead letters: %+v, want one line of 2 records with the first as the sample", ls)
 	} else if strings.Contains(ls[0].Err, "hunter2") {
@@ -157,19 +157,19 @@ func TestDeadLettersAreLoggedOncePerMinute(t *testing.T) {
 	}
 	for i := range 50 { // a record a second
 		now = now.Add(time.Second)
-		w.logDeadLetters([]sinks.DeadLetter{dl(int64(3+i), sinks.ClassDecode)})
+		l.logDeadLetters([]sinks.DeadLetter{dl(int64(3+i), sinks.ClassDecode)})
 	}
-	w.logDeadLetters([]sinks.DeadLetter{dl(60, sinks.ClassKeyMismatch)})
+	l.logDeadLetters([]sinks.DeadLetter{dl(60, sinks.ClassKeyMismatch)})
 	if ls := lines(); len(ls) != 1 || ls[0].Class != sinks.ClassKeyMismatch {
 		t.Fatalf("within the minute: %+v, want only the first key_mismatch line", ls)
 	}
 	now = now.Add(10 * time.Second)
-	w.logDeadLetters(nil) // a transaction without dead letters says what is due
+	l.logDeadLetters(nil) // a transaction without dead letters says what is due
 	if ls := lines(); len(ls) != 1 || ls[0].Class != sinks.ClassDecode || ls[0].Records != 50 || ls[0].Offset != 3 {
 		t.Fatalf("a minute after: %+v, want one decode line of the 50 since, the first of them as the sample", ls)
 	}
 	now = now.Add(time.Hour)
-	w.logDeadLetters(nil)
+	l.logDeadLetters(nil)
 	if ls := lines(); len(ls) != 0 {
 		t.Fatalf("with nothing new: %+v, want no line", ls)
 	}

@@ -87,16 +87,16 @@ func (win *window) records() int {
 
 // windowing reports whether the worker is behind, having taken a full
 // batch of n records, and may commit it with the batches after it: its
-// sink peeks and its fetcher rewinds, and it is not applying a replayed
-// window's records again.
+// lanes' sinks peek and its fetcher rewinds, and it is not applying a
+// replayed window's records again.
 func (w *Worker) windowing(n int) bool {
-	for _, o := range w.others {
-		if o.peeker == nil {
+	for _, l := range w.lanes {
+		if l.peeker == nil {
 			return false
 		}
 	}
 	_, rewinds := w.fetcher.(Rewinder)
-	if !rewinds || w.peeker == nil || w.commitMaxBatches() <= 1 || w.claim.NextOffset < w.alone {
+	if !rewinds || w.commitMaxBatches() <= 1 || w.claim.NextOffset < w.alone {
 		return false
 	}
 	batchMax, _ := w.limits()
@@ -109,18 +109,15 @@ func (w *Worker) windowing(n int) bool {
 func (w *Worker) processWindow(ctx context.Context, recs []*kgo.Record) (err error) {
 	start := w.claim.NextOffset
 	if w.pending != nil {
-		start = w.pending.win.end
+		start = w.pending.wins[0].end
 	}
-	// One window per projection of the topic (see lanes.go), the
-	// worker's own first.
-	wins := make([]*window, 1+len(w.others))
-	for i := range wins {
+	// One window per lane (see lanes.go).
+	wins := make([]*window, len(w.lanes))
+	for i, l := range w.lanes {
 		// Room for the aggregates of a batch or two, which a window of
 		// batches sharing aggregates seldom outgrows by much.
 		wins[i] = &window{start: start, end: start, aggs: make(map[string]*windowAgg, 2*len(recs)),
 			list: make([]*windowAgg, 0, 2*len(recs)), parked: map[string][]sinks.StoredEvent{}, unparked: map[sinks.ParkedRef]bool{}}
-	}
-	for i, l := range w.lanes() {
 		wins[i].guardStart = l.guard.pos()
 		wins[i].guardEnd = wins[i].guardStart
 	}
@@ -145,7 +142,7 @@ func (w *Worker) processWindow(ctx context.Context, recs []*kgo.Record) (err err
 				return err
 			}
 			w.done()
-			return w.replayWindows(ctx, wins, pf)
+			return w.replay(ctx, wins, pf)
 		}
 		if err != nil {
 			return err
@@ -202,28 +199,39 @@ func (w *Worker) windowFull(wins []*window) bool {
 	return false
 }
 
-// planBatches plans one batch into the window of each projection of the
-// topic (wins, the worker's own first), decoding it once per reader
-// schema.
+// planBatches plans one batch into the window of each lane (wins, in the
+// order of the lanes), decoding it once per reader schema.
 func (w *Worker) planBatches(ctx context.Context, wins []*window, recs []*kgo.Record) error {
-	items, end, err := w.items(ctx, recs, wins[0].end, &w.batchMem)
-	if err != nil || end <= wins[0].end {
-		return err
-	}
-	if len(w.others) == 0 {
-		return w.planBatch(ctx, wins[0], items, end, len(recs))
-	}
-	lanes := make([][]*item, len(wins))
-	lanes[0] = items
-	for i, o := range w.others {
-		if by := w.decodedBy[i]; by >= 0 {
-			lanes[i+1] = o.shareDecoded(lanes[by])
-		} else if lanes[i+1], _, err = o.items(ctx, recs, wins[i+1].end, &o.batchMem); err != nil {
+	start := wins[0].end
+	if len(w.lanes) == 1 {
+		l := w.lanes[0]
+		items, end, err := l.items(ctx, recs, start, &l.batchMem)
+		if err != nil || end <= start {
 			return err
 		}
+		return l.planBatch(ctx, wins[0], items, end, len(recs))
 	}
-	for i, l := range w.lanes() {
-		if err := l.planBatch(ctx, wins[i], lanes[i], end, len(recs)); err != nil {
+	var (
+		end int64
+		err error
+	)
+	items := make([][]*item, len(w.lanes)) // by lane
+	for i, l := range w.lanes {
+		switch {
+		case l.decodedBy >= 0:
+			items[i] = l.shareDecoded(items[l.decodedBy])
+		case i == 0:
+			if items[i], end, err = l.items(ctx, recs, start, &l.batchMem); err != nil || end <= start {
+				return err
+			}
+		default:
+			if items[i], _, err = l.items(ctx, recs, start, &l.batchMem); err != nil {
+				return err
+			}
+		}
+	}
+	for i, l := range w.lanes {
+		if err := l.planBatch(ctx, wins[i], items[i], end, len(recs)); err != nil {
 			return err
 		}
 	}
@@ -232,8 +240,9 @@ func (w *Worker) planBatches(ctx context.Context, wins []*window, recs []*kgo.Re
 
 // planBatch plans the items of one batch of records records, ending
 // before offset end, into the window.
-func (w *Worker) planBatch(ctx context.Context, win *window, items []*item, end int64, records int) error {
-	keys := batchKeys(items, w.gaps.has, w.keys())
+func (l *lane) planBatch(ctx context.Context, win *window, items []*item, end int64, records int) error {
+	w := l.w
+	keys := batchKeys(items, l.gaps.has, l.keys())
 	// Aggregates the window knows are not read again; the others are.
 	aggs := make([]*windowAgg, len(keys.All)) // of keys.All, in order
 	isNew := make([]bool, len(keys.All))
@@ -245,7 +254,7 @@ func (w *Worker) planBatch(ctx context.Context, win *window, items []*item, end 
 			n++
 		}
 		if aggs[i] = win.aggs[k]; aggs[i] == nil {
-			if aggs[i] = w.carried(k); aggs[i] != nil {
+			if aggs[i] = l.carried(k); aggs[i] != nil {
 				win.aggs[k] = aggs[i]
 				win.list = append(win.list, aggs[i])
 				continue
@@ -261,8 +270,8 @@ func (w *Worker) planBatch(ctx context.Context, win *window, items []*item, end 
 		known   sinks.State
 		refused error // the read fails so however often it is tried
 	)
-	err := w.owner().retry(ctx, "read the state of a batch", func() (err error) {
-		known, err = w.peeker.Peek(ctx, w.claim, peek)
+	err := w.retry(ctx, "read the state of a batch", func() (err error) {
+		known, err = l.peeker.Peek(ctx, w.claim, peek)
 		if errors.Is(err, sinks.ErrRefusedData) {
 			refused = err
 			return nil
@@ -279,10 +288,10 @@ func (w *Worker) planBatch(ctx context.Context, win *window, items []*item, end 
 	// retried, the registry down while parked events are decoded), the
 	// window is applied again batch by batch, each batch retried as it
 	// would be on its own.
-	st := sinks.State{Parked: w.stillParked(known.Parked, win)}
+	st := sinks.State{Parked: l.stillParked(known.Parked, win)}
 	for i, k := range keys.All {
 		st.Parked = append(st.Parked, win.parked[k]...)
-		st.Parked = w.carriedParked(st.Parked, win, k)
+		st.Parked = l.carriedParked(st.Parked, win, k)
 		a := aggs[i]
 		if a == nil {
 			v, has := known.Versions[k]
@@ -293,18 +302,18 @@ func (w *Worker) planBatch(ctx context.Context, win *window, items []*item, end 
 			win.list = append(win.list, a)
 		}
 	}
-	changes, out, err := w.plan(ctx, items, keys.All, st, aggs, nil, false)
+	changes, out, err := l.plan(ctx, items, keys.All, st, aggs, nil, false)
 	if err != nil {
 		return &planFailed{err}
 	}
-	if trip := w.guard.add(items, changes.DeadLetters); trip != nil {
+	if trip := l.guard.add(items, changes.DeadLetters); trip != nil {
 		// Applied batch by batch, the batch halts the partition (see
 		// process) after those before it have committed: the replay
 		// covers it.
 		win.end = end
 		return &planFailed{trip}
 	}
-	win.guardEnd = w.guard.pos()
+	win.guardEnd = l.guard.pos()
 	// Upserts and deletes come in the order of keys.All.
 	i := 0
 	for _, u := range changes.Upserts {
@@ -356,10 +365,10 @@ type windowCommit struct {
 	plan func(sinks.State) (sinks.Changes, error)
 }
 
-// windowCommit returns what win's transaction writes: its rows, parked
+// commit returns what win's transaction writes: its rows, parked
 // events and dead letters and the offset after it. Its plan refuses the
 // transaction when Postgres does not hold what the window was planned on.
-func (w *Worker) windowCommit(win *window) windowCommit {
+func (win *window) commit() windowCommit {
 	ch := sinks.Changes{Unpark: win.unpark, DeadLetters: win.dead, Resolved: win.resolved}
 	for _, evs := range win.parked {
 		ch.Park = append(ch.Park, evs...)
@@ -421,12 +430,12 @@ func (w *Worker) commitLoop(ctx context.Context, wins []*window, wcs []windowCom
 		var rej *sinks.RejectedRows
 		if errors.Is(err, errWindowStale) || errors.As(err, &rej) || errors.Is(err, sinks.ErrRefusedData) {
 			w.done()
-			return true, w.replayWindows(ctx, wins, err)
+			return true, w.replay(ctx, wins, err)
 		}
 		var lim *sinks.LimitError
 		if errors.As(err, &lim) && w.shrinkFor(lim, len(win.sizes), win.records()) {
 			w.done()
-			return true, w.replayWindows(ctx, wins, err)
+			return true, w.replay(ctx, wins, err)
 		}
 		if err := w.backoffPlanned(ctx, attempt, "commit batches", err); err != nil {
 			return false, err
@@ -435,20 +444,20 @@ func (w *Worker) commitLoop(ctx context.Context, wins []*window, wcs []windowCom
 	}
 }
 
-// commitWindows runs the transaction of the windows of a topic's
-// projections (wcs, the worker's own first) under claim.
+// commitWindows runs the transaction of the lanes' windows (wcs, in the
+// order of the lanes) under claim.
 func (w *Worker) commitWindows(ctx context.Context, claim sinks.Claim, end int64, wcs []windowCommit) error {
 	if len(wcs) == 1 {
 		return w.commitAs(ctx, claim, end, wcs[0].keys, wcs[0].plan)
 	}
 	lanes := make([]sinks.Lane, len(wcs))
-	for i, l := range w.lanes() {
+	for i, l := range w.lanes {
 		lanes[i] = sinks.Lane{Sink: l.sink, Keys: wcs[i].keys, Plan: wcs[i].plan}
 	}
-	return w.commitLanesTraced(ctx, w.sink.(sinks.LaneCommitter), claim, end, lanes)
+	return w.commitLanesTraced(ctx, w.lanes[0].sink.(sinks.LaneCommitter), claim, end, lanes)
 }
 
-// windowCommitted moves the worker (and its lanes) past the committed
+// windowCommitted moves the worker and its lanes past the committed
 // transaction of wins, which took took.
 func (w *Worker) windowCommitted(wins []*window, wcs []windowCommit, took time.Duration) {
 	win := wins[0]
@@ -459,28 +468,15 @@ func (w *Worker) windowCommitted(wins []*window, wcs []windowCommit, took time.D
 	w.metrics.commitBatches.Observe(float64(len(win.sizes)))
 	w.done()
 	w.grown()
-	if len(wins) == 1 {
-		w.guard.commit(win.guardEnd)
-		w.committed(win.end, wcs[0].ch, win.out)
-		return
-	}
-	var all sinks.Changes // the rows every lane wrote, for Config.Committed
-	for _, wc := range wcs {
-		all.Upserts = append(all.Upserts, wc.ch.Upserts...)
-		all.Deletes = append(all.Deletes, wc.ch.Deletes...)
-	}
-	w.notifyCommitted(win.end, all)
-	for i, l := range w.lanes() {
-		l.guard.commit(wins[i].guardEnd)
-		l.moved(win.end, wcs[i].ch, wins[i].out)
-	}
+	w.committed(win.end, len(wins), func(i int) (*lane, *sinks.Changes, *outcomes, int64) {
+		return w.lanes[i], &wcs[i].ch, &wins[i].out, wins[i].guardEnd
+	})
 }
 
 // pendingCommit is the transaction of a window that commits while its
 // worker plans the next one.
 type pendingCommit struct {
-	win  *window // wins[0]
-	wins []*window
+	wins []*window // by lane
 	wcs  []windowCommit
 	span trace.Span
 	done chan struct{} // closed when the attempt has returned
@@ -496,10 +492,10 @@ type pendingCommit struct {
 // each window before planning the next used one while the other waited.
 func (w *Worker) launch(ctx context.Context, wins []*window, span trace.Span) {
 	wcs := make([]windowCommit, len(wins))
-	for i, l := range w.lanes() {
-		wcs[i] = l.windowCommit(wins[i])
+	for i, win := range wins {
+		wcs[i] = win.commit()
 	}
-	p := &pendingCommit{win: wins[0], wins: wins, wcs: wcs, span: span, done: make(chan struct{})}
+	p := &pendingCommit{wins: wins, wcs: wcs, span: span, done: make(chan struct{})}
 	claim := w.claim
 	go func() {
 		defer close(p.done)
@@ -507,11 +503,7 @@ func (w *Worker) launch(ctx context.Context, wins []*window, span trace.Span) {
 		p.err = w.commitWindows(ctx, claim, wins[0].end, wcs)
 		p.took = time.Since(began)
 	}()
-	w.pending = p
-	// Each lane plans the next window on the state its window leaves.
-	for i, o := range w.others {
-		o.pending = &pendingCommit{win: wins[i+1]}
-	}
+	w.pending = p // each lane plans the next window on the state its window leaves
 }
 
 // settle waits for the transaction launch began, if any, and completes
@@ -526,9 +518,6 @@ func (w *Worker) settle(ctx context.Context) (ok bool, err error) {
 		return true, nil
 	}
 	w.pending = nil
-	for _, o := range w.others {
-		o.pending = nil
-	}
 	<-p.done
 	if p.err == nil {
 		w.windowCommitted(p.wins, p.wcs, p.took)
@@ -544,11 +533,12 @@ func (w *Worker) settle(ctx context.Context) (ok bool, err error) {
 // pending as the next window starts from it (nil: not one of its): at the
 // version and with a copy of the row the pending one writes, known, as
 // that transaction checks or writes it.
-func (w *Worker) carried(key string) *windowAgg {
-	if w.pending == nil {
+func (l *lane) carried(key string) *windowAgg {
+	pw := l.pendingWin()
+	if pw == nil {
 		return nil
 	}
-	pa := w.pending.win.aggs[key]
+	pa := pw.aggs[key]
 	if pa == nil {
 		return nil
 	}
@@ -564,11 +554,12 @@ func (w *Worker) carried(key string) *windowAgg {
 // parks, which its transaction stores, and win has not unparked since: to
 // the next window they are parked events as those it reads (one it
 // applies it unparks, after that transaction has stored it).
-func (w *Worker) carriedParked(evs []sinks.StoredEvent, win *window, key string) []sinks.StoredEvent {
-	if w.pending == nil {
+func (l *lane) carriedParked(evs []sinks.StoredEvent, win *window, key string) []sinks.StoredEvent {
+	pw := l.pendingWin()
+	if pw == nil {
 		return evs
 	}
-	for _, e := range w.pending.win.parked[key] {
+	for _, e := range pw.parked[key] {
 		if !win.unparked[sinks.ParkedRef{Key: key, Version: e.Version}] {
 			evs = append(evs, e)
 		}
@@ -579,9 +570,19 @@ func (w *Worker) carriedParked(evs []sinks.StoredEvent, win *window, key string)
 // stillParked leaves out of evs, parked events read from the sink, those
 // win or the pending window has unparked already (applied, superseded or
 // dead-lettered): the sink holds them until those transactions commit.
-func (w *Worker) stillParked(evs []sinks.StoredEvent, win *window) []sinks.StoredEvent {
+func (l *lane) stillParked(evs []sinks.StoredEvent, win *window) []sinks.StoredEvent {
+	pw := l.pendingWin()
 	return slices.DeleteFunc(evs, func(e sinks.StoredEvent) bool {
 		ref := sinks.ParkedRef{Key: e.Key, Version: e.Version}
-		return win.unparked[ref] || (w.pending != nil && w.pending.win.unparked[ref])
+		return win.unparked[ref] || (pw != nil && pw.unparked[ref])
 	})
+}
+
+// pendingWin is the lane's window of the transaction committing while the
+// worker plans the next one (nil: none).
+func (l *lane) pendingWin() *window {
+	if p := l.w.pending; p != nil {
+		return p.wins[l.i]
+	}
+	return nil
 }

@@ -757,8 +757,8 @@ func TestGoFoldGetsFieldsMaps(t *testing.T) {
 		}
 		w := NewWorker(Config{}, WorkerDeps{Group: "g", Claim: sinks.Claim{TP: sinks.TP{Topic: demo.Topic}}, Projection: p, Sink: newMemSink(), Decoder: dec,
 			Fetcher: &rewindFetcher{}, Log: slog.New(slog.DiscardHandler), Metrics: NewMetrics(prometheus.NewRegistry(), nil)})
-		if (w.values != nil) == goFold {
-			t.Errorf("Go fold %v: decoding into values %v", goFold, w.values != nil)
+		if (w.lanes[0].values != nil) == goFold {
+			t.Errorf("Go fold %v: decoding into values %v", goFold, w.lanes[0].values != nil)
 		}
 		events := accountEvents(3, 1, 2)
 		var recs []*kgo.Record
@@ -775,6 +775,6 @@ func TestGoFoldGetsFieldsMaps(t *testing.T) {
 		if goFold && maps != len(events) {
 			t.Errorf("the Go fold got %d of %d events with Fields", maps, len(events))
 		}
-		checkAccounts(t, w.sink.(*memSink), events)
+		checkAccounts(t, w.lanes[0].sink.(*memSink), events)
 	}
 }

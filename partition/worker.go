@@ -16,27 +16,18 @@ import (
 	"github.com/projector-dev/projector/sinks"
 )
 
-// Worker consumes one topic-partition for one projection, or for every
-// projection of its topic (see lanes.go): it batches the records pushed
-// to it, decodes them, gates versions, and commits each batch through the
-// sink. Push is called by the poll loop; Run by the
-// goroutine that owns the worker.
+// Worker consumes one topic-partition for every projection of its topic,
+// each a lane (see lanes.go): it batches the records pushed to it,
+// decodes them, gates versions, and commits each batch through the
+// sinks. Push is called by the poll loop; Run by the goroutine that owns
+// the worker.
 type Worker struct {
-	cfg    Config
-	group  string
-	claim  sinks.Claim
-	proj   *projection.Projection
-	sink   sinks.Sink
-	peeker sinks.Peeker // sink, when it reads state outside a batch (nil: it does not)
-	dec    Decoder
-	values ValuesDecoder // dec, when events are decoded into values (see ValuesDecoder)
-	// batchMem is the memory of the batches a window plans, one after
-	// the other (see batchMemory).
-	batchMem batchMemory
-	// keyIndex is the index of a batch's keys that batchKeys builds,
-	// cleared and used again by the next batch; only Run's goroutine
-	// touches it.
-	keyIndex map[string]int
+	cfg   Config
+	group string
+	claim sinks.Claim
+	// lanes are the projections the partition's topic feeds, the
+	// worker's own (WorkerDeps.Projection) first.
+	lanes []*lane
 	// pending is the transaction of a window committing while the worker
 	// plans the next one (see launch); only Run's goroutine touches it.
 	pending *pendingCommit
@@ -48,8 +39,6 @@ type Worker struct {
 	fetcher Fetcher
 	log     *slog.Logger
 	metrics *Metrics
-	// totals count what committed transactions did (see Status).
-	totals struct{ applied, stale, dead atomic.Int64 }
 
 	mu      sync.Mutex
 	queue   []*kgo.Record
@@ -86,38 +75,24 @@ type Worker struct {
 	// partition (see refusedBy). Only Run's goroutine touches them.
 	badStatements int
 	refusing      bool
-	// guard keeps the outcomes of the partition's recent records, storm
-	// its halt when most of them would be dead letters of one class (see
-	// storm.go); deadLog what it has to say of its dead letters (see
-	// logDeadLetters). Only Run's goroutine touches them.
-	guard stormGuard
+	// storm is the partition's halt when most of its recent records
+	// would be dead letters of one class in a lane (see storm.go). Only
+	// Run's goroutine touches it.
 	storm stormHalt
 	// refusal is the record a batch applied alone dead-letters, isolating
 	// how deep the halving of a refused batch is (see isolate.go). Only
 	// Run's goroutine touches them.
 	refusal   *refusal
 	isolating int
-	deadLog   map[string]*classLog
 	now       func() time.Time
 
-	gaps     gaps
-	repairer Repairer // nil: no repair
+	repairer Repairer // nil: no repair; repairs fill the gaps of the first lane
 	// repairDown is when the repair source was first found unavailable in
 	// the current outage (zero: it answers), repairLogged when that was
 	// last logged; only Run's goroutine touches them.
 	repairDown, repairLogged time.Time
 	skips                    chan skipRequest
 	halted                   atomic.Pointer[halt]
-
-	// others are the lanes of the other projections the partition's topic
-	// feeds (see lanes.go); lead is the worker a lane belongs to (nil: a
-	// worker of its own).
-	others []*Worker
-	lead   *Worker
-	// decodedBy gives, for each of others, the lane whose decoded records
-	// it shares (-1: it decodes them itself; 0: this worker's, i+1: that
-	// of others[i]).
-	decodedBy []int
 }
 
 // WorkerDeps are what a worker works with besides its Config: the
@@ -160,19 +135,6 @@ type WorkerDeps struct {
 
 // NewWorker returns a worker for a claimed partition.
 func NewWorker(cfg Config, d WorkerDeps) *Worker {
-	w := newWorker(cfg, d)
-	w.newLanes(d)
-	// An earlier worker of the partition may have left its fetching
-	// paused (one replaced before it was removed, or one that stopped on
-	// an error): the new worker starts with it resumed.
-	w.fetchPaused = true
-	w.syncFetch()
-	return w
-}
-
-// newWorker is NewWorker without lanes, and without touching the
-// partition's fetching: what a lane is (see newLanes).
-func newWorker(cfg Config, d WorkerDeps) *Worker {
 	cfg.defaults()
 	if d.Log == nil {
 		d.Log = slog.New(slog.DiscardHandler)
@@ -180,9 +142,9 @@ func newWorker(cfg Config, d WorkerDeps) *Worker {
 	if d.Metrics == nil {
 		d.Metrics = NewMetrics(prometheus.NewRegistry(), nil)
 	}
-	claim, p, sink, dec := d.Claim, d.Projection, d.Sink, d.Decoder
+	claim := d.Claim
 	w := &Worker{
-		cfg: cfg, group: d.Group, claim: claim, proj: p, sink: sink, dec: dec, fetcher: d.Fetcher, metrics: d.Metrics, repairer: d.Repairer,
+		cfg: cfg, group: d.Group, claim: claim, fetcher: d.Fetcher, metrics: d.Metrics, repairer: d.Repairer,
 		log:   d.Log.With("topic", claim.Topic, "partition", claim.Partition, "epoch", claim.Epoch),
 		wake:  make(chan struct{}, 1),
 		skips: make(chan skipRequest),
@@ -192,15 +154,20 @@ func newWorker(cfg Config, d WorkerDeps) *Worker {
 	if w.now == nil {
 		w.now = time.Now
 	}
-	w.guard = newStormGuard(cfg)
 	w.metrics.knownPartition(claim.TP)
-	w.peeker, _ = sink.(sinks.Peeker)
-	if vd, ok := dec.(ValuesDecoder); ok && vd.Width() > 0 && !p.ReadsFieldsMap() {
-		w.values = vd
-	}
 	w.next.Store(claim.NextOffset)
 	w.hwm.Store(-1)
 	w.progress.Store(time.Now().UnixNano())
+	w.lanes = make([]*lane, 0, 1+len(d.Others))
+	w.newLane(d.Projection, d.Sink, d.Decoder, w.log)
+	for _, o := range d.Others {
+		w.newLane(o.Projection, o.Sink, o.Decoder, w.log.With("projection", o.Projection.Name))
+	}
+	// An earlier worker of the partition may have left its fetching
+	// paused (one replaced before it was removed, or one that stopped on
+	// an error): the new worker starts with it resumed.
+	w.fetchPaused = true
+	w.syncFetch()
 	return w
 }
 
@@ -290,10 +257,11 @@ func (w *Worker) Status() Status {
 	w.mu.Lock()
 	oldest := w.oldest
 	w.mu.Unlock()
-	st := Status{TP: w.claim.TP, Projection: w.proj.Name, NextOffset: w.next.Load(), HighWatermark: w.hwm.Load(), Oldest: oldest,
-		Applied: w.totals.applied.Load(), Stale: w.totals.stale.Load(), DeadLettered: w.totals.dead.Load()}
-	st.Parked, st.OldestParked, st.RepairUnavailable = w.gaps.totals()
-	for _, o := range w.others {
+	own := w.lanes[0]
+	st := Status{TP: w.claim.TP, Projection: own.proj.Name, NextOffset: w.next.Load(), HighWatermark: w.hwm.Load(), Oldest: oldest,
+		Applied: own.totals.applied.Load(), Stale: own.totals.stale.Load(), DeadLettered: own.totals.dead.Load()}
+	st.Parked, st.OldestParked, st.RepairUnavailable = own.gaps.totals()
+	for _, o := range w.lanes[1:] {
 		var ls LaneStatus
 		ls.Projection = o.proj.Name
 		ls.Parked, ls.OldestParked, _ = o.gaps.totals()
@@ -324,7 +292,7 @@ func (w *Worker) Run(ctx context.Context) error {
 	if err := w.lanesCommit(); err != nil {
 		return err
 	}
-	for _, l := range append([]*Worker{w}, w.others...) {
+	for _, l := range w.lanes {
 		var parked map[string]sinks.ParkedInfo
 		err := w.retry(ctx, "load parked", func() (err error) {
 			parked, err = l.sink.Parked(ctx, w.claim.TP)
@@ -347,7 +315,7 @@ func (w *Worker) Run(ctx context.Context) error {
 
 	var err error
 	var repairs chan repaired
-	if w.repairer != nil && w.proj.OnGap == projection.GapRepair {
+	if w.repairer != nil && w.lanes[0].proj.OnGap == projection.GapRepair {
 		repairs = make(chan repaired)
 		rctx, cancel := context.WithCancel(ctx)
 		var wg sync.WaitGroup
@@ -421,18 +389,19 @@ func (w *Worker) Run(ctx context.Context) error {
 // storm.go) and is tried again, decoded afresh, every RetryCap until it
 // commits.
 func (w *Worker) process(ctx context.Context, recs []*kgo.Record) (err error) {
-	if len(w.others) > 0 {
+	if len(w.lanes) > 1 {
 		return w.processLanes(ctx, recs)
 	}
+	l := w.lanes[0]
 	start := w.claim.NextOffset
 	ctx, span := w.startSpan(ctx, recs)
 	defer endSpan(span, &err)
 	for attempt := 0; ; attempt++ {
-		items, end, err := w.items(ctx, recs, start, nil)
+		items, end, err := l.items(ctx, recs, start, nil)
 		if err != nil || end <= start {
 			return err
 		}
-		keys := batchKeys(items, w.gaps.has, w.keys())
+		keys := batchKeys(items, l.gaps.has, l.keys())
 		err = w.commitBatch(ctx, len(recs), items, end, keys)
 		if errors.Is(err, sinks.ErrRefusedData) && w.refusal == nil {
 			return w.isolate(ctx, recs, err)
@@ -489,12 +458,14 @@ func (w *Worker) skip(ctx context.Context, req skipRequest) error {
 		return nil
 	}
 	err := w.retry(ctx, "skip deleted records", func() error {
-		return w.sink.CommitBatch(ctx, w.claim, req.to, sinks.Keys{}, func(sinks.State) (sinks.Changes, error) { return sinks.Changes{}, nil })
+		// The offset is the partition's, which the first lane's sink
+		// stores for every lane.
+		return w.lanes[0].sink.CommitBatch(ctx, w.claim, req.to, sinks.Keys{}, func(sinks.State) (sinks.Changes, error) { return sinks.Changes{}, nil })
 	})
 	if err == nil {
 		w.claim.NextOffset = req.to
 		w.next.Store(req.to)
-		w.notifyCommitted(req.to, sinks.Changes{})
+		w.notifyCommitted(req.to, 0, nil)
 		w.halted.Store(nil)
 		w.mu.Lock()
 		w.syncFetch()
