@@ -5,59 +5,8 @@ import (
 	"errors"
 	"time"
 
-	"go.opentelemetry.io/otel/attribute"
-	"go.opentelemetry.io/otel/codes"
-	"go.opentelemetry.io/otel/trace"
-
 	"github.com/projector-dev/projector/sinks"
 )
-
-// commitBatch plans the items of a batch of n records inside its own
-// transaction and commits them with the offset end. A transient failure
-// tries again after a backoff; rows Postgres refuses dead-letter their
-// aggregates' events on the next attempt, and a fold that keeps failing
-// dead-letters its event after MaxAttempts. A plan that would make a
-// dead-letter storm is not committed: commitBatch returns its
-// *stormTrip.
-func (w *Worker) commitBatch(ctx context.Context, n int, items []*item, end int64, keys sinks.Keys) (err error) {
-	l := w.lanes[0]
-	var (
-		out      outcomes
-		changes  sinks.Changes
-		rejected = map[string]rejection{}
-		giveUp   bool // dead-letter events whose fold keeps failing
-	)
-	mark := l.guard.pos()
-	defer func() {
-		if err != nil {
-			l.guard.truncate(mark) // the batch did not commit
-		}
-	}()
-	plan := func(st sinks.State) (sinks.Changes, error) {
-		var err error
-		changes, out, err = l.plan(ctx, items, keys.All, st, nil, rejected, giveUp)
-		if err != nil {
-			return changes, err
-		}
-		l.guard.truncate(mark) // planned again: an earlier plan's outcomes go
-		if trip := l.guard.add(items, changes.DeadLetters); trip != nil {
-			return sinks.Changes{}, trip
-		}
-		return changes, nil
-	}
-	err = w.retryCommit(ctx, n, &giveUp, func() error { return w.commitTraced(ctx, end, keys, plan) },
-		func(rej *sinks.RejectedRows) bool {
-			rejections(rejected, rej)
-			w.log.Warn("postgres refused rows; dead-lettering their events", "aggregates", len(rej.Keys))
-			return true
-		})
-	if err != nil {
-		return err
-	}
-	w.done()
-	w.committed(end, 1, func(int) (*lane, *sinks.Changes, *outcomes, int64) { return l, &changes, &out, l.guard.pos() })
-	return nil
-}
 
 // retryCommit runs commit, the transaction of a batch of n records, until
 // it commits: a transient failure is tried again after a backoff, rows
@@ -152,29 +101,6 @@ func (l *lane) moved(changes sinks.Changes, out outcomes) {
 	l.totals.stale.Add(int64(out.stale))
 	l.totals.dead.Add(int64(dead))
 	l.logDeadLetters(changes.DeadLetters)
-}
-
-// commitTraced runs the batch transaction, as a child span when tracing.
-func (w *Worker) commitTraced(ctx context.Context, end int64, keys sinks.Keys, plan func(sinks.State) (sinks.Changes, error)) error {
-	return w.commitAs(ctx, w.claim, end, keys, plan)
-}
-
-// commitAs is commitTraced under claim, which a transaction committing
-// while the worker plans the next one is given as it was when it began.
-func (w *Worker) commitAs(ctx context.Context, claim sinks.Claim, end int64, keys sinks.Keys, plan func(sinks.State) (sinks.Changes, error)) error {
-	sink := w.lanes[0].sink
-	if w.cfg.Tracer == nil {
-		return sink.CommitBatch(ctx, claim, end, keys, plan)
-	}
-	ctx, span := w.cfg.Tracer.Start(ctx, "commit batch", trace.WithSpanKind(trace.SpanKindClient),
-		trace.WithAttributes(attribute.String("db.system.name", "postgresql"), attribute.String("db.operation.name", "COMMIT")))
-	defer span.End()
-	err := sink.CommitBatch(ctx, claim, end, keys, plan)
-	if err != nil {
-		span.RecordError(err)
-		span.SetStatus(codes.Error, err.Error())
-	}
-	return err
 }
 
 // notifyCommitted tells Config.Committed, if set, that a transaction

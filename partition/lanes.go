@@ -25,9 +25,9 @@ import (
 // projection of it (its sink, decoder, version gates through the parked
 // events it knows, storm guard, metrics). A batch is decoded once per
 // reader schema, planned through each lane, and committed with the
-// partition's offset in one transaction (sinks.LaneCommitter's
-// CommitLanes), so that every projection's table stays at the offset the
-// partition's one row says.
+// partition's offset in one transaction (CommitBatch for one lane,
+// sinks.LaneCommitter's CommitLanes for several), so that every
+// projection's table stays at the offset the partition's one row says.
 
 // Lane is another projection a worker's topic feeds (see
 // WorkerDeps.Others): its sink and the decoder of its reader schema.
@@ -126,18 +126,20 @@ type laneBatch struct {
 	mark     int64 // the lane's storm guard before the batch
 }
 
-// processLanes applies recs to every projection of the topic in one
-// transaction with the partition's offset: the records are decoded once
-// per reader schema, and each projection plans them through its own gate.
+// process applies recs, a batch taken while the worker is not behind, to
+// every lane in a transaction of its own with the partition's offset: the
+// records are decoded once per reader schema, each lane's aggregates
+// listed, and then planned through each lane's gates and committed
+// together.
 //
-// A batch that would make a dead-letter storm in any projection halts the
+// A batch that would make a dead-letter storm in any lane halts the
 // partition (see storm.go) and is tried again, decoded afresh, every
 // RetryCap until it commits.
-func (w *Worker) processLanes(ctx context.Context, recs []*kgo.Record) (err error) {
+func (w *Worker) process(ctx context.Context, recs []*kgo.Record) (err error) {
 	ctx, span := w.startSpan(ctx, recs)
 	defer endSpan(span, &err)
 	for attempt := 0; ; attempt++ {
-		err := w.processLanesOnce(ctx, recs)
+		err := w.processOnce(ctx, recs)
 		if errors.Is(err, sinks.ErrRefusedData) && w.refusal == nil {
 			return w.isolate(ctx, recs, err)
 		}
@@ -152,8 +154,8 @@ func (w *Worker) processLanes(ctx context.Context, recs []*kgo.Record) (err erro
 	}
 }
 
-// processLanesOnce is one attempt of processLanes.
-func (w *Worker) processLanesOnce(ctx context.Context, recs []*kgo.Record) error {
+// processOnce is one attempt of process.
+func (w *Worker) processOnce(ctx context.Context, recs []*kgo.Record) error {
 	start := w.claim.NextOffset
 	bs := make([]laneBatch, len(w.lanes))
 	var end int64
@@ -174,9 +176,9 @@ func (w *Worker) processLanesOnce(ctx context.Context, recs []*kgo.Record) error
 				return err
 			}
 		}
-		bs[i] = laneBatch{l: l, items: items, keys: batchKeys(items, l.gaps.has, nil), rejected: map[string]rejection{}}
+		bs[i] = laneBatch{l: l, items: items, keys: batchKeys(items, l.gaps.has, l.keys()), rejected: map[string]rejection{}}
 	}
-	return w.commitLanes(ctx, len(recs), bs, end)
+	return w.commitBatch(ctx, len(recs), bs, end)
 }
 
 // shareDecoded returns the items another lane decoded with this lane's
@@ -206,13 +208,15 @@ func (l *lane) shareDecoded(from []*item) []*item {
 	return out
 }
 
-// commitLanes is commitBatch for a batch of several projections: every
-// lane is planned and written in one transaction with the offset end,
-// tried again as commitBatch tries a batch. Rows Postgres refuses
-// dead-letter their events in their projection only.
-func (w *Worker) commitLanes(ctx context.Context, n int, bs []laneBatch, end int64) (err error) {
-	lc := w.lanes[0].sink.(sinks.LaneCommitter) // checked by lanesCommit
-	giveUp := false                             // dead-letter events whose fold keeps failing
+// commitBatch plans each lane's items of a batch of n records inside one
+// transaction and commits them with the offset end. A transient failure
+// tries again after a backoff; rows Postgres refuses dead-letter their
+// aggregates' events, in their projection only, on the next attempt, and
+// a fold that keeps failing dead-letters its event after MaxAttempts. A
+// plan that would make a dead-letter storm is not committed: commitBatch
+// returns its *stormTrip.
+func (w *Worker) commitBatch(ctx context.Context, n int, bs []laneBatch, end int64) (err error) {
+	giveUp := false // dead-letter events whose fold keeps failing
 	sl := make([]sinks.Lane, len(bs))
 	for i := range bs {
 		b := &bs[i]
@@ -241,14 +245,14 @@ func (w *Worker) commitLanes(ctx context.Context, n int, bs []laneBatch, end int
 			}
 		}
 	}()
-	err = w.retryCommit(ctx, n, &giveUp, func() error { return w.commitLanesTraced(ctx, lc, w.claim, end, sl) },
+	err = w.retryCommit(ctx, n, &giveUp, func() error { return w.commitAs(ctx, w.claim, end, sl) },
 		func(rej *sinks.RejectedRows) bool {
 			if rej.Lane < 0 || rej.Lane >= len(bs) {
 				return false
 			}
 			b := &bs[rej.Lane]
 			rejections(b.rejected, rej)
-			b.l.log.Warn("postgres refused rows; dead-lettering their events", "projection", b.l.proj.Name, "aggregates", len(rej.Keys))
+			w.log.Warn("postgres refused rows; dead-lettering their events", "projection", b.l.proj.Name, "aggregates", len(rej.Keys))
 			return true
 		})
 	if err != nil {
@@ -262,20 +266,36 @@ func (w *Worker) commitLanes(ctx context.Context, n int, bs []laneBatch, end int
 	return nil
 }
 
-// commitLanesTraced runs the transaction of the lanes, as a child span
-// when tracing.
-func (w *Worker) commitLanesTraced(ctx context.Context, lc sinks.LaneCommitter, claim sinks.Claim, end int64, lanes []sinks.Lane) error {
+// commitAs runs the transaction of lanes, one per lane of the worker in
+// their order, under claim (which a transaction committing while the
+// worker plans the next one is given as it was when it began), as a
+// child span when tracing. One lane commits through its sink's
+// CommitBatch, which any sink has.
+func (w *Worker) commitAs(ctx context.Context, claim sinks.Claim, end int64, lanes []sinks.Lane) error {
 	if w.cfg.Tracer == nil {
-		return lc.CommitLanes(ctx, claim, end, lanes)
+		return commitLanes(ctx, claim, end, lanes)
 	}
-	ctx, span := w.cfg.Tracer.Start(ctx, "commit batch", trace.WithSpanKind(trace.SpanKindClient),
-		trace.WithAttributes(attribute.String("db.system.name", "postgresql"), attribute.String("db.operation.name", "COMMIT"),
-			attribute.Int("projector.projections", len(lanes))))
+	attrs := []attribute.KeyValue{attribute.String("db.system.name", "postgresql"), attribute.String("db.operation.name", "COMMIT")}
+	if len(lanes) > 1 {
+		// How many projections share the transaction, where a topic
+		// feeds several; a span of one projection's is as it always was.
+		attrs = append(attrs, attribute.Int("projector.projections", len(lanes)))
+	}
+	ctx, span := w.cfg.Tracer.Start(ctx, "commit batch", trace.WithSpanKind(trace.SpanKindClient), trace.WithAttributes(attrs...))
 	defer span.End()
-	err := lc.CommitLanes(ctx, claim, end, lanes)
+	err := commitLanes(ctx, claim, end, lanes)
 	if err != nil {
 		span.RecordError(err)
 		span.SetStatus(codes.Error, err.Error())
 	}
 	return err
+}
+
+// commitLanes commits lanes in one transaction: through the first lane's
+// sink, a sinks.LaneCommitter when there are several (see lanesCommit).
+func commitLanes(ctx context.Context, claim sinks.Claim, end int64, lanes []sinks.Lane) error {
+	if len(lanes) == 1 {
+		return lanes[0].Sink.CommitBatch(ctx, claim, end, lanes[0].Keys, lanes[0].Plan)
+	}
+	return lanes[0].Sink.(sinks.LaneCommitter).CommitLanes(ctx, claim, end, lanes)
 }

@@ -203,19 +203,15 @@ func (w *Worker) windowFull(wins []*window) bool {
 // order of the lanes), decoding it once per reader schema.
 func (w *Worker) planBatches(ctx context.Context, wins []*window, recs []*kgo.Record) error {
 	start := wins[0].end
-	if len(w.lanes) == 1 {
-		l := w.lanes[0]
-		items, end, err := l.items(ctx, recs, start, &l.batchMem)
-		if err != nil || end <= start {
-			return err
-		}
-		return l.planBatch(ctx, wins[0], items, end, len(recs))
-	}
 	var (
 		end int64
 		err error
+		one [1][]*item
 	)
-	items := make([][]*item, len(w.lanes)) // by lane
+	items := one[:] // by lane
+	if len(w.lanes) > 1 {
+		items = make([][]*item, len(w.lanes))
+	}
 	for i, l := range w.lanes {
 		switch {
 		case l.decodedBy >= 0:
@@ -447,14 +443,11 @@ func (w *Worker) commitLoop(ctx context.Context, wins []*window, wcs []windowCom
 // commitWindows runs the transaction of the lanes' windows (wcs, in the
 // order of the lanes) under claim.
 func (w *Worker) commitWindows(ctx context.Context, claim sinks.Claim, end int64, wcs []windowCommit) error {
-	if len(wcs) == 1 {
-		return w.commitAs(ctx, claim, end, wcs[0].keys, wcs[0].plan)
-	}
 	lanes := make([]sinks.Lane, len(wcs))
 	for i, l := range w.lanes {
 		lanes[i] = sinks.Lane{Sink: l.sink, Keys: wcs[i].keys, Plan: wcs[i].plan}
 	}
-	return w.commitLanesTraced(ctx, w.lanes[0].sink.(sinks.LaneCommitter), claim, end, lanes)
+	return w.commitAs(ctx, claim, end, lanes)
 }
 
 // windowCommitted moves the worker and its lanes past the committed

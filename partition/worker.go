@@ -381,42 +381,6 @@ func (w *Worker) Run(ctx context.Context) error {
 	}
 }
 
-// process applies recs, a batch taken while the worker is not behind, in
-// a transaction of its own: the records are decoded, the batch's
-// aggregates listed, and then planned and committed together.
-//
-// A batch that would make a dead-letter storm halts the partition (see
-// storm.go) and is tried again, decoded afresh, every RetryCap until it
-// commits.
-func (w *Worker) process(ctx context.Context, recs []*kgo.Record) (err error) {
-	if len(w.lanes) > 1 {
-		return w.processLanes(ctx, recs)
-	}
-	l := w.lanes[0]
-	start := w.claim.NextOffset
-	ctx, span := w.startSpan(ctx, recs)
-	defer endSpan(span, &err)
-	for attempt := 0; ; attempt++ {
-		items, end, err := l.items(ctx, recs, start, nil)
-		if err != nil || end <= start {
-			return err
-		}
-		keys := batchKeys(items, l.gaps.has, l.keys())
-		err = w.commitBatch(ctx, len(recs), items, end, keys)
-		if errors.Is(err, sinks.ErrRefusedData) && w.refusal == nil {
-			return w.isolate(ctx, recs, err)
-		}
-		var trip *stormTrip
-		if !errors.As(err, &trip) {
-			return err
-		}
-		w.stormed(trip)
-		if err := w.backoff(ctx, attempt, "commit batch", trip); err != nil {
-			return err
-		}
-	}
-}
-
 // job is the worker's next piece of work: a batch of records, a repair
 // answer, or a skip past records deleted by retention.
 type job struct {
