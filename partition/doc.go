@@ -14,14 +14,17 @@
 //     and fields;
 //   - plan.go: the batch's aggregates, and the plan that gates and folds
 //     each item into the changes a transaction writes;
-//   - commit.go: one batch's transaction, and moving the worker past it
-//     once committed (where Config.Committed is called);
+//   - commit.go: retrying a batch's transaction, and moving the worker
+//     and its lanes past it once committed (where Config.Committed is
+//     called);
 //   - window.go: a worker that is behind plans several batches into one
 //     transaction, committed while it plans the next;
-//   - lanes.go: a topic that feeds several projections: one lane per
-//     projection (its decoder, gate, parked events and sink), records
-//     decoded once per reader schema, every lane committed in one
-//     transaction with the partition's offset;
+//   - lanes.go: the lanes, one per projection the topic feeds (its
+//     decoder, gates, parked events, storm guard and sink; a topic of one
+//     projection is a worker of one lane), and the path of a batch taken
+//     while the worker is not behind: decoded once per reader schema,
+//     planned through each lane, every lane committed in one transaction
+//     with the partition's offset;
 //   - retry.go and refused.go: backing off between attempts, and halting
 //     a partition whose statements Postgres refuses;
 //   - shrink.go: committing smaller transactions after one met a limit
