@@ -1,9 +1,12 @@
 package partition
 
 import (
+	"bytes"
 	"context"
+	"encoding/json"
 	"fmt"
 	"log/slog"
+	"strings"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -146,5 +149,71 @@ func TestLanesDecodeOncePerReader(t *testing.T) {
 				t.Errorf("snapshot table: %s v%d %v, want v%d with the last deposit", id, snapVs[id], snapRows[id], versions)
 			}
 		}
+	}
+}
+
+// rejectingSink refuses the row of reject in the first transaction, as
+// Postgres refusing a value its column cannot hold, then plans as
+// recordingSink.
+type rejectingSink struct {
+	recordingSink
+	reject   string
+	rejected bool
+}
+
+func (s *rejectingSink) CommitBatch(ctx context.Context, c sinks.Claim, end int64, keys sinks.Keys, plan func(sinks.State) (sinks.Changes, error)) error {
+	if !s.rejected {
+		s.rejected = true
+		return &sinks.RejectedRows{Keys: map[string]string{s.reject: "value too long for type character varying(8)"}}
+	}
+	return s.recordingSink.CommitBatch(ctx, c, end, keys, plan)
+}
+
+// A topic of one projection is a worker of one lane, and takes the path
+// of several: rows Postgres refuses dead-letter their aggregate's events
+// and the rest commits, and the warning names the projection whose rows
+// they are, as it does where a topic feeds several.
+func TestRefusedRowsNameTheirProjection(t *testing.T) {
+	p, enc, dec := demoCodec(t)
+	var recs []*kgo.Record
+	for _, id := range []string{"acc-1", "acc-2"} {
+		value, err := enc.Encode(demo.Record{Key: id, Event: demo.Event{AccountID: id, Version: 1, Type: "AccountOpened", Owner: "owner " + id}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		recs = append(recs, &kgo.Record{Topic: demo.Topic, Key: []byte(id), Value: value, Offset: int64(len(recs))})
+	}
+	var out bytes.Buffer
+	sink := &rejectingSink{reject: "acc-2"}
+	w := NewWorker(Config{}, WorkerDeps{Group: "g", Claim: sinks.Claim{TP: sinks.TP{Topic: demo.Topic}}, Projection: p, Sink: sink, Decoder: dec,
+		Fetcher: idleFetcher{}, Log: slog.New(slog.NewJSONHandler(&out, nil)), Metrics: NewMetrics(prometheus.NewRegistry(), nil)})
+	if err := w.process(t.Context(), recs); err != nil {
+		t.Fatal(err)
+	}
+	if len(sink.batches) != 1 {
+		t.Fatalf("%d batches committed, want 1", len(sink.batches))
+	}
+	ch := sink.batches[0]
+	if len(ch.Upserts) != 1 || ch.Upserts[0].Key != "acc-1" {
+		t.Errorf("rows written %+v, want acc-1's only", ch.Upserts)
+	}
+	if len(ch.DeadLetters) != 1 || ch.DeadLetters[0].Offset != 1 || ch.DeadLetters[0].Class != sinks.ClassRejected {
+		t.Errorf("dead letters %+v, want acc-2's event as %s", ch.DeadLetters, sinks.ClassRejected)
+	}
+	found := false
+	for line := range bytes.Lines(out.Bytes()) {
+		var l struct{ Msg, Projection string }
+		if err := json.Unmarshal(line, &l); err != nil {
+			t.Fatal(err)
+		}
+		if strings.HasPrefix(l.Msg, "postgres refused rows") {
+			found = true
+			if l.Projection != p.Name {
+				t.Errorf("refused rows logged with projection %q, want %q: %s", l.Projection, p.Name, line)
+			}
+		}
+	}
+	if !found {
+		t.Errorf("no line says Postgres refused rows; the log:\n%s", out.String())
 	}
 }
