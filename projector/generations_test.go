@@ -50,23 +50,14 @@ func TestEnginesShareARegistry(t *testing.T) {
 		}
 		checkCounts(t, b.db.Pool, g.identity, exp)
 	}
-	mfs, err := reg.Gather()
-	if err != nil {
-		t.Fatal(err)
-	}
 	applied := map[string]float64{}
-	for _, mf := range mfs {
-		if mf.GetName() != "projector_records_processed_total" {
-			continue
+	for _, m := range metrics(t, reg, "projector_records_processed_total") {
+		labels := map[string]string{}
+		for _, l := range m.GetLabel() {
+			labels[l.GetName()] = l.GetValue()
 		}
-		for _, m := range mf.GetMetric() {
-			labels := map[string]string{}
-			for _, l := range m.GetLabel() {
-				labels[l.GetName()] = l.GetValue()
-			}
-			if labels["outcome"] == "applied" && labels["projection"] == live[0].Name {
-				applied[labels["group"]] += m.GetCounter().GetValue()
-			}
+		if labels["outcome"] == "applied" && labels["projection"] == live[0].Name {
+			applied[labels["group"]] += m.GetCounter().GetValue()
 		}
 	}
 	if applied["gen1"] == 0 || applied["gen1"] != applied["gen2"] {

@@ -111,21 +111,12 @@ func TestTombstoneRetention(t *testing.T) {
 
 // prunedOf is projector_tombstones_pruned_total{projection} in reg.
 func prunedOf(t *testing.T, reg *prometheus.Registry, projection string) float64 {
-	const name = "projector_tombstones_pruned_total"
 	t.Helper()
-	mfs, err := reg.Gather()
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, mf := range mfs {
-		if mf.GetName() != name {
-			continue
-		}
-		for _, m := range mf.GetMetric() {
-			for _, l := range m.GetLabel() {
-				if l.GetName() == "projection" && l.GetValue() == projection {
-					return m.GetCounter().GetValue()
-				}
+	const name = "projector_tombstones_pruned_total"
+	for _, m := range metrics(t, reg, name) {
+		for _, l := range m.GetLabel() {
+			if l.GetName() == "projection" && l.GetValue() == projection {
+				return m.GetCounter().GetValue()
 			}
 		}
 	}
