@@ -1,6 +1,7 @@
 package partition
 
 import (
+	"context"
 	"fmt"
 	"time"
 
@@ -69,6 +70,11 @@ type Config struct {
 	// does not grow with their number. A transaction of several batches
 	// holds the rows of up to twice as many aggregates (see windowFull).
 	Share func() int
+
+	// Throttle, when set, paces the records the worker applies: before
+	// each batch it waits for as many tokens as the batch has records.
+	// A rebuild's generation runs throttled so that live traffic wins.
+	Throttle Throttle
 	// CommitMaxBatches is how many full batches' worth of records one
 	// transaction may cover while full batches wait (default
 	// DefaultCommitMaxBatches; 1: each batch commits alone).
@@ -187,4 +193,12 @@ func (c Config) Validate() error {
 		return fmt.Errorf("DeadLetterStormWindow %d: want at least 1 record, or 0 for the default", c.DeadLetterStormWindow)
 	}
 	return nil
+}
+
+// Throttle paces a worker: golang.org/x/time/rate's Limiter is one.
+type Throttle interface {
+	// WaitN blocks until n records may be applied, or ctx ends; n is
+	// at most Burst.
+	WaitN(ctx context.Context, n int) error
+	Burst() int
 }

@@ -3,6 +3,7 @@ package partition
 import (
 	"context"
 	"errors"
+	"fmt"
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/twmb/franz-go/pkg/kgo"
@@ -114,6 +115,9 @@ func (w *Worker) processParts(ctx context.Context, recs []*kgo.Record) error {
 	for len(recs) > 0 {
 		batchMax, _ := w.limits()
 		n := min(len(recs), batchMax)
+		if err := w.throttle(ctx, n); err != nil {
+			return err
+		}
 		err := w.process(ctx, recs[:n])
 		var lim *sinks.LimitError
 		if errors.As(err, &lim) && w.shrinkFor(lim, 1, n) {
@@ -123,6 +127,22 @@ func (w *Worker) processParts(ctx context.Context, recs []*kgo.Record) error {
 			return err
 		}
 		recs = recs[n:]
+	}
+	return nil
+}
+
+// throttle waits until n records may be applied (see Config.Throttle).
+func (w *Worker) throttle(ctx context.Context, n int) error {
+	t := w.cfg.Throttle
+	if t == nil {
+		return nil
+	}
+	for n > 0 {
+		k := min(n, max(t.Burst(), 1))
+		if err := t.WaitN(ctx, k); err != nil {
+			return fmt.Errorf("throttle: %w", err)
+		}
+		n -= k
 	}
 	return nil
 }

@@ -171,6 +171,8 @@ func (s Spec) compile(dir string) (*Projection, error) {
 		DeleteTypes:  map[string]bool{},
 		Fillfactor:   s.Fillfactor,
 	}
+	keep := s
+	p.spec = &keep
 	bad := func(format string, args ...any) error {
 		return fmt.Errorf("projection %q: %s", s.Name, fmt.Sprintf(format, args...))
 	}

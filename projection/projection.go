@@ -162,6 +162,10 @@ type Projection struct {
 	// part for a compacted topic's tombstones. 0: the engine's
 	// (projector.Config.TombstoneRetention); negative: kept forever.
 	TombstoneRetention time.Duration
+
+	// spec is the projection as its file wrote it (nil for one built in
+	// Go): what Definition stores.
+	spec *Spec
 }
 
 // DefaultFillfactor is the fillfactor of the tables the engine creates.

@@ -30,6 +30,7 @@ import (
 	"github.com/projector-dev/projector/projection"
 	"github.com/projector-dev/projector/projection/check"
 	"github.com/projector-dev/projector/projector"
+	"github.com/projector-dev/projector/rebuild"
 	"github.com/projector-dev/projector/schemas"
 	"github.com/projector-dev/projector/sinks/postgres"
 )
@@ -75,6 +76,9 @@ type runFlags struct {
 	stormWindow     int
 
 	tombstoneRetention retentionFlag
+	rebuild            rebuildFlags
+	// throttle paces the engine of a generation being rebuilt.
+	throttle partition.Throttle
 }
 
 func runCommand(_, stderr io.Writer) *ffcli.Command {
@@ -165,6 +169,7 @@ func (f *runFlags) runOn(ctx context.Context, stderr io.Writer, env engineEnv) e
 		return err
 	}
 	metrics := newRegistry()
+	gather := &gatherers{base: metrics}
 	tp, shutdown, err := tracing(ctx)
 	if err != nil {
 		if ln != nil {
@@ -178,7 +183,7 @@ func (f *runFlags) runOn(ctx context.Context, stderr io.Writer, env engineEnv) e
 		_ = shutdown(sctx) // best effort: spans of the last seconds
 	}()
 	var (
-		engine   atomic.Pointer[projector.Engine]
+		engine   atomic.Pointer[rebuild.Supervisor]
 		starting starting
 	)
 	step := starting.step
@@ -198,7 +203,7 @@ func (f *runFlags) runOn(ctx context.Context, stderr io.Writer, env engineEnv) e
 		return map[string]error{"startup": nil}
 	}
 	su := newStartup(log, metrics, f.startupTimeout, f.retryBase, f.retryCap, &starting)
-	return serveOn(ctx, log, ln, metrics, ready, live, func(ctx context.Context) error {
+	return serveOn(ctx, log, ln, gather, ready, live, func(ctx context.Context) error {
 		sctx, cancel := su.bound(ctx)
 		defer cancel()
 		pool, target, err := openDatabase(sctx, poolCfg, su, true)
@@ -212,15 +217,33 @@ func (f *runFlags) runOn(ctx context.Context, stderr io.Writer, env engineEnv) e
 		log.Info("writing to PostgreSQL", append(target.attrs(), "max_conns", poolCfg.MaxConns,
 			"lock_timeout", poolCfg.ConnConfig.RuntimeParams["lock_timeout"],
 			"idle_in_transaction_session_timeout", poolCfg.ConnConfig.RuntimeParams["idle_in_transaction_session_timeout"])...)
+		step("reading the projections' generations")
+		store := rebuild.NewStore(pool)
+		if err := rebuild.Migrate(sctx, pool); err != nil {
+			if ctx.Err() != nil {
+				return nil
+			}
+			return err
+		}
+		// What runs is each projection as its live generation defines
+		// it: a file that defines one otherwise starts no migration, it
+		// asks for a rebuild.
+		live, err := liveProjections(sctx, store, f.identity, projs)
+		if err != nil {
+			if ctx.Err() != nil {
+				return nil
+			}
+			return err
+		}
 		step("checking the projection file")
-		if err := checkBeforeRun(sctx, su, log, projs, reg, readers, pool, f.checkWriters); err != nil {
+		if err := checkBeforeRun(sctx, su, log, live, reg, readers, pool, f.checkWriters); err != nil {
 			if ctx.Err() != nil {
 				return nil
 			}
 			return err
 		}
 		step("creating what is missing of the tables")
-		if err := migrate(sctx, su, pool, target, projs); err != nil {
+		if err := migrate(sctx, su, pool, target, live); err != nil {
 			if ctx.Err() != nil {
 				return nil
 			}
@@ -235,11 +258,15 @@ func (f *runFlags) runOn(ctx context.Context, stderr io.Writer, env engineEnv) e
 			}
 		}
 		step("joining the consumer group")
-		e, err := newEngine(f, brokers, projs, reg, readers, log, pool, metrics, tp)
+		adm, closeAdm, err := adminClient(f, brokers, log)
 		if err != nil {
 			return err
 		}
-		engine.Store(e)
+		defer closeAdm()
+		engines := &generationEngines{f: f, brokers: brokers, registry: reg, log: log, pool: pool, tp: tp, gather: gather, poolCfg: poolCfg}
+		defer engines.close()
+		sup := newSupervisor(f, projs, store, adm, engines, pool, metrics, log)
+		engine.Store(sup)
 		if env.running != nil {
 			var addr net.Addr
 			if ln != nil {
@@ -251,7 +278,7 @@ func (f *runFlags) runOn(ctx context.Context, stderr io.Writer, env engineEnv) e
 			"batch_max_records", f.batchMaxRecords, "batch_max_wait", f.batchMaxWait.String(), "commit_max_batches", f.commitMax,
 			"member_max_records", f.memberMax,
 			"state_cache_rows", f.stateCacheRows, "state_cache_bytes", f.stateCacheBytes.String())
-		return e.Run(ctx)
+		return sup.Run(ctx)
 	})
 }
 
@@ -301,6 +328,7 @@ func (f *runFlags) registerEngine(fs *flag.FlagSet) {
 	f.common.register(fs, "database-url", "identity", "config", "log")
 	f.dbFlags.register(fs, "pool", "sessions", "startup")
 	registerTombstoneRetention(fs, &f.tombstoneRetention)
+	f.rebuild.register(fs)
 	fs.StringVar(&f.httpAddr, "http-addr", ":8080", "address of /metrics, /livez, /readyz; empty disables")
 	fs.StringVar(&f.startFrom, "start-from", projector.StartEarliest, "where a partition without a stored offset starts: earliest or latest")
 	fs.IntVar(&f.batchMaxRecords, "batch-max-records", partition.DefaultBatchMaxRecords, "most records planned together in one batch")
@@ -332,6 +360,9 @@ func (f *runFlags) registerEngine(fs *flag.FlagSet) {
 }
 
 func (f *runFlags) validate() error {
+	if err := f.rebuild.validate(); err != nil {
+		return err
+	}
 	if f.batchMaxRecords < 1 {
 		return fmt.Errorf("--batch-max-records %d: must be at least 1", f.batchMaxRecords)
 	}
@@ -565,6 +596,7 @@ func newEngine(f *runFlags, brokers []string, projs []*projection.Projection, re
 			// The flag's off is the engine's negative share.
 			DeadLetterStormShare:  cliflag.ShareOff(f.stormShare),
 			DeadLetterStormWindow: f.stormWindow,
+			Throttle:              f.throttle,
 		},
 		MemberMaxRecords: cliflag.Off(f.memberMax),
 		StateCacheRows:   cliflag.Off(f.stateCacheRows),

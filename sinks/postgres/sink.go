@@ -330,7 +330,8 @@ const (
 // returned as *sinks.RejectedRows. When it refuses a statement itself
 // (see refused), the error is marked sinks.ErrBadStatement.
 func (s *Sink) CommitBatch(ctx context.Context, claim sinks.Claim, end int64, keys sinks.Keys, plan func(sinks.State) (sinks.Changes, error)) error {
-	return limited(ctx, s.pool, refused(s.commitBatch(ctx, claim, end, []*lane{{s: s, keys: keys, plan: plan}})))
+	ls := []*lane{{s: s, keys: keys, plan: plan}}
+	return limited(ctx, s.pool, s.retired(ctx, ls, refused(s.commitBatch(ctx, claim, end, ls))))
 }
 
 // CommitLanes implements sinks.LaneCommitter: the lanes' sinks must be
@@ -344,8 +345,33 @@ func (s *Sink) CommitLanes(ctx context.Context, claim sinks.Claim, end int64, la
 		}
 		ls[i] = &lane{s: o, keys: l.Keys, plan: l.Plan}
 	}
-	return limited(ctx, s.pool, refused(s.commitBatch(ctx, claim, end, ls)))
+	return limited(ctx, s.pool, s.retired(ctx, ls, refused(s.commitBatch(ctx, claim, end, ls))))
 }
+
+// retired turns a statement Postgres refused into sinks.ErrFenced when a
+// lane's table is no longer a table: a newer generation of its projection
+// cut over, renaming the table away or putting a view (which refuses
+// writes, SQLSTATE PJ001) under its name. The worker then stops as a
+// fenced one does, rather than halting the partition or dead-lettering
+// its records.
+func (s *Sink) retired(ctx context.Context, lanes []*lane, err error) error {
+	var pg *pgconn.PgError
+	if err == nil || !(errors.Is(err, sinks.ErrBadStatement) || errors.As(err, &pg) && pg.Code == generationViewWrite) {
+		return err
+	}
+	for _, l := range lanes {
+		var kind string
+		qerr := s.pool.QueryRow(ctx, `SELECT coalesce((SELECT relkind::text FROM pg_class WHERE oid = to_regclass($1)), '')`, l.s.p.Table).Scan(&kind)
+		if qerr == nil && kind != "r" && kind != "p" {
+			return fmt.Errorf("%w: table %s of projection %s is no longer this generation's: a newer generation cut over (%w)", sinks.ErrFenced, l.s.p.Table, l.s.p.Name, err)
+		}
+	}
+	return err
+}
+
+// generationViewWrite is the SQLSTATE of a write through the view of a
+// projection's live generation.
+const generationViewWrite = "PJ001"
 
 var _ sinks.LaneCommitter = (*Sink)(nil)
 
