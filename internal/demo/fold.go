@@ -16,6 +16,9 @@ type Account struct {
 	Balance  int64
 	OpenedAt time.Time
 	Version  int64
+	// Deposits counts the Deposited events applied since the account
+	// was opened: what a projection with a deposits column counts.
+	Deposits int64
 }
 
 // Expected is the reference fold of a stream: what the tables must hold.
@@ -98,6 +101,7 @@ func Fold(records []Record) Expected {
 				a.acc.Owner, a.acc.OpenedAt, a.exists = ev.Owner, ev.OccurredAt, true
 			case "Deposited":
 				a.acc.Balance += ev.Amount
+				a.acc.Deposits++
 				a.exists = true
 			case "Withdrawn":
 				a.acc.Balance -= ev.Amount
