@@ -233,6 +233,8 @@ func jsonError(err error) string {
 		return fmt.Sprintf("field %s: want a %s, found a JSON %s", typ.Field, typ.Type, typ.Value)
 	case errors.As(err, &syn):
 		return fmt.Sprintf("not JSON at byte %d: %v", syn.Offset, err)
+	case errors.Is(err, io.ErrUnexpectedEOF):
+		return "not JSON: it ends inside a value"
 	}
 	if name, ok := strings.CutPrefix(err.Error(), "json: unknown field "); ok {
 		return "unknown field " + name

@@ -208,8 +208,8 @@ func TestParseDefinitionKeepsColumnOrder(t *testing.T) {
 	for _, c := range p.Columns {
 		names = append(names, c.Name)
 	}
-	if got := strings.Join(names, ","); !strings.HasPrefix(got, "zeta,account_id,alpha") {
-		t.Errorf("columns %s, want zeta,account_id,alpha first", got)
+	if got := strings.Join(names, ","); !strings.HasPrefix(got, "account_id,zeta,alpha") {
+		t.Errorf("columns %s, want the key, then zeta and alpha as given", got)
 	}
 	if p.Schema == "" {
 		t.Error("the reader schema was dropped")
