@@ -29,8 +29,10 @@ import (
 // takesArgs lists the commands that read positional arguments; every
 // other command refuses them, so that a typo is not silently ignored.
 var takesArgs = map[string]bool{
-	"projector dlq show": true,
-	"projector help":     true,
+	"projector dlq show":       true,
+	"projector rebuild status": true,
+	"projector rebuild cancel": true,
+	"projector help":           true,
 }
 
 // zeroDurations lists the duration flags whose zero or negative value has

@@ -42,7 +42,9 @@ const envPrefix = "PROJECTOR_"
 // command. The dlq commands' filters all have their own, so that a filter
 // left set for dlq list does not decide what a replay or a purge selects;
 // so do tombstones forget's, so that no variable left set chooses whose
-// tombstone is deleted.
+// tombstone is deleted. rebuild start's --config is empty unless given
+// (the live definition), and rebuild cleanup's --projection chooses what
+// is dropped.
 // TestEnvOneMeaning walks the command tree and fails when a variable
 // would be read by two flags of different defaults or usage.
 var ownEnv = map[string][]string{
@@ -61,6 +63,8 @@ var ownEnv = map[string][]string{
 	"dlq audit":         {"limit", "json"},
 	"relay":             {"unready-after"},
 	"tombstones forget": {"projection", "key"},
+	"rebuild start":     {"config"},
+	"rebuild cleanup":   {"projection"},
 }
 
 // commandLineOnly are the flags that confirm a destructive action, with

@@ -1,6 +1,6 @@
 // Command projector turns Kafka event streams into versioned read models in
 // PostgreSQL. Subcommands: run, dev, produce, check, relay, demo, migrate, status,
-// offsets, dlq, tombstones.
+// offsets, dlq, tombstones, rebuild.
 // The benchmark is the command projector-bench.
 //
 // Most flags can also be set through an environment variable, which
@@ -78,6 +78,7 @@ func rootCommand(stdout, stderr io.Writer) *ffcli.Command {
 			offsetsCommand(stdout, stderr),
 			dlqCommand(stdout, stderr),
 			tombstonesCommand(stdout, stderr),
+			rebuildCommand(stdout, stderr),
 			relayCommand(stdout, stderr),
 			benchMovedCommand(),
 		},

@@ -77,6 +77,7 @@ type runFlags struct {
 
 	tombstoneRetention retentionFlag
 	rebuild            rebuildFlags
+	adminAPI           bool
 	// throttle paces the engine of a generation being rebuilt.
 	throttle partition.Throttle
 }
@@ -203,6 +204,7 @@ func (f *runFlags) runOn(ctx context.Context, stderr io.Writer, env engineEnv) e
 		return map[string]error{"startup": nil}
 	}
 	su := newStartup(log, metrics, f.startupTimeout, f.retryBase, f.retryCap, &starting)
+	admin := newAdminMount(f.adminAPI, log)
 	return serveOn(ctx, log, ln, gather, ready, live, func(ctx context.Context) error {
 		sctx, cancel := su.bound(ctx)
 		defer cancel()
@@ -225,6 +227,7 @@ func (f *runFlags) runOn(ctx context.Context, stderr io.Writer, env engineEnv) e
 			}
 			return err
 		}
+		admin.serve(store, f.identity, log)
 		// What runs is each projection as its live generation defines
 		// it: a file that defines one otherwise starts no migration, it
 		// asks for a rebuild.
@@ -279,7 +282,7 @@ func (f *runFlags) runOn(ctx context.Context, stderr io.Writer, env engineEnv) e
 			"member_max_records", f.memberMax,
 			"state_cache_rows", f.stateCacheRows, "state_cache_bytes", f.stateCacheBytes.String())
 		return sup.Run(ctx)
-	})
+	}, admin.wrap)
 }
 
 // checkBeforeRun proves the projections as projector check does, against
@@ -320,6 +323,7 @@ func migrate(ctx context.Context, su startup, pool *pgxpool.Pool, target dbTarge
 func (f *runFlags) register(fs *flag.FlagSet) {
 	f.common.register(fs, "brokers", "registry-url")
 	f.registerEngine(fs)
+	registerAdminAPI(fs, &f.adminAPI)
 }
 
 // registerEngine registers the flags of the engine itself, which run and
@@ -520,11 +524,16 @@ func serve(ctx context.Context, log *slog.Logger, httpAddr string, reg prometheu
 	return serveOn(ctx, log, ln, reg, ready, live, work)
 }
 
-// serveOn is serve on a bound listener; nil serves no HTTP.
-func serveOn(ctx context.Context, log *slog.Logger, ln net.Listener, reg prometheus.Gatherer, ready, live projector.ReadyFunc, work func(context.Context) error) error {
+// serveOn is serve on a bound listener; nil serves no HTTP. Each of wrap
+// wraps the handler (run's admin API).
+func serveOn(ctx context.Context, log *slog.Logger, ln net.Listener, reg prometheus.Gatherer, ready, live projector.ReadyFunc, work func(context.Context) error, wrap ...func(http.Handler) http.Handler) error {
 	g, ctx := errgroup.WithContext(ctx)
 	if ln != nil {
-		srv := &http.Server{Handler: projector.Handler(reg, ready, live), ReadHeaderTimeout: 5 * time.Second}
+		h := projector.Handler(reg, ready, live)
+		for _, w := range wrap {
+			h = w(h)
+		}
+		srv := &http.Server{Handler: h, ReadHeaderTimeout: 5 * time.Second}
 		log.Info("serving metrics and health", "addr", ln.Addr().String())
 		g.Go(func() error {
 			if err := srv.Serve(ln); !errors.Is(err, http.ErrServerClosed) {
