@@ -36,6 +36,8 @@ var rebuiltProjections = strings.NewReplacer(
 // projector run as processes.
 type rebuildStream struct {
 	db       *testenv.DB
+	cluster  *testenv.Cluster
+	config   string
 	records  []demo.Record
 	topic    string
 	args     []string
@@ -49,9 +51,9 @@ type rebuildStream struct {
 func newRebuildStream(t *testing.T, opts demo.Options, partitions int, extra ...string) *rebuildStream {
 	t.Helper()
 	ctx := t.Context()
-	rs := &rebuildStream{db: testenv.NewDB(t), records: demo.Generate(opts), identity: "rebuild-e2e"}
+	rs := &rebuildStream{db: testenv.NewDB(t), records: demo.Generate(opts)}
 	cluster := testenv.NewCluster(t, demo.Topic, partitions)
-	rs.topic = cluster.Topic
+	rs.cluster, rs.topic, rs.identity = cluster, cluster.Topic, cluster.Name("rebuild-e2e")
 	reg := testenv.NewRegistry(t)
 	enc, err := demo.RegisterSchemasFor(ctx, reg.Client, rs.topic)
 	if err != nil {
@@ -73,6 +75,7 @@ func newRebuildStream(t *testing.T, opts demo.Options, partitions int, extra ...
 		return path
 	}
 	config := write("projections.yaml", string(demo.Projections))
+	rs.config = config
 	rs.newFile = write("rebuilt.yaml", rebuiltProjections)
 	rs.args = append([]string{"run",
 		"--brokers", cluster.Brokers(),

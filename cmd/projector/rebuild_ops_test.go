@@ -1,0 +1,282 @@
+package main
+
+import (
+	"errors"
+	"fmt"
+	"slices"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/projector-dev/projector/internal/demo"
+	"github.com/projector-dev/projector/internal/testenv"
+	"github.com/projector-dev/projector/rebuild"
+)
+
+// committed is how many records identity has committed on the stream.
+func (rs *rebuildStream) committed(t *testing.T, identity string) int64 {
+	t.Helper()
+	end, err := demo.EndOffsets(t.Context(), rs.adm, rs.topic)
+	if err != nil {
+		t.Fatal(err)
+	}
+	n, _, err := demo.Committed(t.Context(), rs.db.Pool, identity, rs.topic, end)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return n
+}
+
+func (rs *rebuildStream) start(t *testing.T, r rebuild.Request) rebuild.Operation {
+	t.Helper()
+	r.Identity, r.Projection = rs.identity, "accounts"
+	op, err := rebuild.NewStore(rs.db.Pool).Start(t.Context(), r)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return op
+}
+
+func stopChildren(t *testing.T, cs ...*child) {
+	t.Helper()
+	for _, c := range cs {
+		if err := c.cmd.Process.Signal(syscall.SIGTERM); err != nil {
+			t.Fatal(err)
+		}
+		if err := <-c.done; err != nil {
+			t.Errorf("projector did not stop cleanly: %v\n%s", err, tail(c.stderr.String(), 4000))
+		}
+		c.done <- nil
+	}
+}
+
+// TestRebuildSurvivesKillOfEveryReplica kills both replicas with SIGKILL
+// in the middle of a rebuild: started again, they resume the new
+// generation from its stored offsets, not from the start, and the rebuilt
+// table equals the reference fold.
+func TestRebuildSurvivesKillOfEveryReplica(t *testing.T) {
+	opts := demo.DefaultOptions()
+	opts.Aggregates, opts.Seed = 3000, 12
+	rs := newRebuildStream(t, opts, 4, "--rebuild-rate", "1500")
+	rs.produce(t, rs.records)
+	a, b := startChild(t, rs.args...), startChild(t, rs.args...)
+	rs.caughtUp(t, rs.identity, a, b)
+	def := definitionOf(t, rs.newFile, "accounts")
+	op := rs.start(t, rebuild.Request{Definition: &def})
+	group := rebuild.GroupID(rs.identity, "accounts", 2)
+	total := int64(len(rs.records))
+	testenv.WaitFor(t, time.Minute, func() error {
+		if n := rs.committed(t, group); n < total/5 {
+			return fmt.Errorf("generation 2 committed %d of %d records", n, total)
+		}
+		return nil
+	})
+	a.kill(t)
+	b.kill(t)
+	before := rs.committed(t, group)
+	if before >= total {
+		t.Fatalf("generation 2 finished before the kill; the test did not kill mid-rebuild")
+	}
+	t.Logf("killed both replicas with generation 2 at %d of %d records", before, total)
+
+	a, b = startChild(t, slices.Replace(slices.Clone(rs.args), slices.Index(rs.args, "1500"), slices.Index(rs.args, "1500")+1, "0")...), startChild(t, rs.args...)
+	// From its stored offsets: never below where it was killed.
+	testenv.WaitFor(t, time.Minute, func() error {
+		n := rs.committed(t, group)
+		if n < before {
+			t.Fatalf("generation 2 went back from %d to %d committed records: it started over", before, n)
+		}
+		if n == before {
+			return fmt.Errorf("generation 2 has not moved on from %d", before)
+		}
+		return nil
+	})
+	rs.waitOperation(t, op.ID, 2*time.Minute, rebuild.StateCompleted, a, b)
+	rs.caughtUp(t, group, a, b)
+	if err := verifyDeposits(t.Context(), rs.db.Pool, demo.Table, demo.Fold(rs.records)); err != nil {
+		t.Errorf("the rebuilt projection: %v", err)
+	}
+	stopChildren(t, a, b)
+}
+
+// TestRebuildCancelThenRollback cancels a running rebuild (its table,
+// offsets and consumer group go, the live generation is untouched), then
+// rebuilds to completion and rolls back: generation 1 resumes from its own
+// offsets, catches up with records produced meanwhile and is live again.
+func TestRebuildCancelThenRollback(t *testing.T) {
+	ctx := t.Context()
+	opts := demo.DefaultOptions()
+	opts.Aggregates, opts.Seed = 1500, 13
+	rs := newRebuildStream(t, opts, 2, "--rebuild-rate", "300")
+	half := len(rs.records) / 2
+	rs.produce(t, rs.records[:half])
+	a := startChild(t, rs.args...)
+	rs.caughtUp(t, rs.identity, a)
+	store := rebuild.NewStore(rs.db.Pool)
+
+	def := definitionOf(t, rs.newFile, "accounts")
+	op := rs.start(t, rebuild.Request{Definition: &def})
+	rs.waitOperation(t, op.ID, time.Minute, rebuild.StateRunning, a)
+	group := rebuild.GroupID(rs.identity, "accounts", 2)
+	testenv.WaitFor(t, time.Minute, func() error {
+		if rs.committed(t, group) == 0 {
+			return errors.New("generation 2 has committed nothing yet")
+		}
+		return nil
+	})
+	if _, err := store.Cancel(ctx, op.ID, "test"); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := store.Cancel(ctx, op.ID, "test"); err == nil {
+		t.Error("a second cancel succeeded")
+	}
+	testenv.WaitFor(t, time.Minute, func() error {
+		var table bool
+		var offsets int
+		if err := rs.db.Pool.QueryRow(ctx, `SELECT to_regclass('accounts__g2') IS NOT NULL,
+			(SELECT count(*) FROM projector_offsets WHERE identity = $1)`, group).Scan(&table, &offsets); err != nil {
+			return err
+		}
+		groups, err := rs.adm.ListGroups(ctx)
+		if err != nil {
+			return err
+		}
+		if table || offsets > 0 || slices.Contains(groups.Groups(), group) {
+			return fmt.Errorf("after the cancel: table accounts__g2 %t, %d stored offsets, consumer group listed %t\n%s",
+				table, offsets, slices.Contains(groups.Groups(), group), tail(a.stderr.String(), 3000))
+		}
+		return nil
+	})
+	exp := demo.Fold(rs.records[:half])
+	if err := demo.Verify(ctx, rs.db.Pool, demo.Table, exp); err != nil {
+		t.Errorf("the live generation after the cancel: %v", err)
+	}
+
+	// A rebuild to completion (generation 3: 2 was cancelled), unthrottled.
+	stopChildren(t, a)
+	fast := slices.Clone(rs.args)
+	fast[slices.Index(fast, "300")] = "0"
+	a = startChild(t, fast...)
+	op = rs.start(t, rebuild.Request{Definition: &def})
+	if op.Generation != 3 {
+		t.Errorf("the rebuild after a cancelled one builds generation %d, want 3", op.Generation)
+	}
+	rs.waitOperation(t, op.ID, 2*time.Minute, rebuild.StateCompleted, a)
+	rs.produce(t, rs.records[half:])
+	rs.caughtUp(t, rebuild.GroupID(rs.identity, "accounts", 3), a)
+	exp = demo.Fold(rs.records)
+	if err := verifyDeposits(ctx, rs.db.Pool, demo.Table, exp); err != nil {
+		t.Errorf("generation 3: %v", err)
+	}
+
+	back, err := store.Rollback(ctx, rs.identity, "accounts", "test")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if back.Generation != 1 {
+		t.Errorf("the rollback brings back generation %d, want 1", back.Generation)
+	}
+	rs.waitOperation(t, back.ID, 2*time.Minute, rebuild.StateCompleted, a)
+	rs.caughtUp(t, rebuild.GroupID(rs.identity, "accounts", 1), a)
+	if err := demo.Verify(ctx, rs.db.Pool, demo.Table, exp); err != nil {
+		t.Errorf("generation 1, live again: %v", err)
+	}
+	var hasDeposits bool
+	if err := rs.db.Pool.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM information_schema.columns WHERE table_name = 'accounts' AND column_name = 'deposits' AND table_schema = current_schema())`).Scan(&hasDeposits); err != nil || hasDeposits {
+		t.Errorf("accounts after the rollback has generation 3's deposits column (%v)", err)
+	}
+	stopChildren(t, a)
+}
+
+// TestRebuildRefusesTruncatedHistory fails a rebuild whose topic lost its
+// first records to retention, with the partitions and counts, unless the
+// caller accepts a partial history.
+func TestRebuildRefusesTruncatedHistory(t *testing.T) {
+	ctx := t.Context()
+	opts := demo.DefaultOptions()
+	opts.Aggregates, opts.Seed = 300, 14
+	rs := newRebuildStream(t, opts, 2)
+	rs.produce(t, rs.records)
+	a := startChild(t, rs.args...)
+	rs.caughtUp(t, rs.identity, a)
+	rs.cluster.DeleteRecords(rs.topic, 1, 10)
+
+	op := rs.start(t, rebuild.Request{})
+	store := rebuild.NewStore(rs.db.Pool)
+	var got rebuild.Operation
+	testenv.WaitFor(t, time.Minute, func() error {
+		var err error
+		if got, _, err = store.Operation(ctx, op.ID); err != nil {
+			return err
+		}
+		if !got.Done() {
+			return fmt.Errorf("operation %s", got.State)
+		}
+		return nil
+	})
+	if got.State != rebuild.StateFailed || got.Error == nil || got.Error.Code != rebuild.CodeHistoryDeleted ||
+		!strings.Contains(got.Error.Message, "1 (10 records)") || !strings.Contains(got.Error.Message, "--allow-partial-history") {
+		t.Fatalf("rebuild of a truncated topic: %s %+v, want failed with %s naming partition 1 and its 10 records", got.State, got.Error, rebuild.CodeHistoryDeleted)
+	}
+	op = rs.start(t, rebuild.Request{AllowPartialHistory: true})
+	got = rs.waitOperation(t, op.ID, 2*time.Minute, rebuild.StateCompleted, a)
+	if !got.AllowPartialHistory || len(got.DeletedRecords) != 1 || got.DeletedRecords[0].Records != 10 {
+		t.Errorf("the accepted partial history is not recorded: %+v", got)
+	}
+	stopChildren(t, a)
+}
+
+// TestAutoRebuildFromTwoReplicas starts two replicas at once with a file
+// that defines the projection otherwise than its live generation and
+// --auto-rebuild: exactly one rebuild starts, and it completes.
+func TestAutoRebuildFromTwoReplicas(t *testing.T) {
+	ctx := t.Context()
+	opts := demo.DefaultOptions()
+	opts.Aggregates, opts.Seed = 500, 15
+	rs := newRebuildStream(t, opts, 2)
+	rs.produce(t, rs.records)
+	a := startChild(t, rs.args...)
+	rs.caughtUp(t, rs.identity, a)
+	stopChildren(t, a)
+
+	// Without --auto-rebuild: the live generation serves, and the log
+	// gives the command.
+	changed := slices.Clone(rs.args)
+	changed[slices.Index(changed, rs.config)] = rs.newFile
+	a = startChild(t, changed...)
+	testenv.WaitFor(t, time.Minute, testenv.Holds("the log gives the rebuild command", func() bool {
+		return strings.Contains(a.stderr.String(), "projector rebuild start --projection accounts --config "+rs.newFile)
+	}))
+	stopChildren(t, a)
+
+	auto := append(changed, "--auto-rebuild")
+	var wg sync.WaitGroup
+	var cs [2]*child
+	for i := range cs {
+		wg.Go(func() { cs[i] = startChild(t, auto...) })
+	}
+	wg.Wait()
+	store := rebuild.NewStore(rs.db.Pool)
+	var ops []rebuild.Operation
+	testenv.WaitFor(t, time.Minute, func() error {
+		var err error
+		if ops, err = store.Operations(ctx, rs.identity, false); err != nil {
+			return err
+		}
+		if len(ops) == 0 {
+			return errors.New("no operation yet")
+		}
+		return nil
+	})
+	rs.waitOperation(t, ops[0].ID, 2*time.Minute, rebuild.StateCompleted, cs[0], cs[1])
+	if ops, _ = store.Operations(ctx, rs.identity, false); len(ops) != 1 {
+		t.Errorf("%d operations started by two replicas with --auto-rebuild, want 1", len(ops))
+	}
+	rs.caughtUp(t, rebuild.GroupID(rs.identity, "accounts", 2), cs[0], cs[1])
+	if err := verifyDeposits(ctx, rs.db.Pool, demo.Table, demo.Fold(rs.records)); err != nil {
+		t.Errorf("auto-rebuilt projection: %v", err)
+	}
+	stopChildren(t, cs[0], cs[1])
+}
