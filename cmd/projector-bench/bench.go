@@ -18,6 +18,7 @@ import (
 	"github.com/projector-dev/projector/internal/cliflag"
 	"github.com/projector-dev/projector/partition"
 	"github.com/projector-dev/projector/projector"
+	"github.com/projector-dev/projector/rebuild"
 	"github.com/projector-dev/projector/sinks/postgres"
 )
 
@@ -37,6 +38,7 @@ type benchFlags struct {
 	timeLimit       time.Duration
 	freshFor        time.Duration
 	freshLoad       string
+	rebuildRate     int
 	batchMaxRecords int
 	commitMax       int
 	memberMax       int
@@ -77,11 +79,13 @@ func (f *benchFlags) register(fs *flag.FlagSet) {
 	fs.Float64Var(&f.duplicate, "duplicate", 0, "share of events sent a second time right after their account's next event, a stale copy the engine ignores (not with naive, watermill, limit-keyed or several --aggregates)")
 	fs.IntVar(&f.valueBytes, "value-bytes", 200, "size of each Avro value (the writer schema pads the event)")
 	fs.IntVar(&f.runs, "runs", 1, "run every row this many times and report the median")
-	fs.StringVar(&f.modes, "modes", strings.Join(bench.AllModes, ","), "rows to run: "+strings.Join(bench.AllModes, ",")+"; with --brokers also "+strings.Join(bench.KafkaModes, ",")+" (Kafka Connect with the Debezium JDBC sink)")
+	fs.StringVar(&f.modes, "modes", strings.Join(bench.AllModes, ","), "rows to run: "+strings.Join(bench.AllModes, ",")+"; also, when named, "+strings.Join(bench.RebuildModes, ",")+
+		" (a rebuild of the fold projection: unthrottled from start to cutover, and the live generation's freshness beside one); with --brokers also "+strings.Join(bench.KafkaModes, ",")+" (Kafka Connect with the Debezium JDBC sink)")
 	fs.BoolVar(&f.jsonOut, "json", false, "print the report as JSON")
 	fs.DurationVar(&f.timeLimit, "time-limit", 15*time.Second, "the naive and watermill consumers stop after this and are measured on the prefix they committed")
 	fs.DurationVar(&f.freshFor, "fresh-for", 10*time.Second, "how long the freshness run produces")
 	fs.StringVar(&f.freshLoad, "fresh-load", "0.25", "the freshness run's arrival rate, as a fraction of the fold engine's measured events/s; a comma list (0.1,0.25,0.5) runs one freshness run per rate")
+	fs.IntVar(&f.rebuildRate, "rebuild-rate", rebuild.DefaultRate, "rebuild-freshness: the --rebuild-rate of the rebuild beside the live generation, records a second; 0: no limit (as projector run; the rebuild row always runs without one)")
 	fs.IntVar(&f.batchMaxRecords, "batch-max-records", partition.DefaultBatchMaxRecords, "engine: most records planned together in one batch (as projector run)")
 	fs.IntVar(&f.commitMax, "commit-max-batches", partition.DefaultCommitMaxBatches, "engine: most full batches' worth of records one transaction covers while the engine is behind (as projector run)")
 	fs.IntVar(&f.memberMax, "member-max-records", projector.DefaultMemberMaxRecords, "engine: records held across partitions, shared among them; 0: no bound (as projector run)")
@@ -119,13 +123,16 @@ func (f *benchFlags) exec(ctx context.Context, stdout, stderr io.Writer) error {
 func runBench(ctx context.Context, f *benchFlags, stdout, stderr io.Writer) error {
 	cfg := bench.Config{
 		Events: f.events, Partitions: f.partitions, Skew: f.skew, Reorder: f.reorder, Duplicate: f.duplicate, ValueBytes: f.valueBytes, Runs: f.runs,
-		DatabaseURL: f.databaseURL, TimeLimit: f.timeLimit, FreshFor: f.freshFor,
+		DatabaseURL: f.databaseURL, TimeLimit: f.timeLimit, FreshFor: f.freshFor, RebuildRate: cliflag.Off(f.rebuildRate),
 		BatchMaxRecords: f.batchMaxRecords, BatchMaxWait: f.batchMaxWait, CommitMaxBatches: f.commitMax, CopyConns: f.copyConns,
 		ConnectScript: f.connectScript, ConnectTasks: f.connectTasks,
 		MemberMaxRecords: cliflag.Off(f.memberMax),
 		StateCacheRows:   cliflag.Off(f.stateCacheRows), StateCacheBytes: cliflag.CacheBytes(f.stateCacheBytes),
 		ProfileDir: f.profileDir, KeepSchemas: f.keepSchemas, LogLevel: f.logLevel,
 		Spawn: benchSpawn, Log: stderr, ChildStderr: stderr,
+	}
+	if f.rebuildRate < 0 {
+		return fmt.Errorf("--rebuild-rate %d: want records a second, or 0 for no limit", f.rebuildRate)
 	}
 	for _, a := range strings.Split(f.aggregates, ",") {
 		if a = strings.TrimSpace(a); a == "" {

@@ -30,6 +30,8 @@ func (b *bench) check(ctx context.Context, pool *pgxpool.Pool, mode string, ds *
 			return err
 		}
 		return checkEngineTables(ctx, pool)
+	case ModeRebuild:
+		return verifyRebuilt(ctx, pool, ds.exp)
 	case ModeEngineSnapshot:
 		if err := verifySnapshot(ctx, pool, ds.records); err != nil {
 			return err

@@ -44,6 +44,10 @@ type Freshness struct {
 	ProducerCPUSeconds float64  `json:"producer_cpu_seconds"`
 	WindowSeconds      float64  `json:"window_seconds"`
 	Check              string   `json:"check"`
+	// Rebuild is the rebuild that ran beside the live generation
+	// (rebuild-freshness; nil: none did). Its engine's CPU is in
+	// GoCPUSeconds: it runs in the same process, as in projector run.
+	Rebuild *RebuildResult `json:"rebuild,omitempty"`
 }
 
 // runFreshness starts an engine (fold) on an empty topic, and once it runs
@@ -98,50 +102,12 @@ func (b *bench) runFreshness(ctx context.Context, main *dataset, i int, load, ra
 		case <-time.After(2 * time.Minute):
 			return fmt.Errorf("the engine did not start a worker for every partition of %s within 2 minutes", ds.topic)
 		}
-		var (
-			mu       sync.Mutex
-			firstErr error
-			wg       sync.WaitGroup
-		)
-		start := time.Now()
-		tick := time.NewTicker(time.Millisecond)
-		defer tick.Stop()
-		for i := 0; i < n; {
-			due := min(n, int(time.Since(start).Seconds()*rate)+1)
-			for ; i < due; i++ {
-				rec := &kgo.Record{Topic: ds.topic, Key: []byte(ds.records[i].Key), Value: values[i]}
-				now := time.Now()
-				rec.Timestamp = now
-				stamp[i] = now.UnixNano()
-				idx := i
-				wg.Add(1)
-				prod.Produce(ctx, rec, func(r *kgo.Record, err error) {
-					defer wg.Done()
-					if err != nil {
-						mu.Lock()
-						if firstErr == nil {
-							firstErr = err
-						}
-						mu.Unlock()
-						return
-					}
-					ds.partOf[idx], ds.offOf[idx] = r.Partition, r.Offset
-				})
-			}
-			if i < n {
-				select {
-				case <-tick.C:
-				case <-ctx.Done():
-					return ctx.Err()
-				}
-			}
+		secs, err := producePaced(ctx, prod, ds, values, stamp, 0, n, rate)
+		if err != nil {
+			return err
 		}
-		wg.Wait()
-		fr.Seconds = time.Since(start).Seconds()
+		fr.Seconds = secs
 		fr.ProducedRate = float64(n) / fr.Seconds
-		if firstErr != nil {
-			return fmt.Errorf("produce: %w", firstErr)
-		}
 		end, err := demo.EndOffsets(ctx, b.adm, ds.topic)
 		if err != nil {
 			return err
@@ -183,6 +149,57 @@ func (b *bench) runFreshness(ctx context.Context, main *dataset, i int, load, ra
 	}
 	fr.P50MS, fr.P90MS, fr.P99MS, fr.MaxMS = pct(lat, 0.50), pct(lat, 0.90), pct(lat, 0.99), pct(lat, 1)
 	return fr, nil
+}
+
+// producePaced produces ds.records[from:from+n] to ds.topic at rate
+// events/s, each stamped with the time it is handed to the producer
+// (values[i] and stamp[i] are of record from+i), noting where each
+// landed; it returns how long producing took.
+func producePaced(ctx context.Context, prod *kgo.Client, ds *dataset, values [][]byte, stamp []int64, from, n int, rate float64) (float64, error) {
+	var (
+		mu       sync.Mutex
+		firstErr error
+		wg       sync.WaitGroup
+	)
+	start := time.Now()
+	tick := time.NewTicker(time.Millisecond)
+	defer tick.Stop()
+	for i := 0; i < n; {
+		due := min(n, int(time.Since(start).Seconds()*rate)+1)
+		for ; i < due; i++ {
+			idx := from + i
+			rec := &kgo.Record{Topic: ds.topic, Key: []byte(ds.records[idx].Key), Value: values[i]}
+			now := time.Now()
+			rec.Timestamp = now
+			stamp[i] = now.UnixNano()
+			wg.Add(1)
+			prod.Produce(ctx, rec, func(r *kgo.Record, err error) {
+				defer wg.Done()
+				if err != nil {
+					mu.Lock()
+					if firstErr == nil {
+						firstErr = err
+					}
+					mu.Unlock()
+					return
+				}
+				ds.partOf[idx], ds.offOf[idx] = r.Partition, r.Offset
+			})
+		}
+		if i < n {
+			select {
+			case <-tick.C:
+			case <-ctx.Done():
+				wg.Wait()
+				return 0, ctx.Err()
+			}
+		}
+	}
+	wg.Wait()
+	if firstErr != nil {
+		return 0, fmt.Errorf("produce: %w", firstErr)
+	}
+	return time.Since(start).Seconds(), nil
 }
 
 // latencies maps every produced record to the commit that covered its

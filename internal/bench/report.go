@@ -23,6 +23,9 @@ type Report struct {
 	// FreshnessLoads holds every freshness run when there were several
 	// (--fresh-load with a list), the first of them also in Freshness.
 	FreshnessLoads []*Freshness `json:"freshness_loads,omitempty"`
+	// RebuildFreshness is the live generation's freshness without, then
+	// with, a rebuild running beside it (rebuild-freshness).
+	RebuildFreshness []*Freshness `json:"rebuild_freshness,omitempty"`
 	Scaling        []ScalePoint `json:"scaling,omitempty"`
 	Targets        []Target     `json:"targets"`
 	Failed         []string     `json:"failed,omitempty"`
@@ -107,6 +110,10 @@ type Row struct {
 	// its check found beyond ok or not.
 	Peer string `json:"peer,omitempty"`
 	Note string `json:"note,omitempty"`
+	// VsFold is the rebuild's events/s as a share of engine fold's (the
+	// rebuild row); Rebuild what its run saw of the operation.
+	VsFold  *float64       `json:"ratio_to_engine_fold,omitempty"`
+	Rebuild *RebuildResult `json:"rebuild,omitempty"`
 }
 
 // NotRun is a row left out, and why.
@@ -167,6 +174,7 @@ var rowNames = map[string]string{
 	ModeLimitKeyed:     "keyed limit (COPY)",
 	ModeEngineSnapshot: "engine snapshot",
 	ModeEngineFold:     "engine fold",
+	ModeRebuild:        "rebuild (unthrottled)",
 	ModeUpsert:         "upsert (batch/poll)",
 	ModeNaive:          "naive (tx/event)",
 	ModeWatermill:      "watermill (tx/event)",
@@ -246,7 +254,7 @@ func (r *Report) add(mode string, runs []*Sample, total int) {
 		Mode: mode, Name: rowNames[mode], Events: res.Events, Seconds: res.Seconds, EventsPerSec: s.EPS(),
 		GoCPU: res.CPUSeconds, PGCPU: s.PGCPU, PGCPUNote: s.PGCPUNote, ParentCPU: s.ParentCPU, PeakRSSMB: s.PeakRSSMB,
 		JoinSeconds: res.JoinSeconds, RowWrites: res.RowWrites, Fetched: res.Fetched, Phases: res.Phases,
-		Prefix: res.TimedOut, Total: total, Check: "ok", Peer: res.Peer, Note: res.Note,
+		Prefix: res.TimedOut, Total: total, Check: "ok", Peer: res.Peer, Note: res.Note, Rebuild: res.Rebuild,
 	}
 	if res.Events > 0 {
 		row.GoCPUPerEvUS = res.CPUSeconds / float64(res.Events) * 1e6
@@ -384,6 +392,23 @@ func (r *Report) finish() {
 		scale.Met = met(growth <= 1.5)
 	}
 	r.Targets = append(r.Targets, scale)
+	rb := r.row(ModeRebuild)
+	var vsFold *float64
+	if rb != nil {
+		rb.VsFold = ratio(rb, fold)
+		if rb.VsFold != nil {
+			v := *rb.VsFold * 100
+			vsFold = &v
+		}
+	}
+	why = "run projector-bench --modes engine-fold,rebuild"
+	if rb != nil {
+		why = "needs the engine fold row too (--modes engine-fold,rebuild)"
+	}
+	target("rebuild vs engine fold catch-up", "≥ 80%", vsFold, 80, "%.0f%%", why)
+	if rounds := perRound(rb, fold); vsFold != nil && rounds != "" {
+		r.Targets[len(r.Targets)-1].Got += " (per round: " + rounds + ")"
+	}
 }
 
 // JSON writes the report as indented JSON.
@@ -539,6 +564,12 @@ func (r *Report) Table(w io.Writer) error {
 	if len(r.FreshnessLoads) > 0 {
 		freshnessTable(w, r.FreshnessLoads, s)
 	}
+	if rb := r.row(ModeRebuild); rb != nil {
+		rebuildNote(w, r, rb)
+	}
+	if len(r.RebuildFreshness) > 0 {
+		rebuildFreshnessTable(w, r.RebuildFreshness, s)
+	}
 	if len(r.Scaling) > 0 {
 		fmt.Fprintln(w)
 		fmt.Fprintln(w, "scaling (engine fold):")
@@ -601,6 +632,9 @@ func (r *Report) Table(w io.Writer) error {
 			default:
 				checked = append(checked, row.Name)
 			}
+		}
+		if n := len(r.RebuildFreshness); n > 0 {
+			checked = append(checked, fmt.Sprintf("freshness beside a rebuild (%d runs)", n))
 		}
 		switch {
 		case len(r.FreshnessLoads) > 1:
@@ -760,3 +794,58 @@ func freshnessTable(w io.Writer, runs []*Freshness, s Settings) {
 // embeddedKafka reports whether the broker and registry ran in the
 // benchmark process (kfake), whose CPU then counts them too.
 func (s Settings) embeddedKafka() bool { return strings.HasPrefix(s.Kafka, "embedded") }
+
+// rebuildNote says what the rebuild row ran and how it compares with the
+// fold engine's catch-up.
+func rebuildNote(w io.Writer, r *Report, rb *Row) {
+	fmt.Fprintf(w, "%s: generation 2 of accounts (the demo's projection with a column added) rebuilt from the earliest offset beside the idle live generation, "+
+		"by the rebuild supervisor and engines as projector run builds them, in one process", rb.Name)
+	if x := rb.Rebuild; x != nil {
+		fmt.Fprintf(w, ", --rebuild-rate %s, on a pool of %d connections (a quarter of the live pool's, at least 2); the supervisor looks every %.0fs",
+			rateText(x.Rate), x.Conns, x.PollSeconds)
+	}
+	fmt.Fprintf(w, ";\n  %s events from running to completed in %.1fs = %s events/s", group(rb.Events), rb.Seconds, group(int64(math.Round(rb.EventsPerSec))))
+	if fold := r.row(ModeEngineFold); fold != nil && rb.VsFold != nil {
+		fmt.Fprintf(w, ", %.0f%% of engine fold's catch-up (%s events/s, same stream, same run)", 100**rb.VsFold, group(int64(math.Round(fold.EventsPerSec))))
+	}
+	if x := rb.Rebuild; x != nil && x.CaughtUpSeconds > 0 {
+		fmt.Fprintf(w, "; its engine had committed the whole stream at %.1fs (%s events/s), cutting over began at %.1fs",
+			x.CaughtUpSeconds, group(int64(math.Round(float64(rb.Events)/x.CaughtUpSeconds))), x.CuttingOverSeconds)
+	}
+	fmt.Fprintf(w, "; %s row writes (%.2f per event), %s records fetched\n", group(rb.RowWrites), float64(rb.RowWrites)/math.Max(1, float64(rb.Events)), group(rb.Fetched))
+	if p := rb.Phases; p != nil && p.Batches > 0 {
+		total := p.Begin + p.Load + p.Plan + p.Write + p.Commit
+		fmt.Fprintf(w, "  %d transactions (%.0f events each), %.1fms each: begin %.0f%%, load state %.0f%%, plan (Go) %.0f%%, write pipeline %.0f%%, commit %.0f%%\n",
+			p.Batches, float64(rb.Events)/float64(p.Batches), total/float64(p.Batches)*1e3,
+			100*p.Begin/total, 100*p.Load/total, 100*p.Plan/total, 100*p.Write/total, 100*p.Commit/total)
+	}
+}
+
+// rebuildFreshnessTable prints the live generation's freshness without
+// and with a rebuild beside it, one row each.
+func rebuildFreshnessTable(w io.Writer, runs []*Freshness, s Settings) {
+	producer := "producer cpu s"
+	if s.embeddedKafka() {
+		producer = "producer+broker cpu s"
+	}
+	load := runs[0].Load
+	fmt.Fprintf(w, "freshness of the live generation (engine fold) at %.0f%% of the fold engine's events/s, after a history of %s events, record timestamp → COMMIT of its batch returned:\n",
+		100*load, group(int64(s.Events)))
+	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
+	fmt.Fprintf(tw, "run\tevents/s\tevents\tp50 ms\tp90 ms\tp99 ms\tmax ms\tbatches\tengine cpu s\tpg cpu s\t%s\trebuild records/s\tcheck\t\n", producer)
+	for _, f := range runs {
+		pg := "n/a"
+		if f.PGCPUSeconds != nil {
+			pg = fmt.Sprintf("%.1f", *f.PGCPUSeconds)
+		}
+		rb := "-"
+		if f.Rebuild != nil {
+			rb = group(int64(math.Round(f.Rebuild.RecordsPerSec)))
+		}
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%.1f\t%.1f\t%.1f\t%.1f\t%d\t%.1f\t%s\t%.1f\t%s\t%s\t\n",
+			rebuildFreshName(f), group(int64(math.Round(f.ProducedRate))), group(int64(f.Events)), f.P50MS, f.P90MS, f.P99MS, f.MaxMS,
+			f.Batches, f.GoCPUSeconds, pg, f.ProducerCPUSeconds, rb, shortCheck(f.Check))
+	}
+	tw.Flush()
+	fmt.Fprintln(w, "  (engine cpu: the process's, the rebuild's engine included, as projector run runs it; rebuild records/s: what the generation being built applied through the window)")
+}

@@ -27,6 +27,7 @@ import (
 
 	"github.com/projector-dev/projector/internal/demo"
 	"github.com/projector-dev/projector/partition"
+	"github.com/projector-dev/projector/rebuild"
 )
 
 // Config is one `projector-bench` invocation.
@@ -50,8 +51,8 @@ type Config struct {
 	// cluster in this process.
 	Brokers []string
 	// Modes to run, of ModeLimit, ModeLimitKeyed, ModeEngineSnapshot, ModeEngineFold,
-	// ModeUpsert, ModeNaive, ModeWatermill, "freshness" and, with Brokers,
-	// ModeConnectJDBC.
+	// ModeUpsert, ModeNaive, ModeWatermill, "freshness", the RebuildModes
+	// and, with Brokers, ModeConnectJDBC.
 	Modes []string
 	// TimeLimit bounds the naive and Watermill runs: they are measured on
 	// the prefix they commit within it.
@@ -60,6 +61,11 @@ type Config struct {
 	// FreshLoads times the fold engine's measured events/s for FreshFor.
 	FreshFor   time.Duration
 	FreshLoads []float64
+	// RebuildRate is the --rebuild-rate of the rebuild that runs beside
+	// the live generation in the rebuild-freshness run (0: as projector
+	// run has it, rebuild.DefaultRate; negative: no limit). The rebuild
+	// row always runs without a limit.
+	RebuildRate int
 	// BatchMaxRecords and BatchMaxWait configure the engine (0: the
 	// engine's defaults, as `projector run` has them).
 	BatchMaxRecords int
@@ -107,14 +113,20 @@ const ModeFreshness = "freshness"
 const DefaultFreshLoad = 0.25
 
 // throughputModes are the rows that measure events/s, in order.
-var throughputModes = []string{ModeLimit, ModeLimitKeyed, ModeEngineSnapshot, ModeEngineFold, ModeUpsert, ModeNaive, ModeWatermill, ModeConnectJDBC}
+var throughputModes = []string{ModeLimit, ModeLimitKeyed, ModeEngineSnapshot, ModeEngineFold, ModeRebuild, ModeUpsert, ModeNaive, ModeWatermill, ModeConnectJDBC}
+
+// RebuildModes are the rows of a rebuild, run only when asked for: they
+// measure another operation than consuming a stream, over minutes.
+var RebuildModes = []string{ModeRebuild, ModeRebuildFreshness}
 
 // KafkaModes are the rows that run only on real Kafka (Config.Brokers),
 // and only when asked for.
 var KafkaModes = []string{ModeConnectJDBC}
 
 // AllModes are the rows of a full run, in order.
-var AllModes = append(slices.DeleteFunc(slices.Clone(throughputModes), func(m string) bool { return slices.Contains(KafkaModes, m) }), ModeFreshness)
+var AllModes = append(slices.DeleteFunc(slices.Clone(throughputModes), func(m string) bool {
+	return slices.Contains(KafkaModes, m) || slices.Contains(RebuildModes, m)
+}), ModeFreshness)
 
 // Sample is one child run.
 type Sample struct {
@@ -327,8 +339,10 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 		}
 	}
 
-	if has(ModeFreshness) {
-		var maxEPS float64
+	// The freshness runs produce at a fraction of the fold engine's
+	// events/s: its row's, or that of a run of its own.
+	var maxEPS float64
+	if has(ModeFreshness) || has(ModeRebuildFreshness) {
 		if r := rep.row(ModeEngineFold); r != nil {
 			maxEPS = r.EventsPerSec
 		} else {
@@ -338,6 +352,8 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 			}
 			maxEPS = s.EPS()
 		}
+	}
+	if has(ModeFreshness) {
 		for i, load := range cfg.FreshLoads {
 			b.logf("freshness: producing at %.0f events/s (%.0f%%) for %s", maxEPS*load, 100*load, cfg.FreshFor)
 			fr, err := b.runFreshness(ctx, main, i, load, maxEPS*load)
@@ -355,6 +371,19 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 			}
 			rep.Freshness = fr
 		}
+	}
+
+	if has(ModeRebuildFreshness) {
+		frs, err := b.runRebuildFreshness(ctx, maxEPS)
+		if err != nil {
+			return nil, fmt.Errorf("%s: %w", ModeRebuildFreshness, err)
+		}
+		for _, fr := range frs {
+			if fr.Check != "ok" {
+				rep.Failed = append(rep.Failed, fmt.Sprintf("freshness %s: %s", rebuildFreshName(fr), fr.Check))
+			}
+		}
+		rep.RebuildFreshness = frs
 	}
 
 	if len(cfg.Aggregates) > 1 {
@@ -439,8 +468,8 @@ func (c *Config) defaults() error {
 		c.Modes = AllModes
 	}
 	for _, m := range c.Modes {
-		if !slices.Contains(AllModes, m) && !slices.Contains(KafkaModes, m) {
-			return fmt.Errorf("--modes: %q: want some of %s, or with --brokers %s", m, strings.Join(AllModes, ","), strings.Join(KafkaModes, ","))
+		if !slices.Contains(AllModes, m) && !slices.Contains(KafkaModes, m) && !slices.Contains(RebuildModes, m) {
+			return fmt.Errorf("--modes: %q: want some of %s,%s, or with --brokers %s", m, strings.Join(AllModes, ","), strings.Join(RebuildModes, ","), strings.Join(KafkaModes, ","))
 		}
 		if slices.Contains(KafkaModes, m) && len(c.Brokers) == 0 {
 			return fmt.Errorf("--modes %s needs --brokers: Kafka Connect runs in a JVM of its own against a real Kafka cluster "+
@@ -466,6 +495,9 @@ func (c *Config) defaults() error {
 		if !(l > 0 && l <= 1) {
 			return fmt.Errorf("--fresh-load: %v: want fractions of the fold engine's events/s above 0 and at most 1", l)
 		}
+	}
+	if c.RebuildRate == 0 {
+		c.RebuildRate = rebuild.DefaultRate
 	}
 	if c.BatchMaxRecords <= 0 {
 		c.BatchMaxRecords = partition.DefaultBatchMaxRecords
@@ -512,21 +544,37 @@ func (b *bench) dataset(ctx context.Context, aggregates, events int, seed uint64
 	b.logf("%s: %d events over %d aggregates generated; producing to %s", name, events, aggregates, ds.topic)
 	ds.partOf = make([]int32, len(ds.records))
 	ds.offOf = make([]int64, len(ds.records))
+	total, err := b.produceBulk(ctx, ds, 0, len(ds.records))
+	if err != nil {
+		return nil, err
+	}
+	ds.valueBytes = float64(total) / float64(max(1, len(ds.records)))
+	if ds.end, err = demo.EndOffsets(ctx, b.adm, ds.topic); err != nil {
+		return nil, err
+	}
+	b.logf("%s: %d events produced in %.1fs (values %.0f bytes on average)", name, len(ds.records), time.Since(began).Seconds(), ds.valueBytes)
+	return ds, nil
+}
+
+// produceBulk produces ds.records[from:to] to ds.topic as fast as the
+// producer takes them, noting where each landed, and returns the bytes of
+// their values.
+func (b *bench) produceBulk(ctx context.Context, ds *dataset, from, to int) (int64, error) {
 	var (
 		mu       sync.Mutex
 		firstErr error
 		total    int64
 	)
 	const chunk = 20_000
-	for start := 0; start < len(ds.records); start += chunk {
-		recs := ds.records[start:min(start+chunk, len(ds.records))]
+	for start := from; start < to; start += chunk {
+		recs := ds.records[start:min(start+chunk, to)]
 		arena := make([]byte, 0, len(recs)*(b.cfg.ValueBytes+8))
 		for i, r := range recs {
-			from := len(arena)
+			begin := len(arena)
 			arena = AppendValue(arena, b.schemaID, r.Event, b.cfg.ValueBytes)
-			total += int64(len(arena) - from)
+			total += int64(len(arena) - begin)
 			idx := start + i
-			rec := &kgo.Record{Topic: ds.topic, Key: []byte(r.Key), Value: arena[from:len(arena):len(arena)]}
+			rec := &kgo.Record{Topic: ds.topic, Key: []byte(r.Key), Value: arena[begin:len(arena):len(arena)]}
 			b.prod.Produce(ctx, rec, func(r *kgo.Record, err error) {
 				if err != nil {
 					mu.Lock()
@@ -541,17 +589,12 @@ func (b *bench) dataset(ctx context.Context, aggregates, events int, seed uint64
 		}
 	}
 	if err := b.prod.Flush(ctx); err != nil {
-		return nil, err
+		return 0, err
 	}
 	if firstErr != nil {
-		return nil, fmt.Errorf("produce: %w", firstErr)
+		return 0, fmt.Errorf("produce: %w", firstErr)
 	}
-	ds.valueBytes = float64(total) / float64(max(1, len(ds.records)))
-	if ds.end, err = demo.EndOffsets(ctx, b.adm, ds.topic); err != nil {
-		return nil, err
-	}
-	b.logf("%s: %d events produced in %.1fs (values %.0f bytes on average)", name, len(ds.records), time.Since(began).Seconds(), ds.valueBytes)
-	return ds, nil
+	return total, nil
 }
 
 // topic creates a topic of the run and registers the writer schema under
@@ -591,7 +634,9 @@ func (b *bench) runThroughput(ctx context.Context, mode string, ds *dataset) (*S
 		StateCacheRows: b.cfg.StateCacheRows, StateCacheBytes: b.cfg.StateCacheBytes, MemberMaxRecords: b.cfg.MemberMaxRecords,
 		TimeLimit: b.cfg.TimeLimit, Gen: ds.opts, ValueBytes: b.cfg.ValueBytes, CopyConns: b.cfg.CopyConns,
 	}
-	if b.cfg.ProfileDir != "" && (mode == ModeEngineFold || mode == ModeEngineSnapshot) {
+	// The rebuild row runs without a throttle (--rebuild-rate 0): it
+	// measures how fast a rebuild can go.
+	if b.cfg.ProfileDir != "" && (mode == ModeEngineFold || mode == ModeEngineSnapshot || mode == ModeRebuild) {
 		spec.CPUProfile = filepath.Join(b.cfg.ProfileDir, mode+".pprof")
 	}
 	return b.runChild(ctx, spec, nil, func(ctx context.Context, pool *pgxpool.Pool, res *WorkerResult) error {

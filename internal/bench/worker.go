@@ -75,6 +75,14 @@ type WorkerSpec struct {
 	LogLevel  string `json:"log_level,omitempty"`
 	// Connect configures the Kafka Connect peer (ModeConnectJDBC).
 	Connect *ConnectSpec `json:"connect,omitempty"`
+	// RebuildRate is the rebuild's --rebuild-rate (ModeRebuild,
+	// ModeRebuildFreshness): records a second, 0 for no limit.
+	RebuildRate int `json:"rebuild_rate,omitempty"`
+	// HistoryEnd is where the topic ended before the window
+	// (ModeRebuildFreshness): the live generation consumes up to it before
+	// the window starts; Rebuild runs a rebuild through the window.
+	HistoryEnd map[int32]int64 `json:"history_end,omitempty"`
+	Rebuild    bool            `json:"rebuild,omitempty"`
 }
 
 // Commit is one committed engine batch: offsets [From, To) of Partition
@@ -136,6 +144,8 @@ type WorkerResult struct {
 	Peer string `json:"peer,omitempty"`
 	// Note is what the check found beyond ok or not.
 	Note string `json:"note,omitempty"`
+	// Rebuild is what the rebuild modes saw of the rebuild.
+	Rebuild *RebuildResult `json:"rebuild,omitempty"`
 }
 
 // message is one line of the child→parent protocol on the child's stdout.
@@ -305,6 +315,10 @@ func runMode(ctx context.Context, spec WorkerSpec, s *session, log *slog.Logger,
 		return runWatermill(ctx, e)
 	case ModeConnectJDBC:
 		return runConnectJDBC(ctx, e)
+	case ModeRebuild:
+		return runRebuild(ctx, e)
+	case ModeRebuildFreshness:
+		return runRebuildFreshness(ctx, e)
 	}
 	return fmt.Errorf("unknown worker mode %q", spec.Mode)
 }
