@@ -26,9 +26,9 @@ type Report struct {
 	// RebuildFreshness is the live generation's freshness without, then
 	// with, a rebuild running beside it (rebuild-freshness).
 	RebuildFreshness []*Freshness `json:"rebuild_freshness,omitempty"`
-	Scaling        []ScalePoint `json:"scaling,omitempty"`
-	Targets        []Target     `json:"targets"`
-	Failed         []string     `json:"failed,omitempty"`
+	Scaling          []ScalePoint `json:"scaling,omitempty"`
+	Targets          []Target     `json:"targets"`
+	Failed           []string     `json:"failed,omitempty"`
 }
 
 // Settings describe the run.
