@@ -39,6 +39,7 @@ type benchFlags struct {
 	freshFor        time.Duration
 	freshLoad       string
 	rebuildRate     int
+	rebuildEvery    time.Duration
 	batchMaxRecords int
 	commitMax       int
 	memberMax       int
@@ -86,6 +87,7 @@ func (f *benchFlags) register(fs *flag.FlagSet) {
 	fs.DurationVar(&f.freshFor, "fresh-for", 10*time.Second, "how long the freshness run produces")
 	fs.StringVar(&f.freshLoad, "fresh-load", "0.25", "the freshness run's arrival rate, as a fraction of the fold engine's measured events/s; a comma list (0.1,0.25,0.5) runs one freshness run per rate")
 	fs.IntVar(&f.rebuildRate, "rebuild-rate", rebuild.DefaultRate, "rebuild-freshness: the --rebuild-rate of the rebuild beside the live generation, records a second; 0: no limit (as projector run; the rebuild row always runs without one)")
+	fs.DurationVar(&f.rebuildEvery, "rebuild-check-every", rebuild.DefaultPoll, "rebuild modes: how often the supervisor looks at the rebuild operation (as projector run); the cutover comes two looks after the new generation reaches the log end at most")
 	fs.IntVar(&f.batchMaxRecords, "batch-max-records", partition.DefaultBatchMaxRecords, "engine: most records planned together in one batch (as projector run)")
 	fs.IntVar(&f.commitMax, "commit-max-batches", partition.DefaultCommitMaxBatches, "engine: most full batches' worth of records one transaction covers while the engine is behind (as projector run)")
 	fs.IntVar(&f.memberMax, "member-max-records", projector.DefaultMemberMaxRecords, "engine: records held across partitions, shared among them; 0: no bound (as projector run)")
@@ -123,13 +125,16 @@ func (f *benchFlags) exec(ctx context.Context, stdout, stderr io.Writer) error {
 func runBench(ctx context.Context, f *benchFlags, stdout, stderr io.Writer) error {
 	cfg := bench.Config{
 		Events: f.events, Partitions: f.partitions, Skew: f.skew, Reorder: f.reorder, Duplicate: f.duplicate, ValueBytes: f.valueBytes, Runs: f.runs,
-		DatabaseURL: f.databaseURL, TimeLimit: f.timeLimit, FreshFor: f.freshFor, RebuildRate: cliflag.Off(f.rebuildRate),
+		DatabaseURL: f.databaseURL, TimeLimit: f.timeLimit, FreshFor: f.freshFor, RebuildRate: cliflag.Off(f.rebuildRate), RebuildCheckEvery: f.rebuildEvery,
 		BatchMaxRecords: f.batchMaxRecords, BatchMaxWait: f.batchMaxWait, CommitMaxBatches: f.commitMax, CopyConns: f.copyConns,
 		ConnectScript: f.connectScript, ConnectTasks: f.connectTasks,
 		MemberMaxRecords: cliflag.Off(f.memberMax),
 		StateCacheRows:   cliflag.Off(f.stateCacheRows), StateCacheBytes: cliflag.CacheBytes(f.stateCacheBytes),
 		ProfileDir: f.profileDir, KeepSchemas: f.keepSchemas, LogLevel: f.logLevel,
 		Spawn: benchSpawn, Log: stderr, ChildStderr: stderr,
+	}
+	if f.rebuildEvery <= 0 {
+		return fmt.Errorf("--rebuild-check-every %s: want a positive duration", f.rebuildEvery)
 	}
 	if f.rebuildRate < 0 {
 		return fmt.Errorf("--rebuild-rate %d: want records a second, or 0 for no limit", f.rebuildRate)

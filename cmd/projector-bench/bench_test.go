@@ -168,6 +168,53 @@ func TestBenchSmoke(t *testing.T) {
 	}
 }
 
+// TestBenchRebuildSmoke runs the rebuild modes on a small stream: the
+// rebuild cuts over and its view equals the reference fold under the new
+// definition, its events/s is given as a share of engine fold's, and the
+// live generation's freshness is measured without and with a rebuild
+// beside it (throttled so that it runs through the window), each checked.
+func TestBenchRebuildSmoke(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts several child processes")
+	}
+	spawnTestChildren(t)
+	ctx, cancel := context.WithTimeout(t.Context(), 5*time.Minute)
+	defer cancel()
+	var stdout, stderr bytes.Buffer
+	err := Main(ctx, []string{"--events", "20000", "--aggregates", "2000", "--batch-max-records", "1000",
+		"--modes", "engine-fold,rebuild,rebuild-freshness", "--rebuild-rate", "2000", "--fresh-for", "2s",
+		"--database-url", testenv.DatabaseURL()}, &stdout, &stderr)
+	out := stdout.String()
+	if err != nil {
+		t.Fatalf("projector-bench: %v\n%s\nstderr:\n%s", err, out, stderr.String())
+	}
+	for _, row := range []string{"engine fold", "rebuild (unthrottled)", "without a rebuild", "with a rebuild (--rebuild-rate 2,000)"} {
+		if line := lineWith(out, row); !strings.HasSuffix(strings.TrimSpace(line), "ok") {
+			t.Errorf("%s: missing or not checked: %q\n%s", row, line, out)
+		}
+	}
+	if !regexp.MustCompile(`rebuild vs engine fold catch-up +want ≥ 80% +got [0-9]+%`).MatchString(out) {
+		t.Errorf("no measured rebuild target in:\n%s", out)
+	}
+	if !strings.Contains(out, "% of engine fold's catch-up (") {
+		t.Errorf("the rebuild is not given next to engine fold's catch-up:\n%s", out)
+	}
+	// The rebuild applied records through the second window.
+	var rate int
+	with := strings.Fields(lineWith(out, "with a rebuild (--rebuild-rate 2,000)"))
+	if len(with) < 2 {
+		t.Fatalf("no rebuild-freshness row with a rebuild:\n%s", out)
+	}
+	if _, err := fmt.Sscanf(strings.ReplaceAll(with[len(with)-2], ",", ""), "%d", &rate); err != nil || rate <= 0 {
+		t.Errorf("rebuild records/s %q (%v), want the rebuild applying records through the window", with[len(with)-2], err)
+	}
+	want := "reference fold: engine fold, rebuild (unthrottled), freshness beside a rebuild (2 runs) equal the reference fold"
+	if !strings.Contains(out, want) {
+		t.Errorf("missing %q in:\n%s", want, out)
+	}
+	t.Log("\n" + out)
+}
+
 // after returns what follows the first occurrence of marker in s.
 func after(s, marker string) string {
 	if i := strings.Index(s, marker); i >= 0 {

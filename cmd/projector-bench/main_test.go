@@ -51,6 +51,7 @@ func TestBadFlags(t *testing.T) {
 		{[]string{"--fresh-load", "a quarter"}, "--fresh-load"},
 		{[]string{"--aggregates", "10,none"}, "--aggregates"},
 		{[]string{"--modes", "engine-fold,fastest"}, "--modes"},
+		{[]string{"--rebuild-rate", "-1"}, "--rebuild-rate"},
 		{[]string{"--state-cache-bytes", "lots"}, "-state-cache-bytes"},
 		{[]string{"--events", "10", "extra"}, "unexpected arguments"},
 		{[]string{"--database-url", "postgres://postgres@127.0.0.1:1/test?connect_timeout=2", "--events", "10"}, "--database-url"},

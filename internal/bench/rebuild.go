@@ -72,6 +72,12 @@ type RebuildResult struct {
 	Records       int64   `json:"records,omitempty"`
 	RecordsPerSec float64 `json:"records_per_sec,omitempty"`
 	State         string  `json:"state"`
+	// FromNS and ToNS bound the span the rebuild ran beside the live
+	// generation (Unix nanoseconds, rebuild-freshness): from its first
+	// commit until the window ended, or until it had caught up with the
+	// history and was cancelled before its cutover.
+	FromNS int64 `json:"from_ns,omitempty"`
+	ToNS   int64 `json:"to_ns,omitempty"`
 }
 
 // rebuildProjections returns the demo's projection on topic, as its file
@@ -178,6 +184,7 @@ func newRebuildRig(ctx context.Context, e *runEnv) (*rebuildRig, error) {
 		Logger:  e.log,
 		Metrics: rebuild.NewMetrics(nil),
 		Rate:    rate,
+		Poll:    spec.RebuildPoll,
 	})
 	rctx, stop := context.WithCancel(ctx)
 	r.stop = stop
@@ -239,6 +246,15 @@ func (r *rebuildRig) close() {
 	if r.pool != nil {
 		r.pool.Close()
 	}
+}
+
+// result is what the rebuild ran with.
+func (r *rebuildRig) result() *RebuildResult {
+	poll := r.spec.RebuildPoll
+	if poll <= 0 {
+		poll = rebuild.DefaultPoll
+	}
+	return &RebuildResult{Conns: r.rbPool.Config().MaxConns, Rate: r.spec.RebuildRate, PollSeconds: poll.Seconds()}
 }
 
 // failed returns the supervisor's error if it stopped.
@@ -360,7 +376,7 @@ func runRebuild(ctx context.Context, e *runEnv) error {
 		return err
 	}
 	e.s.send(wireMsg{Event: "started"})
-	res := &WorkerResult{Rebuild: &RebuildResult{Conns: r.rbPool.Config().MaxConns, Rate: e.spec.RebuildRate, PollSeconds: rebuild.DefaultPoll.Seconds()}}
+	res := &WorkerResult{Rebuild: r.result()}
 	var cutting, caught time.Time
 	t := time.NewTicker(opPoll)
 	defer t.Stop()
@@ -447,7 +463,7 @@ func runRebuildFreshness(ctx context.Context, e *runEnv) error {
 		rbFrom time.Time
 	)
 	if e.spec.Rebuild {
-		res.Rebuild = &RebuildResult{Conns: r.rbPool.Config().MaxConns, Rate: e.spec.RebuildRate, PollSeconds: rebuild.DefaultPoll.Seconds()}
+		res.Rebuild = r.result()
 		if op, _, err = r.start(ctx); err != nil {
 			return err
 		}
@@ -469,6 +485,40 @@ func runRebuildFreshness(ctx context.Context, e *runEnv) error {
 		}
 		rb0, rbFrom = r.rb.sum(), time.Now()
 	}
+	// The rebuild runs beside the live generation until it has caught up
+	// with the history: it is cancelled then, before its cutover would
+	// make it the live generation in the middle of the window. The span it
+	// ran beside the live one is what the parent measures.
+	besideDone := make(chan struct{})
+	var rbTo time.Time
+	var cancelErr error
+	stopBeside := make(chan struct{})
+	go func() {
+		defer close(besideDone)
+		if !e.spec.Rebuild {
+			return
+		}
+		t := time.NewTicker(opPoll)
+		defer t.Stop()
+		for {
+			select {
+			case <-stopBeside:
+				rbTo = time.Now()
+				return
+			case <-ctx.Done():
+				return
+			case <-t.C:
+			}
+			if r.rb.behind(history) > 2*rebuild.DefaultCutoverLag {
+				continue
+			}
+			rbTo = time.Now()
+			if _, err := r.store.Cancel(ctx, op.ID, "projector-bench"); err != nil {
+				cancelErr = fmt.Errorf("cancel the rebuild once it caught up with the history, before its cutover: %w", err)
+			}
+			return
+		}
+	}()
 	e.s.send(wireMsg{Event: "started"})
 	var end map[int32]int64
 	select {
@@ -503,16 +553,22 @@ func runRebuildFreshness(ctx context.Context, e *runEnv) error {
 		}
 	}
 	e.finish(res, doneAt)
+	close(stopBeside)
+	<-besideDone
+	if cancelErr != nil {
+		return cancelErr
+	}
 	if e.spec.Rebuild {
 		rr := res.Rebuild
 		rr.Records = r.rb.sum() - rb0
 		if op, _, err = r.store.Operation(ctx, op.ID); err != nil {
 			return err
 		}
-		rr.RecordsPerSec = float64(rr.Records) / max(doneAt.Sub(rbFrom).Seconds(), 1e-9)
+		rr.RecordsPerSec = float64(rr.Records) / max(rbTo.Sub(rbFrom).Seconds(), 1e-9)
 		rr.State = op.State
-		if op.State != rebuild.StateRunning {
-			return fmt.Errorf("the rebuild was %s before the live generation had committed what the window produced: it must run throughout the window (more --events of history, or a lower --rebuild-rate)", op.State)
+		rr.FromNS, rr.ToNS = rbFrom.UnixNano(), rbTo.UnixNano()
+		if op.State != rebuild.StateRunning && op.State != rebuild.StateCancelled {
+			return fmt.Errorf("the rebuild was %s before the window ended: it must not cut over while the live generation's freshness is measured", op.State)
 		}
 	}
 	res.Events = total(end) - total(history)
@@ -582,4 +638,16 @@ func verifyRebuilt(ctx context.Context, pool *pgxpool.Pool, exp demo.Expected) e
 		return fmt.Errorf("%d accounts' deposits differ from the reference fold: %s", n, strings.Join(diffs, "; "))
 	}
 	return checkEngineTables(ctx, pool)
+}
+
+// behind is how many records the traced engine is behind end on the
+// partition it is furthest behind.
+func (t *tracer) behind(end map[int32]int64) int64 {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	var most int64
+	for p, e := range end {
+		most = max(most, e-t.committed[p])
+	}
+	return most
 }

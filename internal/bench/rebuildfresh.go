@@ -114,6 +114,7 @@ func (b *bench) rebuildFreshRun(ctx context.Context, ds *dataset, prod *kgo.Clie
 		Mode: ModeRebuildFreshness, Topic: ds.topic, Partitions: cfg.Partitions, HistoryEnd: history, Rebuild: withRebuild,
 		BatchMaxRecords: cfg.BatchMaxRecords, BatchMaxWait: cfg.BatchMaxWait, CommitMaxBatches: cfg.CommitMaxBatches,
 		StateCacheRows: cfg.StateCacheRows, StateCacheBytes: cfg.StateCacheBytes, MemberMaxRecords: cfg.MemberMaxRecords, CommitLog: true,
+		RebuildPoll: cfg.RebuildCheckEvery,
 	}
 	if withRebuild && cfg.RebuildRate > 0 {
 		spec.RebuildRate = cfg.RebuildRate
@@ -145,7 +146,26 @@ func (b *bench) rebuildFreshRun(ctx context.Context, ds *dataset, prod *kgo.Clie
 	fr.ProducerCPUSeconds, fr.WindowSeconds = s.ParentCPU, s.Result.Seconds
 	fr.Batches = len(s.Result.Commits)
 	fr.Rebuild = s.Result.Rebuild
-	lat, err := latencies(s.Result.Commits, ds.partOf[from:from+n], ds.offOf[from:from+n], stamp)
+	partOf, offOf := ds.partOf[from:from+n], ds.offOf[from:from+n]
+	if x := fr.Rebuild; x != nil {
+		// Only what was produced while the rebuild ran beside the live
+		// generation.
+		var p []int32
+		var o, st []int64
+		for i, at := range stamp {
+			if at >= x.FromNS && at <= x.ToNS {
+				p, o, st = append(p, partOf[i]), append(o, offOf[i]), append(st, at)
+			}
+		}
+		if len(st) == 0 {
+			return nil, fmt.Errorf("nothing was produced in the %.2fs the rebuild ran beside the live generation", float64(x.ToNS-x.FromNS)/1e9)
+		}
+		partOf, offOf, stamp = p, o, st
+		fr.Events = len(st)
+		fr.Seconds = float64(x.ToNS-x.FromNS) / 1e9
+		fr.ProducedRate = float64(len(st)) / fr.Seconds
+	}
+	lat, err := latencies(s.Result.Commits, partOf, offOf, stamp)
 	if err != nil {
 		return nil, err
 	}

@@ -801,7 +801,7 @@ func rebuildNote(w io.Writer, r *Report, rb *Row) {
 	fmt.Fprintf(w, "%s: generation 2 of accounts (the demo's projection with a column added) rebuilt from the earliest offset beside the idle live generation, "+
 		"by the rebuild supervisor and engines as projector run builds them, in one process", rb.Name)
 	if x := rb.Rebuild; x != nil {
-		fmt.Fprintf(w, ", --rebuild-rate %s, on a pool of %d connections (a quarter of the live pool's, at least 2); the supervisor looks every %.0fs",
+		fmt.Fprintf(w, ", --rebuild-rate %s, on a pool of %d connections (a quarter of the live pool's, at least 2); the supervisor looks every %gs (--rebuild-check-every)",
 			rateText(x.Rate), x.Conns, x.PollSeconds)
 	}
 	fmt.Fprintf(w, ";\n  %s events from running to completed in %.1fs = %s events/s", group(rb.Events), rb.Seconds, group(int64(math.Round(rb.EventsPerSec))))
@@ -832,20 +832,23 @@ func rebuildFreshnessTable(w io.Writer, runs []*Freshness, s Settings) {
 	fmt.Fprintf(w, "freshness of the live generation (engine fold) at %.0f%% of the fold engine's events/s, after a history of %s events, record timestamp → COMMIT of its batch returned:\n",
 		100*load, group(int64(s.Events)))
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
-	fmt.Fprintf(tw, "run\tevents/s\tevents\tp50 ms\tp90 ms\tp99 ms\tmax ms\tbatches\tengine cpu s\tpg cpu s\t%s\trebuild records/s\tcheck\t\n", producer)
+	fmt.Fprintf(tw, "run\tevents/s\tevents\tp50 ms\tp90 ms\tp99 ms\tmax ms\tbatches\tengine cpu s\tpg cpu s\t%s\trebuild s\trebuild records/s\tcheck\t\n", producer)
 	for _, f := range runs {
 		pg := "n/a"
 		if f.PGCPUSeconds != nil {
 			pg = fmt.Sprintf("%.1f", *f.PGCPUSeconds)
 		}
-		rb := "-"
-		if f.Rebuild != nil {
-			rb = group(int64(math.Round(f.Rebuild.RecordsPerSec)))
+		span, rb := "-", "-"
+		if x := f.Rebuild; x != nil {
+			span = fmt.Sprintf("%.1f", float64(x.ToNS-x.FromNS)/1e9)
+			rb = group(int64(math.Round(x.RecordsPerSec)))
 		}
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%.1f\t%.1f\t%.1f\t%.1f\t%d\t%.1f\t%s\t%.1f\t%s\t%s\t\n",
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%.1f\t%.1f\t%.1f\t%.1f\t%d\t%.1f\t%s\t%.1f\t%s\t%s\t%s\t\n",
 			rebuildFreshName(f), group(int64(math.Round(f.ProducedRate))), group(int64(f.Events)), f.P50MS, f.P90MS, f.P99MS, f.MaxMS,
-			f.Batches, f.GoCPUSeconds, pg, f.ProducerCPUSeconds, rb, shortCheck(f.Check))
+			f.Batches, f.GoCPUSeconds, pg, f.ProducerCPUSeconds, span, rb, shortCheck(f.Check))
 	}
 	tw.Flush()
-	fmt.Fprintln(w, "  (engine cpu: the process's, the rebuild's engine included, as projector run runs it; rebuild records/s: what the generation being built applied through the window)")
+	fmt.Fprintln(w, "  (with a rebuild: the events produced while it ran beside the live generation, from its first commit until it had caught up with the history")
+	fmt.Fprintln(w, "  and was cancelled before its cutover, or the window ended (rebuild s), and what it applied a second then; engine cpu is the process's over the")
+	fmt.Fprintln(w, "  whole window, the rebuild's engine included, as projector run runs it)")
 }

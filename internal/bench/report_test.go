@@ -234,3 +234,47 @@ func TestFreshnessLoads(t *testing.T) {
 		t.Errorf("JSON freshness %+v, loads %+v; want the 10%% run and both runs", got.Freshness, got.FreshnessLoads)
 	}
 }
+
+// The rebuild row is reported as a share of engine fold's catch-up in the
+// same run, per round too, against the 80% target; without the fold row
+// the target says which modes measure it.
+func TestRebuildTarget(t *testing.T) {
+	sample := func(mode string, seconds float64) *Sample {
+		return &Sample{Mode: mode, Result: WorkerResult{Events: 1000, Seconds: seconds,
+			Rebuild: &RebuildResult{Conns: 2, PollSeconds: 1, CaughtUpSeconds: seconds - 0.5, CuttingOverSeconds: seconds - 0.2}}}
+	}
+	r := &Report{}
+	r.add(ModeEngineFold, []*Sample{sample(ModeEngineFold, 1), sample(ModeEngineFold, 1)}, 1000)
+	r.add(ModeRebuild, []*Sample{sample(ModeRebuild, 1.25), sample(ModeRebuild, 1.6)}, 1000)
+	r.finish()
+	var got *Target
+	for i := range r.Targets {
+		if r.Targets[i].Name == "rebuild vs engine fold catch-up" {
+			got = &r.Targets[i]
+		}
+	}
+	// Medians of 1000/1s and of 800, 625 events/s: the lower middle, 625.
+	if got == nil || got.Met == nil || *got.Met || got.Got != "62% (per round: 80%, 62%)" {
+		t.Fatalf("rebuild target %+v, want 62%% (per round: 80%%, 62%%), not met", got)
+	}
+	if v := r.row(ModeRebuild).VsFold; v == nil || *v != 0.625 {
+		t.Errorf("JSON ratio to engine fold: %v, want 0.625", v)
+	}
+	var out bytes.Buffer
+	if err := r.Table(&out); err != nil {
+		t.Fatal(err)
+	}
+	for _, want := range []string{"rebuild (unthrottled)", "62% of engine fold's catch-up", "--rebuild-rate 0 (no limit), on a pool of 2 connections"} {
+		if !strings.Contains(out.String(), want) {
+			t.Errorf("report lacks %q:\n%s", want, out.String())
+		}
+	}
+
+	alone := &Report{}
+	alone.add(ModeRebuild, []*Sample{sample(ModeRebuild, 1)}, 1000)
+	alone.finish()
+	last := alone.Targets[len(alone.Targets)-1]
+	if last.Met != nil || !strings.Contains(last.Got, "--modes engine-fold,rebuild") {
+		t.Errorf("rebuild without engine fold: target %+v, want not measured, naming the modes", last)
+	}
+}

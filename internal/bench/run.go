@@ -66,6 +66,9 @@ type Config struct {
 	// run has it, rebuild.DefaultRate; negative: no limit). The rebuild
 	// row always runs without a limit.
 	RebuildRate int
+	// RebuildCheckEvery is how often the rebuild modes' supervisor looks
+	// at the operation (0: as projector run has it, rebuild.DefaultPoll).
+	RebuildCheckEvery time.Duration
 	// BatchMaxRecords and BatchMaxWait configure the engine (0: the
 	// engine's defaults, as `projector run` has them).
 	BatchMaxRecords int
@@ -633,6 +636,7 @@ func (b *bench) runThroughput(ctx context.Context, mode string, ds *dataset) (*S
 		BatchMaxRecords: b.cfg.BatchMaxRecords, BatchMaxWait: b.cfg.BatchMaxWait, CommitMaxBatches: b.cfg.CommitMaxBatches,
 		StateCacheRows: b.cfg.StateCacheRows, StateCacheBytes: b.cfg.StateCacheBytes, MemberMaxRecords: b.cfg.MemberMaxRecords,
 		TimeLimit: b.cfg.TimeLimit, Gen: ds.opts, ValueBytes: b.cfg.ValueBytes, CopyConns: b.cfg.CopyConns,
+		RebuildPoll: b.cfg.RebuildCheckEvery,
 	}
 	// The rebuild row runs without a throttle (--rebuild-rate 0): it
 	// measures how fast a rebuild can go.

@@ -83,6 +83,9 @@ type WorkerSpec struct {
 	// the window starts; Rebuild runs a rebuild through the window.
 	HistoryEnd map[int32]int64 `json:"history_end,omitempty"`
 	Rebuild    bool            `json:"rebuild,omitempty"`
+	// RebuildPoll is how often the supervisor looks at the operation
+	// (0: rebuild.DefaultPoll, as projector run has it).
+	RebuildPoll time.Duration `json:"rebuild_poll,omitempty"`
 }
 
 // Commit is one committed engine batch: offsets [From, To) of Partition
