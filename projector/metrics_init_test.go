@@ -71,6 +71,18 @@ func TestCountersExistFromTheStart(t *testing.T) {
 		want = append(want, fmt.Sprintf(`projector_records_skipped_total{group="fresh",partition="%d",topic=%q}`, part, topic))
 	}
 	want = append(want, `projector_transaction_shrinks_total{group="fresh",sqlstate="57014"}`, `projector_rebalances_total{group="fresh"}`)
+	// A partition's series come with its worker, which starts just after
+	// the partition counts as assigned: wait for them (on an empty topic
+	// nothing increments them, so only their creation at 0 shows them).
+	testenv.WaitFor(t, 10*time.Second, func() error {
+		have = series()
+		for _, s := range want {
+			if _, ok := have[s]; !ok {
+				return fmt.Errorf("%s: no series before its first increment", s)
+			}
+		}
+		return nil
+	})
 	for _, s := range want {
 		v, ok := have[s]
 		switch {

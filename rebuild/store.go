@@ -195,6 +195,30 @@ func generations(ctx context.Context, q querier, identity, projectionName string
 	return gs, nil
 }
 
+// Live returns the live generation of each of identity's projections
+// that has one, by projection name; none before Migrate created the
+// tables (a first start reads them before it creates anything).
+func (s *Store) Live(ctx context.Context, identity string) (map[string]Generation, error) {
+	var exists bool
+	if err := s.pool.QueryRow(ctx, `SELECT to_regclass('projector_generations') IS NOT NULL`).Scan(&exists); err != nil {
+		return nil, fmt.Errorf("look up the generations table: %w", err)
+	}
+	live := map[string]Generation{}
+	if !exists {
+		return live, nil
+	}
+	gs, err := generations(ctx, s.pool, identity, "")
+	if err != nil {
+		return nil, err
+	}
+	for _, g := range gs {
+		if g.State == Live {
+			live[g.Projection] = g
+		}
+	}
+	return live, nil
+}
+
 // Ensure records generation 1 of each projection that has no generation
 // yet, defined as p is (the first start of a release that keeps
 // generations, or a new projection), and returns the live generation of

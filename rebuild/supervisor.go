@@ -201,6 +201,14 @@ func New(cfg Config) *Supervisor {
 // generation's engine fails. It stops every engine before it returns.
 func (s *Supervisor) Run(ctx context.Context) error {
 	defer s.stopAll()
+	err := s.run(ctx)
+	if ctx.Err() != nil {
+		return nil // stopped: what failed was cut short
+	}
+	return err
+}
+
+func (s *Supervisor) run(ctx context.Context) error {
 	live, err := s.cfg.Store.Ensure(ctx, s.cfg.Identity, s.cfg.Projections)
 	if err != nil {
 		return err

@@ -5,6 +5,7 @@ import (
 	"flag"
 	"fmt"
 	"log/slog"
+	"maps"
 	"slices"
 	"strconv"
 	"sync"
@@ -58,10 +59,10 @@ func (r *rebuildFlags) validate() error {
 }
 
 // liveProjections returns the projections as their live generations
-// define them, each writing its generation's table, run as the file says;
-// it records generation 1 of projections that have none yet.
+// define them, each writing its generation's table, run as the file says
+// (a projection without generations yet, as the file defines it).
 func liveProjections(ctx context.Context, store *rebuild.Store, identity string, projs []*projection.Projection) ([]*projection.Projection, error) {
-	live, err := store.Ensure(ctx, identity, projs)
+	live, err := store.Live(ctx, identity)
 	if err != nil {
 		return nil, err
 	}
@@ -98,7 +99,10 @@ type generationEngines struct {
 	mu         sync.Mutex
 	rebuilding *pgxpool.Pool // the pool of generations being built, opened once needed
 	poolCfg    *pgxpool.Config
-	readers    map[string]avro.Schema
+	// readers are startup's reader schemas of the projections whose
+	// schema text was schemas'.
+	readers map[string]avro.Schema
+	schemas map[string]string
 }
 
 func (g *generationEngines) rebuildPool() (*pgxpool.Pool, error) {
@@ -122,6 +126,30 @@ func (g *generationEngines) rebuildPool() (*pgxpool.Pool, error) {
 	return p, nil
 }
 
+// readerSchemas are the startup's reader schemas where a projection's
+// schema is the one startup read them for, the registry's otherwise (a
+// generation defined with another schema).
+func (g *generationEngines) readerSchemas(ctx context.Context, projs []*projection.Projection) (map[string]avro.Schema, error) {
+	out := map[string]avro.Schema{}
+	var fetch []*projection.Projection
+	for _, p := range projs {
+		if r, ok := g.readers[p.Name]; ok && g.schemas[p.Name] == p.Schema {
+			out[p.Name] = r
+			continue
+		}
+		fetch = append(fetch, p)
+	}
+	if len(fetch) == 0 {
+		return out, nil
+	}
+	more, err := readerSchemas(ctx, g.registry, fetch)
+	if err != nil {
+		return nil, err
+	}
+	maps.Copy(out, more)
+	return out, nil
+}
+
 func (g *generationEngines) close() {
 	g.mu.Lock()
 	defer g.mu.Unlock()
@@ -142,7 +170,7 @@ func (g *generationEngines) build(ctx context.Context, sp rebuild.EngineSpec) (r
 	if err := postgres.Migrate(ctx, pool, sp.Projections...); err != nil {
 		return nil, err
 	}
-	readers, err := readerSchemas(ctx, g.registry, sp.Projections)
+	readers, err := g.readerSchemas(ctx, sp.Projections)
 	if err != nil {
 		return nil, err
 	}

@@ -166,7 +166,7 @@ func rebuildRollbackCommand(stdout, stderr io.Writer) *ffcli.Command {
 		actor  string
 		asJSON bool
 	)
-	return newCommand("rollback", "projector rebuild rollback --projection NAME",
+	return newCommand("rollback", "projector rebuild rollback --projection NAME [--json]",
 		"Make the projection's newest retired generation live again: it resumes from its own offsets, catches up, and cuts over as a rebuild does.", stderr,
 		func(fs *flag.FlagSet) {
 			c.register(fs, "database-url", "identity")
@@ -506,7 +506,7 @@ func rebuildCancelCommand(stdout, stderr io.Writer) *ffcli.Command {
 		asJSON bool
 		fset   *flag.FlagSet
 	)
-	return newCommand("cancel", "projector rebuild cancel ID",
+	return newCommand("cancel", "projector rebuild cancel ID [--json]",
 		"Cancel a rebuild operation that has not begun its cutover: the replicas drop the new generation's table and offsets, and the live generation goes on.", stderr,
 		func(fs *flag.FlagSet) {
 			fset = fs

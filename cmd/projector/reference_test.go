@@ -28,6 +28,7 @@ import (
 	"github.com/projector-dev/projector/internal/testenv"
 	"github.com/projector-dev/projector/outbox"
 	"github.com/projector-dev/projector/projection"
+	"github.com/projector-dev/projector/rebuild"
 	"github.com/projector-dev/projector/sinks/postgres"
 )
 
@@ -391,9 +392,11 @@ when one fires is in [operations.md](operations.md).
 const metricsNotes = `
 Reading them:
 
-- Every metric of the engine carries ` + "`group`" + `, its consumer identity, the
-  client's ` + "`kgo_*`" + ` metrics too: engines of several identities in one process
-  share one registry, each with its own series.
+- Every metric of the engine carries ` + "`group`" + `, its consumer identity, and
+  ` + "`generation`" + `, the generation of the projections it runs (1 for the
+  deployment's identity; a rebuild runs another, see [rebuilds.md](rebuilds.md)),
+  the client's ` + "`kgo_*`" + ` metrics too: engines of several identities in one
+  process are exported side by side, each with its own series.
 - ` + "`projector_consumer_lag`" + ` is absent while a partition's stored offset is past
   the log end (the topic was created again); ` + "`projector_partition_halted`" + ` says why.
 - ` + "`projector_records_processed_total`" + ` counts records on arrival; a batch tried
@@ -491,6 +494,7 @@ func codeMetrics(t *testing.T) registeredMetrics {
 			t.Errorf("engine: %v", err)
 		}
 	}()
+	rebuild.NewMetrics(engineMetrics)
 	engineMetrics.touch(t)
 	var engineFams []*dto.MetricFamily
 	// The lag of a partition is known once its worker has fetched.

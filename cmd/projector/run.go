@@ -221,13 +221,6 @@ func (f *runFlags) runOn(ctx context.Context, stderr io.Writer, env engineEnv) e
 			"idle_in_transaction_session_timeout", poolCfg.ConnConfig.RuntimeParams["idle_in_transaction_session_timeout"])...)
 		step("reading the projections' generations")
 		store := rebuild.NewStore(pool)
-		if err := rebuild.Migrate(sctx, pool); err != nil {
-			if ctx.Err() != nil {
-				return nil
-			}
-			return err
-		}
-		admin.serve(store, f.identity, log)
 		// What runs is each projection as its live generation defines
 		// it: a file that defines one otherwise starts no migration, it
 		// asks for a rebuild.
@@ -252,6 +245,13 @@ func (f *runFlags) runOn(ctx context.Context, stderr io.Writer, env engineEnv) e
 			}
 			return err
 		}
+		if err := rebuild.Migrate(sctx, pool); err != nil {
+			if ctx.Err() != nil {
+				return nil
+			}
+			return err
+		}
+		admin.serve(store, f.identity, log)
 		if env.migrated != nil {
 			if err := env.migrated(sctx, pool); err != nil {
 				if ctx.Err() != nil {
@@ -266,7 +266,11 @@ func (f *runFlags) runOn(ctx context.Context, stderr io.Writer, env engineEnv) e
 			return err
 		}
 		defer closeAdm()
-		engines := &generationEngines{f: f, brokers: brokers, registry: reg, log: log, pool: pool, tp: tp, gather: gather, poolCfg: poolCfg}
+		engines := &generationEngines{f: f, brokers: brokers, registry: reg, log: log, pool: pool, tp: tp, gather: gather, poolCfg: poolCfg,
+			readers: readers, schemas: map[string]string{}}
+		for _, p := range projs {
+			engines.schemas[p.Name] = p.Schema
+		}
 		defer engines.close()
 		sup := newSupervisor(f, projs, store, adm, engines, pool, metrics, log)
 		engine.Store(sup)
