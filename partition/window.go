@@ -133,6 +133,9 @@ func (w *Worker) processWindow(ctx context.Context, recs []*kgo.Record) (err err
 		if !first {
 			w.linkSpan(span, recs)
 		}
+		if err := w.throttle(ctx, len(recs)); err != nil {
+			return err
+		}
 		err := w.planBatches(ctx, wins, recs)
 		var pf *planFailed
 		if errors.As(err, &pf) {

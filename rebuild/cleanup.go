@@ -23,7 +23,13 @@ func (s *Supervisor) cleanup(ctx context.Context) {
 		return
 	}
 	for _, op := range ops {
-		if err := s.clean(ctx, op); err != nil && ctx.Err() == nil {
+		err := s.clean(ctx, op)
+		switch {
+		case err == nil || ctx.Err() != nil:
+		case errors.Is(err, ErrGroupInUse):
+			// Its engines stop within a check on every replica.
+			s.cfg.Logger.Debug("cleanup waits for the generation's engines to leave its consumer group", "operation_id", op.ID)
+		default:
 			s.cfg.Logger.Warn("could not clean up after a rebuild operation; trying again", "operation_id", op.ID, "err", err)
 		}
 	}

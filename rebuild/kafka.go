@@ -67,8 +67,15 @@ func (k kafkaAdmin) DeleteGroup(ctx context.Context, group string) error {
 	if err == nil {
 		err = r.Err
 	}
-	if errors.Is(err, kerr.GroupIDNotFound) {
+	switch {
+	case errors.Is(err, kerr.GroupIDNotFound):
 		return nil
+	case errors.Is(err, kerr.NonEmptyGroup):
+		return fmt.Errorf("%w: %w", ErrGroupInUse, err)
 	}
 	return err
 }
+
+// ErrGroupInUse reports a consumer group that still has members: an
+// engine of the generation, on some replica, has not stopped yet.
+var ErrGroupInUse = errors.New("the consumer group still has members")

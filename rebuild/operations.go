@@ -276,7 +276,8 @@ func (s *Supervisor) progress(ctx context.Context, op Operation, gs []Generation
 	if caughtUp && pos.remaining > 0 && (cur.rate <= 0 || time.Duration(float64(pos.remaining)/cur.rate*float64(time.Second)) > s.cfg.CutoverSeconds) {
 		caughtUp = false
 	}
-	return s.locked(ctx, op, StateRunning, func(tx pgx.Tx) error {
+	moved := false
+	err = s.locked(ctx, op, StateRunning, func(tx pgx.Tx) error {
 		if _, err := tx.Exec(ctx, `UPDATE projector_rebuilds SET records_done = $2, records_remaining = $3, rate = $4, arrival_rate = $5, updated_at = now()
 			WHERE id = $1`, op.ID, pos.done, pos.remaining, cur.rate, cur.arr); err != nil {
 			return err
@@ -288,9 +289,18 @@ func (s *Supervisor) progress(ctx context.Context, op Operation, gs []Generation
 			waiting = 'the new generation is near the log end: cutting over' WHERE id = $1`, op.ID); err != nil {
 			return err
 		}
+		moved = true
 		s.cfg.Logger.Info("rebuild operation cutting over", "operation_id", op.ID, "projection", op.Projection, "generation", op.Generation, "records_remaining", pos.remaining)
 		return nil
 	})
+	if err != nil || !moved {
+		return err
+	}
+	// At once rather than a check later: the new generation is near the
+	// end now.
+	s.limiter(g.GroupID, true)
+	op.State = StateCuttingOver
+	return s.cutover(ctx, op, gs)
 }
 
 func smooth(prev, cur float64) float64 {
