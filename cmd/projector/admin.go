@@ -8,15 +8,18 @@ import (
 	"io"
 	"maps"
 	"slices"
+	"strconv"
 	"strings"
 	"text/tabwriter"
 	"time"
 
+	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/peterbourgon/ff/v3/ffcli"
 	"github.com/twmb/franz-go/pkg/kadm"
 
 	"github.com/projector-dev/projector/internal/kafkaclient"
 	"github.com/projector-dev/projector/projection"
+	"github.com/projector-dev/projector/rebuild"
 	"github.com/projector-dev/projector/sinks"
 	"github.com/projector-dev/projector/sinks/postgres"
 )
@@ -28,7 +31,7 @@ func migrateCommand(stdout, stderr io.Writer) *ffcli.Command {
 	)
 	return newCommand("migrate", "projector migrate [flags]", "Create the engine's tables and the projections' tables if missing.", stderr,
 		func(fs *flag.FlagSet) {
-			c.register(fs, "database-url", "config", "log")
+			c.register(fs, "database-url", "config", "log", "identity")
 			db.register(fs, "sessions", "startup")
 		},
 		func(ctx context.Context, _ []string) error {
@@ -56,7 +59,13 @@ func migrateCommand(stdout, stderr io.Writer) *ffcli.Command {
 			}
 			defer pool.Close()
 			fmt.Fprintf(stdout, "migrating PostgreSQL at %s\n", target)
-			if err := migrate(sctx, su, pool, target, projs); err != nil {
+			// A rebuilt projection's table name is a view of its live
+			// generation's table, which is the one to migrate.
+			live, err := liveProjections(sctx, rebuild.NewStore(pool), c.identity, projs)
+			if err != nil {
+				return err
+			}
+			if err := migrate(sctx, su, pool, target, live); err != nil {
 				return err
 			}
 			fmt.Fprintf(stdout, "migrated: engine tables and %d projection tables\n", len(projs))
@@ -85,6 +94,13 @@ type partitionStatus struct {
 	Reason string     `json:"reason,omitempty"`
 	Member string     `json:"member,omitempty"`
 	Since  *time.Time `json:"since,omitempty"`
+	// Group is the consumer identity whose offset it is: --identity's
+	// own (generation 1), or a generation's of a rebuilt projection
+	// (Projection), live or being built (GenerationState).
+	Group           string `json:"group"`
+	Generation      int    `json:"generation"`
+	Projection      string `json:"projection,omitempty"`
+	GenerationState string `json:"generation_state,omitempty"`
 }
 
 // States of a partition in `projector status`.
@@ -106,7 +122,7 @@ func newStatusCommand(name, usage string, stdout, stderr io.Writer) *ffcli.Comma
 		c      common
 		asJSON bool
 	)
-	return newCommand(name, usage, "Show the stored offset, log bounds and lag of every partition of an identity.", stderr,
+	return newCommand(name, usage, "Show the stored offset, log bounds and lag of every partition of an identity, and of its rebuilt projections' live generations and generations being built.", stderr,
 		func(fs *flag.FlagSet) {
 			c.register(fs, "brokers", "database-url", "identity")
 			fs.BoolVar(&asJSON, "json", false, "print JSON objects instead of a table")
@@ -120,57 +136,87 @@ func newStatusCommand(name, usage string, stdout, stderr io.Writer) *ffcli.Comma
 				return err
 			}
 			defer pool.Close()
-			stored, err := postgres.NewOffsets(pool, c.identity).List(ctx)
+			gens, err := generationGroups(ctx, pool, c.identity)
 			if err != nil {
 				return err
+			}
+			groups := append([]rebuild.Generation{{N: 1, GroupID: c.identity}}, gens...)
+			type groupOffsets struct {
+				gen    rebuild.Generation
+				stored []postgres.Stored
+			}
+			var all []groupOffsets
+			topics := map[string]bool{}
+			for _, g := range groups {
+				stored, err := postgres.NewOffsets(pool, g.GroupID).List(ctx)
+				if err != nil {
+					return err
+				}
+				for _, s := range stored {
+					topics[s.Topic] = true
+				}
+				all = append(all, groupOffsets{gen: g, stored: stored})
 			}
 			bounds := map[sinks.TP]logBounds{}
 			// Without --brokers the stored offsets are still worth
 			// showing: after the demo, its embedded broker is gone.
 			noLog := strings.TrimSpace(c.brokers) == ""
-			if noLog && len(stored) > 0 {
+			if noLog && len(topics) > 0 {
 				fmt.Fprintln(stderr, "no --brokers (PROJECTOR_BROKERS): showing the stored offsets without the log's bounds and lag")
 			}
-			if len(stored) > 0 && !noLog {
+			if len(topics) > 0 && !noLog {
 				adm, closeAdm, err := c.admin()
 				if err != nil {
 					return err
 				}
 				defer closeAdm()
-				topics := map[string]bool{}
-				for _, s := range stored {
-					topics[s.Topic] = true
-				}
 				if bounds, err = listBounds(ctx, adm, slices.Sorted(maps.Keys(topics))...); err != nil {
 					return err
 				}
 			}
-			said, err := postgres.States(ctx, pool, c.identity)
-			if err != nil {
-				return err
+			var rows []partitionStatus
+			for _, g := range all {
+				said, err := postgres.States(ctx, pool, g.gen.GroupID)
+				if err != nil {
+					return err
+				}
+				for _, s := range g.stored {
+					r := statusOf(s, bounds)
+					if noLog {
+						r.State = stateLogNotAsked
+					}
+					if st, ok := said[s.TP]; ok {
+						since := st.Since
+						r.State, r.Halt, r.Reason, r.Member, r.Since = st.State, st.Halt, st.Reason, st.Member, &since
+					}
+					r.Group, r.Generation, r.Projection, r.GenerationState = g.gen.GroupID, g.gen.N, g.gen.Projection, g.gen.State
+					rows = append(rows, r)
+				}
 			}
-			rows := make([]partitionStatus, 0, len(stored))
-			for _, s := range stored {
-				r := statusOf(s, bounds)
-				if noLog {
-					r.State = stateLogNotAsked
-				}
-				if st, ok := said[s.TP]; ok {
-					since := st.Since
-					r.State, r.Halt, r.Reason, r.Member, r.Since = st.State, st.Halt, st.Reason, st.Member, &since
-				}
-				rows = append(rows, r)
+			if rows == nil {
+				rows = []partitionStatus{}
 			}
 			if asJSON {
 				enc := json.NewEncoder(stdout)
 				enc.SetIndent("", "  ")
 				return enc.Encode(rows)
 			}
+			// A rebuilt projection's generations run under identities of
+			// their own: then each row says whose offset it is.
+			byGroup := len(gens) > 0
 			tw := tabwriter.NewWriter(stdout, 0, 4, 2, ' ', 0)
-			fmt.Fprintln(tw, "TOPIC\tPARTITION\tCURRENT-OFFSET\tLOG-START-OFFSET\tLOG-END-OFFSET\tLAG\tOWNER-EPOCH\tSTATE")
+			header := "TOPIC\tPARTITION\tCURRENT-OFFSET\tLOG-START-OFFSET\tLOG-END-OFFSET\tLAG\tOWNER-EPOCH\tSTATE"
+			if byGroup {
+				header += "\tGROUP\tGEN"
+			}
+			fmt.Fprintln(tw, header)
 			for _, r := range rows {
-				fmt.Fprintf(tw, "%s\t%d\t%s\t%s\t%s\t%s\t%d\t%s\n", r.Topic, r.Partition, orDash(r.NextOffset),
+				fmt.Fprintf(tw, "%s\t%d\t%s\t%s\t%s\t%s\t%d\t%s", r.Topic, r.Partition, orDash(r.NextOffset),
 					orDash(r.LogStartOffset), orDash(r.HighWatermark), orDash(r.Lag), r.OwnerEpoch, r.State)
+				if byGroup {
+					fmt.Fprintf(tw, "\t%s\t%s", r.Group, genText(r))
+				}
+				fmt.Fprintln(tw)
 			}
 			if err := tw.Flush(); err != nil {
 				return err
@@ -183,12 +229,45 @@ func newStatusCommand(name, usage string, stdout, stderr io.Writer) *ffcli.Comma
 					if r.Halt != "" {
 						state += " (" + r.Halt + ")"
 					}
-					fmt.Fprintf(stdout, "%s/%d %s since %s (member %s): %s\n", r.Topic, r.Partition, state,
+					where := fmt.Sprintf("%s/%d", r.Topic, r.Partition)
+					if byGroup {
+						where = r.Group + " " + where
+					}
+					fmt.Fprintf(stdout, "%s %s since %s (member %s): %s\n", where, state,
 						r.Since.UTC().Format(time.RFC3339), r.Member, oneLine(r.Reason))
 				}
 			}
 			return nil
 		})
+}
+
+// genText is a row's generation for the table: its number, and
+// "(building)" for a generation being built.
+func genText(r partitionStatus) string {
+	if r.GenerationState == rebuild.Building {
+		return fmt.Sprintf("%d(building)", r.Generation)
+	}
+	return strconv.Itoa(r.Generation)
+}
+
+// generationGroups returns identity's live and building generations that
+// run under a consumer identity of their own (those of rebuilt
+// projections), none before any rebuild created the generations table.
+func generationGroups(ctx context.Context, pool *pgxpool.Pool, identity string) ([]rebuild.Generation, error) {
+	var exists bool
+	if err := pool.QueryRow(ctx, `SELECT to_regclass('projector_generations') IS NOT NULL`).Scan(&exists); err != nil {
+		return nil, fmt.Errorf("look up the generations table: %w", err)
+	}
+	if !exists {
+		return nil, nil
+	}
+	gs, err := rebuild.NewStore(pool).Generations(ctx, identity)
+	if err != nil {
+		return nil, err
+	}
+	return slices.DeleteFunc(gs, func(g rebuild.Generation) bool {
+		return g.GroupID == identity || g.State != rebuild.Live && g.State != rebuild.Building
+	}), nil
 }
 
 // statusOf compares a stored offset with its partition's log: an offset

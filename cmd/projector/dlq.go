@@ -25,6 +25,7 @@ import (
 	"github.com/projector-dev/projector/dlqpublish"
 	"github.com/projector-dev/projector/internal/kafkaclient"
 	"github.com/projector-dev/projector/internal/redact"
+	"github.com/projector-dev/projector/rebuild"
 	"github.com/projector-dev/projector/schemas"
 	"github.com/projector-dev/projector/sinks"
 )
@@ -54,7 +55,7 @@ type dlqFilters struct {
 }
 
 func (d *dlqFilters) register(fs *flag.FlagSet, limit int, limitHelp string) {
-	fs.StringVar(&d.identity, "identity", "", "only this consumer identity; empty: all")
+	fs.StringVar(&d.identity, "identity", "", "only this consumer identity and those of its rebuilt projections' live generations and generations being built; empty: all")
 	fs.StringVar(&d.projection, "projection", "", "only this projection")
 	fs.StringVar(&d.topic, "topic", "", "only this source topic")
 	fs.StringVar(&d.key, "key", "", "only records with exactly this key")
@@ -91,6 +92,46 @@ func (d *dlqFilters) filter(now time.Time) (deadletters.Filter, error) {
 		return f, fmt.Errorf("--since %s is not before --until %s", f.Since.Format(timeFormat), f.Until.Format(timeFormat))
 	}
 	return f, nil
+}
+
+// withGenerations widens f's identity to the identities of its live and
+// generations being built, whose engines keep dead letters of their own:
+// the filter returned selects the ids matching f under any of them,
+// oldest first, up to f.Limit.
+func withGenerations(ctx context.Context, pool *pgxpool.Pool, f deadletters.Filter) (deadletters.Filter, error) {
+	if f.Identity == "" {
+		return f, nil
+	}
+	gens, err := generationGroups(ctx, pool, f.Identity)
+	if err != nil || len(gens) == 0 {
+		return f, err
+	}
+	ids := []int64{}
+	for _, id := range append([]string{f.Identity}, generationIDs(gens)...) {
+		one := f
+		one.Identity = id
+		got, err := deadletters.IDs(ctx, pool, one)
+		if err != nil {
+			return f, err
+		}
+		ids = append(ids, got...)
+	}
+	slices.Sort(ids)
+	ids = slices.Compact(ids)
+	if f.Limit > 0 && len(ids) > f.Limit {
+		ids = ids[:f.Limit]
+	}
+	f.Identity, f.IDs = "", ids
+	return f, nil
+}
+
+// generationIDs are the consumer identities of gens.
+func generationIDs(gens []rebuild.Generation) []string {
+	out := make([]string, len(gens))
+	for i, g := range gens {
+		out[i] = g.GroupID
+	}
+	return out
 }
 
 // parseWhen reads an RFC3339 time or a duration meaning that long before
@@ -175,6 +216,9 @@ func dlqListCommand(stdout, stderr io.Writer) *ffcli.Command {
 				return err
 			}
 			defer pool.Close()
+			if f, err = withGenerations(ctx, pool, f); err != nil {
+				return err
+			}
 			dls, err := deadletters.List(ctx, pool, f)
 			if err != nil {
 				return err
@@ -188,10 +232,27 @@ func dlqListCommand(stdout, stderr io.Writer) *ffcli.Command {
 				}
 				return writeJSON(stdout, dls)
 			}
-			tw := tabwriter.NewWriter(stdout, 0, 4, 2, ' ', 0)
-			fmt.Fprintln(tw, "ID\tPROJECTION\tTOPIC\tPARTITION\tOFFSET\tKEY\tSTATUS\tCLASS\tATTEMPTS\tFIRST-SEEN\tERROR")
+			// Dead letters of several identities (a rebuilt projection's
+			// generations have their own) say whose they are.
+			identities := map[string]bool{}
 			for _, d := range dls {
-				fmt.Fprintf(tw, "%d\t%s\t%s\t%d\t%d\t%s\t%s\t%s\t%d\t%s\t%s\n", d.ID, d.Projection, d.Topic, d.Partition, d.Offset,
+				identities[d.Identity] = true
+			}
+			byIdentity := len(identities) > 1
+			tw := tabwriter.NewWriter(stdout, 0, 4, 2, ' ', 0)
+			if byIdentity {
+				fmt.Fprint(tw, "ID\tIDENTITY")
+			} else {
+				fmt.Fprint(tw, "ID")
+			}
+			fmt.Fprintln(tw, "\tPROJECTION\tTOPIC\tPARTITION\tOFFSET\tKEY\tSTATUS\tCLASS\tATTEMPTS\tFIRST-SEEN\tERROR")
+			for _, d := range dls {
+				if byIdentity {
+					fmt.Fprintf(tw, "%d\t%s", d.ID, d.Identity)
+				} else {
+					fmt.Fprintf(tw, "%d", d.ID)
+				}
+				fmt.Fprintf(tw, "\t%s\t%s\t%d\t%d\t%s\t%s\t%s\t%d\t%s\t%s\n", d.Projection, d.Topic, d.Partition, d.Offset,
 					keyText(d), d.Status, d.ErrorClass, d.Attempts, d.FirstSeen.Format(timeFormat), errorText(d.Error))
 			}
 			return tw.Flush()
@@ -486,6 +547,10 @@ func selectDeadLetters(ctx context.Context, pool *pgxpool.Pool, f deadletters.Fi
 	if f.Limit == 0 {
 		f.Limit = math.MaxInt32
 	}
+	f, err := withGenerations(ctx, pool, f)
+	if err != nil {
+		return nil, err
+	}
 	entries, err := deadletters.List(ctx, pool, f)
 	if err != nil {
 		return nil, err
@@ -563,7 +628,11 @@ func dlqPurgeCommand(stdout, stderr io.Writer) *ffcli.Command {
 				return err
 			}
 			defer pool.Close()
-			matched, err := deadletters.IDs(ctx, pool, f)
+			scoped, err := withGenerations(ctx, pool, f)
+			if err != nil {
+				return err
+			}
+			matched, err := deadletters.IDs(ctx, pool, scoped)
 			if err != nil {
 				return err
 			}
@@ -584,7 +653,7 @@ func dlqPurgeCommand(stdout, stderr io.Writer) *ffcli.Command {
 				fmt.Fprintf(stdout, "would purge %d dead letters\n", len(matched))
 				return fmt.Errorf("refusing to purge %d dead letters without --yes: add --yes to delete them", len(matched))
 			}
-			exact := f
+			exact := scoped
 			exact.IDs, exact.Limit = matched, 0
 			n, err := deadletters.Purge(ctx, pool, exact)
 			if err != nil {

@@ -14,6 +14,7 @@ import (
 	"github.com/projector-dev/projector/internal/redact"
 	"github.com/projector-dev/projector/projection"
 	"github.com/projector-dev/projector/projector"
+	"github.com/projector-dev/projector/rebuild"
 	"github.com/projector-dev/projector/sinks/postgres"
 )
 
@@ -67,7 +68,7 @@ func tombstonesForgetCommand(stdout, stderr io.Writer) *ffcli.Command {
 	return newCommand("forget", "projector tombstones forget [--projection P] --key K [--execute]",
 		"Delete a deleted aggregate's tombstone, which keeps its id and last version; says what it would delete, and deletes it with --execute.", stderr,
 		func(fs *flag.FlagSet) {
-			c.register(fs, "database-url", "config")
+			c.register(fs, "database-url", "config", "identity")
 			fs.StringVar(&name, "projection", "", "the projection whose aggregate it is (required when the projection file holds more than one)")
 			fs.StringVar(&key, "key", "", "the aggregate's key, as its records carry it (required)")
 			fs.BoolVar(&execute, "execute", false, "delete the tombstone; without it nothing changes")
@@ -76,7 +77,7 @@ func tombstonesForgetCommand(stdout, stderr io.Writer) *ffcli.Command {
 			if key == "" {
 				return errors.New("--key is required: the key of the deleted aggregate whose tombstone to forget")
 			}
-			p, err := forgetProjection(c.config, name)
+			file, err := forgetProjection(c.config, name)
 			if err != nil {
 				return err
 			}
@@ -85,6 +86,13 @@ func tombstonesForgetCommand(stdout, stderr io.Writer) *ffcli.Command {
 				return err
 			}
 			defer pool.Close()
+			// Tombstones are kept by the table of the generation that
+			// wrote them: a rebuilt projection's live generation's.
+			live, err := liveProjections(ctx, rebuild.NewStore(pool), c.identity, []*projection.Projection{file})
+			if err != nil {
+				return err
+			}
+			p := live[0]
 			shown := redact.Clip(key)
 			tomb, exists, err := postgres.FindTombstone(ctx, pool, p, key)
 			if err != nil {
