@@ -119,7 +119,7 @@ type Config struct {
 // Defaults of Config.
 const (
 	DefaultPoll           = time.Second
-	DefaultRate           = 50_000
+	DefaultRate           = 20_000
 	DefaultLockTimeout    = 100 * time.Millisecond
 	DefaultCutoverWait    = 2 * time.Second
 	DefaultCutoverLag     = 1000
@@ -227,16 +227,21 @@ func (s *Supervisor) run(ctx context.Context) error {
 		}
 		s.changed(ctx, p, g)
 	}
-	tick := time.NewTicker(s.cfg.Poll)
-	defer tick.Stop()
 	for {
-		if err := s.step(ctx); err != nil {
+		active, err := s.step(ctx)
+		if err != nil {
 			return err
+		}
+		// An operation in flight is looked at more often: its cutover
+		// begins at the check after its generation catches up.
+		wait := s.cfg.Poll
+		if active {
+			wait = min(wait, activePoll)
 		}
 		select {
 		case <-ctx.Done():
 			return nil
-		case <-tick.C:
+		case <-time.After(wait):
 		}
 	}
 }
@@ -263,44 +268,49 @@ func (s *Supervisor) changed(ctx context.Context, p *projection.Projection, g Ge
 	}
 }
 
+// activePoll is how often the supervisor looks while an operation is in
+// flight, unless Poll is shorter.
+const activePoll = 200 * time.Millisecond
+
 // step looks at generations and operations once: it drives the
 // operations, then starts the engines now wanted and stops the others.
-// Only a failure of a live generation's engine is returned.
-func (s *Supervisor) step(ctx context.Context) error {
+// It reports whether an operation is in flight. Only a failure of a live
+// generation's engine is returned.
+func (s *Supervisor) step(ctx context.Context) (active bool, err error) {
 	if err := s.reap(); err != nil {
-		return err
+		return false, err
 	}
 	gs, err := s.cfg.Store.Generations(ctx, s.cfg.Identity)
 	if err != nil {
 		s.cfg.Logger.Warn("could not read the generations; trying again", "err", err)
-		return nil
+		return false, nil
 	}
 	ops, err := s.cfg.Store.Operations(ctx, s.cfg.Identity, true)
 	if err != nil {
 		s.cfg.Logger.Warn("could not read the rebuild operations; trying again", "err", err)
-		return nil
+		return false, nil
 	}
 	for _, op := range ops {
 		s.drive(ctx, op, gs)
 	}
 	s.cleanup(ctx)
 	if ctx.Err() != nil {
-		return nil
+		return false, nil
 	}
 	// Read again: the operations may have changed them.
 	if gs, err = s.cfg.Store.Generations(ctx, s.cfg.Identity); err != nil {
-		return nil
+		return false, nil
 	}
 	if ops, err = s.cfg.Store.Operations(ctx, s.cfg.Identity, true); err != nil {
-		return nil
+		return false, nil
 	}
 	s.cfg.Metrics.generations(gs)
 	specs, err := s.wanted(gs, ops)
 	if err != nil {
 		s.cfg.Logger.Error("could not compile a generation's definition", "err", err)
-		return nil
+		return false, nil
 	}
-	return s.converge(ctx, specs)
+	return len(ops) > 0, s.converge(ctx, specs)
 }
 
 // wanted returns the engines this replica should run.
