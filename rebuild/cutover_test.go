@@ -3,6 +3,7 @@ package rebuild
 import (
 	"context"
 	"errors"
+	"fmt"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -277,5 +278,41 @@ func TestCancelRacesTheCutover(t *testing.T) {
 		if _, err := db.Pool.Exec(ctx, `UPDATE projector_rebuilds SET state = 'failed' WHERE id = $1 AND state <> 'cancelled'`, op.ID); err != nil {
 			t.Fatal(err)
 		}
+	}
+}
+
+// TestRetiredGenerationDroppedAfterItsRetention drops a retired
+// generation once its retention has passed: its table, stored offsets and
+// parked events go; the live generation stays.
+func TestRetiredGenerationDroppedAfterItsRetention(t *testing.T) {
+	ctx := t.Context()
+	c := newCutover(t, 10)
+	if err := c.store.cutover(ctx, c.op, "items.events", c.live, c.next, time.Second, time.Second, time.Millisecond); err != nil {
+		t.Fatal(err)
+	}
+	s := New(Config{Identity: "app", Store: c.store})
+	testenv.WaitFor(t, 10*time.Second, func() error {
+		s.cleanup(ctx)
+		var table bool
+		var offsets int
+		if err := c.db.Pool.QueryRow(ctx, `SELECT to_regclass('items__g1_retired') IS NOT NULL,
+			(SELECT count(*) FROM projector_offsets WHERE identity = 'app.items.g1')`).Scan(&table, &offsets); err != nil {
+			return err
+		}
+		if table || offsets > 0 {
+			return fmt.Errorf("generation 1 past its retention: table kept %t, %d stored offsets", table, offsets)
+		}
+		return nil
+	})
+	gs, err := c.store.Generations(ctx, "app")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(gs) != 1 || gs[0].N != 2 || gs[0].State != Live {
+		t.Errorf("generations after the drop: %+v, want generation 2 live alone", gs)
+	}
+	var n int
+	if err := c.db.Pool.QueryRow(ctx, `SELECT count(*) FROM items`).Scan(&n); err != nil || n != 10 {
+		t.Errorf("items after the drop: %d rows (%v), want the live generation's 10", n, err)
 	}
 }

@@ -1,8 +1,11 @@
 package main
 
 import (
+	"encoding/json"
 	"errors"
 	"fmt"
+	"net"
+	"net/http"
 	"slices"
 	"strings"
 	"sync"
@@ -308,4 +311,63 @@ func TestAutoRebuildFromTwoReplicas(t *testing.T) {
 		t.Errorf("auto-rebuilt projection: %v", err)
 	}
 	stopChildren(t, cs[0], cs[1])
+}
+
+// TestAdminAPIThroughRun starts, reads and cancels a rebuild over the
+// admin API of a running replica (--admin-api): 202 with the operation's
+// Location, 409 naming it for a second start, its state as it runs, and
+// the cancel.
+func TestAdminAPIThroughRun(t *testing.T) {
+	opts := demo.DefaultOptions()
+	opts.Aggregates, opts.Seed = 300, 16
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	addr := ln.Addr().String()
+	ln.Close()
+	rs := newRebuildStream(t, opts, 2, "--admin-api", "--http-addr", addr, "--rebuild-rate", "100")
+	rs.produce(t, rs.records)
+	a := startChild(t, rs.args...)
+	rs.caughtUp(t, rs.identity, a)
+	base := "http://" + addr
+
+	do := func(method, path string, body string) (int, http.Header, map[string]any) {
+		t.Helper()
+		req, err := http.NewRequestWithContext(t.Context(), method, base+path, strings.NewReader(body))
+		if err != nil {
+			t.Fatal(err)
+		}
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer resp.Body.Close()
+		var out map[string]any
+		if err := json.NewDecoder(resp.Body).Decode(&out); err != nil {
+			t.Fatalf("%s %s: %d, not JSON: %v", method, path, resp.StatusCode, err)
+		}
+		return resp.StatusCode, resp.Header, out
+	}
+	code, h, op := do("POST", "/admin/v1/projections/accounts/rebuilds", "")
+	if code != http.StatusAccepted || op["state"] != "accepted" || h.Get("Location") != "/admin/v1/operations/"+op["operation_id"].(string) {
+		t.Fatalf("start: %d %v Location %q", code, op, h.Get("Location"))
+	}
+	id := op["operation_id"].(string)
+	code, _, body := do("POST", "/admin/v1/projections/accounts/rebuilds", "")
+	if code != http.StatusConflict || !strings.Contains(fmt.Sprint(body), id) {
+		t.Errorf("a second start: %d %v, want 409 naming %s", code, body, id)
+	}
+	testenv.WaitFor(t, time.Minute, func() error {
+		code, _, op := do("GET", "/admin/v1/operations/"+id, "")
+		if code != http.StatusOK || op["state"] != "running" || op["records_remaining"] == nil {
+			return fmt.Errorf("operation: %d %v, want running with its progress", code, op)
+		}
+		return nil
+	})
+	code, _, op = do("DELETE", "/admin/v1/operations/"+id, "")
+	if code != http.StatusOK || op["state"] != "cancelled" {
+		t.Errorf("cancel: %d %v", code, op)
+	}
+	stopChildren(t, a)
 }
