@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"net"
 	"net/http"
+	"os"
 	"slices"
 	"strings"
 	"sync"
@@ -370,4 +371,78 @@ func TestAdminAPIThroughRun(t *testing.T) {
 		t.Errorf("cancel: %d %v", code, op)
 	}
 	stopChildren(t, a)
+}
+
+// TestRebuildOneOfTwoProjectionsOfATopic rebuilds the fold projection of
+// a topic that also feeds a snapshot projection, under live traffic: the
+// deployment's engine, which ran both as lanes of one worker, goes on with
+// the snapshot alone after the cutover, and both tables equal their
+// reference folds, each projection's dead letters and parked events held
+// once.
+func TestRebuildOneOfTwoProjectionsOfATopic(t *testing.T) {
+	ctx := t.Context()
+	opts := demo.DefaultOptions()
+	opts.Aggregates, opts.Seed, opts.TombstoneEvery = 1500, 17, 4
+	_, snapshot, ok := strings.Cut(string(demo.SnapshotProjections), "projections:\n")
+	if !ok {
+		t.Fatal("test bug: the snapshot file has no projections list")
+	}
+	rs := newRebuildStream(t, opts, 3)
+	for _, path := range []string{rs.config, rs.newFile} {
+		b, err := os.ReadFile(path)
+		if err != nil {
+			t.Fatal(err)
+		}
+		b = append(b, strings.ReplaceAll(snapshot, "topic: "+demo.Topic, "topic: "+rs.topic)...)
+		if err := os.WriteFile(path, b, 0o600); err != nil {
+			t.Fatal(err)
+		}
+	}
+	half := len(rs.records) / 2
+	rs.produce(t, rs.records[:half])
+	a, b := startChild(t, rs.args...), startChild(t, rs.args...)
+	rs.caughtUp(t, rs.identity, a, b)
+	def := definitionOf(t, rs.newFile, "accounts")
+	op := rs.start(t, rebuild.Request{Definition: &def})
+	produced := make(chan struct{})
+	go func() {
+		defer close(produced)
+		rest := rs.records[half:]
+		for len(rest) > 0 && ctx.Err() == nil {
+			n := min(len(rest), 300)
+			if err := demo.Produce(ctx, rs.prod, rs.enc, rest[:n], nil); err != nil {
+				t.Error(err)
+				return
+			}
+			rest = rest[n:]
+			time.Sleep(20 * time.Millisecond) // a steady trickle, not a test wait
+		}
+	}()
+	rs.waitOperation(t, op.ID, 3*time.Minute, rebuild.StateCompleted, a, b)
+	<-produced
+	rs.caughtUp(t, rebuild.GroupID(rs.identity, "accounts", 2), a, b)
+	rs.caughtUp(t, rs.identity, a, b)
+
+	exp := demo.Fold(rs.records)
+	if err := verifyDeposits(ctx, rs.db.Pool, demo.Table, exp); err != nil {
+		t.Errorf("the rebuilt fold projection: %v", err)
+	}
+	if err := demo.VerifySnapshots(ctx, rs.db.Pool, exp); err != nil {
+		t.Errorf("the snapshot projection, which stayed at generation 1: %v", err)
+	}
+	for _, c := range []struct{ identity, projection string }{
+		{rebuild.GroupID(rs.identity, "accounts", 2), "accounts"},
+		{rs.identity, demo.SnapshotTable},
+	} {
+		var dead, parked int
+		if err := rs.db.Pool.QueryRow(ctx, `SELECT
+			(SELECT count(*) FROM projector_dead_letters WHERE identity = $1 AND projection = $2),
+			(SELECT count(*) FROM projector_parked WHERE identity = $1 AND projection = $2)`, c.identity, c.projection).Scan(&dead, &parked); err != nil {
+			t.Fatal(err)
+		}
+		if dead != exp.Poison || parked != exp.Parked {
+			t.Errorf("%s of %s: %d dead letters and %d parked events, want %d and %d", c.projection, c.identity, dead, parked, exp.Poison, exp.Parked)
+		}
+	}
+	stopChildren(t, a, b)
 }
