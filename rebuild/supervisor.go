@@ -209,9 +209,22 @@ func (s *Supervisor) Run(ctx context.Context) error {
 }
 
 func (s *Supervisor) run(ctx context.Context) error {
-	live, err := s.cfg.Store.Ensure(ctx, s.cfg.Identity, s.cfg.Projections)
-	if err != nil {
-		return err
+	var live map[string]Generation
+	for {
+		var err error
+		live, err = s.cfg.Store.Ensure(ctx, s.cfg.Identity, s.cfg.Projections)
+		if err == nil {
+			break
+		}
+		if errors.Is(err, projection.ErrNoDefinition) {
+			return err
+		}
+		s.cfg.Logger.Warn("could not record the projections' generations; trying again", "err", err)
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-time.After(s.cfg.Poll):
+		}
 	}
 	for _, p := range s.cfg.Projections {
 		g, ok := live[p.Name]
@@ -425,14 +438,18 @@ func (s *Supervisor) converge(ctx context.Context, specs []EngineSpec) error {
 		}
 		e, err := s.cfg.NewEngine(sp)
 		if err != nil {
-			if sp.Rebuild {
-				s.cfg.Logger.Error("could not build the engine of a generation being built; trying again", "group", sp.Group, "err", err)
-				s.mu.Lock()
-				s.failed[k] = time.Now().Add(10 * s.cfg.Poll)
-				s.mu.Unlock()
-				continue
+			// Building one reads Postgres and the registry, which may be
+			// restarting: try again rather than end the replica, which
+			// stays unready meanwhile.
+			pause := 10 * s.cfg.Poll
+			if !sp.Rebuild {
+				pause = min(pause, 2*time.Second)
 			}
-			return fmt.Errorf("engine of %s: %w", sp.Group, err)
+			s.cfg.Logger.Error("could not build an engine; trying again", "group", sp.Group, "generation", sp.Generation, "rebuild", sp.Rebuild, "in", pause, "err", err)
+			s.mu.Lock()
+			s.failed[k] = time.Now().Add(pause)
+			s.mu.Unlock()
+			continue
 		}
 		rctx, cancel := context.WithCancel(context.WithoutCancel(ctx))
 		r := &runningEngine{spec: sp, e: e, cancel: cancel, done: make(chan struct{})}

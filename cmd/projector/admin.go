@@ -61,9 +61,13 @@ func migrateCommand(stdout, stderr io.Writer) *ffcli.Command {
 			fmt.Fprintf(stdout, "migrating PostgreSQL at %s\n", target)
 			// A rebuilt projection's table name is a view of its live
 			// generation's table, which is the one to migrate.
-			live, err := liveProjections(sctx, rebuild.NewStore(pool), c.identity, projs)
-			if err != nil {
+			var live []*projection.Projection
+			err = su.do(sctx, "read generations", func(ctx context.Context) error {
+				live, err = liveProjections(ctx, rebuild.NewStore(pool), c.identity, projs)
 				return err
+			})
+			if err != nil {
+				return fmt.Errorf("PostgreSQL at %s: %w", target, err)
 			}
 			if err := migrate(sctx, su, pool, target, live); err != nil {
 				return err

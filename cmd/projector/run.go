@@ -224,7 +224,11 @@ func (f *runFlags) runOn(ctx context.Context, stderr io.Writer, env engineEnv) e
 		// What runs is each projection as its live generation defines
 		// it: a file that defines one otherwise starts no migration, it
 		// asks for a rebuild.
-		live, err := liveProjections(sctx, store, f.identity, projs)
+		var live []*projection.Projection
+		err = su.do(sctx, "read generations", func(ctx context.Context) error {
+			live, err = liveProjections(ctx, store, f.identity, projs)
+			return err
+		})
 		if err != nil {
 			if ctx.Err() != nil {
 				return nil
@@ -245,7 +249,7 @@ func (f *runFlags) runOn(ctx context.Context, stderr io.Writer, env engineEnv) e
 			}
 			return err
 		}
-		if err := rebuild.Migrate(sctx, pool); err != nil {
+		if err := su.do(sctx, "migrate", func(ctx context.Context) error { return rebuild.Migrate(ctx, pool) }); err != nil {
 			if ctx.Err() != nil {
 				return nil
 			}
