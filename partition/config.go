@@ -201,4 +201,6 @@ type Throttle interface {
 	// at most Burst.
 	WaitN(ctx context.Context, n int) error
 	Burst() int
+	// Tokens is how many records may be applied now without waiting.
+	Tokens() float64
 }

@@ -146,3 +146,16 @@ func (w *Worker) throttle(ctx context.Context, n int) error {
 	}
 	return nil
 }
+
+// throttled reports whether the throttle would hold up another full
+// batch: a window then commits what it has rather than wait with its
+// transaction's rows unwritten, so that a throttled partition still
+// commits (and is not taken for stalled).
+func (w *Worker) throttled() bool {
+	t := w.cfg.Throttle
+	if t == nil {
+		return false
+	}
+	batchMax, _ := w.limits()
+	return t.Tokens() < float64(batchMax)
+}

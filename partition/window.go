@@ -150,7 +150,7 @@ func (w *Worker) processWindow(ctx context.Context, recs []*kgo.Record) (err err
 		if err != nil {
 			return err
 		}
-		if w.windowFull(wins) || w.stopping() {
+		if w.windowFull(wins) || w.stopping() || w.throttled() {
 			break
 		}
 		if recs = w.more(ctx, win); recs == nil {

@@ -29,6 +29,17 @@ func (c *countingThrottle) WaitN(_ context.Context, n int) error {
 
 func (c *countingThrottle) Burst() int { return 100 }
 
+// Tokens alternates plenty and none, so that windows both grow and end
+// early.
+func (c *countingThrottle) Tokens() float64 {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.records%2 == 0 {
+		return 1e9
+	}
+	return 0
+}
+
 // TestThrottleSeesEveryRecord runs a member far behind (its batches
 // commit several together) with a throttle: every record it applies was
 // asked of the throttle first, in requests within its burst, and the
