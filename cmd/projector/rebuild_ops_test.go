@@ -92,6 +92,20 @@ func TestRebuildSurvivesKillOfEveryReplica(t *testing.T) {
 		t.Fatalf("generation 2 finished before the kill; the test did not kill mid-rebuild")
 	}
 	t.Logf("killed both replicas with generation 2 at %d of %d records", before, total)
+	// Restarted once the group has let the killed members go (their
+	// session timeout), as a restarted fleet finds it.
+	testenv.WaitFor(t, time.Minute, func() error {
+		groups, err := rs.adm.DescribeGroups(t.Context(), group, rs.identity)
+		if err != nil {
+			return err
+		}
+		for _, g := range groups {
+			if len(g.Members) > 0 {
+				return fmt.Errorf("group %s still has %d members", g.Group, len(g.Members))
+			}
+		}
+		return nil
+	})
 
 	a, b = startChild(t, slices.Replace(slices.Clone(rs.args), slices.Index(rs.args, "1500"), slices.Index(rs.args, "1500")+1, "0")...), startChild(t, rs.args...)
 	// From its stored offsets: never below where it was killed.
@@ -101,7 +115,7 @@ func TestRebuildSurvivesKillOfEveryReplica(t *testing.T) {
 			t.Fatalf("generation 2 went back from %d to %d committed records: it started over", before, n)
 		}
 		if n == before {
-			return fmt.Errorf("generation 2 has not moved on from %d", before)
+			return fmt.Errorf("generation 2 has not moved on from %d\n%s\n%s", before, tail(a.stderr.String(), 3000), tail(b.stderr.String(), 3000))
 		}
 		return nil
 	})
