@@ -180,6 +180,11 @@ func (g *generationEngines) build(ctx context.Context, sp rebuild.EngineSpec) (r
 	f.identity = sp.Group
 	if sp.Rebuild {
 		f.startFrom = projector.StartEarliest
+		// A rebuild dead-letters the history's poison records again:
+		// their copies stay in Postgres, under the new generation's
+		// identity, rather than reach the dead-letter topic's readers a
+		// second time. Once live, its new ones are published.
+		f.dlqTopic = ""
 		if sp.Limiter != nil {
 			f.throttle = sp.Limiter
 		}

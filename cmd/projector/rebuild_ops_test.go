@@ -460,3 +460,66 @@ func TestRebuildOneOfTwoProjectionsOfATopic(t *testing.T) {
 	}
 	stopChildren(t, a, b)
 }
+
+// TestRebuildDoesNotRepublishDeadLetters rebuilds a projection whose
+// replica publishes dead letters to a topic: the rebuild dead-letters the
+// history's poison records again, under its own identity, but the topic
+// keeps one copy of each.
+func TestRebuildDoesNotRepublishDeadLetters(t *testing.T) {
+	ctx := t.Context()
+	opts := demo.DefaultOptions()
+	opts.Aggregates, opts.Seed = 500, 18
+	// A name of the test's own: tests sharing a real cluster never meet.
+	dlq := fmt.Sprintf("dead.%x", time.Now().UnixNano())
+	rs := newRebuildStream(t, opts, 2, "--dlq-topic", dlq)
+	rs.cluster.CreateTopic(dlq, 1, nil)
+	rs.produce(t, rs.records)
+	exp := demo.Fold(rs.records)
+	if exp.Poison == 0 {
+		t.Fatal("test bug: the stream has no poison records")
+	}
+	a := startChild(t, rs.args...)
+	rs.caughtUp(t, rs.identity, a)
+	published := func() (int64, error) {
+		ends, err := rs.adm.ListEndOffsets(ctx, dlq)
+		if err != nil {
+			return 0, err
+		}
+		o, _ := ends.Lookup(dlq, 0)
+		return o.Offset, o.Err
+	}
+	settled := func() error {
+		var queued int
+		if err := rs.db.Pool.QueryRow(ctx, `SELECT count(*) FROM projector_dlq_outbox`).Scan(&queued); err != nil {
+			return err
+		}
+		n, err := published()
+		if err != nil {
+			return err
+		}
+		if queued > 0 || n < int64(exp.Poison) {
+			return fmt.Errorf("%d dead letters queued, %d published of %d", queued, n, exp.Poison)
+		}
+		return nil
+	}
+	testenv.WaitFor(t, time.Minute, settled)
+	def := definitionOf(t, rs.newFile, "accounts")
+	op := rs.start(t, rebuild.Request{Definition: &def})
+	rs.waitOperation(t, op.ID, 2*time.Minute, rebuild.StateCompleted, a)
+	group := rebuild.GroupID(rs.identity, "accounts", 2)
+	rs.caughtUp(t, group, a)
+	testenv.WaitFor(t, time.Minute, settled)
+	var dead int
+	if err := rs.db.Pool.QueryRow(ctx, `SELECT count(*) FROM projector_dead_letters WHERE identity = $1`, group).Scan(&dead); err != nil {
+		t.Fatal(err)
+	}
+	n, err := published()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if dead != exp.Poison || n != int64(exp.Poison) {
+		t.Errorf("generation 2 holds %d dead letters (want %d) and the topic %d (want %d: one copy of each)", dead, exp.Poison, n, exp.Poison)
+	}
+	stopChildren(t, a)
+}
+
