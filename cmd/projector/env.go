@@ -65,6 +65,7 @@ var ownEnv = map[string][]string{
 	"tombstones forget": {"projection", "key"},
 	"rebuild start":     {"config"},
 	"rebuild cleanup":   {"projection"},
+	"version":           {"json"},
 }
 
 // commandLineOnly are the flags that confirm a destructive action, with

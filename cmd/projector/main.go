@@ -80,6 +80,7 @@ func rootCommand(stdout, stderr io.Writer) *ffcli.Command {
 			tombstonesCommand(stdout, stderr),
 			rebuildCommand(stdout, stderr),
 			relayCommand(stdout, stderr),
+			versionCommand(stdout, stderr),
 			benchMovedCommand(),
 		},
 		Exec: func(context.Context, []string) error { return flag.ErrHelp },

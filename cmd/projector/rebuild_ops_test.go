@@ -522,4 +522,3 @@ func TestRebuildDoesNotRepublishDeadLetters(t *testing.T) {
 	}
 	stopChildren(t, a)
 }
-
