@@ -33,6 +33,7 @@ var takesArgs = map[string]bool{
 	"projector rebuild status": true,
 	"projector rebuild cancel": true,
 	"projector help":           true,
+	"projector config print":   true,
 }
 
 // zeroDurations lists the duration flags whose zero or negative value has

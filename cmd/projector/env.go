@@ -66,6 +66,7 @@ var ownEnv = map[string][]string{
 	"rebuild start":     {"config"},
 	"rebuild cleanup":   {"projection"},
 	"version":           {"json"},
+	"config print":      {"json"},
 }
 
 // commandLineOnly are the flags that confirm a destructive action, with

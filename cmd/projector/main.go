@@ -81,6 +81,7 @@ func rootCommand(stdout, stderr io.Writer) *ffcli.Command {
 			rebuildCommand(stdout, stderr),
 			relayCommand(stdout, stderr),
 			versionCommand(stdout, stderr),
+			configCommand(stdout, stderr),
 			benchMovedCommand(),
 		},
 		Exec: func(context.Context, []string) error { return flag.ErrHelp },
