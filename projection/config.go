@@ -50,6 +50,10 @@ type Spec struct {
 	// kept, e.g. 7d or 72h, or off to keep it forever (see
 	// Projection.TombstoneRetention).
 	TombstoneRetention string `yaml:"tombstone_retention"`
+
+	// withoutRepair lets on_gap repair compile without a repair source:
+	// a stored definition leaves it to the deployment's file.
+	withoutRepair bool
 }
 
 // RepairDef is the repair source in the YAML file: exactly one of HTTP
@@ -325,6 +329,9 @@ func (s Spec) compileRepair(p *Projection) error {
 		return nil
 	}
 	r := s.Repair
+	if r == nil && s.withoutRepair {
+		return nil // a stored definition checked on its own (see Definition.Compile)
+	}
 	if r == nil || (r.HTTP == nil) == (r.SQL == nil) {
 		return errors.New("on_gap repair needs repair: with exactly one of http: {url} or sql: {database_url, query}")
 	}

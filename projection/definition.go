@@ -60,7 +60,9 @@ func (d Definition) Equal(o Definition) bool {
 
 // Compile builds the projection d defines. How it runs (gap timeout,
 // repair source, fillfactor, tombstone retention) comes from run, the
-// projection of the same name in the deployment's file, when given.
+// projection of the same name in the deployment's file. With run nil the
+// defaults apply and a projection whose gaps are repaired has no repair
+// source: good for checking the definition, not for running it.
 func (d Definition) Compile(run *Projection) (*Projection, error) {
 	var f File
 	dec := yaml.NewDecoder(bytes.NewReader(d.YAML))
@@ -74,6 +76,8 @@ func (d Definition) Compile(run *Projection) (*Projection, error) {
 	s := f.Projections[0]
 	if run != nil && run.spec != nil {
 		s.GapTimeout, s.Repair, s.Fillfactor, s.TombstoneRetention = run.spec.GapTimeout, run.spec.Repair, run.spec.Fillfactor, run.spec.TombstoneRetention
+	} else {
+		s.withoutRepair = true
 	}
 	s.Schema = ""
 	p, err := s.compile("")

@@ -389,13 +389,13 @@ func (s *Store) Start(ctx context.Context, r Request) (Operation, error) {
 			def = *r.Definition
 		}
 		p, err := def.Compile(nil)
-		if err != nil && !strings.Contains(err.Error(), "repair") {
+		if err != nil {
 			return errorf(CodeBadDefinition, "projection %s: the new definition: %v", r.Projection, err)
 		}
-		if p != nil && p.Name != r.Projection {
+		if p.Name != r.Projection {
 			return errorf(CodeBadDefinition, "the definition is of projection %s, not %s: a rebuild keeps the projection's name", p.Name, r.Projection)
 		}
-		if p != nil && p.Table != live.Table {
+		if p.Table != live.Table {
 			return errorf(CodeBadDefinition, "projection %s: the definition names table %s, the live generation %s: a rebuild keeps the table name readers use (rename it in a new projection instead)", r.Projection, p.Table, live.Table)
 		}
 		n := last + 1
