@@ -11,17 +11,18 @@ import (
 // cleanup removes what operations that ended without cutting over left
 // (the new generation's table and identity; a rollback's table goes back
 // to its retired name), and drops retired generations past their
-// retention.
-func (s *Supervisor) cleanup(ctx context.Context) {
+// retention. It reports whether there was any to look at.
+func (s *Supervisor) cleanup(ctx context.Context) (found bool) {
 	rows, err := s.cfg.Store.pool.Query(ctx, `SELECT `+opColumns+` FROM projector_rebuilds
 		WHERE identity = $1 AND state IN ('failed', 'cancelled') AND cleaned_at IS NULL`, s.cfg.Identity)
 	if err != nil {
-		return
+		return false
 	}
 	ops, err := pgx.CollectRows(rows, scanOperation)
 	if err != nil {
-		return
+		return false
 	}
+	found = len(ops) > 0
 	for _, op := range ops {
 		err := s.clean(ctx, op)
 		switch {
@@ -35,8 +36,9 @@ func (s *Supervisor) cleanup(ctx context.Context) {
 	}
 	gs, err := s.cfg.Store.expired(ctx, s.cfg.Identity)
 	if err != nil {
-		return
+		return found
 	}
+	found = found || len(gs) > 0
 	for _, g := range gs {
 		if err := s.cfg.Store.Drop(ctx, g, s.cfg.Admin); err != nil && ctx.Err() == nil {
 			s.cfg.Logger.Warn("could not drop a retired generation; trying again", "projection", g.Projection, "generation", g.N, "err", err)
@@ -44,6 +46,7 @@ func (s *Supervisor) cleanup(ctx context.Context) {
 		}
 		s.cfg.Logger.Info("dropped a retired generation past its retention", "projection", g.Projection, "generation", g.N, "table", retiredName(g.PhysicalTable))
 	}
+	return found
 }
 
 func (s *Supervisor) clean(ctx context.Context, op Operation) error {
@@ -67,8 +70,7 @@ func (s *Supervisor) clean(ctx context.Context, op Operation) error {
 		case g != nil && op.Kind == KindRollback && g.State == Retired:
 			// Back to its retired name; its engines, wherever they
 			// still run, are fenced.
-			if _, err := tx.Exec(ctx, `DO $$ BEGIN IF to_regclass(`+literal(g.PhysicalTable)+`) IS NOT NULL THEN
-				ALTER TABLE `+quoteTable(g.PhysicalTable)+` RENAME TO `+quoteIdent(lastPart(retiredName(g.PhysicalTable)))+`; END IF; END $$`); err != nil {
+			if err := renameIfExists(ctx, tx, g.PhysicalTable, retiredName(g.PhysicalTable)); err != nil {
 				return err
 			}
 			if _, err := tx.Exec(ctx, `UPDATE projector_offsets SET owner_epoch = owner_epoch + 1 WHERE identity = $1`, g.GroupID); err != nil {

@@ -244,6 +244,23 @@ func (s *Store) holder(ctx context.Context, name string) string {
 	return fmt.Sprintf("waiting for a lock on %s: %s holds it, in a transaction open for %.0fs (%s); trying again", name, who, secs, state)
 }
 
+// renameIfExists renames the table from to to's last part (a table keeps
+// its schema), when from exists: a step tried again after it landed finds
+// nothing to do.
+func renameIfExists(ctx context.Context, tx pgx.Tx, from, to string) error {
+	var exists bool
+	if err := tx.QueryRow(ctx, `SELECT to_regclass($1) IS NOT NULL`, from).Scan(&exists); err != nil {
+		return fmt.Errorf("look up %s: %w", from, err)
+	}
+	if !exists {
+		return nil
+	}
+	if _, err := tx.Exec(ctx, `ALTER TABLE `+quoteTable(from)+` RENAME TO `+quoteIdent(lastPart(to))); err != nil {
+		return fmt.Errorf("rename %s to %s: %w", from, to, err)
+	}
+	return nil
+}
+
 func quoteTable(name string) string { return pgx.Identifier(strings.Split(name, ".")).Sanitize() }
 
 func quoteIdent(s string) string { return pgx.Identifier{s}.Sanitize() }

@@ -46,24 +46,29 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 	return m
 }
 
-func (m *Metrics) progress(op Operation, pos position, cur progressSample) {
+// operations sets the progress series of the operations in flight from
+// what their rows hold (the replica holding each one's row stores it).
+func (m *Metrics) operations(ops []Operation) {
 	if m == nil {
 		return
 	}
-	l := prometheus.Labels{"projection": op.Projection, "generation": strconv.Itoa(op.Generation)}
-	if total := pos.done + pos.remaining; total > 0 {
-		m.ratio.With(l).Set(float64(pos.done) / float64(total))
-	} else {
-		m.ratio.With(l).Set(1)
-	}
-	m.remaining.With(l).Set(float64(pos.remaining))
-	switch net := cur.rate - cur.arr; {
-	case pos.remaining == 0:
-		m.eta.With(l).Set(0)
-	case net > 0:
-		m.eta.With(l).Set(float64(pos.remaining) / net)
-	default:
-		m.eta.With(l).Set(math.Inf(1))
+	for _, op := range ops {
+		if op.RecordsRemaining == nil {
+			continue
+		}
+		l := prometheus.Labels{"projection": op.Projection, "generation": strconv.Itoa(op.Generation)}
+		remaining := *op.RecordsRemaining
+		if total := op.RecordsDone + remaining; total > 0 {
+			m.ratio.With(l).Set(float64(op.RecordsDone) / float64(total))
+		} else {
+			m.ratio.With(l).Set(1)
+		}
+		m.remaining.With(l).Set(float64(remaining))
+		if op.ETASeconds != nil {
+			m.eta.With(l).Set(*op.ETASeconds)
+		} else {
+			m.eta.With(l).Set(math.Inf(1))
+		}
 	}
 }
 

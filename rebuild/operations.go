@@ -85,8 +85,7 @@ func (s *Supervisor) begin(ctx context.Context, op Operation, gs []Generation) e
 			return s.fail(ctx, tx, op, errorf(CodeBadDefinition, "%v", err))
 		}
 		if op.Kind == KindRollback {
-			if _, err := tx.Exec(ctx, `DO $$ BEGIN IF to_regclass(`+literal(retiredName(target.PhysicalTable))+`) IS NOT NULL THEN
-				ALTER TABLE `+quoteTable(retiredName(target.PhysicalTable))+` RENAME TO `+quoteIdent(lastPart(target.PhysicalTable))+`; END IF; END $$`); err != nil {
+			if err := renameIfExists(ctx, tx, retiredName(target.PhysicalTable), target.PhysicalTable); err != nil {
 				return fmt.Errorf("bring back %s: %w", target.PhysicalTable, err)
 			}
 			if _, err := tx.Exec(ctx, `UPDATE projector_generations SET state = 'building', retain_until = NULL
@@ -198,7 +197,6 @@ type progressSample struct {
 	at        time.Time
 	done, end int64
 	rate, arr float64
-	seen      bool
 }
 
 // position is where a generation stands on its topic.
@@ -250,34 +248,24 @@ func (s *Supervisor) progress(ctx context.Context, op Operation, gs []Generation
 	if err != nil {
 		return err
 	}
-	pos, err := s.position(ctx, g, p.Topic)
-	if err != nil {
-		return err
-	}
-	now := time.Now()
-	s.mu.Lock()
-	prev := s.samples[op.ID]
-	cur := progressSample{at: now, done: pos.done, end: pos.end, seen: true, rate: prev.rate, arr: prev.arr}
-	if prev.seen {
-		if dt := now.Sub(prev.at).Seconds(); dt > 0 {
-			cur.rate = smooth(prev.rate, float64(pos.done-prev.done)/dt)
-			cur.arr = smooth(prev.arr, float64(pos.end-prev.end)/dt)
-		}
-	}
-	s.samples[op.ID] = cur
-	s.mu.Unlock()
-	s.cfg.Metrics.progress(op, pos, cur)
-	caughtUp := pos.missing == 0 && cur.seen
-	for _, b := range pos.behind {
-		if b > s.cfg.CutoverLag {
-			caughtUp = false
-		}
-	}
-	if caughtUp && pos.remaining > 0 && (cur.rate <= 0 || time.Duration(float64(pos.remaining)/cur.rate*float64(time.Second)) > s.cfg.CutoverSeconds) {
-		caughtUp = false
-	}
+	// Only the replica holding the operation's row reads the position:
+	// the others read what it stored.
 	moved := false
 	err = s.locked(ctx, op, StateRunning, func(tx pgx.Tx) error {
+		pos, err := s.position(ctx, g, p.Topic)
+		if err != nil {
+			return err
+		}
+		cur := s.sample(op.ID, pos)
+		caughtUp := pos.missing == 0
+		for _, b := range pos.behind {
+			if b > s.cfg.CutoverLag {
+				caughtUp = false
+			}
+		}
+		if caughtUp && pos.remaining > 0 && (cur.rate <= 0 || time.Duration(float64(pos.remaining)/cur.rate*float64(time.Second)) > s.cfg.CutoverSeconds) {
+			caughtUp = false
+		}
 		if _, err := tx.Exec(ctx, `UPDATE projector_rebuilds SET records_done = $2, records_remaining = $3, rate = $4, arrival_rate = $5, updated_at = now()
 			WHERE id = $1`, op.ID, pos.done, pos.remaining, cur.rate, cur.arr); err != nil {
 			return err
@@ -303,6 +291,24 @@ func (s *Supervisor) progress(ctx context.Context, op Operation, gs []Generation
 	return s.cutover(ctx, op, gs)
 }
 
+// sample records pos as this replica's latest view of operation id and
+// returns it with the rates since the one before.
+func (s *Supervisor) sample(id string, pos position) progressSample {
+	now := time.Now()
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	prev, ok := s.samples[id]
+	cur := progressSample{at: now, done: pos.done, end: pos.end, rate: prev.rate, arr: prev.arr}
+	if ok {
+		if dt := now.Sub(prev.at).Seconds(); dt > 0 {
+			cur.rate = smooth(prev.rate, float64(pos.done-prev.done)/dt)
+			cur.arr = smooth(prev.arr, float64(pos.end-prev.end)/dt)
+		}
+	}
+	s.samples[id] = cur
+	return cur
+}
+
 func smooth(prev, cur float64) float64 {
 	if prev == 0 {
 		return cur
@@ -323,12 +329,6 @@ func (s *Supervisor) cutover(ctx context.Context, op Operation, gs []Generation)
 	p, err := g.compile(s.file[op.Projection])
 	if err != nil {
 		return err
-	}
-	if pos, err := s.position(ctx, g, p.Topic); err == nil {
-		s.mu.Lock()
-		cur := s.samples[op.ID]
-		s.mu.Unlock()
-		s.cfg.Metrics.progress(op, pos, cur)
 	}
 	retain := time.Duration(op.RetainSeconds) * time.Second
 	if retain <= 0 {
@@ -356,6 +356,3 @@ func (s *Supervisor) waiting(ctx context.Context, op Operation, why string) {
 		s.cfg.Logger.Warn("could not record why the cutover waits", "operation_id", op.ID, "err", err)
 	}
 }
-
-// literal quotes s as an SQL string literal.
-func literal(s string) string { return "'" + strings.ReplaceAll(s, "'", "''") + "'" }

@@ -333,6 +333,10 @@ func physicalName(table string, n int) string { return fmt.Sprintf("%s__g%d", ta
 
 func retiredName(physical string) string { return physical + "_retired" }
 
+// RetiredTable is the table a retired generation's rows are kept in until
+// it is dropped.
+func (g Generation) RetiredTable() string { return retiredName(g.PhysicalTable) }
+
 // GroupID is the consumer identity of generation n (n ≥ 2) of a
 // projection.
 func GroupID(identity, projectionName string, n int) string {

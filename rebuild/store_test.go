@@ -2,8 +2,12 @@ package rebuild
 
 import (
 	"errors"
+	"math"
 	"strings"
 	"testing"
+
+	"github.com/prometheus/client_golang/prometheus"
+	dto "github.com/prometheus/client_model/go"
 
 	"github.com/projector-dev/projector/internal/testenv"
 	"github.com/projector-dev/projector/projection"
@@ -40,4 +44,44 @@ func TestStartChecksARepairedDefinition(t *testing.T) {
 	if err != nil || op.State != StateAccepted {
 		t.Fatalf("a repaired definition of the same table: %+v, %v", op, err)
 	}
+}
+
+// TestProgressMetricsFromTheOperation sets the progress series from an
+// operation's stored progress, as every replica does: 300 done and 100 to
+// go at 50 a second with 10 arriving is 75% done, 2.5s away; arrivals as
+// fast as the rebuild never converge.
+func TestProgressMetricsFromTheOperation(t *testing.T) {
+	reg := prometheus.NewRegistry()
+	m := NewMetrics(reg)
+	remaining, rate, arrivals := int64(100), 50.0, 10.0
+	op := Operation{ID: "x", Projection: "items", Generation: 2, State: StateRunning,
+		RecordsDone: 300, RecordsRemaining: &remaining, Rate: &rate, ArrivalRate: &arrivals}
+	op.fillETA()
+	m.operations([]Operation{op})
+	l := prometheus.Labels{"projection": "items", "generation": "2"}
+	if got := gauge(t, m.ratio.With(l)); got != 0.75 {
+		t.Errorf("progress ratio %v, want 0.75", got)
+	}
+	if got := gauge(t, m.remaining.With(l)); got != 100 {
+		t.Errorf("records remaining %v, want 100", got)
+	}
+	if got := gauge(t, m.eta.With(l)); got != 2.5 {
+		t.Errorf("eta %v, want 2.5", got)
+	}
+	arrivals = 50
+	op.ETASeconds, op.Converging = nil, nil
+	op.fillETA()
+	m.operations([]Operation{op})
+	if got := gauge(t, m.eta.With(l)); !math.IsInf(got, 1) || *op.Converging {
+		t.Errorf("eta %v (converging %v) with arrivals as fast as the rebuild, want +Inf, not converging", got, *op.Converging)
+	}
+}
+
+func gauge(t *testing.T, g prometheus.Gauge) float64 {
+	t.Helper()
+	var m dto.Metric
+	if err := g.Write(&m); err != nil {
+		t.Fatal(err)
+	}
+	return m.GetGauge().GetValue()
 }

@@ -306,24 +306,40 @@ func (s *Supervisor) step(ctx context.Context) (active bool, err error) {
 	for _, op := range ops {
 		s.drive(ctx, op, gs)
 	}
-	s.cleanup(ctx)
+	cleaned := s.cleanup(ctx)
 	if ctx.Err() != nil {
 		return false, nil
 	}
-	// Read again: the operations may have changed them.
-	if gs, err = s.cfg.Store.Generations(ctx, s.cfg.Identity); err != nil {
-		return false, nil
+	if len(ops) > 0 || cleaned {
+		// Read again: the operations may have changed them.
+		if gs, err = s.cfg.Store.Generations(ctx, s.cfg.Identity); err != nil {
+			return false, nil
+		}
+		if ops, err = s.cfg.Store.Operations(ctx, s.cfg.Identity, true); err != nil {
+			return false, nil
+		}
 	}
-	if ops, err = s.cfg.Store.Operations(ctx, s.cfg.Identity, true); err != nil {
-		return false, nil
-	}
+	s.forgetSamples(ops)
 	s.cfg.Metrics.generations(gs)
+	s.cfg.Metrics.operations(ops)
 	specs, err := s.wanted(gs, ops)
 	if err != nil {
 		s.cfg.Logger.Error("could not compile a generation's definition", "err", err)
 		return false, nil
 	}
 	return len(ops) > 0, s.converge(ctx, specs)
+}
+
+// forgetSamples drops the progress samples of operations no longer in
+// flight.
+func (s *Supervisor) forgetSamples(ops []Operation) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for id := range s.samples {
+		if !slices.ContainsFunc(ops, func(op Operation) bool { return op.ID == id }) {
+			delete(s.samples, id)
+		}
+	}
 }
 
 // wanted returns the engines this replica should run.
