@@ -30,14 +30,12 @@ const rebuildFile = `projections:
       owner: {type: text}
 `
 
-// TestRebuildCommands drives the rebuild commands against a database
-// where no replica runs: a start stays accepted, a second one is refused
-// naming it, status and list show it, cancel ends it, and rollback and
-// cleanup say why there is nothing for them to do.
-func TestRebuildCommands(t *testing.T) {
-	ctx := t.Context()
+// rebuildFixture is a fresh identity whose projection accounts is at
+// generation 1, with no replica running.
+func rebuildFixture(t *testing.T) (*testenv.DB, *rebuild.Store, string) {
+	t.Helper()
 	db := testenv.NewDB(t)
-	if err := rebuild.Migrate(ctx, db.Pool); err != nil {
+	if err := rebuild.Migrate(t.Context(), db.Pool); err != nil {
 		t.Fatal(err)
 	}
 	projs, err := projection.Parse([]byte(rebuildFile), "")
@@ -45,9 +43,20 @@ func TestRebuildCommands(t *testing.T) {
 		t.Fatal(err)
 	}
 	identity := fmt.Sprintf("rebuild-cli-%x", rand.Uint64())
-	if _, err := rebuild.NewStore(db.Pool).Ensure(ctx, identity, projs); err != nil {
+	store := rebuild.NewStore(db.Pool)
+	if _, err := store.Ensure(t.Context(), identity, projs); err != nil {
 		t.Fatal(err)
 	}
+	return db, store, identity
+}
+
+// TestRebuildCommands drives the rebuild commands against a database
+// where no replica runs: a start stays accepted, a second one is refused
+// naming it, status and list show it, cancel ends it, and rollback and
+// cleanup say why there is nothing for them to do.
+func TestRebuildCommands(t *testing.T) {
+	ctx := t.Context()
+	db, _, identity := rebuildFixture(t)
 	projector := func(args ...string) (string, error) {
 		t.Helper()
 		var out, errs bytes.Buffer
@@ -134,19 +143,7 @@ func TestRebuildCommands(t *testing.T) {
 // projection, and a definition naming another table is refused.
 func TestRebuildStartWithConfig(t *testing.T) {
 	ctx := t.Context()
-	db := testenv.NewDB(t)
-	if err := rebuild.Migrate(ctx, db.Pool); err != nil {
-		t.Fatal(err)
-	}
-	projs, err := projection.Parse([]byte(rebuildFile), "")
-	if err != nil {
-		t.Fatal(err)
-	}
-	identity := fmt.Sprintf("rebuild-cli-%x", rand.Uint64())
-	store := rebuild.NewStore(db.Pool)
-	if _, err := store.Ensure(ctx, identity, projs); err != nil {
-		t.Fatal(err)
-	}
+	db, store, identity := rebuildFixture(t)
 	dir := t.TempDir()
 	write := func(name, content string) string {
 		p := filepath.Join(dir, name)
