@@ -1,6 +1,7 @@
 package main
 
 import (
+	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -31,6 +32,26 @@ func (rs *rebuildStream) committed(t *testing.T, identity string) int64 {
 		t.Fatal(err)
 	}
 	return n
+}
+
+// gone says what is left of a dropped generation: its table, its stored
+// offsets or its consumer group.
+func (rs *rebuildStream) gone(table, group string) error {
+	ctx := context.Background()
+	var exists bool
+	var offsets int
+	if err := rs.db.Pool.QueryRow(ctx, `SELECT to_regclass($1) IS NOT NULL,
+		(SELECT count(*) FROM projector_offsets WHERE identity = $2)`, table, group).Scan(&exists, &offsets); err != nil {
+		return err
+	}
+	groups, err := rs.adm.ListGroups(ctx)
+	if err != nil {
+		return err
+	}
+	if listed := slices.Contains(groups.Groups(), group); exists || offsets > 0 || listed {
+		return fmt.Errorf("table %s left %t, %d stored offsets of %s, its consumer group listed %t", table, exists, offsets, group, listed)
+	}
+	return nil
 }
 
 func (rs *rebuildStream) start(t *testing.T, r rebuild.Request) rebuild.Operation {
@@ -159,19 +180,8 @@ func TestRebuildCancelThenRollback(t *testing.T) {
 		t.Error("a second cancel succeeded")
 	}
 	testenv.WaitFor(t, time.Minute, func() error {
-		var table bool
-		var offsets int
-		if err := rs.db.Pool.QueryRow(ctx, `SELECT to_regclass('accounts__g2') IS NOT NULL,
-			(SELECT count(*) FROM projector_offsets WHERE identity = $1)`, group).Scan(&table, &offsets); err != nil {
-			return err
-		}
-		groups, err := rs.adm.ListGroups(ctx)
-		if err != nil {
-			return err
-		}
-		if table || offsets > 0 || slices.Contains(groups.Groups(), group) {
-			return fmt.Errorf("after the cancel: table accounts__g2 %t, %d stored offsets, consumer group listed %t\n%s",
-				table, offsets, slices.Contains(groups.Groups(), group), tail(a.stderr.String(), 3000))
+		if err := rs.gone("accounts__g2", group); err != nil {
+			return fmt.Errorf("after the cancel: %w\n%s", err, tail(a.stderr.String(), 3000))
 		}
 		return nil
 	})
@@ -216,19 +226,8 @@ func TestRebuildCancelThenRollback(t *testing.T) {
 		"--database-url", rs.db.URL, "--brokers", rs.cluster.Brokers()}, &out, &out); err != nil {
 		t.Fatalf("rebuild cleanup: %v\n%s", err, out.String())
 	}
-	g3 := rebuild.GroupID(rs.identity, "accounts", 3)
-	var table bool
-	var offsets int
-	if err := rs.db.Pool.QueryRow(ctx, `SELECT to_regclass('accounts__g3_retired') IS NOT NULL,
-		(SELECT count(*) FROM projector_offsets WHERE identity = $1)`, g3).Scan(&table, &offsets); err != nil {
-		t.Fatal(err)
-	}
-	groups, err := rs.adm.ListGroups(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if table || offsets > 0 || slices.Contains(groups.Groups(), g3) {
-		t.Errorf("after cleanup: accounts__g3_retired %t, %d stored offsets of %s, its group listed %t\n%s", table, offsets, g3, slices.Contains(groups.Groups(), g3), out.String())
+	if err := rs.gone("accounts__g3_retired", rebuild.GroupID(rs.identity, "accounts", 3)); err != nil {
+		t.Errorf("after cleanup: %v\n%s", err, out.String())
 	}
 	var hasDeposits bool
 	if err := rs.db.Pool.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM information_schema.columns WHERE table_name = 'accounts' AND column_name = 'deposits' AND table_schema = current_schema())`).Scan(&hasDeposits); err != nil || hasDeposits {
