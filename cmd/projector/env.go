@@ -67,6 +67,7 @@ var ownEnv = map[string][]string{
 	"rebuild cleanup":   {"projection"},
 	"version":           {"json"},
 	"config print":      {"json"},
+	"asyncapi":          {"format"},
 }
 
 // commandLineOnly are the flags that confirm a destructive action, with

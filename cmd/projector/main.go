@@ -82,6 +82,7 @@ func rootCommand(stdout, stderr io.Writer) *ffcli.Command {
 			relayCommand(stdout, stderr),
 			versionCommand(stdout, stderr),
 			configCommand(stdout, stderr),
+			asyncapiCommand(stdout, stderr),
 			benchMovedCommand(),
 		},
 		Exec: func(context.Context, []string) error { return flag.ErrHelp },
