@@ -148,7 +148,7 @@ func document(cfg Config) (obj, error) {
 	return obj{}.
 		with("asyncapi", Version).
 		with("info", obj{}.
-			with("title", "Events consumed by projector "+cfg.Identity).
+			with("title", "Topics consumed by projector (consumer group "+cfg.Identity+")").
 			with("version", version).
 			with("description", infoDescription(cfg.Identity))).
 		with("defaultContentType", "application/avro").
@@ -204,7 +204,7 @@ func channel(topic string, msgs []*message) (obj, error) {
 				with("schemaFormat", AvroFormat).
 				with("schema", payload)).
 			with("bindings", obj{}.with("kafka", obj{}.
-				with("key", keySchema("The aggregate id: the text of the value's %s (a string's or bytes' own, a number's decimal digits). "+
+				with("key", keySchema("The aggregate id: the text of the value's %s. "+
 					"A record keyed otherwise, or without a key, is dead-lettered (class key_mismatch).", m)).
 				with("schemaIdLocation", "payload").
 				with("schemaIdPayloadEncoding", "confluent").
@@ -220,7 +220,7 @@ func channel(topic string, msgs []*message) (obj, error) {
 			"A tombstone without a key is dead-lettered (class invalid).").
 		with("payload", obj{}.with("type", "null")).
 		with("bindings", obj{}.with("kafka", obj{}.
-			with("key", keySchema("The id of the aggregate whose row is deleted: the text of the value's %s in its events (a string's or bytes' own, a number's decimal digits).", keyed...)).
+			with("key", keySchema("The id of the aggregate whose row is deleted: the text of the value's %s in its events.", keyed...)).
 			with("bindingVersion", KafkaBindingVersion))))
 	return obj{}.
 		with("address", topic).
@@ -263,8 +263,8 @@ func fieldList(p *projection.Projection) string {
 }
 
 // keySchema is the schema of the record key of the messages ms: the
-// aggregate id's text, a number's decimal digits. desc says so, with %s
-// for the key fields.
+// aggregate id's text (a string's or bytes' own, a number's decimal
+// digits). desc says so, with %s for the key fields.
 func keySchema(desc string, ms ...*message) obj {
 	var fields []string
 	numeric := true
@@ -277,13 +277,14 @@ func keySchema(desc string, ms ...*message) obj {
 			numeric = numeric && isNumber(m.schema, f)
 		}
 	}
-	k := obj{}.
-		with("type", "string").
-		with("description", fmt.Sprintf(desc, strings.Join(fields, " and ")))
-	if numeric {
-		k = k.with("pattern", "^-?[0-9]+$")
+	text := fmt.Sprintf(desc, strings.Join(fields, " and "))
+	if !numeric {
+		return obj{}.with("type", "string").with("description", text)
 	}
-	return k
+	return obj{}.
+		with("type", "string").
+		with("description", text+" A number's text is its decimal digits.").
+		with("pattern", "^-?[0-9]+$")
 }
 
 // isNumber reports whether r's field is an int or a long.
