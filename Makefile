@@ -63,5 +63,5 @@ lint: ## gofmt and go vet.
 	$(GO) vet ./...
 
 .PHONY: docs
-docs: ## Regenerate docs/configuration.md and docs/metrics.md from the flags and the metric registry.
-	$(GO) test -count=1 -run 'TestConfigReference|TestMetricsReference' ./cmd/projector -update
+docs: ## Regenerate docs/configuration.md and docs/metrics.md from the flags and the metric registry, and docs/asyncapi/ from examples/.
+	$(GO) test -count=1 -run 'TestConfigReference|TestMetricsReference|TestAsyncAPIDocuments' ./cmd/projector -update

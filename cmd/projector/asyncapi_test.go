@@ -60,7 +60,7 @@ func TestAsyncAPIParserValidates(t *testing.T) {
 	}
 	dir := filepath.Join(repoRoot, "scripts", "asyncapi-validate")
 	if _, err := os.Stat(filepath.Join(dir, "node_modules", "@asyncapi", "parser")); err != nil {
-		t.Skip("the validator's packages are not installed (npm ci --prefix scripts/asyncapi-validate): the AsyncAPI documents in docs/asyncapi are not validated by the AsyncAPI parser")
+		t.Skip("the validator's packages are not installed (npm ci --prefix scripts/asyncapi-validate --ignore-scripts): the AsyncAPI documents in docs/asyncapi are not validated by the AsyncAPI parser")
 	}
 	docs, err := filepath.Glob(filepath.Join(repoRoot, asyncapiDocs, "*.yaml"))
 	if err != nil || len(docs) < 3 {
