@@ -122,9 +122,10 @@ func document(cfg Config) (obj, error) {
 		msgs := byTopic[t]
 		for _, m := range msgs {
 			m.id = m.schema.Name()
-			if slices.ContainsFunc(msgs, func(o *message) bool { return o != m && o.schema.Name() == m.schema.Name() }) {
-				// Two reader schemas of one record: each is named after
-				// the first projection that reads with it.
+			if m.id == tombstoneID || slices.ContainsFunc(msgs, func(o *message) bool { return o != m && o.schema.Name() == m.schema.Name() }) {
+				// Two reader schemas of one record, or a record that
+				// takes the tombstone's name: each is named after the
+				// first projection that reads with it.
 				m.id += "_" + m.srcs[0].Projection.Name
 			}
 			for _, s := range m.srcs {
