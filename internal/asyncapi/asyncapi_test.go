@@ -351,3 +351,17 @@ func TestRefusals(t *testing.T) {
 		}
 	}
 }
+
+// TestRecordNamedTombstone: a record of that name leaves the tombstone
+// message its own.
+func TestRecordNamedTombstone(t *testing.T) {
+	reader := strings.Replace(accountEvent, `"name": "AccountEvent"`, `"name": "tombstone"`, 1)
+	doc, _ := generate(t, load(t, map[string]string{"balances": reader}))
+	msgs := at(t, doc, "channels", "accounts", "messages").(map[string]any)
+	if len(msgs) != 2 || msgs["tombstone_balances"] == nil {
+		t.Fatalf("messages %v, want tombstone_balances and tombstone", keysOf(msgs))
+	}
+	if got := at(t, msgs["tombstone"], "payload", "type"); got != "null" {
+		t.Errorf("the tombstone's payload is %v", got)
+	}
+}
