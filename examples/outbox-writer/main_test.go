@@ -10,16 +10,16 @@ import (
 	"testing"
 	"time"
 
+	"github.com/hamba/avro/v2"
+	"github.com/twmb/franz-go/pkg/kgo"
 	"go.opentelemetry.io/otel/propagation"
 	sdktrace "go.opentelemetry.io/otel/sdk/trace"
 	"go.opentelemetry.io/otel/sdk/trace/tracetest"
 	"go.opentelemetry.io/otel/trace"
 
-	"github.com/hamba/avro/v2"
 	"github.com/projector-dev/projector/internal/testenv"
 	"github.com/projector-dev/projector/outbox"
 	"github.com/projector-dev/projector/schemas"
-	"github.com/twmb/franz-go/pkg/kgo"
 )
 
 // TestAppendLines: each line becomes an outbox row carrying the trace
