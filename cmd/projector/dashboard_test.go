@@ -35,10 +35,11 @@ type dashboard struct {
 }
 
 type dashboardPanel struct {
-	ID         int             `json:"id"`
-	Type       string          `json:"type"`
-	Title      string          `json:"title"`
-	Datasource json.RawMessage `json:"datasource"`
+	ID         int                      `json:"id"`
+	Type       string                   `json:"type"`
+	Title      string                   `json:"title"`
+	GridPos    struct{ X, Y, W, H int } `json:"gridPos"`
+	Datasource json.RawMessage          `json:"datasource"`
 	Targets    []struct {
 		RefID      string          `json:"refId"`
 		Expr       string          `json:"expr"`
@@ -85,8 +86,7 @@ func TestDashboard(t *testing.T) {
 		t.Fatal(err)
 	}
 	var d dashboard
-	dec := json.NewDecoder(bytes.NewReader(src))
-	if err := dec.Decode(&d); err != nil {
+	if err := json.Unmarshal(src, &d); err != nil {
 		t.Fatalf("%s: %v", dashboardFile, err)
 	}
 	if d.UID == "" || d.Title == "" {
@@ -140,6 +140,7 @@ func TestDashboard(t *testing.T) {
 	}
 
 	ids := map[int]string{}
+	var placed []struct{ X, Y, W, H int }
 	var walk func([]dashboardPanel)
 	walk = func(ps []dashboardPanel) {
 		for _, p := range ps {
@@ -150,6 +151,18 @@ func TestDashboard(t *testing.T) {
 				t.Errorf("%s: id %d is also panel %q's", where, p.ID, other)
 			}
 			ids[p.ID] = p.Title
+			// Grafana's grid is 24 columns wide; panels placed over one
+			// another are moved, so the file would not be what one sees.
+			g := p.GridPos
+			if g.W <= 0 || g.H <= 0 || g.X < 0 || g.Y < 0 || g.X+g.W > 24 {
+				t.Errorf("%s: gridPos %+v is not inside the 24-column grid", where, g)
+			}
+			for _, o := range placed {
+				if g.X < o.X+o.W && o.X < g.X+g.W && g.Y < o.Y+o.H && o.Y < g.Y+g.H {
+					t.Errorf("%s: gridPos %+v overlaps another panel's %+v", where, g, o)
+				}
+			}
+			placed = append(placed, g)
 			if len(p.Targets) > 0 && compactJSON(t, p.Datasource) != dashboardDatasource {
 				t.Errorf("%s: datasource %s, want %s", where, p.Datasource, dashboardDatasource)
 			}
