@@ -116,7 +116,16 @@ func TestComposeConfig(t *testing.T) {
 		t.Log("docker compose is not installed: `docker compose config` not run (compose-go above is its loader)")
 		return
 	}
-	cmd := exec.Command("docker", "compose", "--profile", "*", "config", "-q")
+	args := []string{"compose"}
+	var profiles []string
+	for _, s := range p.Services {
+		profiles = append(profiles, s.Profiles...)
+	}
+	slices.Sort(profiles)
+	for _, profile := range slices.Compact(profiles) {
+		args = append(args, "--profile", profile)
+	}
+	cmd := exec.Command("docker", append(args, "config", "-q")...)
 	cmd.Dir = repoRoot
 	if out, err := cmd.CombinedOutput(); err != nil {
 		t.Errorf("docker compose config -q: %v\n%s", err, out)
