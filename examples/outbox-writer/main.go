@@ -140,9 +140,17 @@ func event(topic string, line []byte) (outbox.Event, error) {
 	if err := dec.Decode(&value); err != nil {
 		return outbox.Event{}, err
 	}
+	// The event's time is its CloudEvents time too.
 	at := time.Now()
-	if _, ok := value["occurred_at"]; !ok {
+	switch t := value["occurred_at"].(type) {
+	case nil:
 		value["occurred_at"] = at
+	case string:
+		parsed, err := time.Parse(time.RFC3339Nano, t)
+		if err != nil {
+			return outbox.Event{}, fmt.Errorf("occurred_at: %w", err)
+		}
+		at = parsed
 	}
 	switch {
 	case v.AccountID == "":

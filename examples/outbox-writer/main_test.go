@@ -36,7 +36,7 @@ func TestAppendLines(t *testing.T) {
 	defer tp.Shutdown(ctx) //nolint:errcheck // in-memory
 	in := `{"account_id": "acc-1", "version": 1, "type": "AccountOpened", "owner": "alice"}
 
-{"account_id": "acc-1", "version": 2, "type": "Deposited", "owner": null, "amount": 500}
+{"account_id": "acc-1", "version": 2, "type": "Deposited", "owner": null, "amount": 500, "occurred_at": "2026-12-01T09:05:00Z"}
 `
 	var out bytes.Buffer
 	n, err := appendLines(ctx, db.Pool, tp.Tracer("test"), "accounts.events", strings.NewReader(in), &out)
@@ -142,9 +142,10 @@ func TestAppendLines(t *testing.T) {
 	})
 	for i, r := range records {
 		var ev struct {
-			AccountID string `avro:"account_id"`
-			Version   int64  `avro:"version"`
-			Amount    int64  `avro:"amount"`
+			AccountID  string    `avro:"account_id"`
+			Version    int64     `avro:"version"`
+			Amount     int64     `avro:"amount"`
+			OccurredAt time.Time `avro:"occurred_at"`
 		}
 		if len(r.Value) < 5 {
 			t.Fatalf("record %d: value of %d bytes is not in the wire format", i, len(r.Value))
@@ -154,6 +155,13 @@ func TestAppendLines(t *testing.T) {
 		}
 		if ev.AccountID != "acc-1" || ev.Version != int64(i+1) || string(r.Key) != "acc-1" {
 			t.Errorf("record %d: key %q, value %+v", i, r.Key, ev)
+		}
+		// The time a line gives is kept; without one, the time of writing.
+		if i == 1 && (ev.Amount != 500 || !ev.OccurredAt.Equal(time.Date(2026, 12, 1, 9, 5, 0, 0, time.UTC))) {
+			t.Errorf("record 1: amount %d at %s, want 500 at 2026-12-01T09:05:00Z", ev.Amount, ev.OccurredAt)
+		}
+		if i == 0 && time.Since(ev.OccurredAt) > time.Hour {
+			t.Errorf("record 0: occurred_at %s, want the time of writing", ev.OccurredAt)
 		}
 		var traceparent string
 		for _, h := range r.Headers {
