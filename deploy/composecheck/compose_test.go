@@ -15,6 +15,7 @@ import (
 	"regexp"
 	"slices"
 	"strings"
+	"sync"
 	"testing"
 
 	"github.com/compose-spec/compose-go/v2/cli"
@@ -290,10 +291,24 @@ func TestRegisterScript(t *testing.T) {
 		method, path, contentType string
 		body                      []byte
 	}
-	var got []request
+	// The handler runs on the server's goroutines; the test reads what
+	// it recorded once the script has ended.
+	var (
+		mu       sync.Mutex
+		requests []request
+	)
+	received := func() []request {
+		mu.Lock()
+		defer mu.Unlock()
+		out := requests
+		requests = nil
+		return out
+	}
 	reg := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		body, _ := io.ReadAll(r.Body)
-		got = append(got, request{r.Method, r.URL.Path, r.Header.Get("Content-Type"), body})
+		mu.Lock()
+		requests = append(requests, request{r.Method, r.URL.Path, r.Header.Get("Content-Type"), body})
+		mu.Unlock()
 		w.Header().Set("Content-Type", "application/vnd.schemaregistry.v1+json")
 		_, _ = io.WriteString(w, `{"id":1}`)
 	}))
@@ -306,7 +321,6 @@ func TestRegisterScript(t *testing.T) {
 		t.Fatal(err)
 	}
 	for _, file := range []string{schemaFile, tricky} {
-		got = nil
 		out, err := exec.Command("sh", script, reg.URL, s.Command[1], file).CombinedOutput()
 		if err != nil {
 			t.Fatalf("register.sh %s: %v\n%s", file, err, out)
@@ -314,6 +328,7 @@ func TestRegisterScript(t *testing.T) {
 		if !strings.Contains(string(out), `{"id":1}`) {
 			t.Errorf("register.sh %s printed %q, want the registry's answer", file, out)
 		}
+		got := received()
 		if len(got) != 1 {
 			t.Fatalf("register.sh %s: %d requests, want 1", file, len(got))
 		}
@@ -345,7 +360,6 @@ func TestRegisterScript(t *testing.T) {
 	}
 
 	// A missing or empty file stops it before any request.
-	got = nil
 	empty := filepath.Join(t.TempDir(), "empty.avsc")
 	if err := os.WriteFile(empty, nil, 0o644); err != nil {
 		t.Fatal(err)
@@ -356,7 +370,7 @@ func TestRegisterScript(t *testing.T) {
 			t.Errorf("register.sh %s: %v, %q; want a failure naming the file", file, err, out)
 		}
 	}
-	if len(got) != 0 {
+	if got := received(); len(got) != 0 {
 		t.Errorf("register.sh sent %d requests for a missing or empty file", len(got))
 	}
 }
