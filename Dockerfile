@@ -9,6 +9,17 @@ RUN go mod download
 COPY . .
 RUN CGO_ENABLED=0 go build -trimpath -o /projector ./cmd/projector
 
+# The example service of the local stack (docker-compose.yml, service
+# outbox-writer), built only when that target is asked for: the default
+# image below does not contain it.
+FROM build AS outbox-writer-build
+RUN CGO_ENABLED=0 go build -trimpath -o /outbox-writer ./examples/outbox-writer
+
+FROM gcr.io/distroless/static-debian12:nonroot AS outbox-writer
+COPY --from=outbox-writer-build /outbox-writer /outbox-writer
+USER 65532:65532
+ENTRYPOINT ["/outbox-writer"]
+
 # Run: distroless static image as the unprivileged "nonroot" user (65532).
 FROM gcr.io/distroless/static-debian12:nonroot
 COPY --from=build /projector /projector
