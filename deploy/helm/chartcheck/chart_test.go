@@ -308,8 +308,7 @@ func TestProbes(t *testing.T) {
 }
 
 // TestReplicasWithinPartitions: the members never outnumber the
-// partitions, with or without KEDA, and values that would are refused
-// with the values named.
+// partitions, with or without KEDA.
 func TestReplicasWithinPartitions(t *testing.T) {
 	v := chartValues(t)
 	partitions := int32(v["partitions"].(float64))
@@ -325,6 +324,12 @@ func TestReplicasWithinPartitions(t *testing.T) {
 	if reps := r.deployments["projector"].Spec.Replicas; reps != nil {
 		t.Errorf("replicas %d rendered beside a ScaledObject: each upgrade would reset what KEDA chose", *reps)
 	}
+}
+
+// TestRefusedValues: values that would render members beyond the
+// partitions, a GOMEMLIMIT from a limit not understood, or a variable
+// contradicting what the chart derives, are refused with the value named.
+func TestRefusedValues(t *testing.T) {
 	for _, tc := range []struct {
 		values map[string]any
 		want   string
@@ -337,6 +342,8 @@ func TestReplicasWithinPartitions(t *testing.T) {
 		{map[string]any{"resources": map[string]any{"limits": map[string]any{"memory": "1GB"}}}, `resources.limits.memory "1GB": want a whole number of bytes`},
 		{map[string]any{"goMemLimitPercent": 120}, "goMemLimitPercent 120"},
 		{map[string]any{"kind": "DaemonSet"}, `kind "DaemonSet": want Deployment or StatefulSet`},
+		{map[string]any{"env": map[string]any{"PROJECTOR_SHUTDOWN_TIMEOUT": "60s"}}, "env PROJECTOR_SHUTDOWN_TIMEOUT: set shutdown.timeoutSeconds instead"},
+		{map[string]any{"env": map[string]any{"GOMEMLIMIT": "2GiB"}}, "env GOMEMLIMIT: set resources.limits.memory and goMemLimitPercent instead"},
 		{map[string]any{"database": map[string]any{"passwordSecret": map[string]any{"name": "db", "key": ""}}}, `the Secret "db" for PROJECTOR_DATABASE_PASSWORD_FILE names no key`},
 	} {
 		_, err := templateChart("projector", tc.values)
@@ -572,9 +579,30 @@ func TestPrometheusRuleIsAlertsFile(t *testing.T) {
 	}
 	rule := render(t, "projector", allOn()).rules["projector"]
 	if !reflect.DeepEqual(rule.Spec, want) {
-		gotY, _ := yaml.Marshal(rule.Spec)
-		wantY, _ := yaml.Marshal(want)
-		t.Errorf("the chart's PrometheusRule differs from deploy/prometheus/alerts.yml:\n--- chart\n%s\n--- alerts.yml\n%s", gotY, wantY)
+		// Name the rules that differ rather than print both files.
+		got := map[string]monitoringv1.Rule{}
+		for _, g := range rule.Spec.Groups {
+			for _, r := range g.Rules {
+				got[g.Name+"/"+r.Alert+r.Record] = r
+			}
+		}
+		for _, g := range want.Groups {
+			for _, r := range g.Rules {
+				name := g.Name + "/" + r.Alert + r.Record
+				if !reflect.DeepEqual(got[name], r) {
+					gotY, _ := yaml.Marshal(got[name])
+					wantY, _ := yaml.Marshal(r)
+					t.Errorf("the chart's rule %s differs from deploy/prometheus/alerts.yml's:\n--- chart\n%s--- alerts.yml\n%s", name, gotY, wantY)
+				}
+				delete(got, name)
+			}
+		}
+		for name := range got {
+			t.Errorf("the chart has the rule %s, which deploy/prometheus/alerts.yml has not", name)
+		}
+		if !t.Failed() {
+			t.Errorf("the chart's PrometheusRule differs from deploy/prometheus/alerts.yml in its groups")
+		}
 	}
 	if len(want.Groups) == 0 || len(want.Groups[0].Rules) < 10 {
 		t.Errorf("alerts.yml holds %d groups: is it read?", len(want.Groups))

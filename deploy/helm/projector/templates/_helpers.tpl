@@ -172,9 +172,27 @@ and PostgreSQL are and how to authenticate, secrets as files.
 {{- end }}
 {{- end }}
 
-{{/* Extra variables given as a map, in name order. */}}
+{{/*
+Extra variables given as a map, in name order. Those the chart derives
+from other values are refused, so that they cannot contradict them.
+*/}}
 {{- define "projector.extraEnv" -}}
+{{- $derived := dict
+  "PROJECTOR_IDENTITY" "identity"
+  "PROJECTOR_INSTANCE_ID" "kind: StatefulSet"
+  "PROJECTOR_CONFIG" "projections"
+  "PROJECTOR_HTTP_ADDR" "httpPort (api.port for the read API)"
+  "PROJECTOR_SHUTDOWN_TIMEOUT" "shutdown.timeoutSeconds"
+  "PROJECTOR_SHARDS" "relay.shards"
+  "PROJECTOR_DATABASE_MAX_CONNS" "database.maxConns"
+  "PROJECTOR_BROKERS" "kafka.brokers"
+  "PROJECTOR_DATABASE_URL" "database.url or database.urlSecret"
+  "GOMEMLIMIT" "resources.limits.memory and goMemLimitPercent"
+}}
 {{- range $name, $value := . }}
+{{- if hasKey $derived $name }}
+{{- fail (printf "env %s: set %s instead, from which the chart derives it" $name (get $derived $name)) }}
+{{- end }}
 - name: {{ $name }}
   value: {{ $value | toString | quote }}
 {{- end }}
