@@ -12,6 +12,7 @@ import (
 	"testing"
 	"time"
 
+	kedav1alpha1 "github.com/kedacore/keda/v2/apis/keda/v1alpha1"
 	monitoringv1 "github.com/prometheus-operator/prometheus-operator/pkg/apis/monitoring/v1"
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/util/validation"
@@ -495,6 +496,13 @@ func TestScaledObject(t *testing.T) {
 	for _, kind := range []string{"Deployment", "StatefulSet"} {
 		r := render(t, "projector", with(allOn(), "kind", kind))
 		so := r.scaledObjects["projector"]
+		// KEDA's own checks of its admission webhook that need no cluster.
+		if err := kedav1alpha1.CheckReplicaCountBoundsAreValid(so); err != nil {
+			t.Errorf("%s: KEDA refuses the replica bounds: %v", kind, err)
+		}
+		if err := kedav1alpha1.ValidateTriggers(so.Spec.Triggers); err != nil {
+			t.Errorf("%s: KEDA refuses the triggers: %v", kind, err)
+		}
 		if so.Spec.ScaleTargetRef.Kind != kind || so.Spec.ScaleTargetRef.Name != "projector" {
 			t.Errorf("%s: ScaledObject targets %s %s", kind, so.Spec.ScaleTargetRef.Kind, so.Spec.ScaleTargetRef.Name)
 		}
@@ -522,6 +530,9 @@ func TestScaledObject(t *testing.T) {
 		}
 	}
 	so := render(t, "projector", with(allOn(), "autoscaling.trigger", "prometheus")).scaledObjects["projector"]
+	if err := kedav1alpha1.ValidateTriggers(so.Spec.Triggers); err != nil {
+		t.Errorf("KEDA refuses the prometheus trigger: %v", err)
+	}
 	tr := so.Spec.Triggers[0]
 	if want := `sum(max by (topic, partition) (projector_consumer_lag{group="accounts-projector"}))`; tr.Type != "prometheus" || tr.Metadata["query"] != want {
 		t.Errorf("trigger %s query %q, want prometheus %q", tr.Type, tr.Metadata["query"], want)
