@@ -328,8 +328,9 @@ func TestReplicasWithinPartitions(t *testing.T) {
 }
 
 // TestRefusedValues: values that would render members beyond the
-// partitions, a GOMEMLIMIT from a limit not understood, or a variable
-// contradicting what the chart derives, are refused with the value named.
+// partitions, a GOMEMLIMIT from a limit not understood, a variable
+// contradicting what the chart derives, a misspelled key or a value of the
+// wrong type (values.schema.json) are refused with the value named.
 func TestRefusedValues(t *testing.T) {
 	for _, tc := range []struct {
 		values map[string]any
@@ -337,12 +338,15 @@ func TestRefusedValues(t *testing.T) {
 	}{
 		{map[string]any{"replicas": 7}, "replicas 7 exceeds partitions 6"},
 		{with(allOn(), "autoscaling.maxReplicas", 12), "autoscaling.maxReplicas 12 exceeds partitions 6"},
-		{map[string]any{"partitions": 0}, "partitions 0: want the number of partitions"},
-		{with(allOn(), "autoscaling.trigger", "cpu"), `autoscaling.trigger "cpu": want kafka or prometheus`},
+		{map[string]any{"partitions": 0}, "at '/partitions': minimum: got 0, want 1"},
+		{map[string]any{"partitions": "six"}, "at '/partitions': got string, want integer"},
+		{map[string]any{"replica": 2}, "additional properties 'replica' not allowed"},
+		{map[string]any{"database": map[string]any{"passwordSecret": map[string]any{"nmae": "db"}}}, "at '/database/passwordSecret': additional properties 'nmae' not allowed"},
+		{with(allOn(), "autoscaling.trigger", "cpu"), "at '/autoscaling/trigger': value must be one of 'kafka', 'prometheus'"},
 		{with(with(allOn(), "autoscaling.trigger", "prometheus"), "autoscaling.minReplicas", 0), "autoscaling.minReplicas 0 with the prometheus trigger"},
 		{map[string]any{"resources": map[string]any{"limits": map[string]any{"memory": "1GB"}}}, `resources.limits.memory "1GB": want a whole number of bytes`},
-		{map[string]any{"goMemLimitPercent": 120}, "goMemLimitPercent 120"},
-		{map[string]any{"kind": "DaemonSet"}, `kind "DaemonSet": want Deployment or StatefulSet`},
+		{map[string]any{"goMemLimitPercent": 120}, "at '/goMemLimitPercent': maximum: got 120, want 100"},
+		{map[string]any{"kind": "DaemonSet"}, "at '/kind': value must be one of 'Deployment', 'StatefulSet'"},
 		{map[string]any{"env": map[string]any{"PROJECTOR_SHUTDOWN_TIMEOUT": "60s"}}, "env PROJECTOR_SHUTDOWN_TIMEOUT: set shutdown.timeoutSeconds instead"},
 		{map[string]any{"env": map[string]any{"GOMEMLIMIT": "2GiB"}}, "env GOMEMLIMIT: set resources.limits.memory and goMemLimitPercent instead"},
 		{map[string]any{"database": map[string]any{"passwordSecret": map[string]any{"name": "db", "key": ""}}}, `the Secret "db" for PROJECTOR_DATABASE_PASSWORD_FILE names no key`},
@@ -350,6 +354,23 @@ func TestRefusedValues(t *testing.T) {
 		_, err := templateChart("projector", tc.values)
 		if err == nil || !strings.Contains(err.Error(), tc.want) {
 			t.Errorf("values %v: got %v, want an error with %q", tc.values, err, tc.want)
+		}
+	}
+	// Without values.schema.json (--skip-schema-validation) the templates
+	// still refuse what would render a broken workload.
+	for _, tc := range []struct {
+		values map[string]any
+		want   string
+	}{
+		{map[string]any{"partitions": 0}, "partitions 0: want the number of partitions"},
+		{with(allOn(), "autoscaling.trigger", "cpu"), `autoscaling.trigger "cpu": want kafka or prometheus`},
+		{map[string]any{"goMemLimitPercent": 120}, "goMemLimitPercent 120: want a whole percentage"},
+		{map[string]any{"kind": "DaemonSet"}, `kind "DaemonSet": want Deployment or StatefulSet`},
+		{map[string]any{"shutdown": map[string]any{"marginSeconds": 0}}, "shutdown.marginSeconds at least 1"},
+	} {
+		_, err := templateChartSchema("projector", tc.values, false)
+		if err == nil || !strings.Contains(err.Error(), tc.want) {
+			t.Errorf("values %v without the schema: got %v, want an error with %q", tc.values, err, tc.want)
 		}
 	}
 }

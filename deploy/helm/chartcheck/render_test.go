@@ -121,6 +121,12 @@ func deepCopy(m map[string]any) map[string]any {
 // --namespace projection --kube-version 1.30.0` with these values over the
 // chart's own.
 func templateChart(release string, values map[string]any) (string, error) {
+	return templateChartSchema(release, values, true)
+}
+
+// templateChartSchema is templateChart, with values.schema.json checked or
+// not (`--skip-schema-validation`).
+func templateChartSchema(release string, values map[string]any, schema bool) (string, error) {
 	chrt, err := loader.Load(chartDir)
 	if err != nil {
 		return "", fmt.Errorf("load the chart: %w", err)
@@ -135,6 +141,7 @@ func templateChart(release string, values map[string]any) (string, error) {
 	install.ReleaseName = release
 	install.Namespace = namespace
 	install.KubeVersion = kv
+	install.SkipSchemaValidation = !schema
 	rel, err := install.Run(chrt, values)
 	if err != nil {
 		return "", err
