@@ -20,10 +20,11 @@ demo: ## Run the demo: embedded broker and registry, real Postgres, verified sum
 	$(GO) run ./cmd/projector demo
 
 .PHONY: test
-test: ## Run the whole test suite with the race detector, and every Go microbenchmark once.
+test: ## Run the whole test suite with the race detector, every Go microbenchmark once, and the Helm chart's tests.
 	$(GO) test -race -count=1 -timeout 15m ./...
 	cd deploy/composecheck && $(GO) test -race -count=1 ./...
 	$(GO) test -run '^$$' -bench . -benchtime 1x ./...
+	cd deploy/helm/chartcheck && $(GO) test -count=1 ./...
 
 .PHONY: test-kafka
 test-kafka: ## Run the end-to-end and fault suites on Apache Kafka 4.4, started here and stopped after (needs Java 17 and Maven).
@@ -62,6 +63,7 @@ bench-kafka: ## projector-bench on Apache Kafka 4.4: engine snapshot and fold vs
 lint: ## gofmt and go vet.
 	@test -z "$$(gofmt -l .)" || (gofmt -l . && exit 1)
 	$(GO) vet ./...
+	cd deploy/helm/chartcheck && $(GO) vet ./...
 
 .PHONY: docs
 docs: ## Regenerate docs/configuration.md and docs/metrics.md from the flags and the metric registry, and docs/asyncapi/ from examples/.
