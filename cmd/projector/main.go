@@ -112,8 +112,7 @@ func (c *common) register(fs *flag.FlagSet, which ...string) {
 			c.kafkaTransport.register(fs)
 		case "registry-url":
 			fs.StringVar(&c.registryURL, "registry-url", "", "Schema Registry URL")
-			fs.StringVar(&c.registryUser, "registry-user", "", "Schema Registry basic-auth user, instead of user:password@ in --registry-url")
-			fs.StringVar(&c.registryPassword, "registry-password", "", "Schema Registry basic-auth password; prefer the environment variable, a flag shows in ps")
+			c.registryAuth.register(fs)
 			c.kafkaTransport.registerRegistry(fs)
 		case "database-url":
 			fs.StringVar(&c.databaseURL, "database-url", DefaultDatabaseURL, "PostgreSQL connection URL")
