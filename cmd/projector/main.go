@@ -102,6 +102,9 @@ type common struct {
 	config      string
 	logLevel    string
 	logFormat   string
+
+	// databasePasswordFile is read as each session opens.
+	databasePasswordFile string
 }
 
 func (c *common) register(fs *flag.FlagSet, which ...string) {
@@ -116,6 +119,7 @@ func (c *common) register(fs *flag.FlagSet, which ...string) {
 			c.kafkaTransport.registerRegistry(fs)
 		case "database-url":
 			fs.StringVar(&c.databaseURL, "database-url", DefaultDatabaseURL, "PostgreSQL connection URL")
+			fs.StringVar(&c.databasePasswordFile, "database-password-file", "", "file holding the PostgreSQL password (a mounted Kubernetes secret, say), for a --database-url without one; read as each session opens, so a rotated password reaches the new sessions")
 		case "identity":
 			fs.StringVar(&c.identity, "identity", "projector", "consumer identity: the Kafka group id and the namespace of stored offsets")
 		case "config":

@@ -28,14 +28,14 @@ import (
 // cluster: every command given --brokers has them, so that one cluster's
 // settings work with all of them.
 type kafkaTransport struct {
-	tls            bool
-	caFile         string
-	certFile       string
-	keyFile        string
-	serverName     string
-	saslMechanism  string
-	saslUsername   string
-	saslPassword   string
+	tls           bool
+	caFile        string
+	certFile      string
+	keyFile       string
+	serverName    string
+	saslMechanism string
+	saslUsername  string
+	saslPassword  string
 	// saslPasswordFile and saslTokenFile name files read at each login.
 	saslPasswordFile string
 	saslTokenFile    string
