@@ -280,8 +280,8 @@ func (k *kafkaTransport) passwordSASL(mech string) (sasl.Mechanism, error) {
 // credentials: the client's own message names only the Kafka error.
 func kafkaHint(err error) error {
 	if errors.Is(err, kerr.SaslAuthenticationFailed) {
-		return fmt.Errorf("%w\nThe brokers refused the SASL credentials: check --kafka-sasl-mechanism, --kafka-sasl-username and --kafka-sasl-password (or the file of --kafka-sasl-password-file); "+
-			"with oauthbearer, the token in --kafka-sasl-oauth-token-file; with aws-msk-iam, which AWS credentials the SDK finds and that they may kafka-cluster:Connect", err)
+		return fmt.Errorf("%w\nThe brokers refused the SASL credentials: check --kafka-sasl-mechanism, --kafka-sasl-username and --kafka-sasl-password or its -file; "+
+			"for oauthbearer the token of --kafka-sasl-oauth-token-file; for aws-msk-iam the AWS credentials found and their kafka-cluster:Connect permission", err)
 	}
 	return err
 }
