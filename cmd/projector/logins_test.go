@@ -4,12 +4,14 @@ import (
 	"bytes"
 	"context"
 	"crypto/hmac"
+	"encoding/base64"
 	"crypto/sha256"
 	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"net"
+	"net/http"
 	"net/url"
 	"os"
 	"path/filepath"
@@ -18,6 +20,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/twmb/franz-go/pkg/kadm"
 	"github.com/twmb/franz-go/pkg/kerr"
 	"github.com/twmb/franz-go/pkg/kfake"
@@ -500,4 +504,261 @@ func TestKafkaAWSMSKIAM(t *testing.T) {
 			return nil
 		})
 	})
+}
+
+// TestDatabasePasswordFile: on a PostgreSQL that checks passwords
+// (SCRAM), --database-password-file logs the commands in; a pool's new
+// sessions read the file as they open, so after the password is changed
+// on the server and in the file they log in with the new one without a
+// restart; a wrong password stops a command with PostgreSQL's refusal and
+// which flags to check, and never prints the password.
+func TestDatabasePasswordFile(t *testing.T) {
+	ctx := t.Context()
+	srv := testenv.StartPostgres(t)
+	admin := srv.DB(t).Pool
+	if _, err := admin.Exec(ctx, "CREATE ROLE app SUPERUSER LOGIN PASSWORD '"+"first-"+secret+"'"); err != nil {
+		t.Fatal(err)
+	}
+	var hba string
+	if err := admin.QueryRow(ctx, "SHOW hba_file").Scan(&hba); err != nil {
+		t.Fatal(err)
+	}
+	rules, err := os.ReadFile(hba)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// The first matching line decides: app must give its password over
+	// TCP, the test's own postgres user still need not.
+	if err := os.WriteFile(hba, append([]byte("host all app 127.0.0.1/32 scram-sha-256\n"), rules...), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := admin.Exec(ctx, "SELECT pg_reload_conf()"); err != nil {
+		t.Fatal(err)
+	}
+	appURL := fmt.Sprintf("postgres://app@127.0.0.1:%d/postgres?sslmode=disable&connect_timeout=5", srv.Port)
+	testenv.WaitFor(t, 30*time.Second, func() error {
+		conn, err := pgx.Connect(ctx, appURL)
+		if err == nil {
+			conn.Close(ctx)
+			return errors.New("app still logs in without a password: the server has not reloaded pg_hba.conf")
+		}
+		return nil
+	})
+	pwFile := filepath.Join(t.TempDir(), "db-password")
+	writeSecret(t, pwFile, "first-"+secret)
+	config := writeFile(t, "projections.yaml", string(demo.Projections))
+
+	out, err := runCaptured(ctx, "migrate", "--database-url", appURL, "--database-password-file", pwFile, "--config", config, "--log-format", "text")
+	if err != nil {
+		t.Fatalf("migrate with --database-password-file: %v\n%s", err, out)
+	}
+	if out, err := runCaptured(ctx, "dlq", "list", "--database-url", appURL, "--database-password-file", pwFile); err != nil {
+		t.Fatalf("dlq list with --database-password-file: %v\n%s", err, out)
+	}
+
+	t.Run("rotated", func(t *testing.T) {
+		cfg, err := parseDatabaseURL(dbSource{url: appURL, passwordFile: pwFile})
+		if err != nil {
+			t.Fatal(err)
+		}
+		pool, err := pgxpool.NewWithConfig(ctx, cfg)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer pool.Close()
+		if err := pool.Ping(ctx); err != nil {
+			t.Fatalf("a session with the file's password: %v", err)
+		}
+		if _, err := admin.Exec(ctx, "ALTER ROLE app PASSWORD '"+"second-"+secret+"'"); err != nil {
+			t.Fatal(err)
+		}
+		pool.Reset() // the open sessions are closed: the next one opens anew
+		if err := pool.Ping(ctx); err == nil {
+			t.Fatal("a new session logged in with the old password: the server did not change it, and the test proves nothing")
+		}
+		writeSecret(t, pwFile, "second-"+secret)
+		pool.Reset()
+		if err := pool.Ping(ctx); err != nil {
+			t.Fatalf("after the file was rotated, a new session did not log in with its password: %v", err)
+		}
+	})
+
+	t.Run("wrong password", func(t *testing.T) {
+		wrong := filepath.Join(t.TempDir(), "wrong")
+		writeSecret(t, wrong, "Wr0ng-"+secret)
+		out, err := runCaptured(ctx, "dlq", "list", "--database-url", appURL, "--database-password-file", wrong)
+		if err == nil {
+			t.Fatalf("dlq list with a wrong password succeeded:\n%s", out)
+		}
+		for _, want := range []string{`as user "app"`, "28P01", "--database-password-file"} {
+			if !strings.Contains(out, want) {
+				t.Errorf("dlq list with a wrong password does not say %q:\n%s", want, out)
+			}
+		}
+		noSecret(t, "dlq list", out)
+	})
+}
+
+// TestRegistrySecretFiles: --registry-bearer-token-file and
+// --registry-password-file are read at each request, so a secret rotated
+// in its file is sent from the next request on.
+func TestRegistrySecretFiles(t *testing.T) {
+	ctx := t.Context()
+	fake, _ := testenv.Registry(t)
+	var mu sync.Mutex
+	want := ""
+	fake.Intercept(func(w http.ResponseWriter, r *http.Request) bool {
+		mu.Lock()
+		defer mu.Unlock()
+		if r.Header.Get("Authorization") == want {
+			return false
+		}
+		w.Header().Set("Content-Type", "application/json")
+		w.WriteHeader(http.StatusUnauthorized)
+		fmt.Fprint(w, `{"error_code":401,"message":"Unauthorized"}`)
+		return true
+	})
+	expect := func(header string) {
+		mu.Lock()
+		want = header
+		mu.Unlock()
+	}
+	basic := func(user, pass string) string {
+		return "Basic " + base64.StdEncoding.EncodeToString([]byte(user+":"+pass))
+	}
+	file := filepath.Join(t.TempDir(), "registry-secret")
+	for _, tc := range []struct {
+		name   string
+		auth   registryAuth
+		header func(secret string) string
+	}{
+		{"bearer token", registryAuth{registryTokenFile: file}, func(s string) string { return "Bearer " + s }},
+		{"basic auth password", registryAuth{registryUser: "reader", registryPasswordFile: file}, func(s string) string { return basic("reader", s) }},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			writeSecret(t, file, "first-"+secret)
+			expect(tc.header("first-" + secret))
+			c := common{registryURL: fake.URL(), registryAuth: tc.auth}
+			cl, err := c.registryClient()
+			if err != nil {
+				t.Fatal(err)
+			}
+			if _, err := cl.Subjects(ctx); err != nil {
+				t.Fatalf("a request with the file's secret: %v", err)
+			}
+			expect(tc.header("second-" + secret))
+			if _, err := cl.Subjects(ctx); err == nil {
+				t.Fatal("the registry took the old secret: the test proves nothing")
+			}
+			writeSecret(t, file, "second-"+secret)
+			if _, err := cl.Subjects(ctx); err != nil {
+				t.Fatalf("after the file was rotated, the request did not carry its secret: %v", err)
+			}
+		})
+	}
+}
+
+// TestLoginFlagErrors: a secret given twice (as itself and as a file), a
+// file missing or empty, a mechanism without what it logs in with: each
+// stops the command before it connects, with one line that names the
+// flag and its variable, and never the secret.
+func TestLoginFlagErrors(t *testing.T) {
+	dir := t.TempDir()
+	good := filepath.Join(dir, "good")
+	writeSecret(t, good, secret)
+	empty := filepath.Join(dir, "empty")
+	if err := os.WriteFile(empty, []byte("\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	missing := filepath.Join(dir, "missing")
+	status := []string{"status", "--brokers", "127.0.0.1:1", "--database-url", "postgres://postgres@127.0.0.1:1/test?connect_timeout=1"}
+	dlq := []string{"dlq", "list"}
+	for _, tc := range []struct {
+		args []string
+		want string
+	}{
+		{append(status, "--kafka-sasl-mechanism", "scram-sha-512", "--kafka-sasl-username", "u", "--kafka-sasl-password", secret, "--kafka-sasl-password-file", good),
+			"both --kafka-sasl-password (PROJECTOR_KAFKA_SASL_PASSWORD) and --kafka-sasl-password-file (PROJECTOR_KAFKA_SASL_PASSWORD_FILE) are given"},
+		{append(status, "--kafka-sasl-mechanism", "plain", "--kafka-sasl-username", "u", "--kafka-sasl-password-file", missing),
+			"--kafka-sasl-password-file " + missing + " (PROJECTOR_KAFKA_SASL_PASSWORD_FILE): no such file or directory"},
+		{append(status, "--kafka-sasl-mechanism", "scram-sha-256", "--kafka-sasl-username", "u", "--kafka-sasl-password-file", empty),
+			"--kafka-sasl-password-file " + empty + " (PROJECTOR_KAFKA_SASL_PASSWORD_FILE): the file is empty"},
+		{append(status, "--kafka-sasl-mechanism", "oauthbearer"),
+			"--kafka-sasl-mechanism oauthbearer needs --kafka-sasl-oauth-token-file (PROJECTOR_KAFKA_SASL_OAUTH_TOKEN_FILE)"},
+		{append(status, "--kafka-sasl-mechanism", "oauthbearer", "--kafka-sasl-oauth-token-file", empty),
+			"--kafka-sasl-oauth-token-file " + empty + " (PROJECTOR_KAFKA_SASL_OAUTH_TOKEN_FILE): the file is empty"},
+		{append(status, "--kafka-sasl-mechanism", "oauthbearer", "--kafka-sasl-oauth-token-file", good, "--kafka-sasl-password", secret),
+			"--kafka-sasl-mechanism oauthbearer logs in with the token of --kafka-sasl-oauth-token-file alone"},
+		{append(status, "--kafka-sasl-mechanism", "plain", "--kafka-sasl-username", "u", "--kafka-sasl-password", secret, "--kafka-sasl-oauth-token-file", good),
+			"--kafka-sasl-oauth-token-file is for --kafka-sasl-mechanism oauthbearer, not plain"},
+		{append(status, "--kafka-sasl-mechanism", "aws-msk-iam", "--kafka-sasl-username", "u"),
+			"--kafka-sasl-mechanism aws-msk-iam logs in with the AWS SDK's default credentials"},
+		{append(status, "--kafka-sasl-password-file", good),
+			"need --kafka-sasl-mechanism (PROJECTOR_KAFKA_SASL_MECHANISM): plain, scram-sha-256, scram-sha-512, oauthbearer or aws-msk-iam"},
+		{append(dlq, "--database-url", "postgres://app:"+secret+"@127.0.0.1:1/test", "--database-password-file", good),
+			"both a password in --database-url (PROJECTOR_DATABASE_URL) and --database-password-file (PROJECTOR_DATABASE_PASSWORD_FILE) are given"},
+		{append(dlq, "--database-url", "host=127.0.0.1 port=1 dbname=test user=app password="+secret, "--database-password-file", good),
+			"both a password in --database-url"},
+		{append(dlq, "--database-url", "postgres://app@127.0.0.1:1/test", "--database-password-file", missing),
+			"--database-password-file " + missing + " (PROJECTOR_DATABASE_PASSWORD_FILE): no such file or directory"},
+	} {
+		out, err := runCaptured(t.Context(), tc.args...)
+		if err == nil {
+			t.Errorf("projector %s: no error", strings.Join(tc.args, " "))
+			continue
+		}
+		if !strings.Contains(out, tc.want) || strings.Contains(err.Error(), "\n") {
+			t.Errorf("projector %s: want one line saying %q, got:\n%s", strings.Join(tc.args, " "), tc.want, out)
+		}
+		noSecret(t, strings.Join(tc.args, " "), out)
+	}
+
+	for _, tc := range []struct {
+		auth registryAuth
+		url  string
+		want string
+	}{
+		{registryAuth{registryUser: "u", registryPassword: secret, registryPasswordFile: good}, "http://127.0.0.1:1",
+			"both --registry-password (PROJECTOR_REGISTRY_PASSWORD) and --registry-password-file (PROJECTOR_REGISTRY_PASSWORD_FILE) are given"},
+		{registryAuth{registryPasswordFile: good}, "http://u:" + secret + "@127.0.0.1:1",
+			"both a password in --registry-url and --registry-password-file (PROJECTOR_REGISTRY_PASSWORD_FILE) are given"},
+		{registryAuth{registryToken: secret, registryTokenFile: good}, "http://127.0.0.1:1",
+			"both --registry-bearer-token (PROJECTOR_REGISTRY_BEARER_TOKEN) and --registry-bearer-token-file (PROJECTOR_REGISTRY_BEARER_TOKEN_FILE) are given"},
+		{registryAuth{registryTokenFile: empty}, "http://127.0.0.1:1",
+			"--registry-bearer-token-file " + empty + " (PROJECTOR_REGISTRY_BEARER_TOKEN_FILE): the file is empty"},
+		{registryAuth{registryUser: "u", registryTokenFile: good}, "http://127.0.0.1:1",
+			"--registry-bearer-token(-file) and basic auth (--registry-user"},
+		{registryAuth{registryPasswordFile: good}, "http://127.0.0.1:1",
+			"--registry-password (PROJECTOR_REGISTRY_PASSWORD) and --registry-password-file need --registry-user"},
+	} {
+		c := common{registryURL: tc.url, registryAuth: tc.auth}
+		_, err := c.registryClient()
+		if err == nil || !strings.Contains(err.Error(), tc.want) || strings.Contains(err.Error(), secret) {
+			t.Errorf("registry client of %+v: %v, want an error saying %q", tc.auth, err, tc.want)
+		}
+	}
+}
+
+// TestConfigPrintSecretFlags: config print shows the paths of the secret
+// files, which a review checks, and hides the registry's bearer token.
+func TestConfigPrintSecretFlags(t *testing.T) {
+	t.Setenv("PROJECTOR_REGISTRY_BEARER_TOKEN", secret)
+	out, err := runCaptured(t.Context(), "config", "print", "run", "--kafka-sasl-mechanism", "oauthbearer",
+		"--kafka-sasl-oauth-token-file", "/var/run/secrets/kafka/token", "--kafka-sasl-password-file", "/var/run/secrets/kafka/password",
+		"--registry-password-file", "/var/run/secrets/registry/password", "--database-password-file", "/var/run/secrets/db/password")
+	if err != nil {
+		t.Fatalf("config print: %v\n%s", err, out)
+	}
+	for _, want := range []string{
+		"--kafka-sasl-oauth-token-file=/var/run/secrets/kafka/token",
+		"--kafka-sasl-password-file=/var/run/secrets/kafka/password",
+		"--registry-password-file=/var/run/secrets/registry/password",
+		"--database-password-file=/var/run/secrets/db/password",
+		"--registry-bearer-token=(set, hidden)",
+	} {
+		if !strings.Contains(out, want) {
+			t.Errorf("config print does not show %s:\n%s", want, out)
+		}
+	}
+	noSecret(t, "config print", out)
 }
