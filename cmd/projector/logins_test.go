@@ -250,6 +250,12 @@ func (ts *oauthTokens) check(auth []byte) (string, []byte, error) {
 		if v, ok := strings.CutPrefix(kv, "auth=Bearer "); ok {
 			token = v
 		}
+		if v, ok := strings.CutPrefix(kv, "logicalCluster="); ok && v != "lkc-test" {
+			return "", nil, fmt.Errorf("logical cluster %s, want lkc-test", v)
+		}
+	}
+	if !bytes.Contains(auth, []byte("\x01logicalCluster=lkc-test\x01")) {
+		return "", nil, errors.New("no logicalCluster extension")
 	}
 	ts.mu.Lock()
 	defer ts.mu.Unlock()
@@ -260,7 +266,9 @@ func (ts *oauthTokens) check(auth []byte) (string, []byte, error) {
 }
 
 // TestKafkaOAuthBearer: with --kafka-sasl-mechanism oauthbearer the
-// commands log in with the token of --kafka-sasl-oauth-token-file; a
+// commands log in with the token of --kafka-sasl-oauth-token-file and the
+// extensions of --kafka-sasl-oauth-extensions (the broker refuses a login
+// without them); a
 // token renewed in the file is used at the next re-authentication, so a
 // running client keeps working after the first token has expired; a
 // token the brokers refuse fails the command with the broker's reason and
@@ -274,7 +282,8 @@ func TestKafkaOAuthBearer(t *testing.T) {
 	tokenFile := filepath.Join(t.TempDir(), "token")
 	writeSecret(t, tokenFile, "token-one")
 	fake, _ := testenv.Registry(t)
-	oauth := []string{"--brokers", strings.Join(c.ListenAddrs(), ","), "--kafka-sasl-mechanism", "oauthbearer", "--kafka-sasl-oauth-token-file", tokenFile}
+	oauth := []string{"--brokers", strings.Join(c.ListenAddrs(), ","), "--kafka-sasl-mechanism", "oauthbearer", "--kafka-sasl-oauth-token-file", tokenFile,
+		"--kafka-sasl-oauth-extensions", "logicalCluster=lkc-test"}
 	hexFile := writeFile(t, "one.hex", "0102\n")
 	produce := append([]string{"produce", "--registry-url", fake.URL(), "--topic", "logins", "--format", "hex", "--key", "k", "--file", hexFile, "--timeout", "10s"}, oauth...)
 
@@ -290,7 +299,7 @@ func TestKafkaOAuthBearer(t *testing.T) {
 	}
 
 	t.Run("renewed token", func(t *testing.T) {
-		k := kafkaTransport{saslMechanism: "oauthbearer", saslTokenFile: tokenFile, warnTo: &bytes.Buffer{}}
+		k := kafkaTransport{saslMechanism: "oauthbearer", saslTokenFile: tokenFile, saslExtensions: "logicalCluster=lkc-test", warnTo: &bytes.Buffer{}}
 		mech, err := k.kafkaSASL()
 		if err != nil {
 			t.Fatal(err)
@@ -690,11 +699,13 @@ func TestLoginFlagErrors(t *testing.T) {
 		{append(status, "--kafka-sasl-mechanism", "oauthbearer", "--kafka-sasl-oauth-token-file", good, "--kafka-sasl-password", secret),
 			"--kafka-sasl-mechanism oauthbearer logs in with the token of --kafka-sasl-oauth-token-file alone"},
 		{append(status, "--kafka-sasl-mechanism", "plain", "--kafka-sasl-username", "u", "--kafka-sasl-password", secret, "--kafka-sasl-oauth-token-file", good),
-			"--kafka-sasl-oauth-token-file is for --kafka-sasl-mechanism oauthbearer, not plain"},
+			"--kafka-sasl-oauth-token-file and --kafka-sasl-oauth-extensions are for --kafka-sasl-mechanism oauthbearer, not plain"},
 		{append(status, "--kafka-sasl-mechanism", "aws-msk-iam", "--kafka-sasl-username", "u"),
 			"--kafka-sasl-mechanism aws-msk-iam logs in with the AWS SDK's default credentials"},
 		{append(status, "--kafka-sasl-password-file", good),
 			"need --kafka-sasl-mechanism (PROJECTOR_KAFKA_SASL_MECHANISM): plain, scram-sha-256, scram-sha-512, oauthbearer or aws-msk-iam"},
+		{append(status, "--kafka-sasl-mechanism", "oauthbearer", "--kafka-sasl-oauth-token-file", good, "--kafka-sasl-oauth-extensions", "logicalCluster=lkc-1,pool-id=x"),
+			`--kafka-sasl-oauth-extensions: "pool-id=x" is not key=value with a key of letters`},
 		{append(dlq, "--database-url", "postgres://app:"+secret+"@127.0.0.1:1/test", "--database-password-file", good),
 			"both a password in --database-url (PROJECTOR_DATABASE_URL) and --database-password-file (PROJECTOR_DATABASE_PASSWORD_FILE) are given"},
 		{append(dlq, "--database-url", "host=127.0.0.1 port=1 dbname=test user=app password="+secret, "--database-password-file", good),

@@ -11,6 +11,7 @@ import (
 	"log/slog"
 	"net/http"
 	"os"
+	"regexp"
 	"strings"
 	"time"
 
@@ -39,6 +40,7 @@ type kafkaTransport struct {
 	// saslPasswordFile and saslTokenFile name files read at each login.
 	saslPasswordFile string
 	saslTokenFile    string
+	saslExtensions   string
 	registryCAFile   string
 	// mech is the mechanism once built: built again, an aws-msk-iam one
 	// would look up the AWS credentials twice.
@@ -63,6 +65,7 @@ func (k *kafkaTransport) register(fs *flag.FlagSet) {
 	fs.StringVar(&k.saslUsername, "kafka-sasl-username", "", "SASL user name")
 	fs.StringVar(&k.saslPassword, "kafka-sasl-password", "", "SASL password; prefer the environment variable, a flag shows in ps, or --kafka-sasl-password-file")
 	fs.StringVar(&k.saslPasswordFile, "kafka-sasl-password-file", "", "file holding the SASL password (a mounted Kubernetes secret, say), instead of --kafka-sasl-password; read at each login, so a rotated password is used by the next connection")
+	fs.StringVar(&k.saslExtensions, "kafka-sasl-oauth-extensions", "", "SASL extensions sent with the OAUTHBEARER token, key=value pairs separated by commas; Confluent Cloud wants logicalCluster=lkc-…,identityPoolId=pool-…")
 	fs.StringVar(&k.saslTokenFile, "kafka-sasl-oauth-token-file", "", "file holding the OAUTHBEARER token, for --kafka-sasl-mechanism oauthbearer; read at each login and re-authentication, so a token renewed in place is used from then on")
 }
 
@@ -201,8 +204,8 @@ func (k *kafkaTransport) kafkaSASL() (sasl.Mechanism, error) {
 func (k *kafkaTransport) buildSASL() (sasl.Mechanism, error) {
 	mech := strings.ToLower(strings.TrimSpace(k.saslMechanism))
 	if mech == "" {
-		if k.saslUsername != "" || k.saslPassword != "" || k.saslPasswordFile != "" || k.saslTokenFile != "" {
-			return nil, errors.New("--kafka-sasl-username, --kafka-sasl-password, --kafka-sasl-password-file and --kafka-sasl-oauth-token-file need --kafka-sasl-mechanism (PROJECTOR_KAFKA_SASL_MECHANISM): " + saslMechanisms)
+		if k.saslUsername != "" || k.saslPassword != "" || k.saslPasswordFile != "" || k.saslTokenFile != "" || k.saslExtensions != "" {
+			return nil, errors.New("--kafka-sasl-username, --kafka-sasl-password(-file) and --kafka-sasl-oauth-token-file or -extensions need --kafka-sasl-mechanism (PROJECTOR_KAFKA_SASL_MECHANISM): " + saslMechanisms)
 		}
 		return nil, nil
 	}
@@ -220,11 +223,18 @@ func (k *kafkaTransport) buildSASL() (sasl.Mechanism, error) {
 		if err != nil {
 			return nil, err
 		}
+		ext, err := oauthExtensions(k.saslExtensions)
+		if err != nil {
+			return nil, err
+		}
 		return oauth.Oauth(func(context.Context) (oauth.Auth, error) {
 			t, err := token.read()
-			return oauth.Auth{Token: t}, err
+			return oauth.Auth{Token: t, Extensions: ext}, err
 		}), nil
 	case "aws-msk-iam":
+		if k.saslExtensions != "" {
+			return nil, errors.New("--kafka-sasl-oauth-extensions is for --kafka-sasl-mechanism oauthbearer, not aws-msk-iam")
+		}
 		if k.saslUsername != "" || k.saslPassword != "" || k.saslPasswordFile != "" || k.saslTokenFile != "" {
 			return nil, errors.New("--kafka-sasl-mechanism aws-msk-iam logs in with the AWS SDK's default credentials (environment, shared files, web identity, container or instance role): leave out --kafka-sasl-username, --kafka-sasl-password, --kafka-sasl-password-file and --kafka-sasl-oauth-token-file")
 		}
@@ -234,11 +244,37 @@ func (k *kafkaTransport) buildSASL() (sasl.Mechanism, error) {
 	}
 }
 
+// oauthExtension is what RFC 7628 allows of a SASL extension: a key of
+// letters, a value of printable characters and spaces.
+var (
+	oauthExtKey   = regexp.MustCompile(`^[A-Za-z]+$`)
+	oauthExtValue = regexp.MustCompile(`^[\x21-\x7E \t\r\n]+$`)
+)
+
+// oauthExtensions parses --kafka-sasl-oauth-extensions, nil when empty.
+func oauthExtensions(s string) (map[string]string, error) {
+	if strings.TrimSpace(s) == "" {
+		return nil, nil
+	}
+	out := map[string]string{}
+	for _, kv := range strings.Split(s, ",") {
+		k, v, ok := strings.Cut(strings.TrimSpace(kv), "=")
+		switch {
+		case !ok || !oauthExtKey.MatchString(k) || !oauthExtValue.MatchString(v):
+			return nil, fmt.Errorf("--kafka-sasl-oauth-extensions: %q is not key=value with a key of letters and a printable value", kv)
+		case k == "auth":
+			return nil, errors.New("--kafka-sasl-oauth-extensions: auth is the token's own key")
+		}
+		out[k] = v
+	}
+	return out, nil
+}
+
 // passwordSASL is the mechanism of a user name and a password, given or
 // read from --kafka-sasl-password-file at each login.
 func (k *kafkaTransport) passwordSASL(mech string) (sasl.Mechanism, error) {
-	if k.saslTokenFile != "" {
-		return nil, fmt.Errorf("--kafka-sasl-oauth-token-file is for --kafka-sasl-mechanism oauthbearer, not %s", mech)
+	if k.saslTokenFile != "" || k.saslExtensions != "" {
+		return nil, fmt.Errorf("--kafka-sasl-oauth-token-file and --kafka-sasl-oauth-extensions are for --kafka-sasl-mechanism oauthbearer, not %s", mech)
 	}
 	if k.saslUsername == "" {
 		return nil, fmt.Errorf("--kafka-sasl-mechanism %s needs --kafka-sasl-username (PROJECTOR_KAFKA_SASL_USERNAME)", mech)
