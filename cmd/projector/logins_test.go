@@ -740,7 +740,7 @@ func TestLoginFlagErrors(t *testing.T) {
 		{registryAuth{registryUser: "u", registryTokenFile: good}, "http://127.0.0.1:1",
 			"--registry-bearer-token(-file) and basic auth (--registry-user"},
 		{registryAuth{registryPasswordFile: good}, "http://127.0.0.1:1",
-			"--registry-password (PROJECTOR_REGISTRY_PASSWORD) and --registry-password-file need --registry-user"},
+			"--registry-password-file (PROJECTOR_REGISTRY_PASSWORD_FILE) needs --registry-user (PROJECTOR_REGISTRY_USER)"},
 	} {
 		c := common{registryURL: tc.url, registryAuth: tc.auth}
 		_, err := c.registryClient()

@@ -64,8 +64,10 @@ func (c *common) registryClient() (*sr.Client, error) {
 		return nil, errors.New("--registry-bearer-token(-file) and basic auth (--registry-user, --registry-password(-file), user:password@ in --registry-url) are both given: the registry takes one")
 	case c.registryUser != "":
 		user, pass, auth = c.registryUser, c.registryPassword, true
-	case (c.registryPassword != "" || passFile != nil) && !auth:
-		return nil, errors.New("--registry-password (PROJECTOR_REGISTRY_PASSWORD) and --registry-password-file need --registry-user (PROJECTOR_REGISTRY_USER)")
+	case passFile != nil && !auth:
+		return nil, errors.New("--registry-password-file (PROJECTOR_REGISTRY_PASSWORD_FILE) needs --registry-user (PROJECTOR_REGISTRY_USER)")
+	case c.registryPassword != "" && !auth:
+		return nil, errors.New("--registry-password (PROJECTOR_REGISTRY_PASSWORD) needs --registry-user (PROJECTOR_REGISTRY_USER)")
 	case c.registryPassword != "":
 		pass = c.registryPassword
 	}
