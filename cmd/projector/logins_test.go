@@ -667,6 +667,32 @@ func TestRegistrySecretFiles(t *testing.T) {
 	}
 }
 
+// TestRegistryRefusesCredentials: a registry that refuses the token
+// stops produce with its answer and which flags to check, never the
+// token.
+func TestRegistryRefusesCredentials(t *testing.T) {
+	fake, _ := testenv.Registry(t)
+	fake.Intercept(func(w http.ResponseWriter, r *http.Request) bool {
+		w.Header().Set("Content-Type", "application/json")
+		w.WriteHeader(http.StatusUnauthorized)
+		fmt.Fprint(w, `{"error_code":401,"message":"Unauthorized"}`)
+		return true
+	})
+	kafka := testenv.Kafka(t, demo.Topic, 1)
+	token := writeFile(t, "token", "Wr0ng-"+secret+"\n")
+	_, lines := jsonLines(t, smallStream())
+	out, err := runCaptured(t.Context(), "produce", "--brokers", strings.Join(kafka.ListenAddrs(), ","), "--registry-url", fake.URL(),
+		"--registry-bearer-token-file", token, "--topic", demo.Topic, "--schema", filepath.Join("..", "..", "internal", "demo", "account_event.avsc"),
+		"--key-field", "account_id", "--file", writeFile(t, "events.jsonl", lines), "--timeout", "10s")
+	if err == nil {
+		t.Fatalf("produce with a refused token succeeded:\n%s", out)
+	}
+	if !strings.Contains(err.Error(), "Unauthorized (HTTP 401)\nThe Schema Registry refused the credentials: check --registry-user") || strings.Count(err.Error(), "\n") != 1 {
+		t.Errorf("produce with a refused token: want the registry's answer and the flags to check, in two lines:\n%s", out)
+	}
+	noSecret(t, "produce", out)
+}
+
 // TestLoginFlagErrors: a secret given twice (as itself and as a file), a
 // file missing or empty, a mechanism without what it logs in with: each
 // stops the command before it connects, with one line that names the

@@ -57,7 +57,7 @@ func Main(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	}
 	// Whatever failed, its message is masked: errors quote URLs and
 	// connection strings.
-	return redact.Error(kafkaHint(execute(ctx, rootCommand(stdout, stderr), args, stdout, stderr)))
+	return redact.Error(loginHint(execute(ctx, rootCommand(stdout, stderr), args, stdout, stderr)))
 }
 
 // rootCommand builds the command tree; docs/configuration.md is generated

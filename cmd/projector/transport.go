@@ -21,6 +21,7 @@ import (
 	"github.com/twmb/franz-go/pkg/sasl/oauth"
 	"github.com/twmb/franz-go/pkg/sasl/plain"
 	"github.com/twmb/franz-go/pkg/sasl/scram"
+	"github.com/twmb/franz-go/pkg/sr"
 
 	"github.com/projector-dev/projector/internal/kafkaclient"
 )
@@ -312,12 +313,17 @@ func (k *kafkaTransport) passwordSASL(mech string) (sasl.Mechanism, error) {
 	}
 }
 
-// kafkaHint adds to err which flags to check when a broker refused the
-// credentials: the client's own message names only the Kafka error.
-func kafkaHint(err error) error {
+// loginHint adds to err which flags to check when a broker refused the
+// SASL credentials or the registry the credentials it was sent: the
+// clients' own messages name only the Kafka error or the HTTP status.
+func loginHint(err error) error {
 	if errors.Is(err, kerr.SaslAuthenticationFailed) {
 		return fmt.Errorf("%w\nThe brokers refused the SASL credentials: check --kafka-sasl-mechanism, --kafka-sasl-username and --kafka-sasl-password or its -file; "+
 			"for oauthbearer the token of --kafka-sasl-oauth-token-file; for aws-msk-iam the AWS credentials found and their kafka-cluster:Connect permission", err)
+	}
+	var re *sr.ResponseError
+	if errors.As(err, &re) && (re.StatusCode == http.StatusUnauthorized || re.StatusCode == http.StatusForbidden) {
+		return fmt.Errorf("%w (HTTP %d)\nThe Schema Registry refused the credentials: check --registry-user with --registry-password or its -file, or --registry-bearer-token or its -file", err, re.StatusCode)
 	}
 	return err
 }
