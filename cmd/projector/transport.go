@@ -30,19 +30,20 @@ import (
 // cluster: every command given --brokers has them, so that one cluster's
 // settings work with all of them.
 type kafkaTransport struct {
-	tls           bool
-	caFile        string
-	certFile      string
-	keyFile       string
-	serverName    string
-	saslMechanism string
-	saslUsername  string
-	saslPassword  string
+	tls            bool
+	caFile         string
+	certFile       string
+	keyFile        string
+	serverName     string
+	saslMechanism  string
+	saslUsername   string
+	saslPassword   string
+	registryCAFile string
+
 	// saslPasswordFile and saslTokenFile name files read at each login.
 	saslPasswordFile string
 	saslTokenFile    string
 	saslExtensions   string
-	registryCAFile   string
 	// mech is the mechanism once built: built again, an aws-msk-iam one
 	// would look up the AWS credentials twice.
 	mech sasl.Mechanism
