@@ -46,7 +46,7 @@ func migrateCommand(stdout, stderr io.Writer) *ffcli.Command {
 			if err != nil {
 				return fmt.Errorf("--config: %w", err)
 			}
-			cfg, err := db.poolConfig(c.databaseURL)
+			cfg, err := db.poolConfig(c.database())
 			if err != nil {
 				return err
 			}
@@ -135,7 +135,7 @@ func newStatusCommand(name, usage string, stdout, stderr io.Writer) *ffcli.Comma
 			if err := c.checkTransport(); err != nil {
 				return err
 			}
-			pool, err := connectEngine(ctx, c.databaseURL, tableOffsets)
+			pool, err := connectEngine(ctx, c.database(), tableOffsets)
 			if err != nil {
 				return err
 			}

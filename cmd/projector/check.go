@@ -139,7 +139,7 @@ func (f *checkFlags) run(ctx context.Context, stdout, stderr io.Writer) error {
 // session (no such database or role, a wrong password): the message says
 // which, as run's does.
 func (f *checkFlags) openPool(ctx context.Context) (*pgxpool.Pool, error) {
-	cfg, err := f.db.poolConfig(f.databaseURL)
+	cfg, err := f.db.poolConfig(f.database())
 	if err != nil {
 		return nil, err
 	}

@@ -131,7 +131,7 @@ func TestBadInputStopsWithAClearMessage(t *testing.T) {
 		{[]string{"run", "--brokers", "b", "--registry-url", "http://r", "--dead-letter-storm-window", "0"}, "--dead-letter-storm-window"},
 		// The Kafka transport is checked before anything connects, by
 		// every command that has it.
-		{[]string{"run", "--brokers", "b", "--registry-url", "http://r", "--kafka-sasl-mechanism", "gssapi"}, `--kafka-sasl-mechanism "gssapi": want plain, scram-sha-256 or scram-sha-512`},
+		{[]string{"run", "--brokers", "b", "--registry-url", "http://r", "--kafka-sasl-mechanism", "gssapi"}, `--kafka-sasl-mechanism "gssapi": want plain, scram-sha-256, scram-sha-512, oauthbearer or aws-msk-iam`},
 		{[]string{"run", "--brokers", "b", "--registry-url", "http://r", "--kafka-sasl-username", "u"}, "need --kafka-sasl-mechanism"},
 		{[]string{"run", "--brokers", "b", "--registry-url", "http://r", "--kafka-sasl-mechanism", "PLAIN"}, "--kafka-sasl-mechanism plain needs --kafka-sasl-username"},
 		{[]string{"relay", "--brokers", "b", "--kafka-sasl-mechanism", "scram-sha-512", "--kafka-sasl-username", "u"}, "--kafka-sasl-mechanism scram-sha-512 needs --kafka-sasl-password"},

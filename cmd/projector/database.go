@@ -118,8 +118,9 @@ func (d *dbFlags) set(name string) bool {
 // poolConfig parses --database-url and applies the session flags: a flag
 // given explicitly wins over the URL's parameter, which wins over the
 // flag's default.
-func (d *dbFlags) poolConfig(raw string) (*pgxpool.Config, error) {
-	cfg, err := parseDatabaseURL(raw)
+func (d *dbFlags) poolConfig(src dbSource) (*pgxpool.Config, error) {
+	raw := src.url
+	cfg, err := parseDatabaseURL(src)
 	if err != nil {
 		return nil, err
 	}
@@ -159,10 +160,23 @@ func (d *dbFlags) poolConfig(raw string) (*pgxpool.Config, error) {
 	return cfg, nil
 }
 
+// dbSource is where a command's PostgreSQL sessions connect:
+// --database-url, and the file of --database-password-file when given.
+type dbSource struct {
+	url          string
+	passwordFile string
+}
+
+// database is the dbSource of the command's flags.
+func (c *common) database() dbSource {
+	return dbSource{url: c.databaseURL, passwordFile: c.databasePasswordFile}
+}
+
 // parseDatabaseURL parses a PostgreSQL URL (or key=value string) and
 // refuses one that names no database: pgx would pick one named after the
 // user, and the tables would land where nobody looks for them.
-func parseDatabaseURL(raw string) (*pgxpool.Config, error) {
+func parseDatabaseURL(src dbSource) (*pgxpool.Config, error) {
+	raw := src.url
 	cfg, err := pgxpool.ParseConfig(raw)
 	if err != nil {
 		return nil, fmt.Errorf("--database-url: %w", err)
@@ -174,7 +188,42 @@ func parseDatabaseURL(raw string) (*pgxpool.Config, error) {
 	if cfg.ConnConfig.RuntimeParams["application_name"] == "" {
 		cfg.ConnConfig.RuntimeParams["application_name"] = applicationName
 	}
+	if src.passwordFile != "" {
+		if _, inURL := w["password"]; inURL {
+			return nil, errors.New("both a password in --database-url (PROJECTOR_DATABASE_URL) and --database-password-file (PROJECTOR_DATABASE_PASSWORD_FILE) are given: give one, the file to have a rotated password used by new sessions")
+		}
+		if err := passwordFromFile(cfg, secretFile{flag: "--database-password-file", path: src.passwordFile}); err != nil {
+			return nil, err
+		}
+	}
 	return cfg, nil
+}
+
+// passwordFromFile has every new session of cfg's pool log in with the
+// password in file, read as the session is opened: a Kubernetes secret
+// rotated in place reaches the sessions opened after it, while those open
+// keep theirs (--database-max-conn-lifetime bounds how long).
+func passwordFromFile(cfg *pgxpool.Config, file secretFile) error {
+	pw, err := file.read()
+	if err != nil {
+		return err
+	}
+	cfg.ConnConfig.Password = pw
+	before := cfg.BeforeConnect
+	cfg.BeforeConnect = func(ctx context.Context, cc *pgx.ConnConfig) error {
+		if before != nil {
+			if err := before(ctx, cc); err != nil {
+				return err
+			}
+		}
+		pw, err := file.read()
+		if err != nil {
+			return err
+		}
+		cc.Password = pw
+		return nil
+	}
+	return nil
 }
 
 // keywordRe matches a key=value pair of a connection string.
@@ -194,6 +243,9 @@ func written(raw string) map[string]string {
 		}
 		if db := strings.TrimPrefix(u.Path, "/"); db != "" {
 			out["dbname"] = db
+		}
+		if pw, ok := u.User.Password(); ok {
+			out["password"] = pw
 		}
 		return out
 	}
@@ -464,7 +516,7 @@ func explain(t dbTarget, err error) error {
 				"Create it, or name another in --database-url (PROJECTOR_DATABASE_URL)", where, err)
 		case pg.Code == "28P01" || pg.Code == "28000": // authentication
 			return fmt.Errorf("cannot connect to PostgreSQL at %s as user %q: %w\n"+
-				"Check the user and password in --database-url (PROJECTOR_DATABASE_URL)", where, t.User, err)
+				"Check the user and password in --database-url (PROJECTOR_DATABASE_URL), or the file of --database-password-file when given", where, t.User, err)
 		case pg.Code == "57P01" || pg.Code == "57P02" || pg.Code == "57P03" || strings.HasPrefix(pg.Code, "08"):
 			return fmt.Errorf("cannot connect to PostgreSQL at %s: the server ended the session or is not accepting sessions (restarting, shutting down or failing over): %w", where, err)
 		}
@@ -479,15 +531,15 @@ func explain(t dbTarget, err error) error {
 
 // connect opens a pool for a command that runs once (status, dlq, demo):
 // one attempt, with a message that says what to do when it fails.
-func connect(ctx context.Context, raw string) (*pgxpool.Pool, error) {
-	return connectWith(ctx, raw, nil)
+func connect(ctx context.Context, src dbSource) (*pgxpool.Pool, error) {
+	return connectWith(ctx, src, nil)
 }
 
 // connectWith is connect with edit (if not nil) applied to the parsed
 // configuration, for settings a keyword/value connection string cannot be
 // given by appending to it.
-func connectWith(ctx context.Context, raw string, edit func(*pgxpool.Config)) (*pgxpool.Pool, error) {
-	cfg, err := parseDatabaseURL(raw)
+func connectWith(ctx context.Context, src dbSource, edit func(*pgxpool.Config)) (*pgxpool.Pool, error) {
+	cfg, err := parseDatabaseURL(src)
 	if err != nil {
 		return nil, err
 	}
@@ -514,8 +566,8 @@ var engineTables = []string{tableOffsets, tableOffsetsAudit, tableDeadLetters, t
 // it refuses, saying what to do, a database where they are missing —
 // projector migrate never ran there, or the URL points elsewhere — which
 // would otherwise surface as PostgreSQL's "relation does not exist".
-func connectEngine(ctx context.Context, raw string, tables ...string) (*pgxpool.Pool, error) {
-	cfg, err := parseDatabaseURL(raw)
+func connectEngine(ctx context.Context, src dbSource, tables ...string) (*pgxpool.Pool, error) {
+	cfg, err := parseDatabaseURL(src)
 	if err != nil {
 		return nil, err
 	}

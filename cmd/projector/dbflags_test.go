@@ -28,7 +28,7 @@ func TestSessionFlagsAndURL(t *testing.T) {
 		if err := fs.Parse(tc.args); err != nil {
 			t.Fatal(err)
 		}
-		cfg, err := d.poolConfig(tc.url)
+		cfg, err := d.poolConfig(dbSource{url: tc.url})
 		if err != nil {
 			t.Fatalf("%s %v: %v", tc.url, tc.args, err)
 		}

@@ -403,7 +403,7 @@ func demoDatabase(ctx context.Context, f *demoFlags) (*pgxpool.Pool, error) {
 	if f.schema == "public" || f.schema == "information_schema" || strings.HasPrefix(f.schema, "pg_") {
 		return nil, fmt.Errorf("--database-schema %s: the demo drops and recreates its schema, so it never uses %s; pick a schema of its own, e.g. projector_demo", f.schema, f.schema)
 	}
-	admin, err := connect(ctx, f.databaseURL)
+	admin, err := connect(ctx, dbSource{url: f.databaseURL})
 	if err != nil {
 		return nil, err
 	}
@@ -434,7 +434,7 @@ func demoDatabase(ctx context.Context, f *demoFlags) (*pgxpool.Pool, error) {
 	if err != nil {
 		return nil, err
 	}
-	return connectWith(ctx, f.databaseURL, func(cfg *pgxpool.Config) {
+	return connectWith(ctx, dbSource{url: f.databaseURL}, func(cfg *pgxpool.Config) {
 		cfg.ConnConfig.RuntimeParams["search_path"] = f.schema
 	})
 }

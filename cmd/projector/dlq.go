@@ -211,7 +211,7 @@ func dlqListCommand(stdout, stderr io.Writer) *ffcli.Command {
 			if f.Limit == 0 {
 				f.Limit = math.MaxInt32
 			}
-			pool, err := connectEngine(ctx, c.databaseURL, tableDeadLetters)
+			pool, err := connectEngine(ctx, c.database(), tableDeadLetters)
 			if err != nil {
 				return err
 			}
@@ -289,7 +289,7 @@ func dlqShowCommand(stdout, stderr io.Writer) *ffcli.Command {
 			if err != nil || id <= 0 {
 				return &usageError{msg: fmt.Sprintf("dlq show: ID %q is not a dead-letter id", args[0])}
 			}
-			pool, err := connectEngine(ctx, c.databaseURL, tableDeadLetters)
+			pool, err := connectEngine(ctx, c.database(), tableDeadLetters)
 			if err != nil {
 				return err
 			}
@@ -487,7 +487,7 @@ func dlqReplayCommand(stdout, stderr io.Writer) *ffcli.Command {
 					return err
 				}
 			}
-			pool, err := connectEngine(ctx, c.databaseURL, tableDeadLetters, tableDLQAudit)
+			pool, err := connectEngine(ctx, c.database(), tableDeadLetters, tableDLQAudit)
 			if err != nil {
 				return err
 			}
@@ -623,7 +623,7 @@ func dlqPurgeCommand(stdout, stderr io.Writer) *ffcli.Command {
 			if len(ids) > 0 {
 				f.IDs = slices.Clone(ids)
 			}
-			pool, err := connectEngine(ctx, c.databaseURL, tableDeadLetters, tableDLQAudit)
+			pool, err := connectEngine(ctx, c.database(), tableDeadLetters, tableDLQAudit)
 			if err != nil {
 				return err
 			}
@@ -685,7 +685,7 @@ func dlqAuditCommand(stdout, stderr io.Writer) *ffcli.Command {
 			if limit < 0 {
 				return fmt.Errorf("--limit %d: must not be negative", limit)
 			}
-			pool, err := connectEngine(ctx, c.databaseURL, tableDLQAudit)
+			pool, err := connectEngine(ctx, c.database(), tableDLQAudit)
 			if err != nil {
 				return err
 			}

@@ -104,6 +104,8 @@ var reservedEnv = []string{
 	"PROJECTOR_REGISTRY_HEAP",
 	"PROJECTOR_CONNECT_CACHE", // scripts/connect
 	"PROJECTOR_CONNECT_HEAP",
+	// The SASL listeners of the tests' Apache Kafka (scripts/kafka up --sasl).
+	"PROJECTOR_TEST_KAFKA_SASL_BROKERS",
 }
 
 // envWord is s in a variable's form: upper case, _ for - and for spaces.

@@ -57,7 +57,7 @@ func Main(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	}
 	// Whatever failed, its message is masked: errors quote URLs and
 	// connection strings.
-	return redact.Error(kafkaHint(execute(ctx, rootCommand(stdout, stderr), args, stdout, stderr)))
+	return redact.Error(loginHint(execute(ctx, rootCommand(stdout, stderr), args, stdout, stderr)))
 }
 
 // rootCommand builds the command tree; docs/configuration.md is generated
@@ -103,6 +103,9 @@ type common struct {
 	config      string
 	logLevel    string
 	logFormat   string
+
+	// databasePasswordFile is read as each session opens.
+	databasePasswordFile string
 }
 
 func (c *common) register(fs *flag.FlagSet, which ...string) {
@@ -113,11 +116,11 @@ func (c *common) register(fs *flag.FlagSet, which ...string) {
 			c.kafkaTransport.register(fs)
 		case "registry-url":
 			fs.StringVar(&c.registryURL, "registry-url", "", "Schema Registry URL")
-			fs.StringVar(&c.registryUser, "registry-user", "", "Schema Registry basic-auth user, instead of user:password@ in --registry-url")
-			fs.StringVar(&c.registryPassword, "registry-password", "", "Schema Registry basic-auth password; prefer the environment variable, a flag shows in ps")
+			c.registryAuth.register(fs)
 			c.kafkaTransport.registerRegistry(fs)
 		case "database-url":
 			fs.StringVar(&c.databaseURL, "database-url", DefaultDatabaseURL, "PostgreSQL connection URL")
+			fs.StringVar(&c.databasePasswordFile, "database-password-file", "", "file holding the PostgreSQL password (a mounted Kubernetes secret, say), for a --database-url without one; read as each session opens, so a rotated password reaches the new sessions")
 		case "identity":
 			fs.StringVar(&c.identity, "identity", "projector", "consumer identity: the Kafka group id and the namespace of stored offsets")
 		case "config":

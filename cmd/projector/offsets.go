@@ -171,7 +171,7 @@ func offsetsResetCommand(stdout, stderr io.Writer) *ffcli.Command {
 				return err
 			}
 			defer closeAdm()
-			pool, err := connectEngine(ctx, c.databaseURL, tableOffsets, tableOffsetsAudit)
+			pool, err := connectEngine(ctx, c.database(), tableOffsets, tableOffsetsAudit)
 			if err != nil {
 				return err
 			}
@@ -314,7 +314,7 @@ func offsetsAuditCommand(stdout, stderr io.Writer) *ffcli.Command {
 			fs.BoolVar(&asJSON, "json", false, "print JSON objects instead of a table")
 		},
 		func(ctx context.Context, _ []string) error {
-			pool, err := connectEngine(ctx, c.databaseURL, tableOffsetsAudit)
+			pool, err := connectEngine(ctx, c.database(), tableOffsetsAudit)
 			if err != nil {
 				return err
 			}

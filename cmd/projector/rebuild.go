@@ -52,8 +52,8 @@ const (
 // openRebuilds connects to the database of --database-url and returns the
 // store of its generations and operations, refusing a database where no
 // replica of a version that keeps generations has started.
-func openRebuilds(ctx context.Context, databaseURL string) (*rebuild.Store, func(), error) {
-	pool, err := connect(ctx, databaseURL)
+func openRebuilds(ctx context.Context, src dbSource) (*rebuild.Store, func(), error) {
+	pool, err := connect(ctx, src)
 	if err != nil {
 		return nil, nil, err
 	}
@@ -146,7 +146,7 @@ func rebuildStartCommand(stdout, stderr io.Writer) *ffcli.Command {
 				}
 				req.Definition = &def
 			}
-			store, closeStore, err := openRebuilds(ctx, c.databaseURL)
+			store, closeStore, err := openRebuilds(ctx, c.database())
 			if err != nil {
 				return err
 			}
@@ -178,7 +178,7 @@ func rebuildRollbackCommand(stdout, stderr io.Writer) *ffcli.Command {
 			if name == "" {
 				return errors.New("--projection is required: the projection to roll back")
 			}
-			store, closeStore, err := openRebuilds(ctx, c.databaseURL)
+			store, closeStore, err := openRebuilds(ctx, c.database())
 			if err != nil {
 				return err
 			}
@@ -222,7 +222,7 @@ func rebuildStatusCommand(stdout, stderr io.Writer) *ffcli.Command {
 			if err != nil {
 				return err
 			}
-			store, closeStore, err := openRebuilds(ctx, c.databaseURL)
+			store, closeStore, err := openRebuilds(ctx, c.database())
 			if err != nil {
 				return err
 			}
@@ -474,7 +474,7 @@ func rebuildListCommand(stdout, stderr io.Writer) *ffcli.Command {
 			fs.BoolVar(&asJSON, "json", false, rebuildJSONUsage)
 		},
 		func(ctx context.Context, _ []string) error {
-			store, closeStore, err := openRebuilds(ctx, c.databaseURL)
+			store, closeStore, err := openRebuilds(ctx, c.database())
 			if err != nil {
 				return err
 			}
@@ -519,7 +519,7 @@ func rebuildCancelCommand(stdout, stderr io.Writer) *ffcli.Command {
 			if err != nil {
 				return err
 			}
-			store, closeStore, err := openRebuilds(ctx, c.databaseURL)
+			store, closeStore, err := openRebuilds(ctx, c.database())
 			if err != nil {
 				return err
 			}
@@ -560,7 +560,7 @@ func rebuildCleanupCommand(stdout, stderr io.Writer) *ffcli.Command {
 			if name == "" {
 				return errors.New("--projection is required: the projection whose retired generations to drop")
 			}
-			store, closeStore, err := openRebuilds(ctx, c.databaseURL)
+			store, closeStore, err := openRebuilds(ctx, c.database())
 			if err != nil {
 				return err
 			}

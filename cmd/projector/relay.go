@@ -48,7 +48,7 @@ func relayCommand(_, stderr io.Writer) *ffcli.Command {
 			if err != nil {
 				return err
 			}
-			poolCfg, err := f.dbFlags.poolConfig(f.databaseURL)
+			poolCfg, err := f.dbFlags.poolConfig(f.database())
 			if err != nil {
 				return err
 			}

@@ -143,7 +143,7 @@ func (f *runFlags) runOn(ctx context.Context, stderr io.Writer, env engineEnv) e
 	if err != nil {
 		return fmt.Errorf("--config: %w", err)
 	}
-	poolCfg, err := f.dbFlags.poolConfig(f.databaseURL)
+	poolCfg, err := f.dbFlags.poolConfig(f.database())
 	if err != nil {
 		return err
 	}

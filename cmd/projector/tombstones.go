@@ -81,7 +81,7 @@ func tombstonesForgetCommand(stdout, stderr io.Writer) *ffcli.Command {
 			if err != nil {
 				return err
 			}
-			pool, err := connectEngine(ctx, c.databaseURL)
+			pool, err := connectEngine(ctx, c.database())
 			if err != nil {
 				return err
 			}

@@ -1,6 +1,7 @@
 package main
 
 import (
+	"context"
 	"crypto/tls"
 	"crypto/x509"
 	"errors"
@@ -10,14 +11,17 @@ import (
 	"log/slog"
 	"net/http"
 	"os"
+	"regexp"
 	"strings"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/twmb/franz-go/pkg/kerr"
 	"github.com/twmb/franz-go/pkg/sasl"
+	"github.com/twmb/franz-go/pkg/sasl/oauth"
 	"github.com/twmb/franz-go/pkg/sasl/plain"
 	"github.com/twmb/franz-go/pkg/sasl/scram"
+	"github.com/twmb/franz-go/pkg/sr"
 
 	"github.com/projector-dev/projector/internal/kafkaclient"
 )
@@ -35,6 +39,14 @@ type kafkaTransport struct {
 	saslUsername   string
 	saslPassword   string
 	registryCAFile string
+
+	// saslPasswordFile and saslTokenFile name files read at each login.
+	saslPasswordFile string
+	saslTokenFile    string
+	saslExtensions   string
+	// mech is the mechanism once built: built again, an aws-msk-iam one
+	// would look up the AWS credentials twice.
+	mech sasl.Mechanism
 	// warnTo is the command's stderr, for the warnings of the flags'
 	// combination when the command has no logger; warned: said once.
 	warnTo io.Writer
@@ -51,9 +63,12 @@ func (k *kafkaTransport) register(fs *flag.FlagSet) {
 	fs.StringVar(&k.certFile, "kafka-tls-cert-file", "", "PEM file of the client certificate, for brokers that require one; needs --kafka-tls-key-file")
 	fs.StringVar(&k.keyFile, "kafka-tls-key-file", "", "PEM file of the client certificate's private key; needs --kafka-tls-cert-file")
 	fs.StringVar(&k.serverName, "kafka-tls-server-name", "", "name the brokers' certificates are verified against; empty: each broker's host")
-	fs.StringVar(&k.saslMechanism, "kafka-sasl-mechanism", "", "SASL mechanism: plain, scram-sha-256 or scram-sha-512; empty: no SASL")
+	fs.StringVar(&k.saslMechanism, "kafka-sasl-mechanism", "", "SASL mechanism: plain, scram-sha-256, scram-sha-512 (with --kafka-sasl-username and a password), oauthbearer (with --kafka-sasl-oauth-token-file) or aws-msk-iam (Amazon MSK's IAM access control, with the AWS SDK's default credentials); empty: no SASL")
 	fs.StringVar(&k.saslUsername, "kafka-sasl-username", "", "SASL user name")
-	fs.StringVar(&k.saslPassword, "kafka-sasl-password", "", "SASL password; prefer the environment variable, a flag shows in ps")
+	fs.StringVar(&k.saslPassword, "kafka-sasl-password", "", "SASL password; prefer the environment variable, a flag shows in ps, or --kafka-sasl-password-file")
+	fs.StringVar(&k.saslPasswordFile, "kafka-sasl-password-file", "", "file holding the SASL password (a mounted Kubernetes secret, say), instead of --kafka-sasl-password; read at each login, so a rotated password is used by the next connection")
+	fs.StringVar(&k.saslExtensions, "kafka-sasl-oauth-extensions", "", "SASL extensions sent with the OAUTHBEARER token, key=value pairs separated by commas; Confluent Cloud wants logicalCluster=lkc-…,identityPoolId=pool-…")
+	fs.StringVar(&k.saslTokenFile, "kafka-sasl-oauth-token-file", "", "file holding the OAUTHBEARER token, for --kafka-sasl-mechanism oauthbearer; read at each login and re-authentication, so a token renewed in place is used from then on")
 }
 
 func (k *kafkaTransport) registerRegistry(fs *flag.FlagSet) {
@@ -108,8 +123,11 @@ func (k *kafkaTransport) warnCleartext(log *slog.Logger, tlsCfg *tls.Config, mec
 	}
 	k.warned = true
 	what := "the records and the authenticated session cross the network unencrypted"
-	if mech.Name() == "PLAIN" {
+	switch mech.Name() {
+	case "PLAIN":
 		what = "the password crosses the network as it is, and the records unencrypted"
+	case "OAUTHBEARER":
+		what = "the token crosses the network as it is, and the records unencrypted"
 	}
 	msg := fmt.Sprintf("SASL %s without TLS: %s; --kafka-tls (PROJECTOR_KAFKA_TLS) connects over TLS", mech.Name(), what)
 	if log != nil {
@@ -167,41 +185,146 @@ func certPool(flag, file string) (*x509.CertPool, error) {
 	return pool, nil
 }
 
+// saslMechanisms are the values of --kafka-sasl-mechanism, for errors.
+const saslMechanisms = "plain, scram-sha-256, scram-sha-512, oauthbearer or aws-msk-iam"
+
 // kafkaSASL is the mechanism of the --kafka-sasl-* flags, nil for none.
+// The secrets it needs are looked up now, so that a missing one stops the
+// command before anything connects, and again at each login.
 func (k *kafkaTransport) kafkaSASL() (sasl.Mechanism, error) {
+	if k.mech != nil {
+		return k.mech, nil
+	}
+	mech, err := k.buildSASL()
+	if err != nil {
+		return nil, err
+	}
+	k.mech = mech
+	return mech, nil
+}
+
+func (k *kafkaTransport) buildSASL() (sasl.Mechanism, error) {
 	mech := strings.ToLower(strings.TrimSpace(k.saslMechanism))
 	if mech == "" {
-		if k.saslUsername != "" || k.saslPassword != "" {
-			return nil, errors.New("--kafka-sasl-username and --kafka-sasl-password need --kafka-sasl-mechanism (PROJECTOR_KAFKA_SASL_MECHANISM): plain, scram-sha-256 or scram-sha-512")
+		if k.saslUsername != "" || k.saslPassword != "" || k.saslPasswordFile != "" || k.saslTokenFile != "" || k.saslExtensions != "" {
+			return nil, errors.New("--kafka-sasl-username, --kafka-sasl-password(-file) and --kafka-sasl-oauth-token-file or -extensions need --kafka-sasl-mechanism (PROJECTOR_KAFKA_SASL_MECHANISM): " + saslMechanisms)
 		}
 		return nil, nil
 	}
 	switch mech {
 	case "plain", "scram-sha-256", "scram-sha-512":
+		return k.passwordSASL(mech)
+	case "oauthbearer":
+		if k.saslUsername != "" || k.saslPassword != "" || k.saslPasswordFile != "" {
+			return nil, errors.New("--kafka-sasl-mechanism oauthbearer logs in with the token of --kafka-sasl-oauth-token-file alone: leave out --kafka-sasl-username, --kafka-sasl-password and --kafka-sasl-password-file")
+		}
+		if k.saslTokenFile == "" {
+			return nil, errors.New("--kafka-sasl-mechanism oauthbearer needs --kafka-sasl-oauth-token-file (PROJECTOR_KAFKA_SASL_OAUTH_TOKEN_FILE): the file the token is written to and renewed in")
+		}
+		token, err := oneSecret("--kafka-sasl-oauth-token", "", "--kafka-sasl-oauth-token-file", k.saslTokenFile)
+		if err != nil {
+			return nil, err
+		}
+		ext, err := oauthExtensions(k.saslExtensions)
+		if err != nil {
+			return nil, err
+		}
+		return oauth.Oauth(func(context.Context) (oauth.Auth, error) {
+			t, err := token.read()
+			return oauth.Auth{Token: t, Extensions: ext}, err
+		}), nil
+	case "aws-msk-iam":
+		if k.saslExtensions != "" {
+			return nil, errors.New("--kafka-sasl-oauth-extensions is for --kafka-sasl-mechanism oauthbearer, not aws-msk-iam")
+		}
+		if k.saslUsername != "" || k.saslPassword != "" || k.saslPasswordFile != "" || k.saslTokenFile != "" {
+			return nil, errors.New("--kafka-sasl-mechanism aws-msk-iam logs in with the AWS SDK's default credentials (environment, shared files, web identity, container or instance role): leave out --kafka-sasl-username, --kafka-sasl-password, --kafka-sasl-password-file and --kafka-sasl-oauth-token-file")
+		}
+		return newMSKIAM()
 	default:
-		return nil, fmt.Errorf("--kafka-sasl-mechanism %q: want plain, scram-sha-256 or scram-sha-512", k.saslMechanism)
+		return nil, fmt.Errorf("--kafka-sasl-mechanism %q: want %s", k.saslMechanism, saslMechanisms)
+	}
+}
+
+// oauthExtension is what RFC 7628 allows of a SASL extension: a key of
+// letters, a value of printable characters and spaces.
+var (
+	oauthExtKey   = regexp.MustCompile(`^[A-Za-z]+$`)
+	oauthExtValue = regexp.MustCompile(`^[\x21-\x7E \t\r\n]+$`)
+)
+
+// oauthExtensions parses --kafka-sasl-oauth-extensions, nil when empty.
+func oauthExtensions(s string) (map[string]string, error) {
+	if strings.TrimSpace(s) == "" {
+		return nil, nil
+	}
+	out := map[string]string{}
+	for _, kv := range strings.Split(s, ",") {
+		k, v, ok := strings.Cut(strings.TrimSpace(kv), "=")
+		switch {
+		case !ok || !oauthExtKey.MatchString(k) || !oauthExtValue.MatchString(v):
+			return nil, fmt.Errorf("--kafka-sasl-oauth-extensions: %q is not key=value with a key of letters and a printable value", kv)
+		case k == "auth":
+			return nil, errors.New("--kafka-sasl-oauth-extensions: auth is the token's own key")
+		}
+		out[k] = v
+	}
+	return out, nil
+}
+
+// passwordSASL is the mechanism of a user name and a password, given or
+// read from --kafka-sasl-password-file at each login.
+func (k *kafkaTransport) passwordSASL(mech string) (sasl.Mechanism, error) {
+	if k.saslTokenFile != "" || k.saslExtensions != "" {
+		return nil, fmt.Errorf("--kafka-sasl-oauth-token-file and --kafka-sasl-oauth-extensions are for --kafka-sasl-mechanism oauthbearer, not %s", mech)
 	}
 	if k.saslUsername == "" {
 		return nil, fmt.Errorf("--kafka-sasl-mechanism %s needs --kafka-sasl-username (PROJECTOR_KAFKA_SASL_USERNAME)", mech)
 	}
-	if k.saslPassword == "" {
-		return nil, fmt.Errorf("--kafka-sasl-mechanism %s needs --kafka-sasl-password (PROJECTOR_KAFKA_SASL_PASSWORD)", mech)
+	file, err := oneSecret("--kafka-sasl-password", k.saslPassword, "--kafka-sasl-password-file", k.saslPasswordFile)
+	if err != nil {
+		return nil, err
+	}
+	if file == nil && k.saslPassword == "" {
+		return nil, fmt.Errorf("--kafka-sasl-mechanism %s needs --kafka-sasl-password (PROJECTOR_KAFKA_SASL_PASSWORD) or --kafka-sasl-password-file (PROJECTOR_KAFKA_SASL_PASSWORD_FILE)", mech)
+	}
+	user, given := k.saslUsername, k.saslPassword
+	password := func() (string, error) {
+		if file == nil {
+			return given, nil
+		}
+		return file.read()
 	}
 	switch mech {
 	case "plain":
-		return plain.Auth{User: k.saslUsername, Pass: k.saslPassword}.AsMechanism(), nil
+		return plain.Plain(func(context.Context) (plain.Auth, error) {
+			p, err := password()
+			return plain.Auth{User: user, Pass: p}, err
+		}), nil
 	case "scram-sha-256":
-		return scram.Auth{User: k.saslUsername, Pass: k.saslPassword}.AsSha256Mechanism(), nil
+		return scram.Sha256(func(context.Context) (scram.Auth, error) {
+			p, err := password()
+			return scram.Auth{User: user, Pass: p}, err
+		}), nil
 	default:
-		return scram.Auth{User: k.saslUsername, Pass: k.saslPassword}.AsSha512Mechanism(), nil
+		return scram.Sha512(func(context.Context) (scram.Auth, error) {
+			p, err := password()
+			return scram.Auth{User: user, Pass: p}, err
+		}), nil
 	}
 }
 
-// kafkaHint adds to err which flags to check when a broker refused the
-// credentials: the client's own message names only the Kafka error.
-func kafkaHint(err error) error {
+// loginHint adds to err which flags to check when a broker refused the
+// SASL credentials or the registry the credentials it was sent: the
+// clients' own messages name only the Kafka error or the HTTP status.
+func loginHint(err error) error {
 	if errors.Is(err, kerr.SaslAuthenticationFailed) {
-		return fmt.Errorf("%w\nThe brokers refused the SASL credentials: check --kafka-sasl-mechanism, --kafka-sasl-username and --kafka-sasl-password (PROJECTOR_KAFKA_SASL_PASSWORD)", err)
+		return fmt.Errorf("%w\nThe brokers refused the SASL credentials: check --kafka-sasl-mechanism, --kafka-sasl-username and --kafka-sasl-password or its -file; "+
+			"for oauthbearer the token of --kafka-sasl-oauth-token-file; for aws-msk-iam the AWS credentials found and their kafka-cluster:Connect permission", err)
+	}
+	var re *sr.ResponseError
+	if errors.As(err, &re) && (re.StatusCode == http.StatusUnauthorized || re.StatusCode == http.StatusForbidden) {
+		return fmt.Errorf("%w (HTTP %d)\nThe Schema Registry refused the credentials: check --registry-user with --registry-password or its -file, or --registry-bearer-token or its -file", err, re.StatusCode)
 	}
 	return err
 }

@@ -125,7 +125,7 @@ func newTestPKI(t *testing.T) *testPKI {
 
 // securedKafka is a SASL_SSL cluster: TLS with client certificates, and
 // SASL authentication of user "projector" with password secret, by
-// SCRAM-SHA-256 or PLAIN.
+// SCRAM-SHA-256, SCRAM-SHA-512 or PLAIN.
 type securedKafka struct {
 	pki     *testPKI
 	cluster *kfake.Cluster
@@ -136,7 +136,8 @@ func newSecuredKafka(t *testing.T, topic string, partitions int) *securedKafka {
 	t.Helper()
 	pki := newTestPKI(t)
 	c := testenv.Kafka(t, topic, partitions, kfake.TLS(pki.server), kfake.EnableSASL(),
-		kfake.Superuser("SCRAM-SHA-256", "projector", secret), kfake.Superuser("PLAIN", "projector", secret))
+		kfake.Superuser("SCRAM-SHA-256", "projector", secret), kfake.Superuser("SCRAM-SHA-512", "projector", secret),
+		kfake.Superuser("PLAIN", "projector", secret))
 	// kfake drops the connection of a failed authentication without a
 	// word; Apache Kafka first answers with the error, and that answer
 	// is what a user sees, so it is given here for PLAIN, whose request

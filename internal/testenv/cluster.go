@@ -35,6 +35,28 @@ func RealKafka() []string {
 	return out
 }
 
+// KafkaSASLEnv names the SASL_PLAINTEXT listeners of the cluster KafkaEnv
+// names (scripts/kafka up --sasl): SCRAM-SHA-512 for the user of
+// KafkaSASLUser, and OAUTHBEARER with Kafka's unsecured JWT validator.
+const KafkaSASLEnv = "PROJECTOR_TEST_KAFKA_SASL_BROKERS"
+
+// The SCRAM-SHA-512 user scripts/kafka up --sasl creates.
+const (
+	KafkaSASLUser     = "projector"
+	KafkaSASLPassword = "projector-secret"
+)
+
+// RealKafkaSASL returns the SASL listeners KafkaSASLEnv names, and skips
+// the test when there are none: its logins need Apache Kafka.
+func RealKafkaSASL(t testing.TB) string {
+	t.Helper()
+	b := strings.TrimSpace(os.Getenv(KafkaSASLEnv))
+	if b == "" || RealKafka() == nil {
+		t.Skipf("needs Apache Kafka with a SASL listener (%s and %s, from scripts/kafka up --sasl): runs in scripts/test-kafka", KafkaEnv, KafkaSASLEnv)
+	}
+	return b
+}
+
 // Cluster is the Kafka cluster of one test: the embedded broker, or the
 // Apache Kafka cluster KafkaEnv names. On a real cluster the test's topics
 // and consumer groups are its own, under names no other test uses, and
