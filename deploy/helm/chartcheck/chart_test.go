@@ -448,9 +448,9 @@ func TestSecretsAsFiles(t *testing.T) {
 }
 
 // TestVariablesAreProjectors: every PROJECTOR_ variable the chart sets is
-// one projector reads (docs/configuration.md lists them), or a secret file
-// of TestSecretsAsFiles: projector reports one it does not read, and a
-// misspelled one would silently fall back to a default.
+// one projector reads (docs/configuration.md lists them): projector reports
+// one it does not read, and a misspelled one would silently fall back to a
+// default.
 func TestVariablesAreProjectors(t *testing.T) {
 	ref, err := os.ReadFile("../../../docs/configuration.md")
 	if err != nil {
@@ -459,9 +459,6 @@ func TestVariablesAreProjectors(t *testing.T) {
 	known := map[string]bool{}
 	for _, name := range regexp.MustCompile(`PROJECTOR_[A-Z0-9_]+`).FindAllString(string(ref), -1) {
 		known[name] = true
-	}
-	for env := range secretFiles {
-		known[env] = true
 	}
 	r := render(t, "projector", with(allOn(), "kind", "StatefulSet"))
 	var specs []corev1.PodSpec
