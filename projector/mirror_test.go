@@ -357,7 +357,7 @@ func TestRestartIgnoresGroupOffsets(t *testing.T) {
 
 	b.produce(t, b.records[half:])
 	moved := kadm.Offsets{}
-	moved.AddOffset(b.kafka.Topic, 0, 0, -1)                          // behind: everything again
+	moved.AddOffset(b.kafka.Topic, 0, 0, -1)                              // behind: everything again
 	moved.AddOffset(b.kafka.Topic, 1, first[1]+(b.end[1]-first[1])/2, -1) // ahead: half the new records skipped
 	adm := b.admin(t)
 	res, err := adm.CommitOffsets(ctx, group, moved)
