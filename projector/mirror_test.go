@@ -391,3 +391,60 @@ func TestRestartIgnoresGroupOffsets(t *testing.T) {
 		return nil
 	})
 }
+
+// watchGroupOffsets polls the offsets committed to group until the test
+// ends, and fails it if one of a partition's ever moves back: each member
+// commits only the partitions it owns, so a partition's next owner, which
+// resumes from the stored offset, never sees an older one committed over
+// its own. check, called once the stream is committed, waits until the
+// group holds the stored offsets (end).
+func (b *bundle) watchGroupOffsets(t *testing.T, group string) (check func(end map[int32]int64)) {
+	t.Helper()
+	adm := b.admin(t)
+	ctx, cancel := context.WithCancel(t.Context())
+	done := make(chan struct{})
+	var back atomic.Pointer[string]
+	go func() {
+		defer close(done)
+		seen := map[int32]int64{}
+		tick := time.NewTicker(20 * time.Millisecond)
+		defer tick.Stop()
+		for {
+			at, err := b.groupOffsets(ctx, adm, group)
+			for p, o := range at {
+				if err == nil && o < seen[p] && back.Load() == nil {
+					msg := fmt.Sprintf("the group's offset of partition %d moved back from %d to %d", p, seen[p], o)
+					back.Store(&msg)
+				}
+				seen[p] = max(seen[p], o)
+			}
+			select {
+			case <-ctx.Done():
+				return
+			case <-tick.C:
+			}
+		}
+	}()
+	stop := func() {
+		cancel()
+		<-done
+	}
+	t.Cleanup(stop)
+	return func(end map[int32]int64) {
+		t.Helper()
+		testenv.WaitFor(t, time.Minute, func() error {
+			at, err := b.groupOffsets(t.Context(), adm, group)
+			if err != nil {
+				return err
+			}
+			if !maps.Equal(at, end) {
+				return fmt.Errorf("group offsets %v, want the stored ones %v", at, end)
+			}
+			return nil
+		})
+		stop()
+		if msg := back.Load(); msg != nil {
+			t.Error(*msg)
+		}
+	}
+}
