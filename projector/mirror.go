@@ -2,6 +2,7 @@ package projector
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"log/slog"
 	"sync"
@@ -20,8 +21,10 @@ import (
 const DefaultKafkaCommitInterval = time.Second
 
 // mirrorFlushTimeout bounds the commit a member makes to its group as it
-// gives partitions up (revoked, or shutting down).
-const mirrorFlushTimeout = 5 * time.Second
+// gives partitions up (revoked, or shutting down): the rebalance, or the
+// exit within the pod's grace period, waits for it, and the group's
+// offsets are not worth more than a few seconds of either.
+const mirrorFlushTimeout = 3 * time.Second
 
 // mirrorLogEvery is how often a failing commit to the group is logged.
 const mirrorLogEvery = time.Minute
@@ -283,6 +286,10 @@ func (m *groupMirror) answered(offsets map[string]map[int32]kgo.EpochOffset, req
 				}
 			}
 		}
+	}
+	if errors.Is(err, context.Canceled) {
+		// The member is stopping: the commit as it leaves follows.
+		return
 	}
 	if err != nil {
 		m.failures.Inc()
