@@ -24,6 +24,7 @@ import (
 
 	"github.com/projector-dev/projector/internal/demo"
 	"github.com/projector-dev/projector/internal/testenv"
+	"github.com/projector-dev/projector/partition"
 	"github.com/projector-dev/projector/projector"
 )
 
@@ -446,5 +447,47 @@ func (b *bundle) watchGroupOffsets(t *testing.T, group string) (check func(end m
 		if msg := back.Load(); msg != nil {
 			t.Error(*msg)
 		}
+	}
+}
+
+// TestGroupCommitsAreCoalesced has a member commit many small
+// transactions: the group gets at most one commit per interval (and one
+// as the member leaves), not one per transaction, and ends at the stored
+// offsets.
+func TestGroupCommitsAreCoalesced(t *testing.T) {
+	opts := demo.DefaultOptions()
+	opts.Aggregates = 600
+	b := setup(t, opts, 3)
+	fake := b.kafka.Embedded("counts the offset commits the broker gets")
+	var commits atomic.Int64
+	fake.ControlKey(int16(kmsg.OffsetCommit), func(kmsg.Request) (kmsg.Response, error, bool) {
+		fake.KeepControl()
+		commits.Add(1)
+		return nil, nil, false
+	})
+	const every = 200 * time.Millisecond
+	reg := prometheus.NewRegistry()
+	e := b.engine(t, "coalesced", projector.Config{
+		Registerer: reg, KafkaCommitInterval: every,
+		// Transactions of one small batch each, many a second.
+		Partition: partition.Config{BatchMaxRecords: 10, CommitMaxBatches: 1},
+	})
+	began := time.Now()
+	stop := run(t, e)
+	b.verify(t, "coalesced")
+	stop()
+	took := time.Since(began)
+	txns := counter(t, reg, "projector_batch_commit_duration_seconds")
+	n := commits.Load()
+	t.Logf("%v transactions in %v, %d commits to the group", txns, took.Round(time.Millisecond), n)
+	if most := int64(took/every) + 2; n > most {
+		t.Errorf("%d commits to the group in %v, want at most one per %v and one as the member left (%d)", n, took, every, most)
+	}
+	if txns < 10*float64(n) {
+		t.Errorf("only %v transactions for %d group commits: the test did not commit often enough to show coalescing", txns, n)
+	}
+	at, err := b.groupOffsets(t.Context(), b.admin(t), "coalesced")
+	if err != nil || !maps.Equal(at, b.end) {
+		t.Errorf("group offsets %v (%v), want the stored ones %v", at, err, b.end)
 	}
 }
