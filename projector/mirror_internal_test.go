@@ -19,7 +19,7 @@ func commitRequest(offsets map[string]map[int32]kgo.EpochOffset) *kmsg.OffsetCom
 	req := kmsg.NewPtrOffsetCommitRequest()
 	for t, ps := range offsets {
 		rt := kmsg.NewOffsetCommitRequestTopic()
-		rt.Topic = t
+		rt.Topic, rt.TopicID = t, [16]byte{1}
 		for p, o := range ps {
 			rp := kmsg.NewOffsetCommitRequestTopicPartition()
 			rp.Partition, rp.Offset = p, o.Offset
@@ -31,12 +31,12 @@ func commitRequest(offsets map[string]map[int32]kgo.EpochOffset) *kmsg.OffsetCom
 }
 
 // answer is the brokers' answer to req, refusing the partitions in refused
-// with code.
+// with code. It names each topic by ID alone, as OffsetCommit v10 does.
 func answer(req *kmsg.OffsetCommitRequest, code int16, refused ...int32) *kmsg.OffsetCommitResponse {
 	resp := kmsg.NewPtrOffsetCommitResponse()
 	for _, rt := range req.Topics {
 		st := kmsg.NewOffsetCommitResponseTopic()
-		st.Topic = rt.Topic
+		st.TopicID = rt.TopicID
 		for _, rp := range rt.Partitions {
 			sp := kmsg.NewOffsetCommitResponseTopicPartition()
 			sp.Partition = rp.Partition
