@@ -418,9 +418,6 @@ func (f *runFlags) validate() error {
 	if f.progressEvery < 0 {
 		return fmt.Errorf("--progress-every %s: must be 0 (never) or positive", f.progressEvery)
 	}
-	if f.kafkaCommit < 0 {
-		return fmt.Errorf("--kafka-commit-interval %s: must be 0 (never) or positive", f.kafkaCommit)
-	}
 	if f.reclaimAfter <= 0 {
 		return fmt.Errorf("--reclaim-after %s: must be positive", f.reclaimAfter)
 	}
