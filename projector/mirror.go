@@ -295,7 +295,13 @@ func (m *groupMirror) answered(offsets map[string]map[int32]kgo.EpochOffset, req
 		m.failures.Inc()
 		m.failed++
 		if now := m.now(); m.loggedAt.IsZero() || now.Sub(m.loggedAt) >= m.logEvery {
-			m.log.Warn("committing the stored offsets to the Kafka consumer group failed; retried with the next commit (advisory: only Kafka's tools and autoscalers see the group's lag fall behind)",
+			// A commit that meets a rebalance is refused as a matter of
+			// course; the next one, under the new generation, succeeds.
+			level := slog.LevelWarn
+			if rebalancing(err) {
+				level = slog.LevelInfo
+			}
+			m.log.Log(context.Background(), level, "committing the stored offsets to the Kafka consumer group failed; retried with the next commit (advisory: only Kafka's tools and autoscalers see the group's lag fall behind)",
 				"failures", m.failed, "err", err)
 			m.loggedAt, m.failed = now, 0
 		}
@@ -305,6 +311,17 @@ func (m *groupMirror) answered(offsets map[string]map[int32]kgo.EpochOffset, req
 		m.commits.Inc()
 		m.lastCommit.SetToCurrentTime()
 	}
+}
+
+// rebalancing reports whether err is a refusal of a commit that met a
+// rebalance of the group.
+func rebalancing(err error) bool {
+	for _, e := range []error{kerr.RebalanceInProgress, kerr.IllegalGeneration, kerr.UnknownMemberID, kerr.StaleMemberEpoch, kerr.FencedMemberEpoch} {
+		if errors.Is(err, e) {
+			return true
+		}
+	}
+	return false
 }
 
 // topicOfID names the topic of a commit request with the given ID.
