@@ -107,6 +107,9 @@ func (l *lane) moved(changes sinks.Changes, out outcomes) {
 // ending before offset end committed the changes of its n lanes (changes
 // gives each).
 func (w *Worker) notifyCommitted(end int64, n int, changes func(i int) *sinks.Changes) {
+	if w.stored != nil {
+		w.stored(end)
+	}
 	if w.cfg.Committed == nil {
 		return
 	}

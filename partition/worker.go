@@ -86,7 +86,8 @@ type Worker struct {
 	isolating int
 	now       func() time.Time
 
-	repairer Repairer // nil: no repair; repairs fill the gaps of the first lane
+	stored   func(end int64) // WorkerDeps.Stored; nil: none
+	repairer Repairer        // nil: no repair; repairs fill the gaps of the first lane
 	// repairDown is when the repair source was first found unavailable in
 	// the current outage (zero: it answers), repairLogged when that was
 	// last logged; only Run's goroutine touches them.
@@ -131,6 +132,12 @@ type WorkerDeps struct {
 	// (Sink must be a sinks.LaneCommitter). A projection with on_gap
 	// repair cannot share its topic.
 	Others []Lane
+	// Stored, when set, is called on the worker's goroutine with the
+	// partition's stored next offset each time a transaction moved it
+	// (batches, and skips past deleted records). It must return quickly:
+	// the partition's next transaction waits for it. Unlike
+	// Config.Committed it gathers no keys, so it costs nothing per row.
+	Stored func(end int64)
 }
 
 // NewWorker returns a worker for a claimed partition.
@@ -144,7 +151,7 @@ func NewWorker(cfg Config, d WorkerDeps) *Worker {
 	}
 	claim := d.Claim
 	w := &Worker{
-		cfg: cfg, group: d.Group, claim: claim, fetcher: d.Fetcher, metrics: d.Metrics, repairer: d.Repairer,
+		cfg: cfg, group: d.Group, claim: claim, fetcher: d.Fetcher, metrics: d.Metrics, repairer: d.Repairer, stored: d.Stored,
 		log:   d.Log.With("topic", claim.Topic, "partition", claim.Partition, "epoch", claim.Epoch),
 		wake:  make(chan struct{}, 1),
 		skips: make(chan skipRequest),

@@ -156,6 +156,18 @@ type Config struct {
 	// tombstone was pruned may write the row again. 0:
 	// DefaultTombstoneRetention; negative: kept forever.
 	TombstoneRetention time.Duration
+	// KafkaCommitInterval is how often the member also commits the
+	// offsets it stored in Postgres to its Kafka consumer group (the
+	// identity), so that Kafka's tools (kafka-consumer-groups), Burrow
+	// and autoscalers (KEDA) see the group's lag: at most one commit in
+	// flight, of the latest offset of each partition that moved, plus
+	// one as partitions are revoked and as the member shuts down. The
+	// group's offsets are advisory: the engine never reads them (each
+	// partition starts from its offset in Postgres), and a failed commit
+	// is counted and logged, never fatal. 0:
+	// DefaultKafkaCommitInterval; negative: the group's offsets are left
+	// alone.
+	KafkaCommitInterval time.Duration
 	// Logger receives the engine's logs (default slog.Default()).
 	Logger *slog.Logger
 	// Registerer receives the engine's metrics (default: a private
@@ -247,6 +259,9 @@ func (c *Config) validate() error {
 	}
 	if c.TombstoneRetention == 0 {
 		c.TombstoneRetention = DefaultTombstoneRetention
+	}
+	if c.KafkaCommitInterval == 0 {
+		c.KafkaCommitInterval = DefaultKafkaCommitInterval
 	}
 	if c.Logger == nil {
 		c.Logger = slog.Default()

@@ -128,6 +128,9 @@ type Engine struct {
 	stateRec *stateRecord
 	// pruner prunes tombstones past their retention (nil: none to prune).
 	pruner *tombstonePruner
+	// mirror commits the stored offsets to the Kafka group too (nil:
+	// KafkaCommitInterval turned it off).
+	mirror *groupMirror
 }
 
 type running struct {
@@ -218,6 +221,7 @@ func New(cfg Config, decoderOf Decoders) (*Engine, error) {
 	e.group.stalled = newStalledGauge(cfg.Registerer, group)
 	grouped.MustRegister(&lagCollector{e: e})
 	e.pruner = newTombstonePruner(&e.cfg, e.log)
+	e.mirror = newGroupMirror(e.cfg.KafkaCommitInterval, e.log, func() time.Time { return e.now() }, cfg.Registerer, group)
 
 	opts := []kgo.Opt{
 		kgo.ConsumerGroup(cfg.Identity),
@@ -346,6 +350,9 @@ func (e *Engine) Run(ctx context.Context) error {
 	close(e.clientReady)
 	defer func() {
 		e.stopAll(e.cfg.ShutdownTimeout)
+		// The partitions are still this member's until it leaves: the
+		// group gets their last stored offsets first.
+		e.mirror.flush(e.cl, nil)
 		// A poll may have returned records without letting the group
 		// rebalance; leaving the group needs that.
 		e.cl.AllowRebalance()
@@ -371,6 +378,13 @@ func (e *Engine) Run(ctx context.Context) error {
 		defer e.wg.Done()
 		e.watchKafka(runCtx)
 	}()
+	if e.mirror != nil {
+		e.wg.Add(1)
+		go func() {
+			defer e.wg.Done()
+			e.mirror.run(runCtx, e.cl)
+		}()
+	}
 	if e.pruner != nil {
 		e.wg.Add(1)
 		go func() {
@@ -434,6 +448,11 @@ func (e *Engine) revoked(_ context.Context, _ *kgo.Client, revoked map[string][]
 	e.group.revoked.Add(float64(count(revoked)))
 	e.log.Info("partitions revoked", "partitions", revoked)
 	e.stop(revoked)
+	// The workers have committed their last batches: the group gets
+	// those offsets before the partitions move on, and nothing of them
+	// after.
+	e.mirror.flush(e.cl, revoked)
+	e.mirror.drop(revoked)
 }
 
 func (e *Engine) lost(_ context.Context, _ *kgo.Client, lost map[string][]int32) {
@@ -441,6 +460,9 @@ func (e *Engine) lost(_ context.Context, _ *kgo.Client, lost map[string][]int32)
 	e.group.removed(lost)
 	e.group.lost.Add(float64(count(lost)))
 	e.log.Warn("partitions lost", "partitions", lost)
+	// Another member may own them already: nothing more of them is
+	// committed to the group.
+	e.mirror.drop(lost)
 	e.stop(lost)
 }
 
@@ -577,9 +599,15 @@ func (e *Engine) start(c sinks.Claim) {
 		others = append(others, partition.Lane{Projection: o, Sink: e.gen.sinks[o.Name].Sink, Decoder: e.decoders[o.Name]})
 	}
 	f := &fetcher{e: e, tp: c.TP}
+	e.mirror.own(c.TP, c.Epoch, c.NextOffset)
+	var stored func(int64)
+	if e.mirror != nil {
+		stored = func(end int64) { e.mirror.stored(c.TP, c.Epoch, end) }
+	}
 	w := partition.NewWorker(e.cfg.Partition, partition.WorkerDeps{
 		Group: e.gen.identity, Claim: c, Projection: p, Sink: e.gen.sinks[p.Name].Sink, Decoder: e.decoders[p.Name],
 		Repairer: e.repairers[c.Topic], Fetcher: f, Log: e.log, Metrics: e.metrics, Now: e.now, Others: others,
+		Stored: stored,
 	})
 	f.w = w
 	parent := e.runCtx
@@ -613,6 +641,8 @@ func (e *Engine) start(c sinks.Claim) {
 					// Perhaps by an operator's offset reset rather than
 					// a newer member: the poll loop finds out.
 					e.adopt[c.TP] = c.Epoch
+					// A newer owner's offsets are its own to commit.
+					e.mirror.dropOne(c.TP, c.Epoch)
 				}
 			}
 			e.mu.Unlock()

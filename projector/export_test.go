@@ -7,3 +7,7 @@ import "time"
 func SetWatch(e *Engine, every, joinWarn time.Duration) {
 	e.watch.every, e.watch.joinWarn, e.watch.request = every, joinWarn, time.Second
 }
+
+// SetMirrorClock sets the clock that paces e's log lines about failed
+// commits to its Kafka group.
+func SetMirrorClock(e *Engine, now func() time.Time) { e.mirror.now = now }

@@ -40,6 +40,7 @@ func rebalances(t *testing.T, protocol string) {
 		reqs = countGroupRequests(b.kafka.Fake)
 	}
 
+	groupOffsets := b.watchGroupOffsets(t, "rebalance")
 	regs := map[string]*prometheus.Registry{}
 	members := map[string]*projector.Engine{}
 	stops := map[string]func(){}
@@ -48,6 +49,9 @@ func rebalances(t *testing.T, protocol string) {
 		members[name] = b.engine(t, "rebalance", groupConfig(protocol, projector.Config{
 			Partition:  partition.Config{BatchMaxRecords: 50, BatchMaxWait: 20 * time.Millisecond},
 			Registerer: regs[name],
+			// Often, so that partitions move with commits to the group
+			// in flight.
+			KafkaCommitInterval: 10 * time.Millisecond,
 		}))
 		stops[name] = run(t, members[name])
 	}
@@ -100,6 +104,7 @@ func rebalances(t *testing.T, protocol string) {
 		step()
 	}
 	b.verify(t, "rebalance")
+	groupOffsets(b.end)
 
 	var revoked float64
 	var rs []*prometheus.Registry

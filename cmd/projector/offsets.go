@@ -197,6 +197,12 @@ func offsetsResetCommand(stdout, stderr io.Writer) *ffcli.Command {
 						}
 					}
 				}
+				group := moveEmptyGroup(ctx, adm, c.identity, plan)
+				if asJSON { // stdout is the plan alone
+					fmt.Fprintln(stderr, group)
+				} else {
+					defer fmt.Fprintln(stdout, group)
+				}
 			}
 			if asJSON {
 				enc := json.NewEncoder(stdout)
@@ -229,6 +235,44 @@ func offsetsResetCommand(stdout, stderr io.Writer) *ffcli.Command {
 				len(plan), c.identity, actor, projector.ResetCheckInterval)
 			return nil
 		})
+}
+
+// moveEmptyGroup commits the reset offsets to the identity's Kafka
+// consumer group too when the group has no members, so that Kafka's tools
+// and autoscalers show the lag from the new offsets before a member runs,
+// and returns a line saying what it did. The group's offsets are
+// advisory (members start from the stored ones and commit those to the
+// group), so a group with members is left to them: the brokers refuse a
+// commit to it from outside anyway, and the members commit the new
+// offsets once they resume from them. A failure is reported, not
+// returned: the stored offsets, which count, have moved.
+func moveEmptyGroup(ctx context.Context, adm *kadm.Client, group string, plan []resetPlan) string {
+	described, err := adm.DescribeGroups(ctx, group)
+	if err == nil {
+		err = described.Error()
+	}
+	if err != nil {
+		return fmt.Sprintf("note: the Kafka consumer group %q was left as it is (describing it failed: %v); its offsets are advisory, and a member commits the stored ones to it", group, err)
+	}
+	switch state := described[group].State; state {
+	case "Empty":
+	case "Dead", "":
+		return fmt.Sprintf("note: the Kafka consumer group %q does not exist yet: the first member creates it and commits the stored offsets to it", group)
+	default:
+		return fmt.Sprintf("note: the Kafka consumer group %q is %s, not empty: its members commit the new offsets to it once they resume from them", group, state)
+	}
+	to := kadm.Offsets{}
+	for _, p := range plan {
+		to.AddOffset(p.Topic, p.Partition, p.NewOffset, -1)
+	}
+	res, err := adm.CommitOffsets(ctx, group, to)
+	if err == nil {
+		err = res.Error()
+	}
+	if err != nil {
+		return fmt.Sprintf("note: the offsets of the empty Kafka consumer group %q were not moved (%v); they are advisory, and a member commits the stored ones to it", group, err)
+	}
+	return fmt.Sprintf("moved the offsets of the empty Kafka consumer group %q too, for Kafka's tools and autoscalers (advisory: members start from the stored offsets)", group)
 }
 
 // planReset works out where each partition's stored offset moves.

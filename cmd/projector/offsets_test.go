@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"maps"
 	"os"
 	"strconv"
 	"strings"
@@ -15,6 +16,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/prometheus/client_golang/prometheus"
+	"github.com/twmb/franz-go/pkg/kadm"
 	"github.com/twmb/franz-go/pkg/kgo"
 	"github.com/twmb/franz-go/pkg/sr"
 
@@ -365,4 +367,64 @@ func metricSum(t *testing.T, g prometheus.Gatherer, name string) float64 {
 		}
 	}
 	return sum
+}
+
+// TestOffsetsResetMovesAnEmptyGroup resets the stored offsets of an
+// identity whose members have all left: the Kafka consumer group, which
+// the members left at the stored offsets, is moved to the new ones too,
+// so that Kafka's tools see the lag before a member runs. A member then
+// resumes from the stored offsets and commits them to the group again.
+func TestOffsetsResetMovesAnEmptyGroup(t *testing.T) {
+	e := newOffsetsEnv(t, 2)
+	e.identity = e.kafka.Name("emptygroup")
+	e.produce(0, "a-", 0, 10, nil)
+	e.produce(1, "b-", 0, 10, nil)
+	_, stop := e.engine(nil)
+	e.waitStored(0, 10)
+	e.waitStored(1, 10)
+	stop()
+	cl, err := kgo.NewClient(kgo.SeedBrokers(e.kafka.Addrs()...))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cl.Close()
+	adm := kadm.NewClient(cl)
+	group := func() map[int32]int64 {
+		t.Helper()
+		res, err := adm.FetchOffsets(t.Context(), e.identity)
+		if err == nil {
+			err = res.Error()
+		}
+		if err != nil {
+			t.Fatal(err)
+		}
+		out := map[int32]int64{}
+		for p, o := range res[e.kafka.Topic] {
+			out[p] = o.At
+		}
+		return out
+	}
+	if got := group(); !maps.Equal(got, map[int32]int64{0: 10, 1: 10}) {
+		t.Fatalf("group offsets after the member left: %v, want the stored 10 and 10", got)
+	}
+
+	out := e.mustCLI("offsets", "reset", "--topic", e.kafka.Topic, "--to-offset", "4", "--execute", "--actor", "alice")
+	if !strings.Contains(out, "moved the offsets of the empty Kafka consumer group") {
+		t.Errorf("reset --execute of an empty group's identity does not say it moved the group:\n%s", out)
+	}
+	if got := group(); !maps.Equal(got, map[int32]int64{0: 4, 1: 4}) {
+		t.Errorf("group offsets after the reset: %v, want 4 and 4 as stored", got)
+	}
+	if next, _ := e.stored(0); orDash(next) != "4" {
+		t.Errorf("stored offset of partition 0 after the reset: %s, want 4", orDash(next))
+	}
+
+	_, stop = e.engine(nil)
+	testenv.WaitFor(t, 30*time.Second, func() error {
+		if got := group(); !maps.Equal(got, map[int32]int64{0: 10, 1: 10}) {
+			return fmt.Errorf("group offsets %v after a member ran again, want 10 and 10", got)
+		}
+		return nil
+	})
+	stop()
 }

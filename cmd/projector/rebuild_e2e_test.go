@@ -322,6 +322,7 @@ func TestRebuildDuringLiveTraffic(t *testing.T) {
 	<-produced
 	group := rebuild.GroupID(rs.identity, "accounts", 2)
 	rs.caughtUp(t, group, a, b)
+	rs.groupCaughtUp(t, group)
 	rd.stop()
 	rd.wg.Wait()
 
@@ -363,6 +364,32 @@ func TestRebuildDuringLiveTraffic(t *testing.T) {
 		}
 		c.done <- nil
 	}
+}
+
+// groupCaughtUp waits until the Kafka consumer group of an identity
+// holds the log end of every partition, which its members commit to it
+// once they have stored it: Kafka's tools then see the group's lag as 0.
+func (rs *rebuildStream) groupCaughtUp(t *testing.T, group string) {
+	t.Helper()
+	end, err := demo.EndOffsets(t.Context(), rs.adm, rs.topic)
+	if err != nil {
+		t.Fatal(err)
+	}
+	testenv.WaitFor(t, time.Minute, func() error {
+		res, err := rs.adm.FetchOffsets(t.Context(), group)
+		if err == nil {
+			err = res.Error()
+		}
+		if err != nil {
+			return err
+		}
+		for p, e := range end {
+			if o, ok := res.Lookup(rs.topic, p); !ok || o.At != e {
+				return fmt.Errorf("group %s: partition %d committed at %d, want the log end %d", group, p, o.At, e)
+			}
+		}
+		return nil
+	})
 }
 
 func definitionOf(t *testing.T, path, name string) projection.Definition {

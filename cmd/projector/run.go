@@ -69,6 +69,7 @@ type runFlags struct {
 	stallAfter      time.Duration
 	reclaimAfter    time.Duration
 	progressEvery   time.Duration
+	kafkaCommit     time.Duration
 	dlqTopic        string
 	onOffsetLost    string
 	checkWriters    string
@@ -359,6 +360,7 @@ func (f *runFlags) registerEngine(fs *flag.FlagSet) {
 	registerRetry(fs, &f.retryBase, &f.retryCap)
 	fs.DurationVar(&f.unreadyAfter, "unready-after", 30*time.Second, "a partition backing off longer than this makes /readyz fail")
 	fs.DurationVar(&f.progressEvery, "progress-every", projector.DefaultProgressEvery, "how often each projection logs one line of progress (records applied, stale, dead-lettered, lag) when anything moved; 0: never")
+	fs.DurationVar(&f.kafkaCommit, "kafka-commit-interval", projector.DefaultKafkaCommitInterval, "how often the offsets stored in PostgreSQL are also committed to the identity's Kafka consumer group, so that kafka-consumer-groups, Burrow and KEDA see its lag (advisory: never read back; a failure is counted and logged, never fatal); 0: never, the group's offsets are left alone")
 	fs.DurationVar(&f.stallAfter, "stall-after", partition.DefaultStallAfter, "a partition with records to apply that commits nothing for this long is stalled: an error line, projector_partition_stalled, and /livez fails so that the member is restarted")
 	fs.DurationVar(&f.reclaimAfter, "reclaim-after", projector.DefaultReclaimAfter, "a partition the group assigns to this member but another owner of the same identity claimed (a second member outside the group) is claimed back once its records have waited this long with its stored offset unmoved")
 	f.stormShare = partition.DefaultDeadLetterStormShare
@@ -635,5 +637,8 @@ func newEngine(f *runFlags, brokers []string, projs []*projection.Projection, re
 
 		// The flag's off is the engine's negative retention.
 		TombstoneRetention: time.Duration(f.tombstoneRetention),
+
+		// The flag's 0 (never) is the engine's negative.
+		KafkaCommitInterval: cliflag.OffDuration(f.kafkaCommit),
 	}, projector.PrunedDecoders(reg, readers)) // only the fields each projection reads are decoded
 }
