@@ -128,6 +128,8 @@ type Engine struct {
 	stateRec *stateRecord
 	// pruner prunes tombstones past their retention (nil: none to prune).
 	pruner *tombstonePruner
+	// drain estimates how long each topic's backlog takes to drain.
+	drain *drainEstimate
 }
 
 type running struct {
@@ -159,6 +161,7 @@ func New(cfg Config, decoderOf Decoders) (*Engine, error) {
 		kafka:       kafkaWatch{said: map[string]time.Time{}},
 		clientReady: make(chan struct{}),
 		done:        make(chan struct{}),
+		drain:       newDrainEstimate(DrainWindow),
 	}
 	e.dead, _ = cfg.Store.(DeadLetterStore)
 	e.stateRec = newStateRecord(cfg.Store, cfg.InstanceID)

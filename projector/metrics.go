@@ -63,6 +63,12 @@ var (
 	lagSecondsDesc = prometheus.NewDesc("projector_consumer_lag_seconds",
 		"Age of the oldest fetched record not yet committed; 0 when caught up.",
 		[]string{"topic", "partition"}, nil)
+	drainDesc = prometheus.NewDesc("projector_backlog_drain_seconds",
+		"How long this member's backlog of the topic takes to drain at the rates of the last 2 minutes: records behind / (completion rate - arrival rate); +Inf while arrivals keep up with completions, 0 without a backlog.",
+		[]string{"topic"}, nil)
+	gapTimeoutDesc = prometheus.NewDesc("projector_gap_timeout_seconds",
+		"The projection's gap_timeout: how long parked events wait before a repair is tried (on_gap repair); alerts compare projector_oldest_parked_seconds with it.",
+		[]string{"projection"}, nil)
 )
 
 var (
@@ -94,6 +100,8 @@ type lagCollector struct{ e *Engine }
 func (c *lagCollector) Describe(ch chan<- *prometheus.Desc) {
 	ch <- lagDesc
 	ch <- lagSecondsDesc
+	ch <- drainDesc
+	ch <- gapTimeoutDesc
 	ch <- parkedDesc
 	ch <- oldestParkedDesc
 	ch <- repairUnavailableDesc
@@ -124,6 +132,12 @@ func (c *lagCollector) Collect(ch chan<- prometheus.Metric) {
 		for _, o := range s.Others {
 			add(o.Projection, o.Parked, o.OldestParked)
 		}
+	}
+	for _, p := range c.e.cfg.Projections {
+		ch <- prometheus.MustNewConstMetric(gapTimeoutDesc, prometheus.GaugeValue, p.GapTimeout.Seconds(), p.Name)
+	}
+	for topic, s := range c.e.drain.estimates() {
+		ch <- prometheus.MustNewConstMetric(drainDesc, prometheus.GaugeValue, s, topic)
 	}
 	for name, n := range parked {
 		ch <- prometheus.MustNewConstMetric(parkedDesc, prometheus.GaugeValue, float64(n), name)

@@ -122,6 +122,7 @@ func (e *Engine) watchKafka(ctx context.Context) {
 		}
 		e.noteKafka(now, problem, kind)
 		prog.tick(now)
+		e.drain.sample(now, e.Workers())
 	}
 }
 
