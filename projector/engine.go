@@ -130,6 +130,10 @@ type Engine struct {
 	pruner *tombstonePruner
 	// drain estimates how long each topic's backlog takes to drain.
 	drain *drainEstimate
+	// unowned is the lag of partitions no member runs that this member
+	// exports, and the record times of its halted partitions (see
+	// unowned.go).
+	unowned unownedLag
 }
 
 type running struct {
@@ -357,10 +361,14 @@ func (e *Engine) Run(ctx context.Context) error {
 		e.clearStates()
 		e.close()
 	}()
-	e.wg.Add(4)
+	e.wg.Add(5)
 	go func() {
 		defer e.wg.Done()
 		e.watchStalls(runCtx)
+	}()
+	go func() {
+		defer e.wg.Done()
+		e.watchLag(runCtx)
 	}()
 	go func() {
 		defer e.wg.Done()

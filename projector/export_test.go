@@ -7,3 +7,9 @@ import "time"
 func SetWatch(e *Engine, every, joinWarn time.Duration) {
 	e.watch.every, e.watch.joinWarn, e.watch.request = every, joinWarn, time.Second
 }
+
+// SetLagWatch has e look at the partitions no member runs, and the halted
+// ones, every every.
+func SetLagWatch(e *Engine, every time.Duration) {
+	e.watch.unowned, e.watch.request = every, time.Second
+}
