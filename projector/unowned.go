@@ -87,7 +87,12 @@ func (e *Engine) lookUnowned(ctx context.Context) {
 			want[s.TP] = s.NextOffset
 		}
 	}
-	parts := e.unownedPartitions(ctx)
+	parts, known := e.unownedPartitions(ctx)
+	if !known {
+		// The group is rebalancing: what it assigns is not known, so
+		// what was last found stands until it settles.
+		parts, _ = e.unownedNow()
+	}
 	for _, p := range parts {
 		if p.lag > 0 {
 			want[p.tp] = p.next
@@ -138,16 +143,21 @@ func (e *Engine) lookUnowned(ctx context.Context) {
 }
 
 // unownedPartitions returns the partitions this member exports the lag
-// of without running them, with their lag. None when the group cannot be described or
-// the log ends cannot be listed: better no series than a wrong one.
-func (e *Engine) unownedPartitions(ctx context.Context) []unownedPartition {
+// of without running them, with their lag. None when the group cannot be
+// described or the log ends cannot be listed: better no series than a
+// wrong one; known is false while the group rebalances, when what it
+// assigns cannot be told.
+func (e *Engine) unownedPartitions(ctx context.Context) (parts []unownedPartition, known bool) {
 	if !inGroup(e.cl) {
-		return nil
+		return nil, true
 	}
 	me, _ := e.cl.GroupMetadata()
-	members, err := kafkaclient.GroupMembers(ctx, e.adm, e.cfg.Identity)
+	members, settled, err := kafkaclient.GroupMembers(ctx, e.adm, e.cfg.Identity)
 	if err != nil {
-		return nil
+		return nil, true
+	}
+	if !settled {
+		return nil, false
 	}
 	assigned := kadm.TopicsSet{}
 	reporter := len(members) > 0
@@ -167,10 +177,13 @@ func (e *Engine) unownedPartitions(ctx context.Context) []unownedPartition {
 		running[tp] = true
 	}
 	e.mu.Unlock()
+	if !reporter && len(candidates) == 0 {
+		return nil, true // nothing to look at: no request to the brokers
+	}
 	topics := slices.Sorted(maps.Keys(e.byTopic))
 	ends, err := e.adm.ListEndOffsets(ctx, topics...)
 	if err != nil {
-		return nil
+		return nil, true
 	}
 	if reporter {
 		ends.Each(func(o kadm.ListedOffset) {
@@ -183,7 +196,7 @@ func (e *Engine) unownedPartitions(ctx context.Context) []unownedPartition {
 		delete(candidates, tp)
 	}
 	if len(candidates) == 0 {
-		return nil
+		return nil, true
 	}
 	tps := slices.SortedFunc(maps.Keys(candidates), func(a, b sinks.TP) int {
 		if a.Topic != b.Topic {
@@ -196,7 +209,7 @@ func (e *Engine) unownedPartitions(ctx context.Context) []unownedPartition {
 	})
 	owners, err := e.gen.offsets.Owners(ctx, tps)
 	if err != nil {
-		return nil
+		return nil, true
 	}
 	next := map[sinks.TP]int64{}
 	for _, c := range owners {
@@ -209,10 +222,9 @@ func (e *Engine) unownedPartitions(ctx context.Context) []unownedPartition {
 	var starts kadm.ListedOffsets
 	if e.cfg.StartFrom != StartLatest && slices.ContainsFunc(tps, func(tp sinks.TP) bool { _, ok := next[tp]; return !ok }) {
 		if starts, err = e.adm.ListStartOffsets(ctx, topics...); err != nil {
-			return nil
+			return nil, true
 		}
 	}
-	var out []unownedPartition
 	for _, tp := range tps {
 		end, ok := ends.Lookup(tp.Topic, tp.Partition)
 		if !ok || end.Err != nil {
@@ -228,9 +240,9 @@ func (e *Engine) unownedPartitions(ctx context.Context) []unownedPartition {
 		if n > end.Offset {
 			continue // past the log end: no lag to tell
 		}
-		out = append(out, unownedPartition{tp: tp, next: n, lag: end.Offset - n})
+		parts = append(parts, unownedPartition{tp: tp, next: n, lag: end.Offset - n})
 	}
-	return out
+	return parts, true
 }
 
 // unownedNow returns the partitions last found unowned, but those that

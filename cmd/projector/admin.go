@@ -378,7 +378,7 @@ func (k *statusKafka) members(ctx context.Context, group string) map[sinks.TP]ka
 	}
 	ctx, cancel := context.WithTimeout(ctx, statusKafkaTimeout)
 	defer cancel()
-	ms, err := kafkaclient.GroupMembers(ctx, k.adm, group)
+	ms, _, err := kafkaclient.GroupMembers(ctx, k.adm, group)
 	if err != nil {
 		fmt.Fprintf(k.stderr, "consumer group %s: %v: its members are not shown\n", group, err)
 		return out

@@ -19,11 +19,16 @@ type GroupMember struct {
 // runs: the classic one first, then the consumer protocol (KIP-848),
 // whose groups the classic request does not describe. A group without
 // members (none ever joined, or all left) has none and no error.
-func GroupMembers(ctx context.Context, adm *kadm.Client, group string) ([]GroupMember, error) {
+// settled is false while a classic group rebalances: its coordinator then
+// describes no member's assignment, though the members still hold their
+// partitions. A consumer-protocol group always describes what each member
+// holds.
+func GroupMembers(ctx context.Context, adm *kadm.Client, group string) (members []GroupMember, settled bool, err error) {
 	var out []GroupMember
 	classic, cerr := adm.DescribeGroups(ctx, group)
 	if cerr == nil {
 		if d, ok := classic[group]; ok && d.Err == nil && len(d.Members) > 0 {
+			settled = d.State == "Stable"
 			for _, m := range d.Members {
 				gm := GroupMember{ID: m.MemberID, ClientID: m.ClientID, Host: m.ClientHost, Assigned: kadm.TopicsSet{}}
 				if a, ok := m.Assigned.AsConsumer(); ok {
@@ -33,7 +38,7 @@ func GroupMembers(ctx context.Context, adm *kadm.Client, group string) ([]GroupM
 				}
 				out = append(out, gm)
 			}
-			return out, nil
+			return out, settled, nil
 		} else if ok && d.Err != nil {
 			cerr = d.Err
 		}
@@ -44,13 +49,13 @@ func GroupMembers(ctx context.Context, adm *kadm.Client, group string) ([]GroupM
 			for _, m := range d.Members {
 				out = append(out, GroupMember{ID: m.MemberID, ClientID: m.ClientID, Host: m.ClientHost, Assigned: m.Assignment})
 			}
-			return out, nil
+			return out, true, nil
 		} else if ok {
 			err = d.Err
 		}
 	}
 	if cerr == nil {
-		return nil, nil // a classic group without members
+		return nil, true, nil // a classic group without members
 	}
-	return nil, fmt.Errorf("describe consumer group %q: %w", group, errors.Join(cerr, err))
+	return nil, false, fmt.Errorf("describe consumer group %q: %w", group, errors.Join(cerr, err))
 }
