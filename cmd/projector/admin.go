@@ -185,8 +185,12 @@ func newStatusCommand(name, usage string, stdout, stderr io.Writer) *ffcli.Comma
 			configSet := false
 			fs.Visit(func(f *flag.Flag) { configSet = configSet || f.Name == "config" })
 			if _, err := os.Stat(c.config); configSet || err == nil {
-				if projs, err = projection.Load(c.config); err != nil {
+				if projs, err = projection.Load(c.config); err != nil && configSet {
 					return fmt.Errorf("--config: %w", err)
+				} else if err != nil {
+					// The default file, not asked for: its topics are an
+					// extra, not worth failing over.
+					fmt.Fprintf(stderr, "%s not read (%v): listing the stored topics' partitions only\n", c.config, err)
 				}
 			}
 			pool, err := connectEngine(ctx, c.databaseURL, tableOffsets)
