@@ -352,13 +352,20 @@ func (e *Engine) Run(ctx context.Context) error {
 	e.adm = kadm.NewClient(cl)
 	close(e.clientReady)
 	defer func() {
-		e.stopAll(e.cfg.ShutdownTimeout)
+		stopped := e.stopAll(e.cfg.ShutdownTimeout)
 		// A poll may have returned records without letting the group
 		// rebalance; leaving the group needs that.
 		e.cl.AllowRebalance()
 		e.cl.Close()
 		e.wg.Wait()
-		e.clearStates()
+		if e.cfg.InstanceID != "" {
+			// A static member does not leave its group: its partitions
+			// stay assigned to it until its session times out, and
+			// another member exports their lag meanwhile (unowned.go).
+			e.releaseStates(stopped)
+		} else {
+			e.clearStates()
+		}
 		e.close()
 	}()
 	e.wg.Add(5)
@@ -674,14 +681,17 @@ func (e *Engine) stop(tps map[string][]int32) {
 
 // stopAll stops every worker as the member shuts down and waits for them,
 // each committing what it has planned within timeout or being abandoned.
-func (e *Engine) stopAll(timeout time.Duration) {
+// It returns the partitions it stopped.
+func (e *Engine) stopAll(timeout time.Duration) []sinks.TP {
 	e.mu.Lock()
 	e.closing = true
 	for tp := range e.orphans {
 		e.unorphan(tp)
 	}
 	stopping := make([]*running, 0, len(e.workers))
+	tps := make([]sinks.TP, 0, len(e.workers))
 	for tp, r := range e.workers {
+		tps = append(tps, tp)
 		delete(e.workers, tp)
 		e.owned.Store(int64(len(e.workers)))
 		r.w.Drain()
@@ -693,6 +703,7 @@ func (e *Engine) stopAll(timeout time.Duration) {
 	}
 	e.forgetLost(nil)
 	e.wait(stopping, timeout, "shutting down")
+	return tps
 }
 
 // wait waits for the stopping workers, cancelling those still running

@@ -20,12 +20,14 @@ import (
 // group's coordinator lists, also exports the lag of the identity's
 // partitions the group assigns to no member (a member gone with the
 // rebalance still pending, partitions added to a topic, a group being
-// formed), and every member exports its own assigned partitions that run
+// formed) or to a static member that stopped without leaving (it recorded
+// them released, see releaseStates; such a member is no candidate to
+// export), and every member exports its own assigned partitions that run
 // no worker (orphans, see orphan.go). Only one member exports a given
 // partition, so sums over the fleet count it once; the owner's own series
-// replaces it when a worker starts. A member that stopped without leaving
-// holds its assignment until its session times out: until then its
-// partitions count as owned.
+// replaces it when a worker starts. A member killed outright holds its
+// assignment until its session times out: until then its partitions count
+// as owned.
 //
 // The values come from the stored next offset in the store and the log
 // end from the brokers, read every watchTimes.unowned with requests
@@ -159,11 +161,33 @@ func (e *Engine) unownedPartitions(ctx context.Context) (parts []unownedPartitio
 	if !settled {
 		return nil, false
 	}
+	// A static member that stopped has released its partitions (see
+	// releaseStates) though the group still assigns them to it: they are
+	// exported as unowned, and the member is no candidate to export.
+	released := map[sinks.TP]bool{}
+	if sr, ok := e.cfg.Store.(StateReader); ok {
+		states, err := sr.PartitionStates(ctx, e.cfg.Identity)
+		if err != nil {
+			return nil, true
+		}
+		for tp, st := range states {
+			if st.State == sinks.PartitionReleased {
+				released[tp] = true
+			}
+		}
+	}
 	assigned := kadm.TopicsSet{}
 	reporter := len(members) > 0
 	for _, m := range members {
-		assigned.Merge(m.Assigned)
-		if m.ID < me {
+		gone := len(m.Assigned) > 0
+		m.Assigned.Each(func(t string, p int32) {
+			if released[sinks.TP{Topic: t, Partition: p}] {
+				return
+			}
+			gone = false
+			assigned.Add(t, p)
+		})
+		if m.ID < me && !gone {
 			reporter = false
 		}
 	}

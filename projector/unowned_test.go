@@ -130,3 +130,67 @@ func TestUnownedPartitionLag(t *testing.T) {
 		}
 	}
 }
+
+// A static member (InstanceID) that stops does not leave its group, which
+// goes on assigning it its partitions until its session times out. It
+// records them released as it stops, and the member still running
+// exports their lag meanwhile, with the real age of the records waiting.
+func TestStoppedStaticMemberPartitionLag(t *testing.T) {
+	ctx := t.Context()
+	f := faultSetup(t, demo.Options{Aggregates: 1, MeanEvents: 1}, 2)
+	f.produceTo(t, 0, opened("p0-", 0, 10))
+	f.produceTo(t, 1, opened("p1-", 0, 10))
+	regs := []*prometheus.Registry{prometheus.NewRegistry(), prometheus.NewRegistry()}
+	var engines []*projector.Engine
+	var stops []func()
+	for i, reg := range regs {
+		e := f.engine(t, "static", projector.Config{Registerer: reg, InstanceID: fmt.Sprintf("member-%d", i), SessionTimeout: time.Minute})
+		projector.SetLagWatch(e, 100*time.Millisecond)
+		stops = append(stops, run(t, e))
+		engines = append(engines, e)
+	}
+	f.verifyPart(t, "static", append(opened("p0-", 0, 10), opened("p1-", 0, 10)...))
+	testenv.WaitFor(t, 30*time.Second, func() error {
+		for i, e := range engines {
+			if n := len(e.Workers()); n != 1 {
+				return fmt.Errorf("member %d runs %d partitions, want 1", i, n)
+			}
+		}
+		return nil
+	})
+	gone := engines[1].Workers()[0].Partition
+	stops[1]()
+
+	cl, err := kgo.NewClient(kgo.SeedBrokers(f.kafka.Addrs()...), kgo.RecordPartitioner(kgo.ManualPartitioner()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cl.Close()
+	old := time.Now().Add(-time.Hour)
+	for i, r := range opened("late-", 0, 4) {
+		value, err := f.enc.Encode(r)
+		if err != nil {
+			t.Fatal(err)
+		}
+		rec := &kgo.Record{Topic: f.kafka.Topic, Partition: gone, Key: []byte(r.Key), Value: value, Timestamp: old.Add(time.Duration(i) * time.Second)}
+		if err := cl.ProduceSync(ctx, rec).FirstErr(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	testenv.WaitFor(t, 30*time.Second, func() error {
+		lag, ok := partitionGauge(t, regs[0], "projector_consumer_lag", gone)
+		if !ok || lag != 4 {
+			return fmt.Errorf("the running member: projector_consumer_lag of the stopped member's partition %d = %v (exported: %v), want 4", gone, lag, ok)
+		}
+		age, _ := partitionGauge(t, regs[0], "projector_consumer_lag_seconds", gone)
+		if age < time.Hour.Seconds() || age > time.Hour.Seconds()+120 {
+			return fmt.Errorf("projector_consumer_lag_seconds of partition %d = %v, want about 3600", gone, age)
+		}
+		return nil
+	})
+	// The group still assigns the partition to the stopped member: no
+	// rebalance moved it.
+	if n := len(engines[0].Workers()); n != 1 {
+		t.Errorf("the running member runs %d partitions, want its own 1", n)
+	}
+}
