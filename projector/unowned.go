@@ -17,7 +17,7 @@ import (
 // partition no live member runs would have no lag series at all, and a
 // dashboard summing lag would read a dead fleet as caught up. So one
 // member of the group, the one with the lowest member ID among those the
-// group's coordinator lists, also exports the lag of the identity's
+// group's coordinator lists holding a partition, also exports the lag of the identity's
 // partitions the group assigns to no member (a member gone with the
 // rebalance still pending, partitions added to a topic, a group being
 // formed) or to a static member that stopped without leaving (it recorded
@@ -154,7 +154,7 @@ func (e *Engine) unownedPartitions(ctx context.Context) (parts []unownedPartitio
 		return nil, true
 	}
 	me, _ := e.cl.GroupMetadata()
-	members, settled, err := kafkaclient.GroupMembers(ctx, e.adm, e.cfg.Identity)
+	members, settled, err := kafkaclient.GroupMembers(ctx, e.cl, e.cfg.Identity)
 	if err != nil {
 		return nil, true
 	}
@@ -176,21 +176,29 @@ func (e *Engine) unownedPartitions(ctx context.Context) (parts []unownedPartitio
 			}
 		}
 	}
+	// The member to export is the lowest member ID of those holding a
+	// partition they did not release, or when none does (a group being
+	// formed) of all: a stopped static member may still be listed with
+	// nothing assigned, or with only what it released.
 	assigned := kadm.TopicsSet{}
-	reporter := len(members) > 0
+	var holding, all []string
 	for _, m := range members {
-		gone := len(m.Assigned) > 0
+		all = append(all, m.ID)
+		holds := false
 		m.Assigned.Each(func(t string, p int32) {
-			if released[sinks.TP{Topic: t, Partition: p}] {
-				return
+			if !released[sinks.TP{Topic: t, Partition: p}] {
+				holds = true
+				assigned.Add(t, p)
 			}
-			gone = false
-			assigned.Add(t, p)
 		})
-		if m.ID < me && !gone {
-			reporter = false
+		if holds {
+			holding = append(holding, m.ID)
 		}
 	}
+	if len(holding) == 0 {
+		holding = all
+	}
+	reporter := len(holding) > 0 && slices.Min(holding) == me
 	e.mu.Lock()
 	candidates := map[sinks.TP]bool{}
 	for tp := range e.orphans {

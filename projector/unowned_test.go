@@ -42,7 +42,10 @@ func label(m *dto.Metric, name string) string {
 // the group has not assigned yet, with an hour-old backlog. The two
 // members each run one of the first two partitions; of the new one,
 // exactly one exports the records behind and their real age, not 0, so a
-// sum over the fleet counts them once.
+// sum over the fleet counts them once. Under the classic protocol, whose
+// members learn of new partitions at their next metadata refresh; under
+// the consumer protocol the coordinator assigns them at once (see
+// TestStoppedStaticMemberPartitionLag for that protocol).
 func TestUnownedPartitionLag(t *testing.T) {
 	ctx := t.Context()
 	f := faultSetup(t, demo.Options{Aggregates: 1, MeanEvents: 1}, 2)
@@ -135,16 +138,28 @@ func TestUnownedPartitionLag(t *testing.T) {
 // goes on assigning it its partitions until its session times out. It
 // records them released as it stops, and the member still running
 // exports their lag meanwhile, with the real age of the records waiting.
+// Under either group protocol, whose groups are described by different
+// requests.
 func TestStoppedStaticMemberPartitionLag(t *testing.T) {
+	for _, protocol := range groupProtocols {
+		t.Run(protocol, func(t *testing.T) { testStoppedStaticMemberPartitionLag(t, protocol) })
+	}
+}
+
+func testStoppedStaticMemberPartitionLag(t *testing.T, protocol string) {
 	ctx := t.Context()
-	f := faultSetup(t, demo.Options{Aggregates: 1, MeanEvents: 1}, 2)
+	f := faultSetup(t, demo.Options{Aggregates: 1, MeanEvents: 1}, 2, quickGroups)
 	f.produceTo(t, 0, opened("p0-", 0, 10))
 	f.produceTo(t, 1, opened("p1-", 0, 10))
 	regs := []*prometheus.Registry{prometheus.NewRegistry(), prometheus.NewRegistry()}
 	var engines []*projector.Engine
 	var stops []func()
 	for i, reg := range regs {
-		e := f.engine(t, "static", projector.Config{Registerer: reg, InstanceID: fmt.Sprintf("member-%d", i), SessionTimeout: time.Minute})
+		cfg := groupConfig(protocol, projector.Config{Registerer: reg, InstanceID: fmt.Sprintf("member-%d", i)})
+		if protocol == projector.GroupProtocolClassic {
+			cfg.SessionTimeout = time.Minute // the stopped member is not dropped while the test runs
+		}
+		e := f.engine(t, "static", cfg)
 		projector.SetLagWatch(e, 100*time.Millisecond)
 		stops = append(stops, run(t, e))
 		engines = append(engines, e)

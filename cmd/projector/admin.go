@@ -382,7 +382,7 @@ func (k *statusKafka) members(ctx context.Context, group string) map[sinks.TP]ka
 	}
 	ctx, cancel := context.WithTimeout(ctx, statusKafkaTimeout)
 	defer cancel()
-	ms, _, err := kafkaclient.GroupMembers(ctx, k.adm, group)
+	ms, _, err := kafkaclient.GroupMembers(ctx, k.cl, group)
 	if err != nil {
 		fmt.Fprintf(k.stderr, "consumer group %s: %v: its members are not shown\n", group, err)
 		return out
