@@ -131,6 +131,12 @@ type Engine struct {
 	// mirror commits the stored offsets to the Kafka group too (nil:
 	// KafkaCommitInterval turned it off).
 	mirror *groupMirror
+	// drain estimates how long each topic's backlog takes to drain.
+	drain *drainEstimate
+	// unowned is the lag of partitions no member runs that this member
+	// exports, and the record times of its halted partitions (see
+	// unowned.go).
+	unowned unownedLag
 }
 
 type running struct {
@@ -162,6 +168,7 @@ func New(cfg Config, decoderOf Decoders) (*Engine, error) {
 		kafka:       kafkaWatch{said: map[string]time.Time{}},
 		clientReady: make(chan struct{}),
 		done:        make(chan struct{}),
+		drain:       newDrainEstimate(DrainWindow),
 	}
 	e.dead, _ = cfg.Store.(DeadLetterStore)
 	e.stateRec = newStateRecord(cfg.Store, cfg.InstanceID)
@@ -349,7 +356,7 @@ func (e *Engine) Run(ctx context.Context) error {
 	e.adm = kadm.NewClient(cl)
 	close(e.clientReady)
 	defer func() {
-		e.stopAll(e.cfg.ShutdownTimeout)
+		stopped := e.stopAll(e.cfg.ShutdownTimeout)
 		// The partitions are still this member's until it leaves: the
 		// group gets their last stored offsets first.
 		e.mirror.flush(e.cl, nil)
@@ -358,13 +365,24 @@ func (e *Engine) Run(ctx context.Context) error {
 		e.cl.AllowRebalance()
 		e.cl.Close()
 		e.wg.Wait()
-		e.clearStates()
+		if e.cfg.InstanceID != "" {
+			// A static member does not leave its group: its partitions
+			// stay assigned to it until its session times out, and
+			// another member exports their lag meanwhile (unowned.go).
+			e.releaseStates(stopped)
+		} else {
+			e.clearStates()
+		}
 		e.close()
 	}()
-	e.wg.Add(4)
+	e.wg.Add(5)
 	go func() {
 		defer e.wg.Done()
 		e.watchStalls(runCtx)
+	}()
+	go func() {
+		defer e.wg.Done()
+		e.watchLag(runCtx)
 	}()
 	go func() {
 		defer e.wg.Done()
@@ -693,14 +711,17 @@ func (e *Engine) stop(tps map[string][]int32) {
 
 // stopAll stops every worker as the member shuts down and waits for them,
 // each committing what it has planned within timeout or being abandoned.
-func (e *Engine) stopAll(timeout time.Duration) {
+// It returns the partitions it stopped.
+func (e *Engine) stopAll(timeout time.Duration) []sinks.TP {
 	e.mu.Lock()
 	e.closing = true
 	for tp := range e.orphans {
 		e.unorphan(tp)
 	}
 	stopping := make([]*running, 0, len(e.workers))
+	tps := make([]sinks.TP, 0, len(e.workers))
 	for tp, r := range e.workers {
+		tps = append(tps, tp)
 		delete(e.workers, tp)
 		e.owned.Store(int64(len(e.workers)))
 		r.w.Drain()
@@ -712,6 +733,7 @@ func (e *Engine) stopAll(timeout time.Duration) {
 	}
 	e.forgetLost(nil)
 	e.wait(stopping, timeout, "shutting down")
+	return tps
 }
 
 // wait waits for the stopping workers, cancelling those still running

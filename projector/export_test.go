@@ -11,3 +11,9 @@ func SetWatch(e *Engine, every, joinWarn time.Duration) {
 // SetMirrorClock sets the clock that paces e's log lines about failed
 // commits to its Kafka group.
 func SetMirrorClock(e *Engine, now func() time.Time) { e.mirror.now = now }
+
+// SetLagWatch has e look at the partitions no member runs, and the halted
+// ones, every every.
+func SetLagWatch(e *Engine, every time.Duration) {
+	e.watch.unowned, e.watch.request = every, time.Second
+}

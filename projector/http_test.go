@@ -79,8 +79,18 @@ func TestHTTPSurface(t *testing.T) {
 		return nil
 	})
 
-	_, metrics := get(t, srv.URL+"/metrics")
+	// Caught up, the member's backlog drains at once; it says so from its
+	// first look at the partitions.
+	var metrics string
+	testenv.WaitFor(t, 10*time.Second, func() error {
+		_, metrics = get(t, srv.URL+"/metrics")
+		if want := `projector_backlog_drain_seconds{group="http",topic="accounts.events"} 0`; !strings.Contains(metrics, want) {
+			return fmt.Errorf("/metrics lacks %s", want)
+		}
+		return nil
+	})
 	for _, name := range []string{
+		`projector_gap_timeout_seconds{group="http",projection="accounts"} 30`,
 		`projector_consumer_lag{group="http",partition="0",topic="accounts.events"} 0`,
 		`projector_consumer_lag_seconds{group="http",partition="0",topic="accounts.events"} 0`,
 		`projector_rebalances_total{group="http"}`,

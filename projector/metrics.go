@@ -6,6 +6,8 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/projector-dev/projector/sinks"
 )
 
 // groupMetrics describe this member's view of its consumer group.
@@ -58,11 +60,17 @@ func (m *groupMetrics) removed(removed map[string][]int32) {
 
 var (
 	lagDesc = prometheus.NewDesc("projector_consumer_lag",
-		"Records not yet committed: high watermark minus the stored next offset.",
+		"Records not yet committed: high watermark minus the stored next offset. Of this member's partitions, and of those no member runs (exported by one member of the group).",
 		[]string{"topic", "partition"}, nil)
 	lagSecondsDesc = prometheus.NewDesc("projector_consumer_lag_seconds",
-		"Age of the oldest fetched record not yet committed; 0 when caught up.",
+		"Age of the oldest record not yet committed (fetched; for a partition no member runs or one halted before fetching, the record at the stored offset, or when that is gone the time the halt began); 0 when caught up.",
 		[]string{"topic", "partition"}, nil)
+	drainDesc = prometheus.NewDesc("projector_backlog_drain_seconds",
+		"How long this member's backlog of the topic takes to drain at the rates of the last 2 minutes: records behind / (completion rate - arrival rate); +Inf while arrivals keep up with completions, 0 without a backlog.",
+		[]string{"topic"}, nil)
+	gapTimeoutDesc = prometheus.NewDesc("projector_gap_timeout_seconds",
+		"The projection's gap_timeout: how long parked events wait before a repair is tried (on_gap repair); alerts compare projector_oldest_parked_seconds with it.",
+		[]string{"projection"}, nil)
 )
 
 var (
@@ -94,6 +102,8 @@ type lagCollector struct{ e *Engine }
 func (c *lagCollector) Describe(ch chan<- *prometheus.Desc) {
 	ch <- lagDesc
 	ch <- lagSecondsDesc
+	ch <- drainDesc
+	ch <- gapTimeoutDesc
 	ch <- parkedDesc
 	ch <- oldestParkedDesc
 	ch <- repairUnavailableDesc
@@ -124,6 +134,12 @@ func (c *lagCollector) Collect(ch chan<- prometheus.Metric) {
 		for _, o := range s.Others {
 			add(o.Projection, o.Parked, o.OldestParked)
 		}
+	}
+	for _, p := range c.e.cfg.Projections {
+		ch <- prometheus.MustNewConstMetric(gapTimeoutDesc, prometheus.GaugeValue, p.GapTimeout.Seconds(), p.Name)
+	}
+	for topic, s := range c.e.drain.estimates() {
+		ch <- prometheus.MustNewConstMetric(drainDesc, prometheus.GaugeValue, s, topic)
 	}
 	for name, n := range parked {
 		ch <- prometheus.MustNewConstMetric(parkedDesc, prometheus.GaugeValue, float64(n), name)
@@ -164,16 +180,42 @@ func (c *lagCollector) Collect(ch chan<- prometheus.Metric) {
 		ch <- prometheus.MustNewConstMetric(tombstoneChecksDesc, prometheus.CounterValue, float64(ruledOut), p.Name, "filter")
 		ch <- prometheus.MustNewConstMetric(tombstoneChecksDesc, prometheus.CounterValue, float64(probed), p.Name, "probe")
 	}
+	unowned, times := c.e.unownedNow()
+	running := map[sinks.TP]bool{}
 	for _, s := range c.e.Workers() {
+		running[s.TP] = true
 		labels := []string{s.Topic, strconv.Itoa(int(s.Partition))}
 		// Past the log end (the topic was created again) there is no lag
 		// to tell: projector_partition_halted says why.
 		if s.HighWatermark >= 0 && s.NextOffset <= s.HighWatermark {
 			ch <- prometheus.MustNewConstMetric(lagDesc, prometheus.GaugeValue, float64(max(0, s.HighWatermark-s.NextOffset)), labels...)
 		}
+		oldest := s.Oldest
+		if oldest.IsZero() && s.Halted != "" {
+			// Halted before it fetched a record: the record at its stored
+			// offset, or the halt's start when that record is gone.
+			oldest = s.HaltedSince
+			if rt, ok := times[s.TP]; ok && rt.offset == s.NextOffset && !rt.at.IsZero() {
+				oldest = rt.at
+			}
+		}
 		age := 0.0
-		if !s.Oldest.IsZero() {
-			age = max(0, now.Sub(s.Oldest).Seconds())
+		if !oldest.IsZero() {
+			age = max(0, now.Sub(oldest).Seconds())
+		}
+		ch <- prometheus.MustNewConstMetric(lagSecondsDesc, prometheus.GaugeValue, age, labels...)
+	}
+	// Partitions no member runs (see unowned.go), but those a worker took
+	// since they were looked at.
+	for _, u := range unowned {
+		if running[u.tp] {
+			continue
+		}
+		labels := []string{u.tp.Topic, strconv.Itoa(int(u.tp.Partition))}
+		ch <- prometheus.MustNewConstMetric(lagDesc, prometheus.GaugeValue, float64(u.lag), labels...)
+		age := 0.0
+		if !u.oldest.IsZero() {
+			age = max(0, now.Sub(u.oldest).Seconds())
 		}
 		ch <- prometheus.MustNewConstMetric(lagSecondsDesc, prometheus.GaugeValue, age, labels...)
 	}

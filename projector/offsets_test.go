@@ -250,6 +250,13 @@ func TestHaltedPartitionIsQuiet(t *testing.T) {
 	if got := haltedGauge(t, reg, "records_deleted"); got != 1 {
 		t.Errorf(`projector_partition_halted{reason="records_deleted"} = %v, want 1`, got)
 	}
+	// Its oldest record not committed is gone: its age counts from the
+	// halt's start, not 0 as for a partition caught up.
+	before := time.Since(halted.HaltedSince).Seconds()
+	age, ok := partitionGauge(t, reg, "projector_consumer_lag_seconds", 0)
+	if after := time.Since(halted.HaltedSince).Seconds(); !ok || age < before || age > after || age <= 0 {
+		t.Errorf("projector_consumer_lag_seconds of the halted partition = %v (exported: %v), want the time since the halt began, %.3f to %.3f", age, ok, before, after)
+	}
 	if err := demo.Verify(ctx, f.db.Pool, demo.Table, demo.Fold(append(opened("p0-", 0, 10), opened("p1-", 0, 20)...))); err != nil {
 		t.Error(err)
 	}

@@ -122,6 +122,40 @@ func (e *Engine) clearStates() {
 	e.writeStates(context.Background(), nil, changed)
 }
 
+// releaseStates records, as a static member leaves, the partitions it ran
+// as released: the group holds them for it until its session times out,
+// and the state tells the others (and projector status) that nobody runs
+// them meanwhile. Every other state it recorded is cleared; its next
+// owner, or itself back, clears the released ones as it sees them move.
+func (e *Engine) releaseStates(tps []sinks.TP) {
+	r := e.stateRec
+	if r == nil {
+		return
+	}
+	now := e.now()
+	cur := map[sinks.TP]sinks.PartitionState{}
+	var changed []sinks.PartitionState
+	for _, tp := range tps {
+		st := sinks.PartitionState{TP: tp, State: sinks.PartitionReleased, Since: now,
+			Reason: "its member " + r.member + " stopped without leaving the group (static membership): nobody runs it until the member is back or its session times out"}
+		cur[tp] = st
+		changed = append(changed, st)
+	}
+	for tp, prev := range r.last {
+		if _, ok := cur[tp]; !ok && prev.State != "" {
+			changed = append(changed, sinks.PartitionState{TP: tp})
+		}
+	}
+	e.writeStates(context.Background(), cur, changed)
+}
+
+// StateReader is a Store that reads back the partition states the
+// members recorded; a store without it lets no member tell a partition
+// released by a stopped static member.
+type StateReader interface {
+	PartitionStates(ctx context.Context, identity string) (map[sinks.TP]sinks.PartitionState, error)
+}
+
 // writeStates writes the changed states, cur being every state now; a
 // failure is said once, and what failed is written at the next look.
 func (e *Engine) writeStates(ctx context.Context, cur map[sinks.TP]sinks.PartitionState, changed []sinks.PartitionState) {

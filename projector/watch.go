@@ -37,6 +37,9 @@ type watchTimes struct {
 	progress time.Duration
 	// request bounds each probe (a ping, a topic listing).
 	request time.Duration
+	// unowned is how often the partitions no member runs, and the halted
+	// ones, are looked at for their lag (see unowned.go).
+	unowned time.Duration
 }
 
 var defaultWatchTimes = watchTimes{
@@ -45,6 +48,7 @@ var defaultWatchTimes = watchTimes{
 	repeat:   time.Minute,
 	progress: DefaultProgressEvery,
 	request:  5 * time.Second,
+	unowned:  15 * time.Second,
 }
 
 // with returns t logging progress every progress (negative: never).
@@ -122,6 +126,7 @@ func (e *Engine) watchKafka(ctx context.Context) {
 		}
 		e.noteKafka(now, problem, kind)
 		prog.tick(now)
+		e.drain.sample(now, e.Workers())
 	}
 }
 

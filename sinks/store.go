@@ -105,6 +105,10 @@ const (
 	PartitionStalled    = "stalled"     // records wait and nothing has committed for the stall time
 	PartitionHalted     = "halted"      // stopped until an operator acts
 	PartitionOrphaned   = "orphaned"    // assigned here, without a worker: a newer owner claimed it
+	// PartitionReleased: its member stopped without leaving the group (a
+	// static member, --instance-id), which holds the partition for it
+	// until its session times out or it comes back.
+	PartitionReleased = "released"
 )
 
 // What halted a partition (PartitionState.Halt). Each halt lasts until

@@ -1,12 +1,17 @@
 package main
 
 import (
+	"cmp"
 	"context"
+	"crypto/tls"
 	"encoding/json"
+	"errors"
 	"flag"
 	"fmt"
 	"io"
 	"maps"
+	"math"
+	"os"
 	"slices"
 	"strconv"
 	"strings"
@@ -16,9 +21,12 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/peterbourgon/ff/v3/ffcli"
 	"github.com/twmb/franz-go/pkg/kadm"
+	"github.com/twmb/franz-go/pkg/kerr"
+	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/projector-dev/projector/internal/kafkaclient"
 	"github.com/projector-dev/projector/projection"
+	"github.com/projector-dev/projector/projector"
 	"github.com/projector-dev/projector/rebuild"
 	"github.com/projector-dev/projector/sinks"
 	"github.com/projector-dev/projector/sinks/postgres"
@@ -86,7 +94,22 @@ type partitionStatus struct {
 	HighWatermark  *int64 `json:"high_watermark"`
 	// Lag is nil when it cannot be told: nothing stored, or the stored
 	// offset is past the log end.
-	Lag        *int64 `json:"lag"`
+	Lag *int64 `json:"lag"`
+	// LagSeconds is the age of the record at the stored offset (the
+	// oldest not applied), 0 without lag, nil when it cannot be told.
+	LagSeconds *float64 `json:"lag_seconds"`
+	// DrainSeconds is how long the group's backlog of the topic takes to
+	// drain at the rates sampled over --sample; nil when not sampled or
+	// when it never drains (NeverDrains: records arrive as fast as they
+	// are applied).
+	DrainSeconds *float64 `json:"drain_seconds"`
+	NeverDrains  bool     `json:"never_drains,omitempty"`
+	// ConsumerID, Host and ClientID name the group member the partition
+	// is assigned to, as the group's coordinator describes it; empty when
+	// none is or the brokers were not asked.
+	ConsumerID string `json:"consumer_id,omitempty"`
+	Host       string `json:"host,omitempty"`
+	ClientID   string `json:"client_id,omitempty"`
 	OwnerEpoch int64  `json:"owner_epoch"`
 	// State is the member's word for the partition when it said one
 	// (backing-off, stalled, halted, orphaned), else what the stored
@@ -114,26 +137,61 @@ const (
 	stateRecordsDeleted = "records-deleted" // stored offset below the log start
 	stateBeyondLogEnd   = "beyond-log-end"  // stored offset past the log end
 	stateNoLog          = "no-log"          // the partition is not in Kafka
-	stateLogNotAsked    = "log-not-asked"   // no --brokers to ask Kafka
+	stateLogNotAsked    = "log-not-asked"   // no --brokers to ask Kafka, or they did not answer
 )
+
+// statusKafkaTimeout bounds what status asks the brokers, so that a
+// cluster that does not answer leaves the stored offsets to show.
+const statusKafkaTimeout = 5 * time.Second
+
+// defaultStatusSample is how long status watches the offsets move to
+// estimate when a backlog drains.
+const defaultStatusSample = 2 * time.Second
 
 func statusCommand(stdout, stderr io.Writer) *ffcli.Command {
 	return newStatusCommand("status", "projector status [flags]", stdout, stderr)
+}
+
+// groupOffsets are the stored offsets of one consumer identity.
+type groupOffsets struct {
+	gen    rebuild.Generation
+	stored []postgres.Stored
+	// topics are the topics whose partitions are listed though nothing is
+	// stored of them: those stored, and the projection file's.
+	topics []string
 }
 
 func newStatusCommand(name, usage string, stdout, stderr io.Writer) *ffcli.Command {
 	var (
 		c      common
 		asJSON bool
+		sample time.Duration
+		fs     *flag.FlagSet
 	)
-	return newCommand(name, usage, "Show the stored offset, log bounds and lag of every partition of an identity, and of its rebuilt projections' live generations and generations being built.", stderr,
-		func(fs *flag.FlagSet) {
-			c.register(fs, "brokers", "database-url", "identity")
+	return newCommand(name, usage, "Show every partition of an identity, and of its rebuilt projections' live generations and generations being built: the stored offset, the log end and lag, the group member assigned it, how old its oldest record not applied is, and when its topic's backlog drains.", stderr,
+		func(f *flag.FlagSet) {
+			fs = f
+			c.register(fs, "brokers", "database-url", "identity", "config")
 			fs.BoolVar(&asJSON, "json", false, "print JSON objects instead of a table")
+			fs.DurationVar(&sample, "sample", defaultStatusSample, "how long to watch the offsets move to estimate when each backlog drains (DRAIN); 0: do not estimate")
 		},
 		func(ctx context.Context, _ []string) error {
 			if err := c.checkTransport(); err != nil {
 				return err
+			}
+			// The projection file names topics of which nothing may be
+			// stored yet; the default file need not exist.
+			var projs []*projection.Projection
+			configSet := false
+			fs.Visit(func(f *flag.Flag) { configSet = configSet || f.Name == "config" })
+			if _, err := os.Stat(c.config); configSet || err == nil {
+				if projs, err = projection.Load(c.config); err != nil && configSet {
+					return fmt.Errorf("--config: %w", err)
+				} else if err != nil {
+					// The default file, not asked for: its topics are an
+					// extra, not worth failing over.
+					fmt.Fprintf(stderr, "%s not read (%v): listing the stored topics' partitions only\n", c.config, err)
+				}
 			}
 			pool, err := connectEngine(ctx, c.database(), tableOffsets)
 			if err != nil {
@@ -145,10 +203,6 @@ func newStatusCommand(name, usage string, stdout, stderr io.Writer) *ffcli.Comma
 				return err
 			}
 			groups := append([]rebuild.Generation{{N: 1, GroupID: c.identity}}, gens...)
-			type groupOffsets struct {
-				gen    rebuild.Generation
-				stored []postgres.Stored
-			}
 			var all []groupOffsets
 			topics := map[string]bool{}
 			for _, g := range groups {
@@ -156,27 +210,34 @@ func newStatusCommand(name, usage string, stdout, stderr io.Writer) *ffcli.Comma
 				if err != nil {
 					return err
 				}
+				own := map[string]bool{}
 				for _, s := range stored {
-					topics[s.Topic] = true
+					own[s.Topic] = true
 				}
-				all = append(all, groupOffsets{gen: g, stored: stored})
+				for _, p := range projs {
+					if g.Projection == "" || g.Projection == p.Name {
+						own[p.Topic] = true
+					}
+				}
+				for t := range own {
+					topics[t] = true
+				}
+				all = append(all, groupOffsets{gen: g, stored: stored, topics: slices.Sorted(maps.Keys(own))})
 			}
-			bounds := map[sinks.TP]logBounds{}
-			// Without --brokers the stored offsets are still worth
-			// showing: after the demo, its embedded broker is gone.
-			noLog := strings.TrimSpace(c.brokers) == ""
-			if noLog && len(topics) > 0 {
-				fmt.Fprintln(stderr, "no --brokers (PROJECTOR_BROKERS): showing the stored offsets without the log's bounds and lag")
-			}
-			if len(topics) > 0 && !noLog {
-				adm, closeAdm, err := c.admin()
+			k := statusKafka{stderr: stderr}
+			// Without --brokers, or brokers that do not answer, the stored
+			// offsets are still worth showing: after the demo, its
+			// embedded broker is gone.
+			if strings.TrimSpace(c.brokers) == "" {
+				if len(topics) > 0 {
+					fmt.Fprintln(stderr, "no --brokers (PROJECTOR_BROKERS): showing the stored offsets without the log's bounds, lag and group members")
+				}
+			} else if len(topics) > 0 {
+				closeKafka, err := k.open(ctx, &c, slices.Sorted(maps.Keys(topics)))
 				if err != nil {
 					return err
 				}
-				defer closeAdm()
-				if bounds, err = listBounds(ctx, adm, slices.Sorted(maps.Keys(topics))...); err != nil {
-					return err
-				}
+				defer closeKafka()
 			}
 			var rows []partitionStatus
 			for _, g := range all {
@@ -184,18 +245,43 @@ func newStatusCommand(name, usage string, stdout, stderr io.Writer) *ffcli.Comma
 				if err != nil {
 					return err
 				}
-				for _, s := range g.stored {
-					r := statusOf(s, bounds)
-					if noLog {
+				members := k.members(ctx, g.gen.GroupID)
+				stored := map[sinks.TP]bool{}
+				var own []partitionStatus
+				add := func(r partitionStatus) {
+					if k.bounds == nil {
 						r.State = stateLogNotAsked
 					}
-					if st, ok := said[s.TP]; ok {
+					tp := sinks.TP{Topic: r.Topic, Partition: r.Partition}
+					if st, ok := said[tp]; ok {
 						since := st.Since
 						r.State, r.Halt, r.Reason, r.Member, r.Since = st.State, st.Halt, st.Reason, st.Member, &since
 					}
+					if m, ok := members[tp]; ok {
+						r.ConsumerID, r.Host, r.ClientID = m.ID, m.Host, m.ClientID
+					}
 					r.Group, r.Generation, r.Projection, r.GenerationState = g.gen.GroupID, g.gen.N, g.gen.Projection, g.gen.State
-					rows = append(rows, r)
+					own = append(own, r)
 				}
+				for _, s := range g.stored {
+					stored[s.TP] = true
+					add(statusOf(s, k.bounds))
+				}
+				// The partitions of its topics nothing is stored of: no
+				// member has claimed them yet.
+				for _, tp := range slices.SortedFunc(maps.Keys(k.bounds), compareTP) {
+					if !stored[tp] && slices.Contains(g.topics, tp.Topic) {
+						add(statusOf(postgres.Stored{TP: tp}, k.bounds))
+					}
+				}
+				slices.SortFunc(own, func(a, b partitionStatus) int {
+					return compareTP(sinks.TP{Topic: a.Topic, Partition: a.Partition}, sinks.TP{Topic: b.Topic, Partition: b.Partition})
+				})
+				rows = append(rows, own...)
+			}
+			k.lagSeconds(ctx, rows)
+			if err := k.drain(ctx, pool, rows, sample); err != nil {
+				return err
 			}
 			if rows == nil {
 				rows = []partitionStatus{}
@@ -206,19 +292,20 @@ func newStatusCommand(name, usage string, stdout, stderr io.Writer) *ffcli.Comma
 				return enc.Encode(rows)
 			}
 			// A rebuilt projection's generations run under identities of
-			// their own: then each row says whose offset it is.
-			byGroup := len(gens) > 0
+			// their own: then each row says which generation it is.
+			byGen := len(gens) > 0
 			tw := tabwriter.NewWriter(stdout, 0, 4, 2, ' ', 0)
-			header := "TOPIC\tPARTITION\tCURRENT-OFFSET\tLOG-START-OFFSET\tLOG-END-OFFSET\tLAG\tOWNER-EPOCH\tSTATE"
-			if byGroup {
-				header += "\tGROUP\tGEN"
+			header := "GROUP\tTOPIC\tPARTITION\tCURRENT-OFFSET\tLOG-END-OFFSET\tLAG\tCONSUMER-ID\tHOST\tCLIENT-ID\tLAG-SECONDS\tDRAIN\tOWNER-EPOCH\tSTATE"
+			if byGen {
+				header += "\tGEN"
 			}
 			fmt.Fprintln(tw, header)
 			for _, r := range rows {
-				fmt.Fprintf(tw, "%s\t%d\t%s\t%s\t%s\t%s\t%d\t%s", r.Topic, r.Partition, orDash(r.NextOffset),
-					orDash(r.LogStartOffset), orDash(r.HighWatermark), orDash(r.Lag), r.OwnerEpoch, r.State)
-				if byGroup {
-					fmt.Fprintf(tw, "\t%s\t%s", r.Group, genText(r))
+				fmt.Fprintf(tw, "%s\t%s\t%d\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%d\t%s", r.Group, r.Topic, r.Partition, orDash(r.NextOffset),
+					orDash(r.HighWatermark), orDash(r.Lag), textOrDash(r.ConsumerID), textOrDash(r.Host), textOrDash(r.ClientID),
+					secondsText(r.LagSeconds), drainText(r), r.OwnerEpoch, r.State)
+				if byGen {
+					fmt.Fprintf(tw, "\t%s", genText(r))
 				}
 				fmt.Fprintln(tw)
 			}
@@ -234,7 +321,7 @@ func newStatusCommand(name, usage string, stdout, stderr io.Writer) *ffcli.Comma
 						state += " (" + r.Halt + ")"
 					}
 					where := fmt.Sprintf("%s/%d", r.Topic, r.Partition)
-					if byGroup {
+					if byGen {
 						where = r.Group + " " + where
 					}
 					fmt.Fprintf(stdout, "%s %s since %s (member %s): %s\n", where, state,
@@ -243,6 +330,232 @@ func newStatusCommand(name, usage string, stdout, stderr io.Writer) *ffcli.Comma
 			}
 			return nil
 		})
+}
+
+// statusKafka is what status asks the brokers; bounds is nil when they
+// were not asked or did not answer, and then nothing else is asked.
+type statusKafka struct {
+	stderr io.Writer
+	cl     *kgo.Client
+	adm    *kadm.Client
+	topics []string
+	bounds map[sinks.TP]logBounds
+}
+
+// open connects to --brokers and lists the topics' log bounds; brokers
+// that do not answer within statusKafkaTimeout are said to be so, once,
+// and the rest is shown without them.
+func (k *statusKafka) open(ctx context.Context, c *common, topics []string) (func(), error) {
+	kcfg, err := c.kafkaConfig(nil, nil)
+	if err != nil {
+		return nil, err
+	}
+	cl, err := kafkaclient.New(kcfg)
+	if err != nil {
+		return nil, fmt.Errorf("--brokers: %w", err)
+	}
+	k.cl, k.adm, k.topics = cl, kadm.NewClient(cl), topics
+	lctx, cancel := context.WithTimeout(ctx, statusKafkaTimeout)
+	defer cancel()
+	bounds, err := listBounds(lctx, k.adm, topics...)
+	if err != nil {
+		// Brokers that answer and refuse the credentials or the
+		// certificate are a command line to correct, not an outage.
+		var verr *tls.CertificateVerificationError
+		if ctx.Err() != nil || errors.Is(err, kerr.SaslAuthenticationFailed) || errors.As(err, &verr) {
+			cl.Close()
+			return nil, err
+		}
+		fmt.Fprintf(k.stderr, "Kafka at --brokers %s did not answer (%v): showing the stored offsets without the log's bounds, lag and group members\n", c.brokers, err)
+		return cl.Close, nil
+	}
+	k.bounds = bounds
+	return cl.Close, nil
+}
+
+// members returns the member each partition of group is assigned to;
+// none when the brokers were not asked or the group is not described.
+func (k *statusKafka) members(ctx context.Context, group string) map[sinks.TP]kafkaclient.GroupMember {
+	out := map[sinks.TP]kafkaclient.GroupMember{}
+	if k.bounds == nil {
+		return out
+	}
+	ctx, cancel := context.WithTimeout(ctx, statusKafkaTimeout)
+	defer cancel()
+	ms, _, err := kafkaclient.GroupMembers(ctx, k.cl, group)
+	if err != nil {
+		fmt.Fprintf(k.stderr, "consumer group %s: %v: its members are not shown\n", group, err)
+		return out
+	}
+	for _, m := range ms {
+		m.Assigned.Each(func(t string, p int32) { out[sinks.TP{Topic: t, Partition: p}] = m })
+	}
+	return out
+}
+
+// lagSeconds fills in each row's lag age: 0 without lag, else the age of
+// the record at the stored offset, fetched from the brokers; when that
+// record is gone, the time since the member said the partition halted.
+func (k *statusKafka) lagSeconds(ctx context.Context, rows []partitionStatus) {
+	if k.bounds == nil {
+		return
+	}
+	now := time.Now()
+	byGroup := map[string]map[string]map[int32]int64{}
+	for i := range rows {
+		r := &rows[i]
+		switch {
+		case r.Lag == nil:
+		case *r.Lag == 0:
+			zero := 0.0
+			r.LagSeconds = &zero
+		default:
+			if byGroup[r.Group] == nil {
+				byGroup[r.Group] = map[string]map[int32]int64{}
+			}
+			if byGroup[r.Group][r.Topic] == nil {
+				byGroup[r.Group][r.Topic] = map[int32]int64{}
+			}
+			byGroup[r.Group][r.Topic][r.Partition] = *r.NextOffset
+		}
+	}
+	times := map[string]map[string]map[int32]time.Time{}
+	for g, at := range byGroup {
+		fctx, cancel := context.WithTimeout(ctx, statusKafkaTimeout)
+		times[g], _ = kafkaclient.RecordTimes(fctx, k.cl, at) // none: the age is not shown
+		cancel()
+	}
+	for i := range rows {
+		r := &rows[i]
+		if r.Lag == nil || *r.Lag == 0 {
+			continue
+		}
+		if ts, ok := times[r.Group][r.Topic][r.Partition]; ok {
+			age := max(0, now.Sub(ts).Seconds())
+			r.LagSeconds = &age
+		} else if r.State == sinks.PartitionHalted && r.Since != nil {
+			age := max(0, now.Sub(*r.Since).Seconds())
+			r.LagSeconds = &age
+		}
+	}
+}
+
+// drain estimates, per group and topic, when the backlog drains: it
+// reads the stored offsets and the log ends again after sample, and
+// divides the backlog by how much faster the stored offsets moved than
+// the log ends. Without a backlog there is nothing to wait for.
+func (k *statusKafka) drain(ctx context.Context, pool *pgxpool.Pool, rows []partitionStatus, sample time.Duration) error {
+	if k.bounds == nil || sample == 0 {
+		return nil
+	}
+	type key struct{ group, topic string }
+	backlog := map[key]int64{}
+	for _, r := range rows {
+		if r.Lag != nil {
+			backlog[key{r.Group, r.Topic}] += *r.Lag
+		}
+	}
+	estimate := map[key]float64{}
+	busy := false
+	for kk, b := range backlog {
+		if b == 0 {
+			estimate[kk] = 0
+		} else {
+			busy = true
+		}
+	}
+	if busy {
+		began := time.Now()
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(sample):
+		}
+		lctx, cancel := context.WithTimeout(ctx, statusKafkaTimeout)
+		ends, err := k.adm.ListEndOffsets(lctx, k.topics...)
+		cancel()
+		if err == nil {
+			dt := time.Since(began).Seconds()
+			arrived, completed, later := map[key]int64{}, map[key]int64{}, map[key]int64{}
+			stored := map[string]map[sinks.TP]*int64{}
+			for _, r := range rows {
+				kk := key{r.Group, r.Topic}
+				if r.Lag == nil || backlog[kk] == 0 {
+					continue
+				}
+				if stored[r.Group] == nil {
+					ss, err := postgres.NewOffsets(pool, r.Group).List(ctx)
+					if err != nil {
+						return err
+					}
+					stored[r.Group] = map[sinks.TP]*int64{}
+					for _, s := range ss {
+						stored[r.Group][s.TP] = s.NextOffset
+					}
+				}
+				tp := sinks.TP{Topic: r.Topic, Partition: r.Partition}
+				end, ok := ends.Lookup(r.Topic, r.Partition)
+				next := stored[r.Group][tp]
+				if !ok || end.Err != nil || next == nil {
+					continue
+				}
+				arrived[kk] += end.Offset - *r.HighWatermark
+				completed[kk] += *next - *r.NextOffset
+				later[kk] += max(0, end.Offset-*next)
+			}
+			for kk, b := range backlog {
+				if b > 0 {
+					estimate[kk] = projector.DrainSeconds(later[kk], float64(arrived[kk])/dt, float64(completed[kk])/dt)
+				}
+			}
+		}
+	}
+	for i := range rows {
+		r := &rows[i]
+		if s, ok := estimate[key{r.Group, r.Topic}]; ok {
+			if math.IsInf(s, 1) {
+				r.NeverDrains = true
+			} else {
+				r.DrainSeconds = &s
+			}
+		}
+	}
+	return nil
+}
+
+func compareTP(a, b sinks.TP) int {
+	if c := strings.Compare(a.Topic, b.Topic); c != 0 {
+		return c
+	}
+	return cmp.Compare(a.Partition, b.Partition)
+}
+
+func textOrDash(s string) string {
+	if s == "" {
+		return "-"
+	}
+	return s
+}
+
+// secondsText is an age in whole seconds, "-" when unknown.
+func secondsText(s *float64) string {
+	if s == nil {
+		return "-"
+	}
+	return strconv.FormatFloat(math.Round(*s), 'f', 0, 64)
+}
+
+// drainText is the DRAIN column: a duration, "never" while records arrive
+// as fast as they are applied, "-" when not estimated.
+func drainText(r partitionStatus) string {
+	switch {
+	case r.NeverDrains:
+		return "never"
+	case r.DrainSeconds == nil:
+		return "-"
+	default:
+		return (time.Duration(math.Round(*r.DrainSeconds)) * time.Second).String()
+	}
 }
 
 // genText is a row's generation for the table: its number, and

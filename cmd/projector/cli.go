@@ -39,13 +39,16 @@ var takesArgs = map[string]bool{
 // zeroDurations lists the duration flags whose zero or negative value has
 // a meaning, told in their help: 0 leaves PostgreSQL's setting in place,
 // a negative --retention keeps published rows (its 0 would silently be
-// the default), --progress-every 0 logs no progress, --kafka-commit-interval 0 commits nothing to the group. Every other duration flag must be positive.
+// the default), --progress-every 0 logs no progress, --kafka-commit-interval
+// 0 commits nothing to the group, status --sample 0 estimates no drain
+// time. Every other duration flag must be positive.
 var zeroDurations = map[string]struct{ zero, negative bool }{
 	"database-lock-timeout":                {zero: true},
 	"database-idle-in-transaction-timeout": {zero: true},
 	"retention":                            {negative: true},
 	"progress-every":                       {zero: true},
 	"kafka-commit-interval":                {zero: true},
+	"sample":                               {zero: true},
 }
 
 // Exit statuses.

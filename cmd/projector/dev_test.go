@@ -207,7 +207,7 @@ func TestDevRestartsOnItsOwnTables(t *testing.T) {
 			return err
 		}
 		for _, l := range strings.Split(strings.TrimSpace(out.String()), "\n")[1:] {
-			if f := strings.Fields(l); f[5] != "0" || f[7] != "ok" {
+			if f := strings.Fields(l); f[5] != "0" || f[12] != "ok" {
 				return fmt.Errorf("status: want lag 0 and state ok on every partition:\n%s", out.String())
 			}
 		}

@@ -194,12 +194,12 @@ func TestReadmeJourney(t *testing.T) {
 			}
 			// Every partition of the topic is applied to its end: lag 0.
 			lines := strings.Split(strings.TrimSpace(out.String()), "\n")
-			if len(lines) != 1+DefaultDevPartitions || !strings.HasPrefix(lines[0], "TOPIC") {
+			if len(lines) != 1+DefaultDevPartitions || !strings.HasPrefix(lines[0], "GROUP") {
 				t.Fatalf("status: want a header and %d partitions, got\n%s", DefaultDevPartitions, out.String())
 			}
 			for _, l := range lines[1:] {
 				f := strings.Fields(l)
-				if f[0] != "accounts.events" || f[5] != "0" || f[7] != "ok" {
+				if f[1] != "accounts.events" || f[5] != "0" || f[12] != "ok" {
 					t.Errorf("status: want accounts.events with lag 0 and state ok, got %q", l)
 				}
 			}

@@ -236,7 +236,7 @@ func TestOffsetsReset(t *testing.T) {
 	if p1 := st[1]; p1.State != stateOK || orDash(p1.Lag) != "0" {
 		t.Errorf("status of partition 1: state %q, lag %s; want ok, 0", p1.State, orDash(p1.Lag))
 	}
-	if table := e.mustCLI("status"); !strings.Contains(table, stateBeyondLogEnd) || !strings.Contains(table, "LOG-START-OFFSET") {
+	if table := e.mustCLI("status"); !strings.Contains(table, stateBeyondLogEnd) || !strings.Contains(table, "LOG-END-OFFSET") {
 		t.Errorf("status table does not show the state:\n%s", table)
 	}
 

@@ -60,6 +60,20 @@ func (s *Store) RecordStates(ctx context.Context, identity, member string, state
 	return nil
 }
 
+// PartitionStates returns the partition states recorded for identity,
+// for the engine (see projector.StateReader).
+func (s *Store) PartitionStates(ctx context.Context, identity string) (map[sinks.TP]sinks.PartitionState, error) {
+	stored, err := States(ctx, s.pool, identity)
+	if err != nil {
+		return nil, err
+	}
+	out := make(map[sinks.TP]sinks.PartitionState, len(stored))
+	for tp, st := range stored {
+		out[tp] = st.PartitionState
+	}
+	return out, nil
+}
+
 // StoredState is a partition's state as its member last recorded it.
 type StoredState struct {
 	sinks.PartitionState
