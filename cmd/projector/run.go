@@ -208,7 +208,9 @@ func (f *runFlags) runOn(ctx context.Context, stderr io.Writer, env engineEnv) e
 	return serveOn(ctx, log, ln, gather, ready, live, func(ctx context.Context) error {
 		sctx, cancel := su.bound(ctx)
 		defer cancel()
-		pool, target, err := openDatabase(sctx, poolCfg, su, true)
+		// Behind a pooler, PostgreSQL's connection slots are the
+		// pooler's to share, not this member's to count.
+		pool, target, err := openDatabase(sctx, poolCfg, su, f.dbFlags.pooler == poolerNone)
 		if err != nil {
 			if ctx.Err() != nil {
 				return nil // stopped while starting
@@ -216,6 +218,12 @@ func (f *runFlags) runOn(ctx context.Context, stderr io.Writer, env engineEnv) e
 			return err
 		}
 		defer pool.Close()
+		if err := f.dbFlags.checkPooler(sctx, pool, "run", log); err != nil {
+			if ctx.Err() != nil {
+				return nil
+			}
+			return err
+		}
 		log.Info("writing to PostgreSQL", append(target.attrs(), "max_conns", poolCfg.MaxConns,
 			"lock_timeout", poolCfg.ConnConfig.RuntimeParams["lock_timeout"],
 			"idle_in_transaction_session_timeout", poolCfg.ConnConfig.RuntimeParams["idle_in_transaction_session_timeout"])...)
@@ -338,7 +346,7 @@ func (f *runFlags) register(fs *flag.FlagSet) {
 // dev share.
 func (f *runFlags) registerEngine(fs *flag.FlagSet) {
 	f.common.register(fs, "database-url", "identity", "config", "log")
-	f.dbFlags.register(fs, "pool", "sessions", "startup")
+	f.dbFlags.register(fs, "pool", "sessions", "pooler", "startup")
 	registerTombstoneRetention(fs, &f.tombstoneRetention)
 	f.rebuild.register(fs)
 	fs.StringVar(&f.httpAddr, "http-addr", ":8080", "address of /metrics, /livez, /readyz; empty disables")
