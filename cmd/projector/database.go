@@ -412,11 +412,14 @@ func openDatabase(ctx context.Context, cfg *pgxpool.Config, s startup, checkSlot
 		actx, cancel := context.WithTimeout(ctx, perAttempt)
 		defer cancel()
 		var schema *string
+		// The simple protocol prepares no statement by name, which
+		// fails behind a transaction pool that --database-pooler does
+		// not name before the pooler check can say so.
 		err := pool.QueryRow(actx, `SELECT current_database(), current_schema(), current_user,
 			current_setting('max_connections')::int,
 			current_setting('superuser_reserved_connections')::int + coalesce(current_setting('reserved_connections', true)::int, 0),
 			(SELECT count(*) FROM pg_stat_activity WHERE backend_type = 'client backend'),
-			coalesce((SELECT rolsuper FROM pg_roles WHERE rolname = current_user), false)`).
+			coalesce((SELECT rolsuper FROM pg_roles WHERE rolname = current_user), false)`, pgx.QueryExecModeSimpleProtocol).
 			Scan(&target.Database, &schema, &target.User, &sl.max, &sl.reserved, &sl.inUse, &sl.superuser)
 		if err != nil {
 			return err

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"log/slog"
 	"maps"
+	"regexp"
 	"slices"
 	"strings"
 
@@ -84,14 +85,16 @@ func (d *dbFlags) forPooler(raw string, cfg *pgxpool.Config) error {
 	return nil
 }
 
-// applySettings sets each setting for the rest of conn's session.
+// applySettings sets each setting for the rest of conn's session. It
+// prepares no statement by name: were the pool a transaction pool after
+// all, the statement would outlive the client on a shared server session.
 func applySettings(ctx context.Context, conn *pgx.Conn, settings map[string]string) error {
 	names := slices.Sorted(maps.Keys(settings))
 	values := make([]string, len(names))
 	for i, n := range names {
 		values[i] = settings[n]
 	}
-	if _, err := conn.Exec(ctx, `SELECT set_config(n, v, false) FROM unnest($1::text[], $2::text[]) AS s(n, v)`, names, values); err != nil {
+	if _, err := conn.Exec(ctx, `SELECT set_config(n, v, false) FROM unnest($1::text[], $2::text[]) AS s(n, v)`, pgx.QueryExecModeSimpleProtocol, names, values); err != nil {
 		return fmt.Errorf("apply the session settings %s: %w", strings.Join(names, ", "), err)
 	}
 	return nil
@@ -110,8 +113,8 @@ func unsupportedParameter(err error) (string, bool) {
 
 // explainUnsupported says what to do about a refused startup parameter.
 func explainUnsupported(where, name string, err error) error {
-	return fmt.Errorf("cannot connect to PostgreSQL at %s: a connection pooler such as PgBouncer is in between and refuses %s as a startup parameter: "+
-		"say which pooling mode it runs with --database-pooler session or --database-pooler transaction (projector run, relay and migrate), or remove %[2]s from --database-url: %[3]w", where, name, err)
+	return fmt.Errorf("cannot connect to PostgreSQL at %s: a connection pooler such as PgBouncer is in between and refuses the session setting %s as a startup parameter: "+
+		"say which pooling mode it runs with --database-pooler session or --database-pooler transaction (projector run, relay and migrate; other commands: remove the setting from --database-url): %w", where, name, err)
 }
 
 // checkPooler checks, once the pool answers, that --database-pooler
@@ -156,11 +159,21 @@ func (d *dbFlags) checkPooler(ctx context.Context, pool *pgxpool.Pool, command s
 				want[name], have[name], d.settings[name])
 		default:
 			log.Warn("behind transaction pooling a session setting cannot be set per connection, and the server's sessions lack it: set it on the server for projector's user (ALTER ROLE ... SET), or use a session pool",
-				"setting", name, "want", want[name], "have", have[name], "sql", fmt.Sprintf("ALTER ROLE %s SET %s = '%s'", pgx.Identifier{pool.Config().ConnConfig.User}.Sanitize(), name, want[name]))
+				"setting", name, "want", want[name], "have", have[name], "sql", fmt.Sprintf("ALTER ROLE %s SET %s = '%s'", roleName(pool.Config().ConnConfig.User), name, want[name]))
 		}
 	}
 	return nil
 }
+
+// roleName is user as SQL writes it, quoted only where it must be.
+func roleName(user string) string {
+	if plainName.MatchString(user) {
+		return user
+	}
+	return pgx.Identifier{user}.Sanitize()
+}
+
+var plainName = regexp.MustCompile(`^[a-z_][a-z0-9_]*$`)
 
 // transactionPooled reports whether two client connections held open at
 // once were served by one PostgreSQL backend, which only transaction (or
