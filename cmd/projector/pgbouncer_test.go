@@ -162,7 +162,7 @@ func pgbRole(t *testing.T, db *testenv.DB, settings ...string) string {
 // second client holds the first's advisory lock too (the relay's shard
 // locks would not exclude anyone), and a statement pgx prepares by name
 // for one client is already there for the other, so its own preparation
-// fails; unnamed statements (pgx's exec mode) do not.
+// fails; unnamed statements (pgx's cache_describe mode) do not.
 func TestPgBouncerTransactionPooling(t *testing.T) {
 	ctx := t.Context()
 	db := testenv.NewDB(t)
@@ -199,7 +199,7 @@ func TestPgBouncerTransactionPooling(t *testing.T) {
 		t.Errorf("a statement prepared by name by two clients of one server session: got %v, want duplicate_prepared_statement", err)
 	}
 
-	for i, c := range connect("exec") {
+	for i, c := range connect("cache_describe") {
 		if err := c.QueryRow(ctx, `SELECT 2 + $1::int`, 1).Scan(&n); err != nil {
 			t.Errorf("client %d, unnamed statements: %v", i+1, err)
 		}
@@ -300,7 +300,7 @@ func TestPgBouncerRefused(t *testing.T) {
 			[]string{"search_path", "cannot be set per connection behind transaction pooling", "ALTER ROLE"}},
 		{"run, transaction pool, named statements in the URL",
 			withFlags(cs.args, map[string]string{"database-url": transaction.url(t, cs.db, bareRole, url.Values{"default_query_exec_mode": {"cache_statement"}}), "database-pooler": "transaction"}),
-			[]string{"default_query_exec_mode=cache_statement", "exec"}},
+			[]string{"default_query_exec_mode=cache_statement", "cache_describe"}},
 		{"relay, --database-pooler transaction",
 			append(relayArgs, "--database-url", transaction.url(t, cs.db, bareRole, url.Values{}), "--database-pooler", "transaction"),
 			[]string{relayNeedsSession}},

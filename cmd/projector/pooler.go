@@ -50,7 +50,7 @@ const relayNeedsSession = "projector relay needs session pooling for its advisor
 // cannot keep them for a client at all, and they are only checked once
 // connected (checkPooler). A transaction pool also cannot keep pgx's
 // named prepared statements from one transaction to the next, so its
-// statements are sent unnamed unless the URL chose a mode.
+// statements are sent unnamed.
 func (d *dbFlags) forPooler(raw string, cfg *pgxpool.Config) error {
 	params := cfg.ConnConfig.RuntimeParams
 	d.settings = map[string]string{}
@@ -74,13 +74,16 @@ func (d *dbFlags) forPooler(raw string, cfg *pgxpool.Config) error {
 			}
 		}
 	case poolerTransaction:
-		switch mode := written(raw)["default_query_exec_mode"]; mode {
-		case "":
-			cfg.ConnConfig.DefaultQueryExecMode = pgx.QueryExecModeExec
-		case "exec", "simple_protocol", "cache_describe":
-		default:
-			return fmt.Errorf("--database-url: default_query_exec_mode=%s needs a statement to outlive its transaction's server session, which transaction pooling (--database-pooler transaction) does not keep: remove it (exec is then used) or use exec or simple_protocol", mode)
+		// Statements prepared by name (cache_statement, describe_exec)
+		// stay on the server session of the transaction that prepared
+		// them; exec and simple_protocol guess the parameters' types
+		// from Go's, which cannot send the engine's array parameters.
+		// cache_describe asks the server for the types once per client
+		// connection and sends every statement unnamed.
+		if mode := written(raw)["default_query_exec_mode"]; mode != "" && mode != "cache_describe" {
+			return fmt.Errorf("--database-url: default_query_exec_mode=%s does not work behind transaction pooling (--database-pooler transaction), which uses cache_describe: remove it", mode)
 		}
+		cfg.ConnConfig.DefaultQueryExecMode = pgx.QueryExecModeCacheDescribe
 	}
 	return nil
 }
