@@ -330,8 +330,9 @@ func TestPgBouncerRefused(t *testing.T) {
 }
 
 // TestPgBouncerRelay runs two relay processes through PgBouncer's session
-// pool, one with --database-pooler session and one without (the relay
-// sends no setting PgBouncer refuses), and appends events for 100
+// pool: one with --database-pooler session and search_path in its URL,
+// one without the flag, its search_path the role's (a URL without
+// settings needs no flag), and appends events for 100
 // aggregates meanwhile: each must be published exactly once, in version
 // order per aggregate, the two relays sharing the shards.
 func TestPgBouncerRelay(t *testing.T) {
@@ -346,22 +347,26 @@ func TestPgBouncerRelay(t *testing.T) {
 	if err := outbox.Migrate(ctx, db.Pool); err != nil {
 		t.Fatal(err)
 	}
-	p := startPgBouncer(t, "session", 6)
+	role := pgbRole(t, db, "search_path", db.Schema)
+	p := startPgBouncer(t, "session", 6, role)
 	base := []string{"relay",
 		"--brokers", cluster.Brokers(),
 		"--registry-url", reg.URL,
-		"--database-url", p.url(t, db, "", url.Values{"search_path": {db.Schema}}),
 		"--http-addr", "",
 		"--batch-size", "20",
 		"--poll-interval", "200ms",
 		"--shards", "8",
 		"--log-level", "warn",
 	}
-	relays := []*child{startChild(t, append(base, "--database-pooler", "session")...), startChild(t, base...)}
+	relays := []*child{
+		startChild(t, append(base, "--database-url", p.url(t, db, "", url.Values{"search_path": {db.Schema}}), "--database-pooler", "session")...),
+		startChild(t, append(base, "--database-url", p.url(t, db, role, url.Values{}))...),
+	}
 	testenv.WaitFor(t, 30*time.Second, func() error {
 		for i, c := range relays {
 			select {
 			case err := <-c.done:
+				c.done <- err // for the cleanup
 				t.Fatalf("relay %d exited: %v\n%s", i+1, err, c.stderr)
 			default:
 			}
