@@ -42,6 +42,12 @@ var forwarded = map[string]bool{
 // notifications arrive on the session that listens.
 const relayNeedsSession = "projector relay needs session pooling for its advisory locks and LISTEN: point --database-url at PgBouncer's session pool (pool_mode = session) or directly at PostgreSQL"
 
+// dlqNeedsSession is the refusal of a dead-letter topic behind
+// transaction pooling: its publisher takes turns among the replicas by a
+// session advisory lock, which a shared server session would keep after
+// the unlock ran elsewhere, stopping every publisher.
+const dlqNeedsSession = "publishing dead letters to a topic needs session pooling for its advisory lock (--database-pooler transaction): point --database-url at PgBouncer's session pool (pool_mode = session) or directly at PostgreSQL, or leave --dlq-topic unset"
+
 // forPooler fits a parsed pool configuration to --database-pooler. The
 // session settings (lock_timeout, idle_in_transaction_session_timeout,
 // a search_path in the URL ...) cannot be startup parameters behind a

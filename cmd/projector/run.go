@@ -411,6 +411,9 @@ func (f *runFlags) validate() error {
 		if err := projection.CheckTopic(f.dlqTopic); err != nil {
 			return fmt.Errorf("--dlq-topic: %w", err)
 		}
+		if f.dbFlags.pooler == poolerTransaction {
+			return errors.New("--dlq-topic " + f.dlqTopic + ": " + dlqNeedsSession)
+		}
 	}
 	if f.maxKeyBytes < 0 || f.maxKeyBytes > 2400 {
 		return fmt.Errorf("--max-key-bytes %d: must be 0 (no limit) to 2400 (a key is a B-tree index entry, which holds at most 2704 bytes)", f.maxKeyBytes)
