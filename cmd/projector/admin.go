@@ -58,7 +58,7 @@ func migrateCommand(stdout, stderr io.Writer) *ffcli.Command {
 				return err
 			}
 			defer pool.Close()
-			if err := db.checkPooler(sctx, pool, "migrate", log); err != nil {
+			if err := su.do(sctx, "connect", func(ctx context.Context) error { return db.checkPooler(ctx, pool, "migrate", log) }); err != nil {
 				return err
 			}
 			fmt.Fprintf(stdout, "migrating PostgreSQL at %s\n", target)

@@ -124,7 +124,7 @@ func relayCommand(_, stderr io.Writer) *ffcli.Command {
 					return err
 				}
 				defer pool.Close()
-				if err := f.dbFlags.checkPooler(sctx, pool, "relay", log); err != nil {
+				if err := su.do(sctx, "connect", func(ctx context.Context) error { return f.dbFlags.checkPooler(ctx, pool, "relay", log) }); err != nil {
 					if ctx.Err() != nil {
 						return nil
 					}

@@ -1,6 +1,7 @@
 package main
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"flag"
@@ -218,15 +219,17 @@ func (f *runFlags) runOn(ctx context.Context, stderr io.Writer, env engineEnv) e
 			return err
 		}
 		defer pool.Close()
-		if err := f.dbFlags.checkPooler(sctx, pool, "run", log); err != nil {
+		if err := su.do(sctx, "connect", func(ctx context.Context) error { return f.dbFlags.checkPooler(ctx, pool, "run", log) }); err != nil {
 			if ctx.Err() != nil {
 				return nil
 			}
 			return err
 		}
 		log.Info("writing to PostgreSQL", append(target.attrs(), "max_conns", poolCfg.MaxConns,
-			"lock_timeout", poolCfg.ConnConfig.RuntimeParams["lock_timeout"],
-			"idle_in_transaction_session_timeout", poolCfg.ConnConfig.RuntimeParams["idle_in_transaction_session_timeout"])...)
+			// Behind a pooler they are not startup parameters.
+			"lock_timeout", cmp.Or(poolCfg.ConnConfig.RuntimeParams["lock_timeout"], f.dbFlags.settings["lock_timeout"]),
+			"idle_in_transaction_session_timeout", cmp.Or(poolCfg.ConnConfig.RuntimeParams["idle_in_transaction_session_timeout"], f.dbFlags.settings["idle_in_transaction_session_timeout"]),
+			"database_pooler", f.dbFlags.pooler)...)
 		step("reading the projections' generations")
 		store := rebuild.NewStore(pool)
 		// What runs is each projection as its live generation defines
