@@ -40,6 +40,13 @@ type pgBouncer struct {
 // when the test ends.
 func startPgBouncer(t *testing.T, mode string, poolSize int, users ...string) *pgBouncer {
 	t.Helper()
+	return startPgBouncerWith(t, mode, poolSize, "", users...)
+}
+
+// startPgBouncerWith is startPgBouncer with extra lines in its [pgbouncer]
+// section.
+func startPgBouncerWith(t *testing.T, mode string, poolSize int, extra string, users ...string) *pgBouncer {
+	t.Helper()
 	bin, err := exec.LookPath("pgbouncer")
 	if err != nil {
 		t.Skip("pgbouncer is not installed (Debian package pgbouncer)")
@@ -75,7 +82,8 @@ auth_file = %s
 pool_mode = %s
 default_pool_size = %d
 max_client_conn = 200
-`, up.Hostname(), cmp.Or(up.Port(), "5432"), port, authFile, mode, poolSize)
+%s
+`, up.Hostname(), cmp.Or(up.Port(), "5432"), port, authFile, mode, poolSize, extra)
 	if err := os.WriteFile(ini, []byte(conf), 0o600); err != nil {
 		t.Fatal(err)
 	}
@@ -265,6 +273,7 @@ func TestPgBouncerRefused(t *testing.T) {
 	session := startPgBouncer(t, "session", 4)
 	bareRole := pgbRole(t, cs.db, "search_path", cs.db.Schema) // nor lock_timeout nor idle_in_transaction_session_timeout
 	transaction := startPgBouncer(t, "transaction", 4, bareRole)
+	ignoring := startPgBouncerWith(t, "session", 4, "ignore_startup_parameters = lock_timeout,idle_in_transaction_session_timeout,search_path")
 	withPath := url.Values{"search_path": {cs.db.Schema}}
 	relayArgs := []string{"relay", "--brokers", cs.broker, "--http-addr", "", "--startup-timeout", "10s"}
 	// Behind transaction pooling, settings the role lacks are warned of,
@@ -289,6 +298,9 @@ func TestPgBouncerRefused(t *testing.T) {
 		{"run, session pool, no --database-pooler",
 			withFlags(cs.args, map[string]string{"database-url": session.url(t, cs.db, "", withPath)}),
 			[]string{"as a startup parameter", "--database-pooler session or --database-pooler transaction"}},
+		{"run, session pool ignoring the settings, no --database-pooler",
+			withFlags(cs.args, map[string]string{"database-url": ignoring.url(t, cs.db, "", withPath)}),
+			[]string{"not the", "this command asked for when connecting", "ignore_startup_parameters", "--database-pooler session or --database-pooler transaction"}},
 		{"run, transaction pool, no --database-pooler",
 			withFlags(cs.args, map[string]string{"database-url": transaction.url(t, cs.db, bareRole, url.Values{})}),
 			[]string{"as a startup parameter", "--database-pooler session or --database-pooler transaction"}},
@@ -319,6 +331,7 @@ func TestPgBouncerRefused(t *testing.T) {
 			if err == nil {
 				t.Fatalf("projector %s started:\n%s", strings.Join(tc.args, " "), out.String())
 			}
+			t.Logf("refused: %v", err)
 			for _, w := range tc.want {
 				if !strings.Contains(err.Error(), w) {
 					t.Errorf("error %q does not say %q", err, w)

@@ -164,8 +164,8 @@ func (d *dbFlags) checkPooler(ctx context.Context, pool *pgxpool.Pool, command s
 				name, have[name], want[name])
 		case strings.EqualFold(name, "search_path"):
 			return fmt.Errorf("--database-url: search_path %q cannot be set per connection behind transaction pooling, and the server's sessions have %q: "+
-				"set it on the server (ALTER ROLE ... SET search_path = %s) and remove it from --database-url, or use a session pool",
-				want[name], have[name], d.settings[name])
+				"set it on the server (ALTER ROLE %s SET search_path = %s) and remove it from --database-url, or use a session pool",
+				want[name], have[name], roleName(pool.Config().ConnConfig.User), d.settings[name])
 		default:
 			log.Warn("behind transaction pooling a session setting cannot be set per connection, and the server's sessions lack it: set it on the server for projector's user (ALTER ROLE ... SET), or use a session pool",
 				"setting", name, "want", want[name], "have", have[name], "sql", fmt.Sprintf("ALTER ROLE %s SET %s = '%s'", roleName(pool.Config().ConnConfig.User), name, want[name]))
