@@ -47,20 +47,17 @@ func startPgBouncer(t *testing.T, mode string, poolSize int, users ...string) *p
 // section.
 func startPgBouncerWith(t *testing.T, mode string, poolSize int, extra string, users ...string) *pgBouncer {
 	t.Helper()
+	// Debian installs it in /usr/sbin, which not every PATH holds.
 	bin, err := exec.LookPath("pgbouncer")
 	if err != nil {
-		t.Skip("pgbouncer is not installed (Debian package pgbouncer)")
+		if bin, err = exec.LookPath("/usr/sbin/pgbouncer"); err != nil {
+			t.Skip("pgbouncer is not installed (Debian package pgbouncer)")
+		}
 	}
 	up, err := url.Parse(testenv.DatabaseURL())
 	if err != nil {
 		t.Fatal(err)
 	}
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	port := ln.Addr().(*net.TCPAddr).Port
-	ln.Close()
 	dir := t.TempDir()
 	var auth strings.Builder
 	for _, u := range append([]string{up.User.Username()}, users...) {
@@ -70,8 +67,17 @@ func startPgBouncerWith(t *testing.T, mode string, poolSize int, extra string, u
 	if err := os.WriteFile(authFile, []byte(auth.String()), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	ini := filepath.Join(dir, "pgbouncer.ini")
-	conf := fmt.Sprintf(`[databases]
+	// The free port found may be taken before PgBouncer binds it: a
+	// start that exits before it listens is tried again on another.
+	for attempt := 1; ; attempt++ {
+		ln, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			t.Fatal(err)
+		}
+		port := ln.Addr().(*net.TCPAddr).Port
+		ln.Close()
+		ini := filepath.Join(dir, "pgbouncer.ini")
+		conf := fmt.Sprintf(`[databases]
 * = host=%s port=%s
 [pgbouncer]
 listen_addr = 127.0.0.1
@@ -84,40 +90,48 @@ default_pool_size = %d
 max_client_conn = 200
 %s
 `, up.Hostname(), cmp.Or(up.Port(), "5432"), port, authFile, mode, poolSize, extra)
-	if err := os.WriteFile(ini, []byte(conf), 0o600); err != nil {
-		t.Fatal(err)
-	}
-	args := []string{ini}
-	if os.Geteuid() == 0 {
-		// PgBouncer refuses to run as root; it reads its files first.
-		args = []string{"-u", "nobody", ini}
-	}
-	p := &pgBouncer{port: port, out: &syncBuffer{}}
-	cmd := exec.Command(bin, args...)
-	cmd.Stdout, cmd.Stderr = p.out, p.out
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	done := make(chan error, 1)
-	go func() { done <- cmd.Wait() }()
-	t.Cleanup(func() {
-		_ = cmd.Process.Kill()
-		<-done
-	})
-	testenv.WaitFor(t, 10*time.Second, func() error {
-		select {
-		case err := <-done:
-			done <- err
-			t.Fatalf("pgbouncer exited: %v\n%s", err, p.out)
-		default:
+		if err := os.WriteFile(ini, []byte(conf), 0o600); err != nil {
+			t.Fatal(err)
 		}
-		c, err := net.Dial("tcp", fmt.Sprintf("127.0.0.1:%d", port))
-		if err != nil {
-			return err
+		args := []string{ini}
+		if os.Geteuid() == 0 {
+			// PgBouncer refuses to run as root; it reads its files first.
+			args = []string{"-u", "nobody", ini}
 		}
-		return c.Close()
-	})
-	return p
+		p := &pgBouncer{port: port, out: &syncBuffer{}}
+		cmd := exec.Command(bin, args...)
+		cmd.Stdout, cmd.Stderr = p.out, p.out
+		if err := cmd.Start(); err != nil {
+			t.Fatal(err)
+		}
+		done := make(chan error, 1)
+		go func() { done <- cmd.Wait() }()
+		t.Cleanup(func() {
+			_ = cmd.Process.Kill()
+			<-done
+		})
+		var exited error
+		testenv.WaitFor(t, 10*time.Second, func() error {
+			select {
+			case err := <-done:
+				done <- err // for the cleanup
+				exited = fmt.Errorf("pgbouncer exited: %v\n%s", err, p.out)
+				return nil
+			default:
+			}
+			c, err := net.Dial("tcp", fmt.Sprintf("127.0.0.1:%d", port))
+			if err != nil {
+				return err
+			}
+			return c.Close()
+		})
+		switch {
+		case exited == nil:
+			return p
+		case attempt == 3:
+			t.Fatal(exited)
+		}
+	}
 }
 
 // url is db's URL with PgBouncer's address, as user (the URL's when
