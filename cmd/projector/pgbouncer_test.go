@@ -253,12 +253,14 @@ func TestPgBouncerRun(t *testing.T) {
 				dbURL = p.url(t, cs.db, role, url.Values{})
 			}
 			args := withFlags(cs.args, map[string]string{"database-url": dbURL, "database-pooler": mode})
+			began := time.Now()
 			c := startChild(t, args...)
 			wctx, cancel := context.WithTimeout(ctx, 2*time.Minute)
 			defer cancel()
 			if err := demo.WaitCommitted(wctx, cs.db.Pool, crashIdentity, cs.topic, cs.end, nil); err != nil {
 				t.Fatalf("%v\nprojector stderr:\n%s", err, c.stderr)
 			}
+			t.Logf("%d records committed through %s pooling in %s", len(cs.records), mode, time.Since(began).Round(time.Millisecond))
 			if err := c.cmd.Process.Signal(syscall.SIGTERM); err != nil {
 				t.Fatal(err)
 			}
