@@ -40,7 +40,7 @@ func migrateCommand(stdout, stderr io.Writer) *ffcli.Command {
 	return newCommand("migrate", "projector migrate [flags]", "Create the engine's tables and the projections' tables if missing.", stderr,
 		func(fs *flag.FlagSet) {
 			c.register(fs, "database-url", "config", "log", "identity")
-			db.register(fs, "sessions", "startup")
+			db.register(fs, "sessions", "pooler", "startup")
 		},
 		func(ctx context.Context, _ []string) error {
 			if err := db.validate(); err != nil {
@@ -66,6 +66,9 @@ func migrateCommand(stdout, stderr io.Writer) *ffcli.Command {
 				return err
 			}
 			defer pool.Close()
+			if err := su.do(sctx, "connect", func(ctx context.Context) error { return db.checkPooler(ctx, pool, "migrate", log) }); err != nil {
+				return err
+			}
 			fmt.Fprintf(stdout, "migrating PostgreSQL at %s\n", target)
 			// A rebuilt projection's table name is a view of its live
 			// generation's table, which is the one to migrate.

@@ -70,6 +70,10 @@ type dbFlags struct {
 	lockTimeout    time.Duration
 	idleInTx       time.Duration
 	startupTimeout time.Duration
+	pooler         string
+	// settings are the session settings of the last poolConfig that are
+	// not startup parameters a pooler passes on, by name.
+	settings map[string]string
 }
 
 func (d *dbFlags) register(fs *flag.FlagSet, which ...string) {
@@ -82,6 +86,8 @@ func (d *dbFlags) register(fs *flag.FlagSet, which ...string) {
 		case "sessions":
 			fs.DurationVar(&d.lockTimeout, "database-lock-timeout", DefaultDatabaseLockTimeout, "longest a statement waits for a lock before it fails and is retried; PostgreSQL's lock_timeout; 0: the server's setting")
 			fs.DurationVar(&d.idleInTx, "database-idle-in-transaction-timeout", DefaultDatabaseIdleInTxTimeout, "PostgreSQL ends a session idle this long inside a transaction, so a frozen member's locks do not hold up the partitions' new owners; PostgreSQL's idle_in_transaction_session_timeout; 0: the server's setting")
+		case "pooler":
+			fs.StringVar(&d.pooler, "database-pooler", poolerNone, "what --database-url leads to: none (PostgreSQL), session or transaction (a PgBouncer pool of that pool_mode); behind a pooler the session settings are applied after connecting, and behind transaction pooling statements are not prepared by name")
 		case "startup":
 			fs.DurationVar(&d.startupTimeout, "startup-timeout", DefaultStartupTimeout, "how long startup retries connecting to and migrating PostgreSQL while it is unreachable, restarting or failing over")
 		}
@@ -100,6 +106,9 @@ func (d *dbFlags) validate() error {
 	}
 	if d.idleInTx != 0 && d.idleInTx < time.Second {
 		return fmt.Errorf("--database-idle-in-transaction-timeout %s: must be 0 (the server's setting) or at least 1s: a transaction is idle while its batch is planned", d.idleInTx)
+	}
+	if d.fs.Lookup("database-pooler") != nil && !slices.Contains(poolerModes, d.pooler) {
+		return fmt.Errorf("--database-pooler %q: want %s", d.pooler, strings.Join(poolerModes, ", "))
 	}
 	if d.fs.Lookup("startup-timeout") != nil && d.startupTimeout <= 0 {
 		return fmt.Errorf("--startup-timeout %s: must be positive", d.startupTimeout)
@@ -156,6 +165,11 @@ func (d *dbFlags) poolConfig(src dbSource) (*pgxpool.Config, error) {
 			continue
 		}
 		params[name] = strconv.FormatInt(v.d.Milliseconds(), 10) + "ms"
+	}
+	if d.fs.Lookup("database-pooler") != nil {
+		if err := d.forPooler(raw, cfg); err != nil {
+			return nil, err
+		}
 	}
 	return cfg, nil
 }
@@ -429,6 +443,9 @@ func transientDB(err error) bool {
 	if errors.As(err, &pg) && pg.Code == "55P03" { // lock_not_available
 		return true
 	}
+	if _, refused := unsupportedParameter(err); refused {
+		return false // a pooler's configuration, which no retry changes
+	}
 	return repair.IsTransient(err)
 }
 
@@ -447,11 +464,14 @@ func openDatabase(ctx context.Context, cfg *pgxpool.Config, s startup, checkSlot
 		actx, cancel := context.WithTimeout(ctx, perAttempt)
 		defer cancel()
 		var schema *string
+		// The simple protocol prepares no statement by name, which
+		// fails behind a transaction pool that --database-pooler does
+		// not name before the pooler check can say so.
 		err := pool.QueryRow(actx, `SELECT current_database(), current_schema(), current_user,
 			current_setting('max_connections')::int,
 			current_setting('superuser_reserved_connections')::int + coalesce(current_setting('reserved_connections', true)::int, 0),
 			(SELECT count(*) FROM pg_stat_activity WHERE backend_type = 'client backend'),
-			coalesce((SELECT rolsuper FROM pg_roles WHERE rolname = current_user), false)`).
+			coalesce((SELECT rolsuper FROM pg_roles WHERE rolname = current_user), false)`, pgx.QueryExecModeSimpleProtocol).
 			Scan(&target.Database, &schema, &target.User, &sl.max, &sl.reserved, &sl.inUse, &sl.superuser)
 		if err != nil {
 			return err
@@ -506,6 +526,9 @@ func (sl slots) check(t dbTarget, maxConns, own int, log *slog.Logger) error {
 func explain(t dbTarget, err error) error {
 	where := fmt.Sprintf("%s:%d database %q", t.Host, t.Port, t.Database)
 	var pg *pgconn.PgError
+	if name, ok := unsupportedParameter(err); ok {
+		return explainUnsupported(where, name, err)
+	}
 	if errors.As(err, &pg) {
 		switch {
 		case pg.Code == "53300": // too_many_connections

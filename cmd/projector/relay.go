@@ -124,6 +124,12 @@ func relayCommand(_, stderr io.Writer) *ffcli.Command {
 					return err
 				}
 				defer pool.Close()
+				if err := su.do(sctx, "connect", func(ctx context.Context) error { return f.dbFlags.checkPooler(ctx, pool, "relay", log) }); err != nil {
+					if ctx.Err() != nil {
+						return nil
+					}
+					return err
+				}
 				step("creating the outbox table if it is missing")
 				if err := su.do(sctx, "migrate", func(ctx context.Context) error { return outbox.Migrate(ctx, pool) }); err != nil {
 					if ctx.Err() != nil {
@@ -144,7 +150,7 @@ func relayCommand(_, stderr io.Writer) *ffcli.Command {
 
 func (f *relayFlags) register(fs *flag.FlagSet) {
 	f.common.register(fs, "brokers", "registry-url", "database-url", "log")
-	f.dbFlags.register(fs, "startup")
+	f.dbFlags.register(fs, "pooler", "startup")
 	fs.StringVar(&f.httpAddr, "http-addr", ":8080", "address of /metrics, /livez, /readyz; empty disables")
 	fs.IntVar(&f.batchSize, "batch-size", outbox.DefaultBatchSize, "most outbox rows one round claims and publishes; a crash between acknowledgement and marking republishes at most this many")
 	fs.IntVar(&f.shards, "shards", outbox.DefaultShards, "aggregate shards the replicas share; every replica must use the same number")
@@ -176,6 +182,9 @@ func (f *relayFlags) validate() error {
 	}
 	if err := f.dbFlags.validate(); err != nil {
 		return err
+	}
+	if f.pooler == poolerTransaction {
+		return errors.New("--database-pooler transaction: " + relayNeedsSession)
 	}
 	return validateRetry(f.retryBase, f.retryCap)
 }

@@ -1,6 +1,7 @@
 package main
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"flag"
@@ -209,7 +210,9 @@ func (f *runFlags) runOn(ctx context.Context, stderr io.Writer, env engineEnv) e
 	return serveOn(ctx, log, ln, gather, ready, live, func(ctx context.Context) error {
 		sctx, cancel := su.bound(ctx)
 		defer cancel()
-		pool, target, err := openDatabase(sctx, poolCfg, su, true)
+		// Behind a pooler, PostgreSQL's connection slots are the
+		// pooler's to share, not this member's to count.
+		pool, target, err := openDatabase(sctx, poolCfg, su, f.dbFlags.pooler == poolerNone)
 		if err != nil {
 			if ctx.Err() != nil {
 				return nil // stopped while starting
@@ -217,9 +220,17 @@ func (f *runFlags) runOn(ctx context.Context, stderr io.Writer, env engineEnv) e
 			return err
 		}
 		defer pool.Close()
+		if err := su.do(sctx, "connect", func(ctx context.Context) error { return f.dbFlags.checkPooler(ctx, pool, "run", log) }); err != nil {
+			if ctx.Err() != nil {
+				return nil
+			}
+			return err
+		}
 		log.Info("writing to PostgreSQL", append(target.attrs(), "max_conns", poolCfg.MaxConns,
-			"lock_timeout", poolCfg.ConnConfig.RuntimeParams["lock_timeout"],
-			"idle_in_transaction_session_timeout", poolCfg.ConnConfig.RuntimeParams["idle_in_transaction_session_timeout"])...)
+			// Behind a pooler they are not startup parameters.
+			"lock_timeout", cmp.Or(poolCfg.ConnConfig.RuntimeParams["lock_timeout"], f.dbFlags.settings["lock_timeout"]),
+			"idle_in_transaction_session_timeout", cmp.Or(poolCfg.ConnConfig.RuntimeParams["idle_in_transaction_session_timeout"], f.dbFlags.settings["idle_in_transaction_session_timeout"]),
+			"database_pooler", f.dbFlags.pooler)...)
 		step("reading the projections' generations")
 		store := rebuild.NewStore(pool)
 		// What runs is each projection as its live generation defines
@@ -339,7 +350,7 @@ func (f *runFlags) register(fs *flag.FlagSet) {
 // dev share.
 func (f *runFlags) registerEngine(fs *flag.FlagSet) {
 	f.common.register(fs, "database-url", "identity", "config", "log")
-	f.dbFlags.register(fs, "pool", "sessions", "startup")
+	f.dbFlags.register(fs, "pool", "sessions", "pooler", "startup")
 	registerTombstoneRetention(fs, &f.tombstoneRetention)
 	f.rebuild.register(fs)
 	fs.StringVar(&f.httpAddr, "http-addr", ":8080", "address of /metrics, /livez, /readyz; empty disables")
@@ -404,6 +415,9 @@ func (f *runFlags) validate() error {
 	if f.dlqTopic != "" {
 		if err := projection.CheckTopic(f.dlqTopic); err != nil {
 			return fmt.Errorf("--dlq-topic: %w", err)
+		}
+		if f.dbFlags.pooler == poolerTransaction {
+			return errors.New("--dlq-topic " + f.dlqTopic + ": " + dlqNeedsSession)
 		}
 	}
 	if f.maxKeyBytes < 0 || f.maxKeyBytes > 2400 {
