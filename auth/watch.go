@@ -1,0 +1,59 @@
+package auth
+
+import (
+	"os"
+	"sync"
+	"time"
+)
+
+// checkEvery is how often at most a watched file is looked at: a stat
+// per second costs nothing next to the requests, and a file replaced by
+// a deployment (a Kubernetes Secret swaps a symbolic link) is taken up
+// within a second without a file-notification dependency, which misses
+// such swaps on some platforms anyway.
+const checkEvery = time.Second
+
+// watchedFile tells when a file has changed since it was last loaded:
+// another file at the path, another size or another modification time.
+type watchedFile struct {
+	path string
+	now  func() time.Time
+
+	mu      sync.Mutex
+	checked time.Time   // when the file was last looked at
+	seen    os.FileInfo // the file as last loaded or refused
+}
+
+// changed reports, at most once per checkEvery, whether the file differs
+// from the one last recorded by saw. A file that cannot be stat'ed counts
+// as changed, so that its reader reports why.
+func (w *watchedFile) changed() bool {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	now := w.now()
+	if now.Sub(w.checked) < checkEvery {
+		return false
+	}
+	w.checked = now
+	fi, err := os.Stat(w.path)
+	if err != nil {
+		return w.seen != nil
+	}
+	return w.seen == nil || !os.SameFile(fi, w.seen) || fi.Size() != w.seen.Size() || !fi.ModTime().Equal(w.seen.ModTime())
+}
+
+// read reads the file and records it as seen, loaded or not, so that a
+// file that fails to parse is reported once, not at every check.
+func (w *watchedFile) read() ([]byte, error) {
+	fi, statErr := os.Stat(w.path)
+	data, err := os.ReadFile(w.path)
+	w.mu.Lock()
+	if statErr == nil {
+		w.seen = fi
+	} else {
+		w.seen = nil
+	}
+	w.checked = w.now()
+	w.mu.Unlock()
+	return data, err
+}
