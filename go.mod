@@ -4,6 +4,7 @@ go 1.26.0
 
 require (
 	github.com/IBM/sarama v1.43.3
+	github.com/MicahParks/jwkset v0.11.4
 	github.com/ThreeDotsLabs/watermill v1.5.1
 	github.com/ThreeDotsLabs/watermill-kafka/v3 v3.0.6
 	github.com/VictoriaMetrics/metricsql v0.87.3
@@ -11,6 +12,7 @@ require (
 	github.com/aws/aws-sdk-go-v2/config v1.33.19
 	github.com/bits-and-blooms/bloom/v3 v3.7.1
 	github.com/dustin/go-humanize v1.1.0
+	github.com/golang-jwt/jwt/v5 v5.3.1
 	github.com/google/uuid v1.6.0
 	github.com/hamba/avro/v2 v2.31.0
 	github.com/jackc/pgx/v5 v5.12.0
