@@ -266,8 +266,11 @@ func keyMatches(k verifyKey, alg string) bool {
 	return false
 }
 
-// errUnknownKey is a token's kid that the key set does not hold.
-var errUnknownKey = errors.New("unknown key")
+// Why no key verifies a token.
+var (
+	errUnknownKey = errors.New("unknown key")           // a kid the set does not hold
+	errKeyType    = errors.New("key of the wrong type") // a kid of a key for another algorithm
+)
 
 // pick returns the keys of keys that may verify a token of alg and kid.
 func pick(keys []verifyKey, alg, kid string) (jwt.VerificationKeySet, error) {
@@ -278,7 +281,7 @@ func pick(keys []verifyKey, alg, kid string) (jwt.VerificationKeySet, error) {
 		}
 		if !keyMatches(k, alg) {
 			if kid != "" {
-				return set, fmt.Errorf("key %q is not a key for %s", kid, alg)
+				return set, fmt.Errorf("%w: key %q is not a key for %s", errKeyType, kid, alg)
 			}
 			continue
 		}
@@ -511,6 +514,8 @@ func jwtReason(err error) string {
 		return "token for another audience"
 	case errors.Is(err, jwt.ErrTokenRequiredClaimMissing):
 		return "token without an exp claim"
+	case errors.Is(err, errKeyType):
+		return "the key the token names is not of the type its algorithm needs"
 	case errors.Is(err, errUnknownKey):
 		return "token signed by an unknown key"
 	case errors.Is(err, jwt.ErrTokenUnverifiable):
