@@ -13,6 +13,7 @@ package auth
 // JWK generation) the API does not use.
 
 import (
+	"bytes"
 	"context"
 	"crypto"
 	"crypto/ecdsa"
@@ -67,8 +68,8 @@ type JWTConfig struct {
 	JWKSFile string
 	// JWKSURL is a JSON Web Key Set URL (an identity provider's jwks_uri).
 	JWKSURL string
-	// HMACKeyFile holds the shared secret of HS256 tokens, the file's
-	// bytes as they are (at least 32 of them).
+	// HMACKeyFile holds the shared secret of HS256 tokens: the file's
+	// bytes but a trailing line ending, at least 32 of them.
 	HMACKeyFile string
 	// Issuer is the iss every token must have. Required.
 	Issuer string
@@ -181,6 +182,7 @@ func NewJWT(cfg JWTConfig) (*JWT, error) {
 		if err != nil {
 			return nil, fmt.Errorf("--auth-hmac-key-file: %w", err)
 		}
+		secret = bytes.TrimRight(secret, "\r\n") // the line ending echo or an editor adds is not part of the secret
 		if len(secret) < 32 {
 			return nil, fmt.Errorf("--auth-hmac-key-file %s: %d bytes: an HS256 key needs at least 32 (RFC 7518 §3.2)", cfg.HMACKeyFile, len(secret))
 		}
