@@ -2,8 +2,10 @@ package main
 
 import (
 	"bytes"
+	"context"
 	"errors"
 	"flag"
+	"fmt"
 	"io"
 	"log/slog"
 	"net/http/httptest"
@@ -102,5 +104,60 @@ func TestAuthFlags(t *testing.T) {
 				t.Fatalf("err = %v, want one saying %q", err, tc.want)
 			}
 		})
+	}
+}
+
+func TestAuthCommands(t *testing.T) {
+	run := func(stdin string, args ...string) (string, error) {
+		var out, errOut bytes.Buffer
+		err := authCommand(strings.NewReader(stdin), &out, &errOut).ParseAndRun(context.Background(), args)
+		return out.String(), err
+	}
+	out, err := run("test\n", "hash-token")
+	if err != nil {
+		t.Fatal(err)
+	}
+	// sha256("test"), as sha256sum prints it.
+	if want := "hash: sha256:9f86d081884c7d659a2feaa0c55ad015a3bf4f1b2b0b822cd15d6c15b0f00a08\n"; out != want {
+		t.Errorf("hash-token printed %q, want %q", out, want)
+	}
+	for name, tc := range map[string]struct {
+		stdin string
+		args  []string
+		want  string
+	}{
+		"empty stdin":     {"", []string{"hash-token"}, "no token on stdin"},
+		"token as an arg": {"", []string{"hash-token", "secret"}, "reads the token from stdin"},
+		"spaces":          {" secret \n", []string{"hash-token"}, "begins or ends with spaces"},
+	} {
+		t.Run(name, func(t *testing.T) {
+			_, err := run(tc.stdin, tc.args...)
+			if err == nil || !strings.Contains(err.Error(), tc.want) || strings.Contains(err.Error(), "secret") && !strings.Contains(tc.want, "secret") {
+				t.Fatalf("err = %v, want one saying %q", err, tc.want)
+			}
+		})
+	}
+
+	// A new token is accepted by a file holding the hash printed with it.
+	out, err = run("", "new-token")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var token, hash string
+	if _, err := fmt.Sscanf(out, "token: %s\nhash: %s\n", &token, &hash); err != nil {
+		t.Fatalf("new-token printed %q: %v", out, err)
+	}
+	path := filepath.Join(t.TempDir(), "tokens.yaml")
+	if err := os.WriteFile(path, []byte("tokens:\n  - name: new\n    hash: "+hash+"\n    scopes: [admin]\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	a, err := auth.NewTokenFile(path, slog.New(slog.NewTextHandler(io.Discard, nil)), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	r := httptest.NewRequest("GET", "/", nil)
+	r.Header.Set("Authorization", "Bearer "+token)
+	if p, err := a.Authenticate(r); err != nil || p.Subject != "new" {
+		t.Fatalf("the new token: %+v, %v", p, err)
 	}
 }

@@ -1,6 +1,6 @@
 // Command projector turns Kafka event streams into versioned read models in
 // PostgreSQL. Subcommands: run, dev, produce, check, relay, demo, migrate, status,
-// offsets, dlq, tombstones, rebuild.
+// offsets, dlq, tombstones, rebuild, auth.
 // The benchmark is the command projector-bench.
 //
 // Most flags can also be set through an environment variable, which
@@ -83,6 +83,7 @@ func rootCommand(stdout, stderr io.Writer) *ffcli.Command {
 			versionCommand(stdout, stderr),
 			configCommand(stdout, stderr),
 			asyncapiCommand(stdout, stderr),
+			authCommand(os.Stdin, stdout, stderr),
 			benchMovedCommand(),
 		},
 		Exec: func(context.Context, []string) error { return flag.ErrHelp },
