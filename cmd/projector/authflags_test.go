@@ -47,7 +47,7 @@ func TestAuthFlags(t *testing.T) {
 
 	t.Run("default needs a token file", func(t *testing.T) {
 		_, _, err := authFrom(t)
-		if err == nil || !strings.Contains(err.Error(), "--auth tokens needs --auth-token-file (PROJECTOR_AUTH_TOKEN_FILE)") {
+		if err == nil || !strings.Contains(err.Error(), "--auth tokens needs --auth-token-file ("+envName("--auth-token-file")+")") {
 			t.Fatalf("err = %v", err)
 		}
 	})
@@ -90,10 +90,10 @@ func TestAuthFlags(t *testing.T) {
 		args []string
 		want string
 	}{
-		"unknown mode":       {[]string{"--auth", "basic"}, `--auth "basic" (PROJECTOR_AUTH): want tokens, jwt or none`},
-		"empty mode":         {[]string{"--auth", ""}, `--auth "" (PROJECTOR_AUTH): want tokens, jwt or none`},
-		"jwt flag on tokens": {[]string{"--auth-token-file", tokens, "--auth-issuer", "x"}, "--auth-issuer (PROJECTOR_AUTH_ISSUER) is for --auth jwt, and --auth is tokens"},
-		"token file on none": {[]string{"--auth", "none", "--auth-token-file", tokens}, "--auth-token-file (PROJECTOR_AUTH_TOKEN_FILE) is for --auth tokens, and --auth is none"},
+		"unknown mode":       {[]string{"--auth", "basic"}, `--auth "basic" (` + envName("--auth") + `): want tokens, jwt or none`},
+		"empty mode":         {[]string{"--auth", ""}, `--auth "" (` + envName("--auth") + `): want tokens, jwt or none`},
+		"jwt flag on tokens": {[]string{"--auth-token-file", tokens, "--auth-issuer", "x"}, "--auth-issuer (" + envName("--auth-issuer") + ") is for --auth jwt, and --auth is tokens"},
+		"token file on none": {[]string{"--auth", "none", "--auth-token-file", tokens}, "--auth-token-file (" + envName("--auth-token-file") + ") is for --auth tokens, and --auth is none"},
 		"jwt without keys":   {[]string{"--auth", "jwt", "--auth-issuer", "i", "--auth-audience", "a"}, "--auth jwt: JWT authentication needs exactly one source of keys"},
 		"jwt without issuer": {[]string{"--auth", "jwt", "--auth-jwks-file", jwks, "--auth-audience", "a"}, "needs --auth-issuer"},
 		"missing token file": {[]string{"--auth-token-file", filepath.Join(dir, "nope.yaml")}, "read token file"},
