@@ -281,3 +281,33 @@ func TestAuthAllows(t *testing.T) {
 		t.Error("read:orders must cover read:orders only")
 	}
 }
+
+// Requests authenticate while the file is rewritten: the race detector
+// judges the sharing, and every request sees one set or the other.
+func TestAuthTokenFileConcurrent(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "tokens.yaml")
+	file := "tokens:\n  - name: a\n    hash: " + HashToken(tokenA) + "\n    scopes: [admin]\n"
+	writeFile(t, path, file)
+	log, _ := testLog()
+	clock := newFakeClock()
+	a, err := NewTokenFile(path, log, clock.now)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var wg sync.WaitGroup
+	for range 8 {
+		wg.Go(func() {
+			for range 200 {
+				if p, err := a.Authenticate(request(tokenA)); err != nil || p.Subject != "a" {
+					t.Errorf("Authenticate = %+v, %v", p, err)
+					return
+				}
+			}
+		})
+	}
+	for i := range 20 {
+		clock.add(time.Second)
+		writeFile(t, path, file+strings.Repeat("\n", i%2)) // another size: read again
+	}
+	wg.Wait()
+}

@@ -3,6 +3,7 @@ package auth
 import (
 	"os"
 	"sync"
+	"sync/atomic"
 	"time"
 )
 
@@ -19,22 +20,29 @@ type watchedFile struct {
 	path string
 	now  func() time.Time
 
-	mu      sync.Mutex
-	checked time.Time   // when the file was last looked at
-	seen    os.FileInfo // the file as last loaded or refused
+	// checked is when the file was last looked at, in Unix nanoseconds:
+	// read without the lock, so that the requests of the second between
+	// two checks do not queue on it.
+	checked atomic.Int64
+
+	mu   sync.Mutex
+	seen os.FileInfo // the file as last loaded or refused
 }
 
 // changed reports, at most once per checkEvery, whether the file differs
 // from the one last recorded by saw. A file that cannot be stat'ed counts
 // as changed, so that its reader reports why.
 func (w *watchedFile) changed() bool {
-	w.mu.Lock()
-	defer w.mu.Unlock()
-	now := w.now()
-	if now.Sub(w.checked) < checkEvery {
+	now := w.now().UnixNano()
+	if now-w.checked.Load() < int64(checkEvery) {
 		return false
 	}
-	w.checked = now
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if now-w.checked.Load() < int64(checkEvery) {
+		return false // another request has just looked
+	}
+	w.checked.Store(now)
 	fi, err := os.Stat(w.path)
 	if err != nil {
 		return w.seen != nil
@@ -53,7 +61,7 @@ func (w *watchedFile) read() ([]byte, error) {
 	} else {
 		w.seen = nil
 	}
-	w.checked = w.now()
+	w.checked.Store(w.now().UnixNano())
 	w.mu.Unlock()
 	return data, err
 }
