@@ -45,7 +45,7 @@ func authNewTokenCommand(stdout, stderr io.Writer) *ffcli.Command {
 }
 
 func authHashTokenCommand(stdin io.Reader, stdout, stderr io.Writer) *ffcli.Command {
-	return newCommand("hash-token", "projector auth hash-token < token",
+	return newCommand("hash-token", "projector auth hash-token (reads the token from stdin)",
 		"Read a token from stdin (its first line) and print the hash a token file stores for it; the token is not taken as an argument, which would leave it in the shell's history and the process list.", stderr,
 		func(*flag.FlagSet) {},
 		func(_ context.Context, args []string) error {
