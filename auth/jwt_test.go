@@ -451,3 +451,35 @@ func TestAuthJWKSURL(t *testing.T) {
 		t.Fatalf("an unknown kid while the provider is down: err = %v, want ErrKeysUnavailable", err)
 	}
 }
+
+// Concurrent first requests fetch the key set once, and the race
+// detector judges the sharing of the keys.
+func TestAuthJWKSURLConcurrent(t *testing.T) {
+	k := newTestKeys(t)
+	clock := newFakeClock()
+	provider := &idp{}
+	provider.set(http.StatusOK, jwks(t, map[string]any{"ec-1": k.ec}))
+	srv := httptest.NewServer(provider)
+	t.Cleanup(srv.Close)
+	log, _ := testLog()
+	a, err := NewJWT(JWTConfig{JWKSURL: srv.URL, Issuer: testIssuer, Audience: testAudience, Log: log, Now: clock.now, HTTPClient: srv.Client()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	token := sign(t, jwt.SigningMethodES256, "ec-1", k.ec, claimsAt(clock.now()))
+	var wg sync.WaitGroup
+	for range 16 {
+		wg.Go(func() {
+			for range 20 {
+				if _, err := a.Authenticate(request(token)); err != nil {
+					t.Error(err)
+					return
+				}
+			}
+		})
+	}
+	wg.Wait()
+	if n := provider.fetches.Load(); n != 1 {
+		t.Errorf("%d fetches for 320 requests, want 1", n)
+	}
+}

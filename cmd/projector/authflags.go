@@ -73,7 +73,11 @@ func (a *authFlags) authenticator(log *slog.Logger) (auth.Authenticator, error) 
 		if a.tokenFile == "" {
 			return nil, fmt.Errorf("--auth %s needs --auth-token-file (%s): the file of the accepted tokens; --auth jwt takes JWTs instead, and --auth none lets every request in", authTokens, envName("--auth-token-file"))
 		}
-		return auth.NewTokenFile(a.tokenFile, log, nil)
+		t, err := auth.NewTokenFile(a.tokenFile, log, nil)
+		if err != nil {
+			return nil, fmt.Errorf("--auth-token-file (%s): %w", envName("--auth-token-file"), err)
+		}
+		return t, nil
 	case authJWT:
 		j, err := auth.NewJWT(auth.JWTConfig{
 			JWKSFile:    a.jwksFile,
