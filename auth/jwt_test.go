@@ -41,7 +41,7 @@ var (
 
 // newTestKeys generates keys once per test binary: RSA keys take a while
 // under the race detector.
-func newTestKeys(t *testing.T) testKeys {
+func newTestKeys(t testing.TB) testKeys {
 	t.Helper()
 	keysOnce.Do(func() {
 		var err error
@@ -57,7 +57,7 @@ func newTestKeys(t *testing.T) testKeys {
 }
 
 // jwks returns a JWK Set of the public halves of keys by kid.
-func jwks(t *testing.T, keys map[string]any) string {
+func jwks(t testing.TB, keys map[string]any) string {
 	t.Helper()
 	var set jwkset.JWKSMarshal
 	for kid, k := range keys {
@@ -93,7 +93,7 @@ func jwks(t *testing.T, keys map[string]any) string {
 
 // sign returns a JWT of claims signed by key with method, kid in its
 // header when not empty.
-func sign(t *testing.T, method jwt.SigningMethod, kid string, key any, claims jwt.MapClaims) string {
+func sign(t testing.TB, method jwt.SigningMethod, kid string, key any, claims jwt.MapClaims) string {
 	t.Helper()
 	tok := jwt.NewWithClaims(method, claims)
 	if kid != "" {
@@ -120,7 +120,7 @@ func claimsAt(now time.Time) jwt.MapClaims {
 	}
 }
 
-func jwksFileAuth(t *testing.T, clock *fakeClock, keys map[string]any) (*JWT, string) {
+func jwksFileAuth(t testing.TB, clock *fakeClock, keys map[string]any) (*JWT, string) {
 	t.Helper()
 	path := filepath.Join(t.TempDir(), "jwks.json")
 	writeFile(t, path, jwks(t, keys))

@@ -67,7 +67,7 @@ func request(token string) *http.Request {
 	return r
 }
 
-func writeFile(t *testing.T, path, content string) {
+func writeFile(t testing.TB, path, content string) {
 	t.Helper()
 	// Write then rename, as a deployment replaces a file: a reader never
 	// sees half of it.
