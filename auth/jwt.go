@@ -19,6 +19,7 @@ import (
 	"crypto/ecdsa"
 	"crypto/elliptic"
 	"crypto/rsa"
+	"crypto/sha256"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -27,6 +28,7 @@ import (
 	"net/http"
 	"net/url"
 	"os"
+	"slices"
 	"strings"
 	"sync"
 	"time"
@@ -103,7 +105,8 @@ type JWT struct {
 	file   *watchedFile // JWKSFile's
 	logged rateLimit    // failures to fetch or read keys
 
-	fetchMu sync.Mutex // one fetch at a time
+	fetchMu  sync.Mutex // one fetch at a time
+	verified verifiedTokens
 
 	mu        sync.RWMutex
 	keys      []verifyKey
@@ -325,9 +328,6 @@ func (j *JWT) keyFunc(ctx context.Context) jwt.Keyfunc {
 // passed since the last fetch. A set fetched before stays in use when a
 // fetch fails; with none, the error wraps ErrKeysUnavailable.
 func (j *JWT) currentKeys(ctx context.Context, unknown bool) ([]verifyKey, error) {
-	if j.file != nil && j.file.changed() {
-		j.rereadFile()
-	}
 	if j.cfg.JWKSURL == "" {
 		j.mu.RLock()
 		defer j.mu.RUnlock()
@@ -383,6 +383,7 @@ func (j *JWT) fetch(ctx context.Context) {
 		return
 	}
 	j.keys, j.fetched = keys, now
+	j.verified.clear() // a key removed from the set ends its tokens now
 }
 
 // get fetches and parses JWKSURL.
@@ -422,6 +423,7 @@ func (j *JWT) rereadFile() {
 		if keys, err = parseJWKS(data); err == nil {
 			j.mu.Lock()
 			j.keys = keys
+			j.verified.clear()
 			j.mu.Unlock()
 			j.cfg.Log.Info("JWT key set file read again", "file", j.file.path, "keys", len(keys))
 			return
@@ -436,6 +438,14 @@ func (j *JWT) Authenticate(r *http.Request) (Principal, error) {
 	raw, err := bearerToken(r)
 	if err != nil {
 		return Principal{}, err
+	}
+	if j.file != nil && j.file.changed() {
+		j.rereadFile()
+	}
+	sum := sha256.Sum256([]byte(raw))
+	now := j.cfg.Now()
+	if p, ok := j.verified.get(sum, now); ok {
+		return p, nil
 	}
 	claims := jwt.MapClaims{}
 	if _, err := j.parser.ParseWithClaims(raw, claims, j.keyFunc(r.Context())); err != nil {
@@ -461,6 +471,9 @@ func (j *JWT) Authenticate(r *http.Request) (Principal, error) {
 		default:
 			return Principal{}, fmt.Errorf("%w: the %s claim is not a string", ErrUnauthenticated, j.cfg.TenantClaim)
 		}
+	}
+	if exp, err := claims.GetExpirationTime(); err == nil && exp != nil {
+		j.verified.put(sum, p, exp.Add(j.cfg.Leeway), now)
 	}
 	return p, nil
 }
@@ -547,4 +560,69 @@ func (l *rateLimit) allow() bool {
 	}
 	l.last = now
 	return true
+}
+
+// A JWT that passed is remembered, by its SHA-256, for as long as it is
+// valid and at most verifiedFor: checking an RS256 signature costs tens
+// of microseconds, more than the read the token is for, and a caller
+// presents the same token for every request until it expires. The set is
+// emptied whenever the keys change, so a key removed from the set ends
+// its tokens at once; at most maxVerified tokens are kept.
+const (
+	verifiedFor = time.Minute
+	maxVerified = 10000
+)
+
+// verifiedTokens are the JWTs that passed, by hash.
+type verifiedTokens struct {
+	mu     sync.Mutex
+	tokens map[[sha256.Size]byte]verifiedToken
+}
+
+type verifiedToken struct {
+	p     Principal
+	until time.Time
+}
+
+// get returns the principal of the token of hash sum if it passed and is
+// still valid at now.
+func (v *verifiedTokens) get(sum [sha256.Size]byte, now time.Time) (Principal, bool) {
+	v.mu.Lock()
+	defer v.mu.Unlock()
+	t, ok := v.tokens[sum]
+	if !ok {
+		return Principal{}, false
+	}
+	if !now.Before(t.until) {
+		delete(v.tokens, sum)
+		return Principal{}, false
+	}
+	p := t.p
+	p.Scopes = slices.Clone(p.Scopes) // callers may not change the kept one
+	return p, true
+}
+
+// put keeps p for the token of hash sum until expires, or verifiedFor
+// after now if that is sooner.
+func (v *verifiedTokens) put(sum [sha256.Size]byte, p Principal, expires, now time.Time) {
+	until := now.Add(verifiedFor)
+	if expires.Before(until) {
+		until = expires
+	}
+	v.mu.Lock()
+	defer v.mu.Unlock()
+	if v.tokens == nil || len(v.tokens) >= maxVerified {
+		// Emptied rather than evicted one by one: refilling costs one
+		// check per caller, and the set's size stays bounded whatever
+		// tokens are presented.
+		v.tokens = make(map[[sha256.Size]byte]verifiedToken)
+	}
+	v.tokens[sum] = verifiedToken{p: p, until: until}
+}
+
+// clear forgets every token.
+func (v *verifiedTokens) clear() {
+	v.mu.Lock()
+	v.tokens = nil
+	v.mu.Unlock()
 }

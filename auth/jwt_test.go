@@ -483,3 +483,42 @@ func TestAuthJWKSURLConcurrent(t *testing.T) {
 		t.Errorf("%d fetches for 320 requests, want 1", n)
 	}
 }
+
+// A JWT that passed is remembered, but not past its exp, nor past the
+// removal of its key.
+func TestAuthJWTVerifiedTokens(t *testing.T) {
+	k := newTestKeys(t)
+	clock := newFakeClock()
+	a, path := jwksFileAuth(t, clock, map[string]any{"rsa-1": k.rsa, "ec-1": k.ec})
+	c := claimsAt(clock.now())
+	c["exp"] = clock.now().Add(2 * time.Minute).Unix()
+	token := sign(t, jwt.SigningMethodRS256, "rsa-1", k.rsa, c)
+	for range 2 {
+		if p, err := a.Authenticate(request(token)); err != nil || p.Subject != "svc-billing" {
+			t.Fatalf("Authenticate = %+v, %v", p, err)
+		}
+	}
+	// A caller changing its principal's scopes does not change the kept one.
+	p, _ := a.Authenticate(request(token))
+	p.Scopes[0] = ScopeAdmin
+	if p, _ := a.Authenticate(request(token)); p.Allows(ScopeAdmin) {
+		t.Fatal("the kept principal was changed through a returned one")
+	}
+
+	// Past exp and the leeway: refused though it passed before.
+	clock.add(2*time.Minute + DefaultLeeway)
+	if _, err := a.Authenticate(request(token)); !errors.Is(err, ErrUnauthenticated) || !strings.Contains(err.Error(), "expired") {
+		t.Fatalf("an expired token that passed before: err = %v", err)
+	}
+
+	// Its key removed from the set: refused at once.
+	token = sign(t, jwt.SigningMethodRS256, "rsa-1", k.rsa, claimsAt(clock.now()))
+	if _, err := a.Authenticate(request(token)); err != nil {
+		t.Fatal(err)
+	}
+	writeFile(t, path, jwks(t, map[string]any{"ec-1": k.ec}))
+	clock.add(time.Second)
+	if _, err := a.Authenticate(request(token)); !errors.Is(err, ErrUnauthenticated) {
+		t.Fatalf("a token of a removed key that passed before: err = %v", err)
+	}
+}
