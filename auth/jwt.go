@@ -35,6 +35,8 @@ import (
 
 	"github.com/MicahParks/jwkset"
 	"github.com/golang-jwt/jwt/v5"
+
+	"github.com/projector-dev/projector/internal/redact"
 )
 
 // Defaults of JWTConfig.
@@ -345,12 +347,26 @@ func (j *JWT) currentKeys(ctx context.Context, unknown bool) ([]verifyKey, error
 		}
 	}
 	j.mu.RLock()
-	fetch := due()
+	fetch, waited := due(), j.keys == nil || unknown
 	j.mu.RUnlock()
-	if fetch {
+	switch {
+	case !fetch:
+	case waited:
+		// Without the keys the token may need, wait for the fetch
+		// another request may be making.
 		j.fetchMu.Lock()
 		j.mu.RLock()
 		fetch = due() // another request may have fetched meanwhile
+		j.mu.RUnlock()
+		if fetch {
+			j.fetch(ctx)
+		}
+		j.fetchMu.Unlock()
+	case j.fetchMu.TryLock():
+		// A periodic refresh: made by one request, while the others go
+		// on with the keys they have.
+		j.mu.RLock()
+		fetch = due()
 		j.mu.RUnlock()
 		if fetch {
 			j.fetch(ctx)
@@ -378,7 +394,7 @@ func (j *JWT) fetch(ctx context.Context) {
 	j.fetchErr = err
 	if err != nil {
 		if j.logged.allow() {
-			j.cfg.Log.Error("JWT key set not fetched: tokens of keys not fetched before are answered 503 (logged at most once a minute)", "url", j.cfg.JWKSURL, "err", err)
+			j.cfg.Log.Error("JWT key set not fetched: tokens of keys not fetched before are answered 503 (logged at most once a minute)", "url", redact.URL(j.cfg.JWKSURL), "err", redact.Error(err))
 		}
 		return
 	}

@@ -522,3 +522,63 @@ func TestAuthJWTVerifiedTokens(t *testing.T) {
 		t.Fatalf("a token of a removed key that passed before: err = %v", err)
 	}
 }
+
+// heldIdP is a JWKS endpoint whose answers wait until the test lets them go.
+type heldIdP struct {
+	body    string
+	held    atomic.Bool   // fetches wait for release
+	entered chan struct{} // a fetch has arrived
+	release chan struct{} // closed: answer
+}
+
+func (s *heldIdP) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	s.entered <- struct{}{}
+	if s.held.Load() {
+		select {
+		case <-s.release:
+		case <-r.Context().Done():
+		}
+	}
+	_, _ = w.Write([]byte(s.body))
+}
+
+// A periodic refresh of the key set is made by one request; the others go
+// on with the keys they have instead of waiting for a slow provider.
+func TestAuthJWKSURLSlowRefresh(t *testing.T) {
+	k := newTestKeys(t)
+	clock := newFakeClock()
+	provider := &heldIdP{body: jwks(t, map[string]any{"ec-1": k.ec}), entered: make(chan struct{}, 1), release: make(chan struct{})}
+	srv := httptest.NewServer(provider)
+	t.Cleanup(srv.Close)
+	log, _ := testLog()
+	a, err := NewJWT(JWTConfig{JWKSURL: srv.URL, Issuer: testIssuer, Audience: testAudience, Log: log, Now: clock.now, HTTPClient: srv.Client()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	token := func() string {
+		clock.add(time.Second) // another iat and exp: another token, not a remembered one
+		return sign(t, jwt.SigningMethodES256, "ec-1", k.ec, claimsAt(clock.now()))
+	}
+	if _, err := a.Authenticate(request(token())); err != nil {
+		t.Fatal(err)
+	}
+	<-provider.entered
+
+	provider.held.Store(true)
+	clock.add(DefaultRefreshInterval)
+	refreshed := make(chan error, 1)
+	go func() {
+		_, err := a.Authenticate(request(token()))
+		refreshed <- err
+	}()
+	<-provider.entered // the refresh is under way, and held
+	for range 3 {
+		if _, err := a.Authenticate(request(token())); err != nil {
+			t.Fatalf("a request during the refresh: %v", err)
+		}
+	}
+	close(provider.release)
+	if err := <-refreshed; err != nil {
+		t.Fatalf("the refreshing request: %v", err)
+	}
+}
