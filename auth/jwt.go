@@ -198,7 +198,7 @@ func NewJWT(cfg JWTConfig) (*JWT, error) {
 		if err != nil {
 			return nil, fmt.Errorf("--auth-jwks-file: %w", err)
 		}
-		if j.keys, err = parseJWKS(data); err != nil {
+		if j.keys, err = parseJWKS(data, true); err != nil {
 			return nil, fmt.Errorf("--auth-jwks-file %s: %w", cfg.JWKSFile, err)
 		}
 	}
@@ -206,53 +206,77 @@ func NewJWT(cfg JWTConfig) (*JWT, error) {
 }
 
 // parseJWKS returns the signature keys of a JWK Set. A key of another
-// use, or of a type none of allowedAlgs verifies, is left out; a key that
-// does not parse, or is too weak, fails the set, so that a mistake in a
-// key file is not found at the first token it was meant for.
-func parseJWKS(data []byte) ([]verifyKey, error) {
+// use, or of a type none of allowedAlgs verifies, is left out. A key that
+// does not parse, or is too weak, fails a set of the operator's own
+// (strict: a file), so that a mistake is not found at the first token it
+// was meant for; in an identity provider's set it is left out, so that
+// one key the provider adds cannot take the others away.
+func parseJWKS(data []byte, strict bool) ([]verifyKey, error) {
 	var set jwkset.JWKSMarshal
 	if err := json.Unmarshal(data, &set); err != nil {
 		return nil, fmt.Errorf("not a JWK Set: %w", err)
 	}
-	var keys []verifyKey
+	var (
+		keys    []verifyKey
+		skipped error
+	)
 	for i, m := range set.Keys {
-		at := fmt.Sprintf("key %d", i+1)
-		if m.KID != "" {
-			at += fmt.Sprintf(" (kid %q)", m.KID)
-		}
 		if m.USE != "" && m.USE != jwkset.UseSig {
 			continue
 		}
-		jwk, err := jwkset.NewJWKFromMarshal(m, jwkset.JWKMarshalOptions{Private: true}, jwkset.JWKValidateOptions{})
+		k, ok, err := signatureKey(m)
 		if err != nil {
-			return nil, fmt.Errorf("%s: %w", at, err)
-		}
-		key := jwk.Key()
-		if s, ok := key.(crypto.Signer); ok {
-			key = s.Public() // a private key given by mistake verifies as its public key
-		}
-		switch k := key.(type) {
-		case *rsa.PublicKey:
-			if k.N.BitLen() < 2048 {
-				return nil, fmt.Errorf("%s: RSA key of %d bits: RS256 needs at least 2048", at, k.N.BitLen())
+			at := fmt.Sprintf("key %d", i+1)
+			if m.KID != "" {
+				at += fmt.Sprintf(" (kid %q)", m.KID)
 			}
-		case *ecdsa.PublicKey:
-			if k.Curve != elliptic.P256() {
-				continue // ES384 and ES512 keys: not accepted
+			if strict {
+				return nil, fmt.Errorf("%s: %w", at, err)
 			}
-		case []byte:
-			if len(k) < 32 {
-				return nil, fmt.Errorf("%s: oct key of %d bytes: HS256 needs at least 32 (RFC 7518 §3.2)", at, len(k))
-			}
-		default:
+			skipped = fmt.Errorf("%s left out: %w", at, err)
 			continue
 		}
-		keys = append(keys, verifyKey{kid: m.KID, alg: string(m.ALG), key: key})
+		if ok {
+			keys = append(keys, k)
+		}
 	}
 	if len(keys) == 0 {
+		if skipped != nil {
+			return nil, fmt.Errorf("no RS256, ES256 or HS256 signature key: %w", skipped)
+		}
 		return nil, errors.New("no RS256, ES256 or HS256 signature key")
 	}
 	return keys, nil
+}
+
+// signatureKey returns the key of m, false when it is of a type no
+// algorithm of allowedAlgs verifies, or why it cannot be used.
+func signatureKey(m jwkset.JWKMarshal) (verifyKey, bool, error) {
+	jwk, err := jwkset.NewJWKFromMarshal(m, jwkset.JWKMarshalOptions{Private: true}, jwkset.JWKValidateOptions{})
+	if err != nil {
+		return verifyKey{}, false, err
+	}
+	key := jwk.Key()
+	if s, ok := key.(crypto.Signer); ok {
+		key = s.Public() // a private key given by mistake verifies as its public key
+	}
+	switch k := key.(type) {
+	case *rsa.PublicKey:
+		if k.N.BitLen() < 2048 {
+			return verifyKey{}, false, fmt.Errorf("RSA key of %d bits: RS256 needs at least 2048", k.N.BitLen())
+		}
+	case *ecdsa.PublicKey:
+		if k.Curve != elliptic.P256() {
+			return verifyKey{}, false, nil // ES384 and ES512 keys: not accepted
+		}
+	case []byte:
+		if len(k) < 32 {
+			return verifyKey{}, false, fmt.Errorf("oct key of %d bytes: HS256 needs at least 32 (RFC 7518 §3.2)", len(k))
+		}
+	default:
+		return verifyKey{}, false, nil
+	}
+	return verifyKey{kid: m.KID, alg: string(m.ALG), key: key}, true, nil
 }
 
 // keyMatches reports whether key verifies alg: its type is the one alg
@@ -423,7 +447,7 @@ func (j *JWT) get(ctx context.Context) ([]verifyKey, error) {
 	if err != nil {
 		return nil, fmt.Errorf("GET %s: %w", j.cfg.JWKSURL, err)
 	}
-	keys, err := parseJWKS(data)
+	keys, err := parseJWKS(data, false)
 	if err != nil {
 		return nil, fmt.Errorf("GET %s: %w", j.cfg.JWKSURL, err)
 	}
@@ -436,7 +460,7 @@ func (j *JWT) rereadFile() {
 	data, err := j.file.read()
 	if err == nil {
 		var keys []verifyKey
-		if keys, err = parseJWKS(data); err == nil {
+		if keys, err = parseJWKS(data, true); err == nil {
 			j.mu.Lock()
 			j.keys = keys
 			j.verified.clear()

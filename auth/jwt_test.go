@@ -582,3 +582,26 @@ func TestAuthJWKSURLSlowRefresh(t *testing.T) {
 		t.Fatalf("the refreshing request: %v", err)
 	}
 }
+
+// A key of an identity provider's set that cannot be used is left out,
+// not the set: the provider's other keys keep working.
+func TestAuthJWKSURLWeakKeyLeftOut(t *testing.T) {
+	k := newTestKeys(t)
+	clock := newFakeClock()
+	provider := &idp{}
+	set := jwks(t, map[string]any{"ec-1": k.ec})
+	provider.set(http.StatusOK, strings.Replace(set, `{"keys":[`, `{"keys":[{"kty":"oct","kid":"weak","k":"c2hvcnQ"},`, 1))
+	srv := httptest.NewServer(provider)
+	t.Cleanup(srv.Close)
+	log, _ := testLog()
+	a, err := NewJWT(JWTConfig{JWKSURL: srv.URL, Issuer: testIssuer, Audience: testAudience, Log: log, Now: clock.now, HTTPClient: srv.Client()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := a.Authenticate(request(sign(t, jwt.SigningMethodES256, "ec-1", k.ec, claimsAt(clock.now())))); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := a.Authenticate(request(sign(t, jwt.SigningMethodHS256, "weak", []byte("short"), claimsAt(clock.now())))); !errors.Is(err, ErrUnauthenticated) {
+		t.Fatalf("a token of the left-out key: err = %v", err)
+	}
+}
