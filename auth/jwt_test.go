@@ -590,6 +590,9 @@ func TestAuthJWKSURLWeakKeyLeftOut(t *testing.T) {
 	clock := newFakeClock()
 	provider := &idp{}
 	set := jwks(t, map[string]any{"ec-1": k.ec})
+	if !strings.HasPrefix(set, `{"keys":[`) {
+		t.Fatalf("the key set begins otherwise: %s", set)
+	}
 	provider.set(http.StatusOK, strings.Replace(set, `{"keys":[`, `{"keys":[{"kty":"oct","kid":"weak","k":"c2hvcnQ"},`, 1))
 	srv := httptest.NewServer(provider)
 	t.Cleanup(srv.Close)
