@@ -2,15 +2,15 @@ package auth
 
 // JWTs are verified by github.com/golang-jwt/jwt/v5, the most used Go JWT
 // library, small and without dependencies: it checks the signature, the
-// algorithm against an allow-list, iss, aud, exp and nbf. Its key sets
-// are read by github.com/MicahParks/jwkset, the JWK Set parser that
-// golang-jwt's own key-function companion builds on. Fetching a JWKS URL
-// is done here rather than by that companion's background refresher: a
-// key set that cannot be fetched must be told from a token that is not
-// valid (503, not 401), and fetching on demand from the request that
-// needs it leaves no goroutine to own. lestrrat-go/jwx would do all of
-// it too, with ten times the code and dependencies for formats (JWE,
-// JWK generation) the API does not use.
+// algorithm against an allow-list, iss, aud, exp and nbf. Key sets are
+// parsed by github.com/MicahParks/jwkset, the JWK Set library under
+// github.com/MicahParks/keyfunc, golang-jwt's usual key-set companion.
+// keyfunc itself is not used: its background refresher cannot tell a key
+// set that could not be fetched (503: the caller should retry) from a
+// token of an unknown key (401), and fetching on demand from the request
+// that needs the keys leaves no goroutine to own. lestrrat-go/jwx/v3
+// would do all of it, with far more code and dependencies (JWE, its own
+// HTTP cache, key generation) than the API uses.
 
 import (
 	"bytes"
