@@ -159,12 +159,12 @@ func NewWorker(cfg Config, d WorkerDeps) *Worker {
 	claim := d.Claim
 	w := &Worker{
 		cfg: cfg, group: d.Group, claim: claim, fetcher: d.Fetcher, metrics: d.Metrics, repairer: d.Repairer, stored: d.Stored,
-		log:   d.Log.With("topic", claim.Topic, "partition", claim.Partition, "epoch", claim.Epoch),
-		wake:  make(chan struct{}, 1),
-		skips: make(chan skipRequest),
+		log:      d.Log.With("topic", claim.Topic, "partition", claim.Partition, "epoch", claim.Epoch),
+		wake:     make(chan struct{}, 1),
+		skips:    make(chan skipRequest),
 		redrives: d.Redrives,
 		redrive:  make(chan struct{}, 1),
-		stop:  make(chan struct{}),
+		stop:     make(chan struct{}),
 	}
 	w.now = d.Now
 	if w.now == nil {
