@@ -8,6 +8,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
 	"github.com/twmb/franz-go/pkg/kadm"
 	"github.com/twmb/franz-go/pkg/kgo"
 
@@ -93,11 +94,13 @@ func newRedriveFixture(t *testing.T) *redriveFixture {
 
 // engine runs the fixture's engine, looking at the redrive queue every
 // 20ms.
-func (f *redriveFixture) engine(t *testing.T, identity string) {
+func (f *redriveFixture) engine(t *testing.T, identity string) prometheus.Gatherer {
 	t.Helper()
 	cfg := fastRetry
 	cfg.MaxAttempts = 2
-	run(t, f.faultBundle.engine(t, identity, projector.Config{Partition: cfg, RedriveInterval: 20 * time.Millisecond}))
+	reg := prometheus.NewRegistry()
+	run(t, f.faultBundle.engine(t, identity, projector.Config{Partition: cfg, RedriveInterval: 20 * time.Millisecond, Registerer: reg}))
+	return reg
 }
 
 // deadLetters waits for the fixture's three dead letters and returns
@@ -221,6 +224,48 @@ func TestRedriveThroughOwningWorker(t *testing.T) {
 	}
 	if !strings.Contains(applied.Detail, "resolved") || !strings.Contains(applied.Detail, "open") {
 		t.Errorf("redriven audit detail %q: want each dead letter's outcome", applied.Detail)
+	}
+}
+
+// TestRedriveFencedWorkerAppliesNothing queues a redrive for a partition
+// whose worker a newer owner has fenced: the worker's redrive
+// transaction fails its epoch check and commits nothing, so the dead
+// letter stays queued (dlq list shows it) with its queue row, the row
+// keeps its version, and no application is audited.
+func TestRedriveFencedWorkerAppliesNothing(t *testing.T) {
+	ctx := t.Context()
+	f := newRedriveFixture(t)
+	reg := f.engine(t, "fenced")
+	gap := f.deadLetters(t, "fenced")[f.gapKey]
+	f.registerUnknown(t)
+	var version int64
+	if err := f.db.Pool.QueryRow(ctx, `SELECT version FROM accounts WHERE account_id = $1`, f.gapKey).Scan(&version); err != nil {
+		t.Fatal(err)
+	}
+	// A newer owner claims the partition behind the worker's back.
+	if _, err := f.db.Pool.Exec(ctx, `UPDATE projector_offsets SET owner_epoch = owner_epoch + 1 WHERE identity = 'fenced'`); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := deadletters.Redrive(ctx, f.db.Pool, []int64{gap.ID}, deadletters.Actor{Name: "ops"}, nil); err != nil {
+		t.Fatal(err)
+	}
+	testenv.WaitFor(t, 30*time.Second, testenv.Holds("the worker to be fenced", func() bool {
+		return counter(t, reg, "projector_fenced_batches_total") >= 1
+	}))
+	g, err := deadletters.Get(ctx, f.db.Pool, gap.ID)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var queued, applied int
+	var now int64
+	if err := f.db.Pool.QueryRow(ctx, `SELECT (SELECT count(*) FROM projector_redrives),
+		(SELECT count(*) FROM projector_dlq_audit WHERE action = 'redriven'),
+		(SELECT version FROM accounts WHERE account_id = $1)`, f.gapKey).Scan(&queued, &applied, &now); err != nil {
+		t.Fatal(err)
+	}
+	if g.Status != deadletters.StatusQueued || queued != 1 || applied != 0 || now != version {
+		t.Errorf("after the fenced worker's attempt: status %q, %d queued, %d applications audited, %s at v%d; want queued, 1, 0, v%d",
+			g.Status, queued, applied, f.gapKey, now, version)
 	}
 }
 
