@@ -72,8 +72,15 @@ func (w *Worker) applyRedrives(ctx context.Context) error {
 	for _, r := range queued {
 		i := w.laneOf(r.Projection)
 		if i < 0 {
-			w.log.Warn("a dead letter queued for redrive is of a projection this partition's worker does not run; it stays queued",
-				"projection", r.Projection, "dead_letter", r.DeadLetter)
+			if !w.redriveState.strangers[r.Projection] {
+				// Once per projection: the engine signals every interval.
+				if w.redriveState.strangers == nil {
+					w.redriveState.strangers = map[string]bool{}
+				}
+				w.redriveState.strangers[r.Projection] = true
+				w.log.Warn("dead letters queued for redrive are of a projection this partition's worker does not run; they stay queued",
+					"projection", r.Projection, "dead_letter", r.DeadLetter)
+			}
 			continue
 		}
 		byLane[i] = append(byLane[i], r)
@@ -131,8 +138,16 @@ func (w *Worker) applyRedrives(ctx context.Context) error {
 		return err
 	}
 	if err != nil {
-		w.log.Warn("redriving dead letters failed; they stay queued", "dead_letters", len(queued), "err", err)
+		if !w.redriveState.failing {
+			w.log.Warn("redriving dead letters failed; they stay queued and are tried again each time the engine finds them (logged again once they apply)",
+				"dead_letters", len(queued), "err", err)
+		}
+		w.redriveState.failing = true
 		return nil
+	}
+	if w.redriveState.failing {
+		w.log.Warn("queued dead letters apply again", "dead_letters", len(queued))
+		w.redriveState.failing = false
 	}
 	w.done()
 	w.notifyCommitted(end, len(bs), func(i int) *sinks.Changes { return &bs[i].changes })
@@ -141,6 +156,15 @@ func (w *Worker) applyRedrives(ctx context.Context) error {
 	}
 	w.log.Info("redrove dead letters through the partition's worker", "dead_letters", len(queued))
 	return nil
+}
+
+// redriveState is what the worker remembers of its redrives between
+// them, to log each condition once: the projections of queued dead
+// letters it does not run, and whether the last redrive failed. Only
+// Run's goroutine touches it.
+type redriveState struct {
+	strangers map[string]bool
+	failing   bool
 }
 
 // laneOf returns the index of projection name's lane, -1 when the worker

@@ -96,8 +96,9 @@ type Worker struct {
 	halted                   atomic.Pointer[halt]
 	// redrives reads the dead letters queued for the partition (nil:
 	// none are); redrive is signalled by Redrive when some are.
-	redrives RedriveSource
-	redrive  chan struct{}
+	redrives     RedriveSource
+	redrive      chan struct{}
+	redriveState redriveState
 }
 
 // WorkerDeps are what a worker works with besides its Config: the
