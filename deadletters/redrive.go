@@ -103,38 +103,46 @@ type Queued struct {
 // purged is left alone (not in the result). filter is what selected
 // them, for the audit log.
 func Redrive(ctx context.Context, pool *pgxpool.Pool, ids []int64, who Actor, filter any) ([]Queued, error) {
+	var out []Queued
+	err := pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
+		var err error
+		out, err = RedriveTx(ctx, tx, ids, who, filter)
+		return err
+	})
+	return out, err
+}
+
+// RedriveTx is Redrive in tx, for a caller that commits it with its own
+// writes.
+func RedriveTx(ctx context.Context, tx pgx.Tx, ids []int64, who Actor, filter any) ([]Queued, error) {
 	if len(ids) > RedriveMaxLimit {
 		return nil, fmt.Errorf("redrive %d dead letters: at most %d in one request", len(ids), RedriveMaxLimit)
 	}
-	var out []Queued
-	err := pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
-		rows, err := tx.Query(ctx, `WITH d AS (
-			UPDATE projector_dead_letters SET status = 'queued'
-			WHERE id = ANY($1::bigint[]) AND status IN ('open', 'replayed')
-			RETURNING id, identity, projection, topic, partition)
-		INSERT INTO projector_redrives (identity, projection, topic, partition, dead_letter_id, requested_by, os_user)
-		SELECT identity, projection, topic, partition, id, $2, $3 FROM d ORDER BY id
-		RETURNING dead_letter_id, identity, projection, topic, partition`, ids, who.Name, who.OSUser)
-		if err != nil {
-			return err
-		}
-		out, err = pgx.CollectRows(rows, func(r pgx.CollectableRow) (Queued, error) {
-			var q Queued
-			err := r.Scan(&q.ID, &q.Identity, &q.Projection, &q.Topic, &q.Partition)
-			return q, err
-		})
-		if err != nil {
-			return err
-		}
-		queued := make([]int64, len(out))
-		for i, q := range out {
-			queued[i] = q.ID
-		}
-		return AuditAs(ctx, tx, who, AuditRedrive, filter, queued,
-			fmt.Sprintf("queued %d of %d for the workers that own their partitions", len(out), len(ids)))
+	rows, err := tx.Query(ctx, `WITH d AS (
+		UPDATE projector_dead_letters SET status = 'queued'
+		WHERE id = ANY($1::bigint[]) AND status IN ('open', 'replayed')
+		RETURNING id, identity, projection, topic, partition)
+	INSERT INTO projector_redrives (identity, projection, topic, partition, dead_letter_id, requested_by, os_user)
+	SELECT identity, projection, topic, partition, id, $2, $3 FROM d ORDER BY id
+	RETURNING dead_letter_id, identity, projection, topic, partition`, ids, who.Name, who.OSUser)
+	if err != nil {
+		return nil, fmt.Errorf("queue %d dead letters for redrive: %w", len(ids), err)
+	}
+	out, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (Queued, error) {
+		var q Queued
+		err := r.Scan(&q.ID, &q.Identity, &q.Projection, &q.Topic, &q.Partition)
+		return q, err
 	})
 	if err != nil {
 		return nil, fmt.Errorf("queue %d dead letters for redrive: %w", len(ids), err)
+	}
+	queued := make([]int64, len(out))
+	for i, q := range out {
+		queued[i] = q.ID
+	}
+	if err := AuditAs(ctx, tx, who, AuditRedrive, filter, queued,
+		fmt.Sprintf("queued %d of %d for the workers that own their partitions", len(out), len(ids))); err != nil {
+		return nil, err
 	}
 	return out, nil
 }
