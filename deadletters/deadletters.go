@@ -29,7 +29,7 @@ const (
 )
 
 // Statuses lists every dead-letter status.
-var Statuses = []string{StatusOpen, StatusReplayed, StatusResolved, StatusPurged}
+var Statuses = []string{StatusOpen, StatusQueued, StatusReplayed, StatusResolved, StatusPurged}
 
 // ErrNoDeadLetter reports a dead-letter id that does not exist.
 var ErrNoDeadLetter = errors.New("no such dead letter")
@@ -304,9 +304,14 @@ const (
 
 // AuditEntry is one row of the dead-letter audit log.
 type AuditEntry struct {
-	ID       int64           `json:"id"`
-	At       time.Time       `json:"at"`
-	Actor    string          `json:"actor"`
+	ID    int64     `json:"id"`
+	At    time.Time `json:"at"`
+	Actor string    `json:"actor"`
+	// OSUser is the operating-system user of the command that did it
+	// ("" for an action through the API, or written by an earlier
+	// release); DBUser the database session user of its transaction.
+	OSUser   string          `json:"os_user"`
+	DBUser   string          `json:"db_user"`
 	Action   string          `json:"action"`
 	Filter   json.RawMessage `json:"filter"`
 	EntryIDs []int64         `json:"entry_ids"`
@@ -314,30 +319,16 @@ type AuditEntry struct {
 }
 
 // Audit records that actor did action (AuditReplay, AuditPurge) to the
-// dead letters ids, selected by filter (stored as JSON; nil: {}).
+// dead letters ids, selected by filter (stored as JSON; nil: {}). See
+// AuditAs, which records the operating-system user too.
 func Audit(ctx context.Context, pool *pgxpool.Pool, actor, action string, filter any, ids []int64, detail string) error {
-	f := []byte("{}")
-	if filter != nil {
-		var err error
-		if f, err = json.Marshal(filter); err != nil {
-			return fmt.Errorf("audit %s: filter: %w", action, err)
-		}
-	}
-	if ids == nil {
-		ids = []int64{}
-	}
-	_, err := pool.Exec(ctx, `INSERT INTO projector_dlq_audit (actor, action, filter, entry_ids, detail)
-		VALUES ($1, $2, $3::jsonb, $4::bigint[], $5)`, actor, action, string(f), ids, detail)
-	if err != nil {
-		return fmt.Errorf("audit %s: %w", action, err)
-	}
-	return nil
+	return AuditAs(ctx, pool, Actor{Name: actor}, action, filter, ids, detail)
 }
 
 // ListAudit returns the newest limit audit entries (all when limit is not
 // positive), newest first.
 func ListAudit(ctx context.Context, pool *pgxpool.Pool, limit int) ([]AuditEntry, error) {
-	q := `SELECT id, at, actor, action, filter, entry_ids, detail FROM projector_dlq_audit ORDER BY id DESC`
+	q := `SELECT id, at, actor, os_user, db_user, action, filter, entry_ids, detail FROM projector_dlq_audit ORDER BY id DESC`
 	var args []any
 	if limit > 0 {
 		q += ` LIMIT $1`
@@ -352,7 +343,7 @@ func ListAudit(ctx context.Context, pool *pgxpool.Pool, limit int) ([]AuditEntry
 			a      AuditEntry
 			filter []byte
 		)
-		err := r.Scan(&a.ID, &a.At, &a.Actor, &a.Action, &filter, &a.EntryIDs, &a.Detail)
+		err := r.Scan(&a.ID, &a.At, &a.Actor, &a.OSUser, &a.DBUser, &a.Action, &filter, &a.EntryIDs, &a.Detail)
 		a.Filter = filter
 		return a, err
 	})

@@ -1,7 +1,8 @@
 package deadletters
 
 // Schema returns the statements that create the dead letters' tables
-// (the dead letters, their audit log and their publish outbox) when
+// (the dead letters, their audit log, their redrive queue and their
+// publish outbox) when
 // missing. Every statement is idempotent; the Postgres sink's Migrate runs
 // them with the engine's other tables.
 func Schema() []string {
@@ -70,6 +71,39 @@ func Schema() []string {
 		entry_ids bigint[]    NOT NULL DEFAULT '{}',
 		detail    text        NOT NULL DEFAULT ''
 	)`,
+		// Who did it beyond the --actor an operator may give: the
+		// operating-system user that ran the command and the database
+		// session user of the transaction (see Actor). Added only when
+		// missing, for the reason given above.
+		`DO $$ BEGIN
+		IF (SELECT count(*) FROM pg_attribute WHERE attrelid = 'projector_dlq_audit'::regclass AND NOT attisdropped
+		    AND attname IN ('os_user', 'db_user')) < 2 THEN
+			ALTER TABLE projector_dlq_audit
+				ADD COLUMN IF NOT EXISTS os_user text NOT NULL DEFAULT '',
+				ADD COLUMN IF NOT EXISTS db_user text NOT NULL DEFAULT session_user;
+		END IF;
+	END $$`,
+		// Dead letters queued for the worker that owns their partition to
+		// apply again (see Redrive): one row per dead letter at most.
+		`CREATE TABLE IF NOT EXISTS projector_redrives (
+		id             bigserial   PRIMARY KEY,
+		identity       text        NOT NULL,
+		projection     text        NOT NULL,
+		topic          text        NOT NULL,
+		partition      integer     NOT NULL,
+		dead_letter_id bigint      NOT NULL UNIQUE REFERENCES projector_dead_letters (id) ON DELETE CASCADE,
+		requested_at   timestamptz NOT NULL DEFAULT now(),
+		requested_by   text        NOT NULL,
+		os_user        text        NOT NULL DEFAULT '',
+		db_user        text        NOT NULL DEFAULT session_user,
+		state          text        NOT NULL DEFAULT 'queued'
+	)`,
+		`DO $$ BEGIN
+		IF to_regclass('projector_redrives_partition') IS NULL THEN
+			CREATE INDEX IF NOT EXISTS projector_redrives_partition
+				ON projector_redrives (identity, topic, partition, id);
+		END IF;
+	END $$`,
 		// Dead letters waiting to be published to the dead-letter topic,
 		// written in the same transaction as the dead letter itself.
 		`CREATE TABLE IF NOT EXISTS projector_dlq_outbox (

@@ -41,6 +41,10 @@ const DefaultStallAfter = 5 * time.Minute
 // columns of the parked events' primary key (identity, topic, projection).
 const DefaultMaxKeyBytes = 1024
 
+// DefaultRedriveMax is how many queued redrives a worker applies in one
+// transaction unless told otherwise (see Config.RedriveMax).
+const DefaultRedriveMax = 100
+
 // maxIndexedKey is the most MaxKeyBytes may be: what a B-tree entry holds
 // (2,704 bytes) less room for the other columns of its index.
 const maxIndexedKey = 2400
@@ -92,6 +96,11 @@ type Config struct {
 	// unknown schema id, a fold error not marked terminal) is tried before
 	// the record is dead-lettered (default 5).
 	MaxAttempts int
+	// RedriveMax is the most dead letters queued for redrive a worker
+	// applies in one transaction (default DefaultRedriveMax); it takes
+	// one such transaction each time its engine finds some queued (see
+	// Worker.Redrive), which bounds the rate of redrives per partition.
+	RedriveMax int
 	// MaxRecordBytes dead-letters records whose value is larger (default
 	// 1 MiB, Kafka's default message size).
 	MaxRecordBytes int
@@ -159,6 +168,9 @@ func (c *Config) defaults() {
 	}
 	if c.MaxAttempts <= 0 {
 		c.MaxAttempts = 5
+	}
+	if c.RedriveMax <= 0 {
+		c.RedriveMax = DefaultRedriveMax
 	}
 	if c.MaxRecordBytes <= 0 {
 		c.MaxRecordBytes = 1 << 20

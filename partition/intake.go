@@ -56,6 +56,9 @@ func (w *Worker) nextBatch(ctx context.Context, repairs <-chan repaired) (job, b
 		n := len(w.queue)
 		w.mu.Unlock()
 		if batchMax, _ := w.limits(); n >= batchMax {
+			if w.redriveDue() {
+				return job{redrive: true}, true
+			}
 			break
 		}
 		var skips <-chan skipRequest
@@ -88,8 +91,13 @@ func (w *Worker) nextBatch(ctx context.Context, repairs <-chan repaired) (job, b
 			j.repair = &r
 		case s := <-skips:
 			j.skip = &s
+		case <-w.redrive:
+			j.redrive = true
 		case <-deadline:
 			w.setIdle(false)
+			if w.redriveDue() {
+				return job{redrive: true}, true
+			}
 			return job{recs: w.take()}, true
 		}
 		w.setIdle(false)

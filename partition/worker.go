@@ -94,6 +94,11 @@ type Worker struct {
 	repairDown, repairLogged time.Time
 	skips                    chan skipRequest
 	halted                   atomic.Pointer[halt]
+	// redrives reads the dead letters queued for the partition (nil:
+	// none are); redrive is signalled by Redrive when some are.
+	redrives     RedriveSource
+	redrive      chan struct{}
+	redriveState redriveState
 }
 
 // WorkerDeps are what a worker works with besides its Config: the
@@ -138,6 +143,9 @@ type WorkerDeps struct {
 	// the partition's next transaction waits for it. Unlike
 	// Config.Committed it gathers no keys, so it costs nothing per row.
 	Stored func(end int64)
+	// Redrives reads the dead letters queued for the partition to apply
+	// again (see Worker.Redrive); nil: none are.
+	Redrives RedriveSource
 }
 
 // NewWorker returns a worker for a claimed partition.
@@ -152,10 +160,12 @@ func NewWorker(cfg Config, d WorkerDeps) *Worker {
 	claim := d.Claim
 	w := &Worker{
 		cfg: cfg, group: d.Group, claim: claim, fetcher: d.Fetcher, metrics: d.Metrics, repairer: d.Repairer, stored: d.Stored,
-		log:   d.Log.With("topic", claim.Topic, "partition", claim.Partition, "epoch", claim.Epoch),
-		wake:  make(chan struct{}, 1),
-		skips: make(chan skipRequest),
-		stop:  make(chan struct{}),
+		log:      d.Log.With("topic", claim.Topic, "partition", claim.Partition, "epoch", claim.Epoch),
+		wake:     make(chan struct{}, 1),
+		skips:    make(chan skipRequest),
+		redrives: d.Redrives,
+		redrive:  make(chan struct{}, 1),
+		stop:     make(chan struct{}),
 	}
 	w.now = d.Now
 	if w.now == nil {
@@ -357,6 +367,8 @@ func (w *Worker) Run(ctx context.Context) error {
 			err = w.settleThen(ctx, func() error { return w.applyRepair(ctx, *j.repair) })
 		case j.skip != nil:
 			err = w.settleThen(ctx, func() error { return w.skip(ctx, *j.skip) })
+		case j.redrive:
+			err = w.settleThen(ctx, func() error { return w.applyRedrives(ctx) })
 		case len(j.recs) == 0:
 		case w.windowing(len(j.recs)):
 			err = w.processWindow(ctx, j.recs)
@@ -395,6 +407,8 @@ type job struct {
 	repair *repaired
 	skip   *skipRequest
 	settle bool // the pending transaction has returned (see settle)
+	// redrive: dead letters are queued for the partition (see Redrive).
+	redrive bool
 }
 
 type skipRequest struct {

@@ -168,6 +168,13 @@ type Config struct {
 	// DefaultKafkaCommitInterval; negative: the group's offsets are left
 	// alone.
 	KafkaCommitInterval time.Duration
+	// RedriveInterval is how often the engine looks for dead letters
+	// queued for redrive (projector dlq redrive) under its identity, one
+	// indexed query for all its partitions, and tells the workers of the
+	// partitions that have some to apply them: a worker applies at most
+	// partition.Config.RedriveMax per look. 0: DefaultRedriveInterval.
+	// Only with a store that keeps dead letters (DeadLetterStore).
+	RedriveInterval time.Duration
 	// Logger receives the engine's logs (default slog.Default()).
 	Logger *slog.Logger
 	// Registerer receives the engine's metrics (default: a private
@@ -262,6 +269,9 @@ func (c *Config) validate() error {
 	}
 	if c.KafkaCommitInterval == 0 {
 		c.KafkaCommitInterval = DefaultKafkaCommitInterval
+	}
+	if c.RedriveInterval <= 0 {
+		c.RedriveInterval = DefaultRedriveInterval
 	}
 	if c.Logger == nil {
 		c.Logger = slog.Default()

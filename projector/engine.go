@@ -410,6 +410,13 @@ func (e *Engine) Run(ctx context.Context) error {
 			e.pruner.run(runCtx)
 		}()
 	}
+	if e.dead != nil {
+		e.wg.Add(1)
+		go func() {
+			defer e.wg.Done()
+			e.watchRedrives(runCtx)
+		}()
+	}
 	if e.cfg.DLQTopic != "" && e.dead != nil {
 		pub := dlqpublish.New(e.dead.DeadLetterPool(), e.cl, e.log, time.Second)
 		e.wg.Add(1)
@@ -625,7 +632,7 @@ func (e *Engine) start(c sinks.Claim) {
 	w := partition.NewWorker(e.cfg.Partition, partition.WorkerDeps{
 		Group: e.gen.identity, Claim: c, Projection: p, Sink: e.gen.sinks[p.Name].Sink, Decoder: e.decoders[p.Name],
 		Repairer: e.repairers[c.Topic], Fetcher: f, Log: e.log, Metrics: e.metrics, Now: e.now, Others: others,
-		Stored: stored,
+		Stored: stored, Redrives: e.redriveSource(),
 	})
 	f.w = w
 	parent := e.runCtx

@@ -57,6 +57,22 @@ var ddl = []string{
 		cleaned_at            timestamptz,
 		retain_seconds        bigint      NOT NULL DEFAULT 86400
 	)`,
+	// Who asked beside the actor given: the operating-system user of the
+	// command and the database session user of the transaction that
+	// recorded the operation, and the same of whoever cancelled it. Added
+	// only when missing: ALTER TABLE locks the table even with nothing to
+	// do, and engines read it while they run.
+	`DO $$ BEGIN
+		IF (SELECT count(*) FROM pg_attribute WHERE attrelid = 'projector_rebuilds'::regclass AND NOT attisdropped
+		    AND attname IN ('os_user', 'db_user', 'cancelled_by', 'cancelled_os_user', 'cancelled_db_user')) < 5 THEN
+			ALTER TABLE projector_rebuilds
+				ADD COLUMN IF NOT EXISTS os_user           text NOT NULL DEFAULT '',
+				ADD COLUMN IF NOT EXISTS db_user           text NOT NULL DEFAULT session_user,
+				ADD COLUMN IF NOT EXISTS cancelled_by      text NOT NULL DEFAULT '',
+				ADD COLUMN IF NOT EXISTS cancelled_os_user text NOT NULL DEFAULT '',
+				ADD COLUMN IF NOT EXISTS cancelled_db_user text NOT NULL DEFAULT '';
+		END IF;
+	END $$`,
 	// One operation per projection in flight: a second start fails on
 	// this index, whichever replica or client sends it.
 	`CREATE UNIQUE INDEX IF NOT EXISTS projector_rebuilds_in_flight

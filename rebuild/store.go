@@ -84,30 +84,38 @@ type Generation struct {
 
 // Operation is one rebuild or rollback.
 type Operation struct {
-	ID                  string     `json:"operation_id"`
-	Identity            string     `json:"identity"`
-	Projection          string     `json:"projection"`
-	Kind                string     `json:"kind"`
-	Generation          int        `json:"generation"`
-	FromGeneration      int        `json:"from_generation"`
-	State               string     `json:"state"`
-	AllowPartialHistory bool       `json:"allow_partial_history"`
-	DeletedRecords      []Deleted  `json:"deleted_records,omitempty"`
-	Actor               string     `json:"actor,omitempty"`
-	Error               *Error     `json:"error,omitempty"`
-	Waiting             string     `json:"waiting,omitempty"`
-	RecordsDone         int64      `json:"records_done"`
-	RecordsRemaining    *int64     `json:"records_remaining"`
-	Rate                *float64   `json:"events_per_second"`
-	ArrivalRate         *float64   `json:"arrivals_per_second"`
-	ETASeconds          *float64   `json:"eta_seconds"`
-	Converging          *bool      `json:"converging"`
-	CreatedAt           time.Time  `json:"created_at"`
-	StartedAt           *time.Time `json:"started_at"`
-	CutoverAt           *time.Time `json:"cutover_at"`
-	FinishedAt          *time.Time `json:"finished_at"`
-	UpdatedAt           time.Time  `json:"updated_at"`
-	RetainSeconds       int64      `json:"retain_seconds"`
+	ID                  string    `json:"operation_id"`
+	Identity            string    `json:"identity"`
+	Projection          string    `json:"projection"`
+	Kind                string    `json:"kind"`
+	Generation          int       `json:"generation"`
+	FromGeneration      int       `json:"from_generation"`
+	State               string    `json:"state"`
+	AllowPartialHistory bool      `json:"allow_partial_history"`
+	DeletedRecords      []Deleted `json:"deleted_records,omitempty"`
+	Actor               string    `json:"actor,omitempty"`
+	// OSUser and DBUser are the operating-system user of the command that
+	// asked ("" through the API) and the database session user; the
+	// Cancelled ones the same of whoever cancelled it, if anyone did.
+	OSUser            string     `json:"os_user,omitempty"`
+	DBUser            string     `json:"db_user,omitempty"`
+	CancelledBy       string     `json:"cancelled_by,omitempty"`
+	CancelledByOSUser string     `json:"cancelled_os_user,omitempty"`
+	CancelledByDBUser string     `json:"cancelled_db_user,omitempty"`
+	Error             *Error     `json:"error,omitempty"`
+	Waiting           string     `json:"waiting,omitempty"`
+	RecordsDone       int64      `json:"records_done"`
+	RecordsRemaining  *int64     `json:"records_remaining"`
+	Rate              *float64   `json:"events_per_second"`
+	ArrivalRate       *float64   `json:"arrivals_per_second"`
+	ETASeconds        *float64   `json:"eta_seconds"`
+	Converging        *bool      `json:"converging"`
+	CreatedAt         time.Time  `json:"created_at"`
+	StartedAt         *time.Time `json:"started_at"`
+	CutoverAt         *time.Time `json:"cutover_at"`
+	FinishedAt        *time.Time `json:"finished_at"`
+	UpdatedAt         time.Time  `json:"updated_at"`
+	RetainSeconds     int64      `json:"retain_seconds"`
 }
 
 // Deleted is a partition whose earliest records retention deleted.
@@ -149,6 +157,18 @@ func (o *Operation) fillETA() {
 // Store reads and writes generations and operations.
 type Store struct {
 	pool *pgxpool.Pool
+	// osUser is the operating-system user recorded with the operations
+	// the store starts, rolls back and cancels (see AsOSUser).
+	osUser string
+}
+
+// AsOSUser returns the store recording osUser, the operating-system user
+// of the command asking, with the operations it starts, rolls back and
+// cancels, beside their actor and the database session user.
+func (s *Store) AsOSUser(osUser string) *Store {
+	c := *s
+	c.osUser = osUser
+	return &c
 }
 
 // NewStore returns the store on pool. Call Migrate first.
@@ -255,7 +275,8 @@ func (s *Store) Ensure(ctx context.Context, identity string, projs []*projection
 
 const opColumns = `id, identity, projection, kind, generation, from_generation, state, allow_partial_history,
 	coalesce(deleted_records, '[]'::jsonb), actor, error_code, error_message, waiting, records_done, records_remaining,
-	rate, arrival_rate, created_at, started_at, cutover_at, finished_at, updated_at, retain_seconds`
+	rate, arrival_rate, created_at, started_at, cutover_at, finished_at, updated_at, retain_seconds,
+	os_user, db_user, cancelled_by, cancelled_os_user, cancelled_db_user`
 
 func scanOperation(r pgx.CollectableRow) (Operation, error) {
 	var o Operation
@@ -263,7 +284,8 @@ func scanOperation(r pgx.CollectableRow) (Operation, error) {
 	var code, msg string
 	err := r.Scan(&id, &o.Identity, &o.Projection, &o.Kind, &o.Generation, &o.FromGeneration, &o.State,
 		&o.AllowPartialHistory, &o.DeletedRecords, &o.Actor, &code, &msg, &o.Waiting, &o.RecordsDone, &o.RecordsRemaining,
-		&o.Rate, &o.ArrivalRate, &o.CreatedAt, &o.StartedAt, &o.CutoverAt, &o.FinishedAt, &o.UpdatedAt, &o.RetainSeconds)
+		&o.Rate, &o.ArrivalRate, &o.CreatedAt, &o.StartedAt, &o.CutoverAt, &o.FinishedAt, &o.UpdatedAt, &o.RetainSeconds,
+		&o.OSUser, &o.DBUser, &o.CancelledBy, &o.CancelledByOSUser, &o.CancelledByDBUser)
 	o.ID = id.String()
 	if code != "" {
 		o.Error = &Error{Code: code, Message: msg}
@@ -418,9 +440,9 @@ func (s *Store) Start(ctx context.Context, r Request) (Operation, error) {
 		if retain <= 0 {
 			retain = DefaultRetain
 		}
-		if _, err := tx.Exec(ctx, `INSERT INTO projector_rebuilds (id, identity, projection, kind, generation, from_generation, state, allow_partial_history, actor, retain_seconds)
-			VALUES ($1, $2, $3, 'rebuild', $4, $5, 'accepted', $6, $7, $8)`,
-			id, r.Identity, r.Projection, n, live.N, r.AllowPartialHistory, r.Actor, int64(retain.Seconds())); err != nil {
+		if _, err := tx.Exec(ctx, `INSERT INTO projector_rebuilds (id, identity, projection, kind, generation, from_generation, state, allow_partial_history, actor, retain_seconds, os_user, db_user)
+			VALUES ($1, $2, $3, 'rebuild', $4, $5, 'accepted', $6, $7, $8, $9, session_user)`,
+			id, r.Identity, r.Projection, n, live.N, r.AllowPartialHistory, r.Actor, int64(retain.Seconds()), s.osUser); err != nil {
 			return fmt.Errorf("record the rebuild of %s: %w", r.Projection, err)
 		}
 		return nil
@@ -466,8 +488,8 @@ func (s *Store) Rollback(ctx context.Context, identity, projectionName, actor st
 			return errorf(CodeNothingRetired, "projection %s has no retired generation to make live again (retired generations are dropped after their retention, or by rebuild cleanup)", projectionName)
 		}
 		id = uuid.New()
-		if _, err := tx.Exec(ctx, `INSERT INTO projector_rebuilds (id, identity, projection, kind, generation, from_generation, state, actor)
-			VALUES ($1, $2, $3, 'rollback', $4, $5, 'accepted', $6)`, id, identity, projectionName, back.N, live.N, actor); err != nil {
+		if _, err := tx.Exec(ctx, `INSERT INTO projector_rebuilds (id, identity, projection, kind, generation, from_generation, state, actor, os_user, db_user)
+			VALUES ($1, $2, $3, 'rollback', $4, $5, 'accepted', $6, $7, session_user)`, id, identity, projectionName, back.N, live.N, actor, s.osUser); err != nil {
 			return fmt.Errorf("record the rollback of %s: %w", projectionName, err)
 		}
 		return nil
@@ -515,8 +537,9 @@ func (s *Store) Cancel(ctx context.Context, id, actor string) (Operation, error)
 		return Operation{}, errorf("not_found", "no operation %s", id)
 	}
 	tag, err := s.pool.Exec(ctx, `UPDATE projector_rebuilds SET state = 'cancelled', finished_at = now(), updated_at = now(),
-		error_code = 'cancelled', error_message = 'cancelled by ' || $2, waiting = ''
-		WHERE id = $1 AND state IN ('accepted', 'running')`, u, nonEmpty(actor, "an operator"))
+		error_code = 'cancelled', error_message = 'cancelled by ' || $2, waiting = '',
+		cancelled_by = $2, cancelled_os_user = $3, cancelled_db_user = session_user
+		WHERE id = $1 AND state IN ('accepted', 'running')`, u, nonEmpty(actor, "an operator"), s.osUser)
 	if err != nil {
 		return Operation{}, fmt.Errorf("cancel operation %s: %w", id, err)
 	}

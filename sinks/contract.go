@@ -143,6 +143,25 @@ type Changes struct {
 	// Resolved lists dead letters whose replayed record has now applied
 	// (or was already applied).
 	Resolved []int64
+	// Redriven lists the redrive queue's entries (Redrive.QueueID) whose
+	// dead letters the batch applied again: the sink takes them off the
+	// queue and audits them, RedrivenBy naming the worker for the audit
+	// log, after the batch's dead letters are written.
+	Redriven   []int64
+	RedrivenBy string
+}
+
+// Redrive is a dead letter queued for the worker that owns its partition
+// to apply again, with its record.
+type Redrive struct {
+	QueueID    int64
+	DeadLetter int64
+	Projection string
+	Offset     int64
+	RecordKey  []byte
+	Value      []byte
+	Headers    []Header
+	Timestamp  time.Time
 }
 
 // RejectedRows reports rows Postgres refused (a data error such as a value

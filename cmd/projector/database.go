@@ -579,11 +579,12 @@ const (
 	tableOffsetsAudit = "projector_offsets_audit"
 	tableDeadLetters  = "projector_dead_letters"
 	tableDLQAudit     = "projector_dlq_audit"
+	tableRedrives     = "projector_redrives"
 )
 
 // engineTables are the tables whose absence, all of them, means that
 // projector migrate never ran in a schema.
-var engineTables = []string{tableOffsets, tableOffsetsAudit, tableDeadLetters, tableDLQAudit}
+var engineTables = []string{tableOffsets, tableOffsetsAudit, tableDeadLetters, tableDLQAudit, tableRedrives}
 
 // connectEngine is connect for a command that reads the engine's tables:
 // it refuses, saying what to do, a database where they are missing —

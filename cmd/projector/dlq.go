@@ -35,11 +35,12 @@ const timeFormat = "2006-01-02T15:04:05Z07:00"
 func dlqCommand(stdout, stderr io.Writer) *ffcli.Command {
 	return &ffcli.Command{
 		Name:       "dlq",
-		ShortUsage: "projector dlq <list|show|replay|purge|audit> [flags]",
-		ShortHelp:  "Inspect, replay and purge dead letters.",
+		ShortUsage: "projector dlq <list|show|redrive|replay|purge|audit> [flags]",
+		ShortHelp:  "Inspect, redrive, replay and purge dead letters.",
 		Subcommands: []*ffcli.Command{
 			dlqListCommand(stdout, stderr),
 			dlqShowCommand(stdout, stderr),
+			dlqRedriveCommand(stdout, stderr),
 			dlqReplayCommand(stdout, stderr),
 			dlqPurgeCommand(stdout, stderr),
 			dlqAuditCommand(stdout, stderr),
@@ -445,7 +446,8 @@ func dlqReplayCommand(stdout, stderr io.Writer) *ffcli.Command {
 		fset    *flag.FlagSet
 	)
 	return newCommand("replay", "projector dlq replay (--id N ... | filters) [--execute] [flags]",
-		"Produce dead letters again to their original topic, with the header "+sinks.ReplayHeader+". A dry run unless --execute.", stderr,
+		"Publish dead letters again to their original topic, with the header "+sinks.ReplayHeader+", where every consumer group of the topic sees them again. "+
+			"dlq redrive, which applies them through the worker that owns their partition and publishes nothing, is the default way to retry them. A dry run unless --execute.", stderr,
 		func(fs *flag.FlagSet) {
 			fset = fs
 			c.register(fs, "database-url", "brokers")
@@ -531,12 +533,110 @@ func dlqReplayCommand(stdout, stderr io.Writer) *ffcli.Command {
 					done[i] = entries[i].ID
 				}
 				actx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
-				auditErr = deadletters.Audit(actx, pool, actor, deadletters.AuditReplay, f, done,
+				auditErr = deadletters.AuditAs(actx, pool, deadletters.CommandActor(actor), deadletters.AuditReplay, f, done,
 					fmt.Sprintf("produced %d of %d at most %v per second", n, len(entries), perSec))
 				cancel()
 			}
 			fmt.Fprintf(stdout, "replayed %d of %d dead letters\n", n, len(entries))
 			return errors.Join(replayErr, auditErr)
+		})
+}
+
+func dlqRedriveCommand(stdout, stderr io.Writer) *ffcli.Command {
+	var (
+		c       common
+		filters dlqFilters
+		ids     idList
+		dryRun  bool
+		execute bool
+		actor   string
+		fset    *flag.FlagSet
+	)
+	return newCommand("redrive", "projector dlq redrive (--id N ... | filters) [--execute] [flags]",
+		"Queue dead letters for the worker that owns their partition to apply again, through the version gate, in its own transaction: "+
+			"resolved when applied (or already applied), reopened when they fail again. Nothing is published. A dry run unless --execute.", stderr,
+		func(fs *flag.FlagSet) {
+			fset = fs
+			c.register(fs, "database-url")
+			filters.register(fs, deadletters.RedriveDefaultLimit,
+				fmt.Sprintf("most entries to queue, oldest first (at most %d)", deadletters.RedriveMaxLimit))
+			fs.Lookup("status").Usage = "only this status: " + strings.Join(deadletters.Statuses, ", ") + "; empty: open, or any status with --id"
+			fs.Var(&ids, "id", "redrive this dead letter (repeatable, or comma-separated)")
+			fs.BoolVar(&dryRun, "dry-run", true, "only print what would be queued")
+			fs.BoolVar(&execute, "execute", false, "queue them (the same as --dry-run=false)")
+			fs.StringVar(&actor, "actor", defaultActor(), "who redrives, for the audit log, beside the operating-system and database users it records (default: $USER)")
+		},
+		func(ctx context.Context, _ []string) error {
+			dryRunSet := false
+			fset.Visit(func(f *flag.Flag) { dryRunSet = dryRunSet || f.Name == "dry-run" })
+			if execute {
+				if dryRunSet && dryRun {
+					return errors.New("--execute and --dry-run=true contradict each other: drop one")
+				}
+				dryRun = false
+			}
+			if actor == "" {
+				return errors.New("--actor must not be empty")
+			}
+			if filters.limit < 1 || filters.limit > deadletters.RedriveMaxLimit {
+				return fmt.Errorf("--limit %d: must be between 1 and %d", filters.limit, deadletters.RedriveMaxLimit)
+			}
+			if len(ids) > deadletters.RedriveMaxLimit {
+				return fmt.Errorf("--id: %d dead letters, at most %d in one request", len(ids), deadletters.RedriveMaxLimit)
+			}
+			f, err := filters.filter(time.Now())
+			if err != nil {
+				return err
+			}
+			if len(ids) > 0 {
+				f.IDs = slices.Clone(ids)
+				f.Limit = max(f.Limit, len(ids))
+			} else if f.Status == "" {
+				f.Status = deadletters.StatusOpen
+			}
+			pool, err := connectEngine(ctx, c.database(), tableDeadLetters, tableDLQAudit, tableRedrives)
+			if err != nil {
+				return err
+			}
+			defer pool.Close()
+			entries, err := selectDeadLetters(ctx, pool, f, ids)
+			if err != nil {
+				return err
+			}
+			var chosen []int64
+			var left []string
+			for _, d := range entries {
+				if d.Status == deadletters.StatusOpen || d.Status == deadletters.StatusReplayed {
+					chosen = append(chosen, d.ID)
+				} else {
+					left = append(left, fmt.Sprintf("%d (%s)", d.ID, d.Status))
+				}
+			}
+			if len(left) > 0 {
+				fmt.Fprintf(stdout, "left alone, neither open nor replayed: %s\n", strings.Join(left, ", "))
+			}
+			if len(chosen) == 0 {
+				fmt.Fprintln(stdout, "no open or replayed dead letters match: nothing to redrive")
+				return nil
+			}
+			if dryRun {
+				fmt.Fprintf(stdout, "dry run: would queue %d dead letters for the workers that own their partitions (add --execute to queue them):\n", len(chosen))
+				tw := tabwriter.NewWriter(stdout, 0, 4, 2, ' ', 0)
+				fmt.Fprintln(tw, "ID\tIDENTITY\tPROJECTION\tTOPIC\tPARTITION\tOFFSET\tKEY\tERROR")
+				for _, d := range entries {
+					if slices.Contains(chosen, d.ID) {
+						fmt.Fprintf(tw, "%d\t%s\t%s\t%s\t%d\t%d\t%s\t%s\n", d.ID, d.Identity, d.Projection, d.Topic, d.Partition, d.Offset, keyText(d), errorText(redact.String(d.Error)))
+					}
+				}
+				return tw.Flush()
+			}
+			queued, err := deadletters.Redrive(ctx, pool, chosen, deadletters.CommandActor(actor), f)
+			if err != nil {
+				return err
+			}
+			fmt.Fprintf(stdout, "queued %d of %d dead letters for the workers that own their partitions; "+
+				"projector dlq list --status queued shows those not applied yet (a partition no member runs keeps them queued)\n", len(queued), len(chosen))
+			return nil
 		})
 }
 
@@ -661,7 +761,7 @@ func dlqPurgeCommand(stdout, stderr io.Writer) *ffcli.Command {
 			}
 			actx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
 			defer cancel()
-			if err := deadletters.Audit(actx, pool, actor, deadletters.AuditPurge, f, matched, fmt.Sprintf("purged %d", n)); err != nil {
+			if err := deadletters.AuditAs(actx, pool, deadletters.CommandActor(actor), deadletters.AuditPurge, f, matched, fmt.Sprintf("purged %d", n)); err != nil {
 				return fmt.Errorf("purged %d dead letters, but: %w", n, err)
 			}
 			fmt.Fprintf(stdout, "purged %d dead letters\n", n)
@@ -675,7 +775,7 @@ func dlqAuditCommand(stdout, stderr io.Writer) *ffcli.Command {
 		limit  int
 		asJSON bool
 	)
-	return newCommand("audit", "projector dlq audit [flags]", "List replays and purges, newest first.", stderr,
+	return newCommand("audit", "projector dlq audit [flags]", "List redrives, replays and purges, newest first, with who did them: the actor given, the operating-system user and the database user.", stderr,
 		func(fs *flag.FlagSet) {
 			c.register(fs, "database-url")
 			fs.IntVar(&limit, "limit", 100, "most entries to print; 0: all")
@@ -701,9 +801,10 @@ func dlqAuditCommand(stdout, stderr io.Writer) *ffcli.Command {
 				return writeJSON(stdout, entries)
 			}
 			tw := tabwriter.NewWriter(stdout, 0, 4, 2, ' ', 0)
-			fmt.Fprintln(tw, "ID\tAT\tACTOR\tACTION\tENTRIES\tFILTER\tDETAIL")
+			fmt.Fprintln(tw, "ID\tAT\tACTOR\tOS USER\tDB USER\tACTION\tENTRIES\tFILTER\tDETAIL")
 			for _, a := range entries {
-				fmt.Fprintf(tw, "%d\t%s\t%s\t%s\t%d\t%s\t%s\n", a.ID, a.At.Format(timeFormat), a.Actor, a.Action, len(a.EntryIDs), a.Filter, a.Detail)
+				fmt.Fprintf(tw, "%d\t%s\t%s\t%s\t%s\t%s\t%d\t%s\t%s\n", a.ID, a.At.Format(timeFormat), a.Actor, orDashString(a.OSUser), orDashString(a.DBUser),
+					a.Action, len(a.EntryIDs), a.Filter, a.Detail)
 			}
 			return tw.Flush()
 		})

@@ -60,6 +60,7 @@ var ownEnv = map[string][]string{
 	"dlq show":          {"json"},
 	"dlq replay":        {"identity", "projection", "topic", "key", "error-class", "status", "since", "until", "limit", "id", "actor"},
 	"dlq purge":         {"identity", "projection", "topic", "key", "error-class", "status", "since", "until", "limit", "id", "actor"},
+	"dlq redrive":       {"identity", "projection", "topic", "key", "error-class", "status", "since", "until", "limit", "id", "actor"},
 	"dlq audit":         {"limit", "json"},
 	"relay":             {"unready-after"},
 	"tombstones forget": {"projection", "key"},

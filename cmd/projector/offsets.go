@@ -16,6 +16,7 @@ import (
 	"github.com/peterbourgon/ff/v3/ffcli"
 	"github.com/twmb/franz-go/pkg/kadm"
 
+	"github.com/projector-dev/projector/deadletters"
 	"github.com/projector-dev/projector/projection"
 	"github.com/projector-dev/projector/projector"
 	"github.com/projector-dev/projector/sinks"
@@ -186,7 +187,7 @@ func offsetsResetCommand(stdout, stderr io.Writer) *ffcli.Command {
 				for _, p := range plan {
 					to[sinks.TP{Topic: p.Topic, Partition: p.Partition}] = p.NewOffset
 				}
-				done, err := offsets.Reset(ctx, actor, target.String(), to)
+				done, err := offsets.ResetAs(ctx, deadletters.CommandActor(actor), target.String(), to)
 				if err != nil {
 					return err
 				}
@@ -371,6 +372,8 @@ func offsetsAuditCommand(stdout, stderr io.Writer) *ffcli.Command {
 				ID         int64     `json:"id"`
 				At         time.Time `json:"at"`
 				Actor      string    `json:"actor"`
+				OSUser     string    `json:"os_user"`
+				DBUser     string    `json:"db_user"`
 				Topic      string    `json:"topic"`
 				Partition  int32     `json:"partition"`
 				OldOffset  *int64    `json:"old_offset"`
@@ -380,7 +383,7 @@ func offsetsAuditCommand(stdout, stderr io.Writer) *ffcli.Command {
 			}
 			rows := make([]row, 0, len(resets))
 			for _, r := range resets {
-				rows = append(rows, row{r.ID, r.At, r.Actor, r.Topic, r.Partition, r.OldOffset, r.NewOffset, r.Epoch, r.Detail})
+				rows = append(rows, row{r.ID, r.At, r.Actor, r.OSUser, r.DBUser, r.Topic, r.Partition, r.OldOffset, r.NewOffset, r.Epoch, r.Detail})
 			}
 			if asJSON {
 				enc := json.NewEncoder(stdout)
@@ -388,9 +391,10 @@ func offsetsAuditCommand(stdout, stderr io.Writer) *ffcli.Command {
 				return enc.Encode(rows)
 			}
 			tw := tabwriter.NewWriter(stdout, 0, 4, 2, ' ', 0)
-			fmt.Fprintln(tw, "ID\tAT\tACTOR\tTOPIC\tPARTITION\tOLD-OFFSET\tNEW-OFFSET\tOWNER-EPOCH\tTARGET")
+			fmt.Fprintln(tw, "ID\tAT\tACTOR\tOS-USER\tDB-USER\tTOPIC\tPARTITION\tOLD-OFFSET\tNEW-OFFSET\tOWNER-EPOCH\tTARGET")
 			for _, r := range rows {
-				fmt.Fprintf(tw, "%d\t%s\t%s\t%s\t%d\t%s\t%d\t%d\t%s\n", r.ID, r.At.UTC().Format(time.RFC3339), r.Actor, r.Topic, r.Partition,
+				fmt.Fprintf(tw, "%d\t%s\t%s\t%s\t%s\t%s\t%d\t%s\t%d\t%d\t%s\n", r.ID, r.At.UTC().Format(time.RFC3339), r.Actor,
+					orDashString(r.OSUser), orDashString(r.DBUser), r.Topic, r.Partition,
 					orDash(r.OldOffset), r.NewOffset, r.OwnerEpoch, r.Target)
 			}
 			return tw.Flush()

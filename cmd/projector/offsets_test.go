@@ -9,6 +9,7 @@ import (
 	"log/slog"
 	"maps"
 	"os"
+	"os/user"
 	"strconv"
 	"strings"
 	"testing"
@@ -266,6 +267,8 @@ func TestOffsetsReset(t *testing.T) {
 	}
 	var audit []struct {
 		Actor     string `json:"actor"`
+		OSUser    string `json:"os_user"`
+		DBUser    string `json:"db_user"`
 		Partition int32  `json:"partition"`
 		OldOffset *int64 `json:"old_offset"`
 		NewOffset int64  `json:"new_offset"`
@@ -281,6 +284,9 @@ func TestOffsetsReset(t *testing.T) {
 		want := map[int32]string{0: "10→0", 1: "12→3"}[a.Partition]
 		if got := orDash(a.OldOffset) + "→" + strconv.FormatInt(a.NewOffset, 10); a.Actor != "alice" || got != want || !strings.HasPrefix(a.Target, "--to-datetime") {
 			t.Errorf("audit row %+v: want alice moving partition %d %s by --to-datetime", a, a.Partition, want)
+		}
+		if me, err := user.Current(); err != nil || a.OSUser != me.Username || a.DBUser != "postgres" {
+			t.Errorf("audit row %+v: want the operating-system user and the database user postgres beside alice (%v)", a, err)
 		}
 	}
 

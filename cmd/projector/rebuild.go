@@ -17,6 +17,7 @@ import (
 	"github.com/google/uuid"
 	"github.com/peterbourgon/ff/v3/ffcli"
 
+	"github.com/projector-dev/projector/deadletters"
 	"github.com/projector-dev/projector/internal/redact"
 	"github.com/projector-dev/projector/rebuild"
 )
@@ -66,7 +67,7 @@ func openRebuilds(ctx context.Context, src dbSource) (*rebuild.Store, func(), er
 		pool.Close()
 		return nil, nil, errors.New("no tables of generations and rebuild operations in this database: projector run of this version creates them when it starts; check --database-url")
 	}
-	return rebuild.NewStore(pool), pool.Close, nil
+	return rebuild.NewStore(pool).AsOSUser(deadletters.CommandActor("").OSUser), pool.Close, nil
 }
 
 // operationID reads the one positional argument, an operation id, letting
@@ -447,6 +448,11 @@ func writeOperation(w io.Writer, op rebuild.Operation, bar bool) error {
 		field("history deleted", fmt.Sprintf("%s/%d: the first %d records", d.Topic, d.Partition, d.Records))
 	}
 	field("actor", orDashString(op.Actor))
+	field("os user", orDashString(op.OSUser))
+	field("db user", orDashString(op.DBUser))
+	if op.CancelledBy != "" {
+		field("cancelled by", fmt.Sprintf("%s (os user %s, db user %s)", op.CancelledBy, orDashString(op.CancelledByOSUser), orDashString(op.CancelledByDBUser)))
+	}
 	field("retain", (time.Duration(op.RetainSeconds) * time.Second).String())
 	field("created", op.CreatedAt.Format(timeFormat))
 	field("started", timeOrDash(op.StartedAt))

@@ -11,6 +11,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/projector-dev/projector/deadletters"
 	"github.com/projector-dev/projector/sinks"
 )
 
@@ -214,6 +215,12 @@ type Reset struct {
 // bump it: a member running the partition is fenced at its next commit
 // instead of writing its own position over the new one.
 func (o *Offsets) Reset(ctx context.Context, actor, detail string, to map[sinks.TP]int64) ([]Reset, error) {
+	return o.ResetAs(ctx, deadletters.Actor{Name: actor}, detail, to)
+}
+
+// ResetAs is Reset by who: its audit rows record the operating-system
+// user too, and the database session user of the transaction.
+func (o *Offsets) ResetAs(ctx context.Context, who deadletters.Actor, detail string, to map[sinks.TP]int64) ([]Reset, error) {
 	topics := make([]string, 0, len(to))
 	parts := make([]int32, 0, len(to))
 	nexts := make([]int64, 0, len(to))
@@ -264,9 +271,9 @@ func (o *Offsets) Reset(ctx context.Context, actor, detail string, to map[sinks.
 		})
 		for _, x := range out {
 			if _, err := tx.Exec(ctx, `INSERT INTO projector_offsets_audit
-				(actor, identity, topic, partition, old_offset, new_offset, owner_epoch, detail)
-				VALUES ($1, $2, $3, $4, $5, $6, $7, $8)`,
-				actor, o.identity, x.Topic, x.Partition, x.OldOffset, x.NewOffset, x.Epoch, detail); err != nil {
+				(actor, os_user, db_user, identity, topic, partition, old_offset, new_offset, owner_epoch, detail)
+				VALUES ($1, $9, session_user, $2, $3, $4, $5, $6, $7, $8)`,
+				who.Name, o.identity, x.Topic, x.Partition, x.OldOffset, x.NewOffset, x.Epoch, detail, who.OSUser); err != nil {
 				return fmt.Errorf("audit: %w", err)
 			}
 		}
@@ -281,17 +288,20 @@ func (o *Offsets) Reset(ctx context.Context, actor, detail string, to map[sinks.
 // ResetAudit is one row of the offset-reset audit log.
 type ResetAudit struct {
 	Reset
-	ID       int64
-	At       time.Time
-	Actor    string
-	Identity string
-	Detail   string
+	ID    int64
+	At    time.Time
+	Actor string
+	// OSUser is the operating-system user of the command that reset (""
+	// when not recorded); DBUser the database session user.
+	OSUser, DBUser string
+	Identity       string
+	Detail         string
 }
 
 // ListResets returns the identity's offset resets, newest first (at most
 // limit when limit is positive).
 func (o *Offsets) ListResets(ctx context.Context, limit int) ([]ResetAudit, error) {
-	q := `SELECT id, at, actor, identity, topic, partition, old_offset, new_offset, owner_epoch, detail
+	q := `SELECT id, at, actor, os_user, db_user, identity, topic, partition, old_offset, new_offset, owner_epoch, detail
 		FROM projector_offsets_audit WHERE identity = $1 ORDER BY id DESC`
 	args := []any{o.identity}
 	if limit > 0 {
@@ -304,7 +314,7 @@ func (o *Offsets) ListResets(ctx context.Context, limit int) ([]ResetAudit, erro
 	}
 	out, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (ResetAudit, error) {
 		var a ResetAudit
-		return a, r.Scan(&a.ID, &a.At, &a.Actor, &a.Identity, &a.Topic, &a.Partition, &a.OldOffset, &a.NewOffset, &a.Epoch, &a.Detail)
+		return a, r.Scan(&a.ID, &a.At, &a.Actor, &a.OSUser, &a.DBUser, &a.Identity, &a.Topic, &a.Partition, &a.OldOffset, &a.NewOffset, &a.Epoch, &a.Detail)
 	})
 	if err != nil {
 		return nil, fmt.Errorf("list offset resets: %w", err)

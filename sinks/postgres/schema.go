@@ -70,6 +70,18 @@ var engineDDL = []string{
 		owner_epoch bigint      NOT NULL,
 		detail      text        NOT NULL DEFAULT ''
 	)`,
+	// Who reset beside the actor given: the operating-system user of the
+	// command and the database session user of its transaction. Added
+	// only when missing: ALTER TABLE locks the table even with nothing to
+	// do.
+	`DO $$ BEGIN
+		IF (SELECT count(*) FROM pg_attribute WHERE attrelid = 'projector_offsets_audit'::regclass AND NOT attisdropped
+		    AND attname IN ('os_user', 'db_user')) < 2 THEN
+			ALTER TABLE projector_offsets_audit
+				ADD COLUMN IF NOT EXISTS os_user text NOT NULL DEFAULT '',
+				ADD COLUMN IF NOT EXISTS db_user text NOT NULL DEFAULT session_user;
+		END IF;
+	END $$`,
 	`CREATE TABLE IF NOT EXISTS projector_tombstones (
 		table_name text        NOT NULL,
 		key        text        NOT NULL,

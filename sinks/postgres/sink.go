@@ -1146,6 +1146,7 @@ func (s *Sink) queueChanges(b *pgx.Batch, tp sinks.TP, ch sinks.Changes, g upser
 	}
 	deadletters.QueueWrite(b, s.identity, s.p.Name, tp, ch.DeadLetters, s.dlqTopic)
 	deadletters.QueueResolved(b, s.identity, s.p.Name, ch.Resolved)
+	deadletters.QueueRedriven(b, ch.Redriven, ch.RedrivenBy)
 	return counts, nil
 }
 
