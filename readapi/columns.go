@@ -86,6 +86,12 @@ func newColumn(name, base, full string, array bool) column {
 	// and JSON's exact text and leaves types the driver does not know
 	// (enums, citext, inet, intervals) in Postgres's own form.
 	switch {
+	case c.kind == kindText && !array && (base == "text" || base == "character varying"):
+		c.expr = id
+	case c.kind == kindText && !array:
+		// The type's output function, as psql shows it: a cast to text
+		// would drop char(n)'s padding and add inet's /32.
+		c.expr = "CASE WHEN " + id + " IS NULL THEN NULL ELSE format('%s', " + id + ") END"
 	case c.kind == kindText || c.kind == kindNumeric || c.kind == kindJSON:
 		if array {
 			c.expr = id + "::text[]"

@@ -94,7 +94,7 @@ func (a *API) getRow(w http.ResponseWriter, r *http.Request, req *request) {
 		args = append(args, t)
 		sql += " AND " + pgx.Identifier{v.p.Tenant}.Sanitize() + " = $2"
 	}
-	rows, err := a.query(ctx, v, cols, sql, args, 1)
+	rows, err := a.query(ctx, v, cols, sql, args, 1, false)
 	if err != nil {
 		if isDataException(err) {
 			rows, err = nil, nil // a key its column's type cannot hold: no row has it
@@ -260,7 +260,7 @@ func (a *API) listRows(w http.ResponseWriter, r *http.Request, req *request) {
 	}
 	args = append(args, limit+1)
 	sql += fmt.Sprintf(" ORDER BY %s LIMIT $%d", keyCol, len(args))
-	rows, err := a.query(ctx, v, cols, sql, args, limit+1)
+	rows, err := a.query(ctx, v, cols, sql, args, limit+1, true)
 	if err != nil {
 		if isDataException(err) {
 			writeProblem(w, problem{Status: http.StatusBadRequest, Code: CodeBadFilter, Filterable: nonNil(v.filterable),
@@ -317,17 +317,16 @@ type readRow struct {
 	key     string
 }
 
-// query runs sql, whose SELECT list is cols (and, when it has one more,
-// the key as text), and returns its rows as JSON objects.
-func (a *API) query(ctx context.Context, v *view, cols []column, sql string, args []any, capacity int) ([]readRow, error) {
+// query runs sql, whose SELECT list is cols (and, withKey, the key as
+// text after them), and returns its rows as JSON objects.
+func (a *API) query(ctx context.Context, v *view, cols []column, sql string, args []any, capacity int, withKey bool) ([]readRow, error) {
 	rows, err := a.cfg.DB.Query(ctx, sql, args...)
 	if err != nil {
 		return nil, err
 	}
 	defer rows.Close()
-	n := len(rows.FieldDescriptions())
-	dest := make([]any, n)
-	vals := make([]any, n)
+	dest := make([]any, len(cols), len(cols)+1)
+	vals := make([]any, len(cols))
 	arrays := make([]pgtype.Array[any], len(cols))
 	var key string
 	for i := range cols {
@@ -337,8 +336,8 @@ func (a *API) query(ctx context.Context, v *view, cols []column, sql string, arg
 			dest[i] = &vals[i]
 		}
 	}
-	if n > len(cols) {
-		dest[len(cols)] = &key
+	if withKey {
+		dest = append(dest, &key)
 	}
 	out := make([]readRow, 0, capacity)
 	for rows.Next() {
@@ -423,11 +422,7 @@ func (a *API) staleness(ctx context.Context, h http.Header, v *view, key string)
 // its column's type (SQLSTATE class 22): a key or filter no row can have.
 func isDataException(err error) bool {
 	var pgErr *pgconn.PgError
-	if errors.As(err, &pgErr) {
-		return strings.HasPrefix(pgErr.Code, "22")
-	}
-	// The driver refusing to encode it for the column's type.
-	return strings.Contains(err.Error(), "unable to encode")
+	return errors.As(err, &pgErr) && strings.HasPrefix(pgErr.Code, "22")
 }
 
 // matches reports whether an If-None-Match header's values match etag.
