@@ -1,5 +1,5 @@
 // Command projector turns Kafka event streams into versioned read models in
-// PostgreSQL. Subcommands: run, dev, produce, check, relay, demo, migrate, status,
+// PostgreSQL. Subcommands: run, serve, dev, produce, check, relay, demo, migrate, status,
 // offsets, dlq, tombstones, rebuild.
 // The benchmark is the command projector-bench.
 //
@@ -80,6 +80,7 @@ func rootCommand(stdout, stderr io.Writer) *ffcli.Command {
 			tombstonesCommand(stdout, stderr),
 			rebuildCommand(stdout, stderr),
 			relayCommand(stdout, stderr),
+			serveCommand(stdout, stderr),
 			versionCommand(stdout, stderr),
 			configCommand(stdout, stderr),
 			asyncapiCommand(stdout, stderr),
