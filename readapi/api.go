@@ -104,6 +104,7 @@ type API struct {
 	views   map[string]*view
 	mux     *http.ServeMux
 	metrics *metrics
+	heard   *heard
 }
 
 // view is one projection as the API reads it.
@@ -128,6 +129,7 @@ func New(cfg Config) (*API, error) {
 	if a.log == nil {
 		a.log = slog.New(slog.DiscardHandler)
 	}
+	a.heard = &heard{log: a.log, failed: map[string]bool{}}
 	m, err := newMetrics(cfg.Registerer)
 	if err != nil {
 		return nil, err
@@ -150,6 +152,13 @@ func New(cfg Config) (*API, error) {
 	}))
 	return a, nil
 }
+
+// What heard tells failing and succeeding again.
+const (
+	whatAuthenticating = "authenticating requests"
+	whatWaiting        = "waiting for versions"
+	whatReading        = "reading PostgreSQL"
+)
 
 // The routes, as the metrics' route label names them.
 const (
@@ -205,10 +214,11 @@ func (a *API) route(name string, h func(http.ResponseWriter, *http.Request, *req
 				writeProblem(rec, problem{Status: http.StatusUnauthorized, Code: CodeUnauthenticated, Detail: "a valid bearer token is required"})
 				return
 			}
-			a.log.Error("authenticating a request failed", "err", err)
+			a.heard.failure(r.Context(), whatAuthenticating, err)
 			writeProblem(rec, problem{Status: http.StatusServiceUnavailable, Code: CodeUnavailable, Detail: "the request could not be authenticated now"})
 			return
 		}
+		a.heard.success(r.Context(), whatAuthenticating)
 		subject = p.Subject
 		name := r.PathValue("name")
 		v, ok := a.views[name]

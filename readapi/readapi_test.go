@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"log/slog"
 	"net/http"
 	"net/http/httptest"
 	"net/url"
@@ -564,4 +565,52 @@ func counter(t *testing.T, reg *prometheus.Registry, route, code string) float64
 		}
 	}
 	return 0
+}
+
+// TestFailureHeardOnce: a table that cannot be read fails every
+// request with a 503, logged once when it begins and once when it ends;
+// the table back, the columns are read again.
+func TestFailureHeardOnce(t *testing.T) {
+	var logs lockedBuffer
+	log := slog.New(slog.NewTextHandler(&logs, nil))
+	b := setup(t, ordersYAML, readapi.Config{Logger: log})
+	b.exec(t, `INSERT INTO orders (id, org, status, amount, version) VALUES ('o1', 'acme', 'open', 12, 3)`)
+	if r := b.get(t, "all", "/v1/projections/orders/rows/o1"); r.status != http.StatusOK {
+		t.Fatalf("status %d", r.status)
+	}
+	b.exec(t, `ALTER TABLE orders RENAME TO orders_away`)
+	for range 5 {
+		b.get(t, "all", "/v1/projections/orders/rows/o1").problem(t, http.StatusServiceUnavailable, readapi.CodeUnavailable)
+	}
+	b.exec(t, `ALTER TABLE orders_away RENAME TO orders`)
+	if r := b.get(t, "all", "/v1/projections/orders/rows/o1"); r.status != http.StatusOK {
+		t.Fatalf("the table back: status %d %s", r.status, r.body)
+	}
+	out := logs.String()
+	if n := strings.Count(out, "reading PostgreSQL failed"); n != 1 {
+		t.Errorf("the failure logged %d times, want once:\n%s", n, out)
+	}
+	if n := strings.Count(out, "reading PostgreSQL succeeds again"); n != 1 {
+		t.Errorf("the recovery logged %d times, want once:\n%s", n, out)
+	}
+	if strings.Contains(out, "Bearer") {
+		t.Errorf("a token reached the log:\n%s", out)
+	}
+}
+
+type lockedBuffer struct {
+	mu sync.Mutex
+	b  strings.Builder
+}
+
+func (l *lockedBuffer) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.Write(p)
+}
+
+func (l *lockedBuffer) String() string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.String()
 }

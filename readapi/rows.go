@@ -61,6 +61,9 @@ func (a *API) getRow(w http.ResponseWriter, r *http.Request, req *request) {
 			return
 		}
 		waitErr = a.cfg.Waiter.WaitVersion(r.Context(), req.view.p.Name, key, req.tenant(), min, wait)
+		if waitErr == nil || errors.Is(waitErr, ErrVersionNotReached) || errors.Is(waitErr, ErrTooManyWaiters) {
+			a.heard.success(r.Context(), whatWaiting)
+		}
 		switch {
 		case waitErr == nil:
 		case errors.Is(waitErr, ErrTooManyWaiters):
@@ -72,7 +75,7 @@ func (a *API) getRow(w http.ResponseWriter, r *http.Request, req *request) {
 		case r.Context().Err() != nil:
 			return // the client left
 		default:
-			a.log.Error("waiting for a version failed", "projection", req.view.p.Name, "err", waitErr)
+			a.heard.failure(r.Context(), whatWaiting, waitErr, "projection", req.view.p.Name)
 			writeProblem(w, problem{Status: http.StatusServiceUnavailable, Code: CodeUnavailable, Detail: "the wait for the version failed"})
 			return
 		}
@@ -367,7 +370,11 @@ func (a *API) query(ctx context.Context, v *view, cols []column, sql string, arg
 		}
 		out = append(out, readRow{json: append(b, '}'), version: version, key: key})
 	}
-	return out, rows.Err()
+	if err := rows.Err(); err != nil {
+		return nil, err
+	}
+	a.heard.success(ctx, whatReading)
+	return out, nil
 }
 
 // columns answers 503 while v's table does not exist yet.
@@ -381,7 +388,7 @@ func (a *API) columns(ctx context.Context, w http.ResponseWriter, v *view) ([]co
 		writeProblem(w, problem{Status: http.StatusServiceUnavailable, Code: CodeUnavailable, Detail: fmt.Sprintf("the table of projection %q does not exist yet", v.p.Name)})
 		return nil, false
 	}
-	a.log.Error("reading a projection's columns failed", "projection", v.p.Name, "err", err)
+	a.heard.failure(ctx, whatReading, err, "projection", v.p.Name)
 	writeProblem(w, problem{Status: http.StatusServiceUnavailable, Code: CodeUnavailable, Detail: "the database could not be read"})
 	return nil, false
 }
@@ -401,7 +408,7 @@ func (a *API) queryFailed(w http.ResponseWriter, r *http.Request, v *view, err e
 		writeProblem(w, problem{Status: http.StatusServiceUnavailable, Code: CodeTimeout, Detail: "the query took longer than the statement timeout"})
 		return
 	}
-	a.log.Error("reading a projection failed", "projection", v.p.Name, "err", err)
+	a.heard.failure(r.Context(), whatReading, err, "projection", v.p.Name)
 	writeProblem(w, problem{Status: http.StatusServiceUnavailable, Code: CodeUnavailable, Detail: "the database could not be read"})
 }
 
