@@ -9,6 +9,7 @@ import (
 	"slices"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -113,8 +114,10 @@ type view struct {
 	filterable []string // sorted, for error messages
 	isFilter   map[string]bool
 
-	mu   sync.Mutex
-	cols []column // the table's columns, read once the table exists
+	// cols are the table's columns, read once the table exists: a
+	// request finds them without a lock.
+	cols atomic.Pointer[[]column]
+	mu   sync.Mutex // one reader of the columns at a time
 }
 
 // New returns the API of cfg.
@@ -265,26 +268,25 @@ func (r *request) tenant() string {
 // columns returns v's columns, read from the table the first time it
 // exists.
 func (v *view) columns(ctx context.Context, q Querier) ([]column, error) {
+	if cols := v.cols.Load(); cols != nil {
+		return *cols, nil
+	}
 	v.mu.Lock()
 	defer v.mu.Unlock()
-	if v.cols != nil {
-		return v.cols, nil
+	if cols := v.cols.Load(); cols != nil {
+		return *cols, nil
 	}
 	cols, err := tableColumns(ctx, q, v.p)
 	if err != nil {
 		return nil, err
 	}
-	v.cols = cols
+	v.cols.Store(&cols)
 	return cols, nil
 }
 
 // forget drops the columns read, to be read again: the table may have
 // changed (a rebuild's new generation).
-func (v *view) forget() {
-	v.mu.Lock()
-	v.cols = nil
-	v.mu.Unlock()
-}
+func (v *view) forget() { v.cols.Store(nil) }
 
 var errNoTable = errors.New("no table")
 

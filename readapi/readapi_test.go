@@ -68,7 +68,7 @@ type bundle struct {
 	reg *prometheus.Registry
 }
 
-func setup(t *testing.T, yaml string, cfg readapi.Config) *bundle {
+func setup(t testing.TB, yaml string, cfg readapi.Config) *bundle {
 	t.Helper()
 	db := testenv.NewDB(t)
 	ps, err := projection.Parse([]byte(yaml), ".")
@@ -92,7 +92,7 @@ func setup(t *testing.T, yaml string, cfg readapi.Config) *bundle {
 	return &bundle{db: db, srv: srv, reg: reg}
 }
 
-func (b *bundle) exec(t *testing.T, sql string, args ...any) {
+func (b *bundle) exec(t testing.TB, sql string, args ...any) {
 	t.Helper()
 	if _, err := b.db.Pool.Exec(t.Context(), sql, args...); err != nil {
 		t.Fatal(err)
@@ -341,6 +341,7 @@ func TestListPagesAndFilters(t *testing.T) {
 	b.get(t, "all", "/v1/projections/orders/rows?limit=0").problem(t, http.StatusBadRequest, readapi.CodeBadParameter)
 	b.get(t, "all", "/v1/projections/orders/rows?limit=1001").problem(t, http.StatusBadRequest, readapi.CodeBadParameter)
 	b.get(t, "all", "/v1/projections/orders/rows?after=garbage").problem(t, http.StatusBadRequest, readapi.CodeBadCursor)
+	b.get(t, "all", "/v1/projections/orders/rows?min_version=3").problem(t, http.StatusBadRequest, readapi.CodeBadParameter)
 	b.get(t, "all", "/v1/projections/orders/rows?status=a&status=b").problem(t, http.StatusBadRequest, readapi.CodeBadParameter)
 	if r := b.get(t, "all", "/v1/projections/orders/rows?limit=1000"); r.status != http.StatusOK {
 		t.Errorf("limit=1000: status %d", r.status)

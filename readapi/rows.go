@@ -224,6 +224,10 @@ func (a *API) listRows(w http.ResponseWriter, r *http.Request, req *request) {
 			after = &k
 		case v.isFilter[param]:
 			filters = append(filters, filter{param, value})
+		case param == "min_version" || param == "wait" || param == "stale":
+			writeProblem(w, problem{Status: http.StatusBadRequest, Code: CodeBadParameter,
+				Detail: param + " is taken by a row's route only: a list takes limit, after and filters"})
+			return
 		default:
 			writeProblem(w, problem{Status: http.StatusBadRequest, Code: CodeBadFilter, Filterable: nonNil(v.filterable),
 				Detail: fmt.Sprintf("%q is not a filterable column of projection %q: filterable are %s", param, v.p.Name, listOrNone(v.filterable))})
