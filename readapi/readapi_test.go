@@ -491,6 +491,10 @@ func TestMinVersionAndStaleness(t *testing.T) {
 	if r.status != http.StatusOK || r.header.Get("Projector-Stale") != "true" || r.header.Get("Projector-Version") != "3" {
 		t.Errorf("stale=ok: status %d Projector-Stale %q version %q, want 200, true, 3", r.status, r.header.Get("Projector-Stale"), r.header.Get("Projector-Version"))
 	}
+	// Reached between the wait's end and the read: the row.
+	if r := b.get(t, "acme", "/v1/projections/orders/rows/o1?min_version=3"); r.status != http.StatusOK || r.header.Get("Projector-Stale") != "" {
+		t.Errorf("a version reached after the wait: status %d Projector-Stale %q, want 200 and none", r.status, r.header.Get("Projector-Stale"))
+	}
 	// Another tenant's row: its version is never told.
 	p = b.get(t, "globex", "/v1/projections/orders/rows/o1?min_version=9").problem(t, http.StatusPreconditionFailed, readapi.CodeVersionNotReached)
 	if _, ok := p["current_version"]; ok {

@@ -53,9 +53,11 @@ func (a *API) getRow(w http.ResponseWriter, r *http.Request, req *request) {
 	}
 	stale := false
 	waitErr := error(nil)
-	if min, wait, ok := a.minVersion(w, r, q); !ok {
+	min, wait, ok := a.minVersion(w, r, q)
+	if !ok {
 		return
-	} else if min > 0 {
+	}
+	if min > 0 {
 		if s := q.Get("stale"); s != "" && s != "ok" {
 			writeProblem(w, problem{Status: http.StatusBadRequest, Code: CodeBadParameter, Detail: fmt.Sprintf("stale %q: the only value is ok", s)})
 			return
@@ -116,6 +118,10 @@ func (a *API) getRow(w http.ResponseWriter, r *http.Request, req *request) {
 		return
 	}
 	row := rows[0]
+	if errors.Is(waitErr, ErrVersionNotReached) && row.version >= min {
+		// Reached between the wait's end and the read.
+		waitErr, stale = nil, false
+	}
 	if errors.Is(waitErr, ErrVersionNotReached) && !stale {
 		current := row.version
 		writeProblem(w, problem{Status: http.StatusPreconditionFailed, Code: CodeVersionNotReached, CurrentVersion: &current,
