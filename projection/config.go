@@ -50,6 +50,12 @@ type Spec struct {
 	// kept, e.g. 7d or 72h, or off to keep it forever (see
 	// Projection.TombstoneRetention).
 	TombstoneRetention string `yaml:"tombstone_retention"`
+	// Filterable lists the columns the read API filters rows by (see
+	// Projection.Filterable).
+	Filterable []string `yaml:"filterable,omitempty"`
+	// Tenant names the column holding each row's tenant (see
+	// Projection.Tenant).
+	Tenant string `yaml:"tenant,omitempty"`
 
 	// withoutRepair lets on_gap repair compile without a repair source:
 	// a stored definition leaves it to the deployment's file.
@@ -233,6 +239,7 @@ func (s Spec) compile(dir string) (*Projection, error) {
 		}
 		p.kind, p.decl = foldDecl, decl
 	}
+	p.Filterable, p.Tenant = s.Filterable, s.Tenant
 	if err := p.Validate(); err != nil {
 		return nil, err
 	}

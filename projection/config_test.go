@@ -1,6 +1,7 @@
 package projection_test
 
 import (
+	"bytes"
 	"os"
 	"path/filepath"
 	"reflect"
@@ -211,6 +212,15 @@ func TestParseRejects(t *testing.T) {
 		{"fillfactor too low", func(t *testing.T) string {
 			return edit(t, baseYAML, "    mode: fold\n", "    mode: fold\n    fillfactor: 5\n")
 		}, []string{`projection "p1"`, "fillfactor 5", "10 to 100"}},
+		{"filterable names no column", func(t *testing.T) string {
+			return edit(t, baseYAML, "    mode: fold\n", "    mode: fold\n    filterable: [name, colour]\n")
+		}, []string{`projection "p1"`, `filterable: "colour"`, "id, name, n"}},
+		{"filterable twice", func(t *testing.T) string {
+			return edit(t, baseYAML, "    mode: fold\n", "    mode: fold\n    filterable: [name, name]\n")
+		}, []string{`projection "p1"`, `filterable: "name" appears twice`}},
+		{"tenant names no column", func(t *testing.T) string {
+			return edit(t, baseYAML, "    mode: fold\n", "    mode: fold\n    tenant: org\n")
+		}, []string{`projection "p1"`, `tenant: "org"`, "id, name, n"}},
 		{"fillfactor too high", func(t *testing.T) string {
 			return edit(t, baseYAML, "    mode: fold\n", "    mode: fold\n    fillfactor: 101\n")
 		}, []string{`projection "p1"`, "fillfactor 101"}},
@@ -550,5 +560,42 @@ func TestParseLiterals(t *testing.T) {
 	want = projection.Row{"id": "a", "name": "opened", "n": int64(13), "flag": true, "score": 7.0}
 	if !reflect.DeepEqual(row, want) {
 		t.Errorf("after Bumped: %v, want %v", row, want)
+	}
+}
+
+func TestParseFilterableAndTenant(t *testing.T) {
+	ps, err := projection.Parse([]byte(edit(t, baseYAML, "    mode: fold\n", "    mode: fold\n    filterable: [name, n]\n    tenant: name\n")), ".")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := ps[0].Filterable; !slices.Equal(got, []string{"name", "n"}) {
+		t.Errorf("filterable = %q, want [name n]", got)
+	}
+	if ps[0].Tenant != "name" {
+		t.Errorf("tenant = %q, want name", ps[0].Tenant)
+	}
+	// How the read API reads the table is the deployment's, not the
+	// definition's: changing it asks for no rebuild.
+	d, err := ps[0].Definition()
+	if err != nil {
+		t.Fatal(err)
+	}
+	plain, err := projection.Parse([]byte(baseYAML), ".")
+	if err != nil {
+		t.Fatal(err)
+	}
+	pd, _ := plain[0].Definition()
+	if bytes.Contains(d.YAML, []byte("filterable")) || bytes.Contains(d.YAML, []byte("tenant")) {
+		t.Errorf("the definition holds the read API's keys, which would change the stored definitions' hashes:\n%s", d.YAML)
+	}
+	if !d.Equal(pd) {
+		t.Errorf("filterable and tenant changed the definition:\n%s\nvs\n%s", d.YAML, pd.YAML)
+	}
+	back, err := d.Compile(ps[0])
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !slices.Equal(back.Filterable, ps[0].Filterable) || back.Tenant != "name" {
+		t.Errorf("compiled from the definition: filterable %q tenant %q, want the running file's", back.Filterable, back.Tenant)
 	}
 }

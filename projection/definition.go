@@ -13,8 +13,8 @@ import (
 // A Definition is what of a projection decides the rows of its table: its
 // topic, table, key, version, mode, columns, events and gap policy, and
 // the reader schema. It leaves out how the projection is run (gap
-// timeout, repair source, fillfactor, tombstone retention), which each
-// deployment's file sets, and which may hold secrets. Stored with a
+// timeout, repair source, fillfactor, tombstone retention, the read
+// API's filterable and tenant columns), which each deployment's file sets, and which may hold secrets. Stored with a
 // generation of the projection, it lets every replica compile the same
 // projection whatever file it was started with.
 type Definition struct {
@@ -36,6 +36,7 @@ func (p *Projection) Definition() (Definition, error) {
 	}
 	s := *p.spec
 	s.Schema, s.GapTimeout, s.Repair, s.Fillfactor, s.TombstoneRetention = "", "", nil, 0, ""
+	s.Filterable, s.Tenant = nil, ""
 	b, err := yaml.Marshal(File{Projections: []Spec{s}})
 	if err != nil {
 		return Definition{}, fmt.Errorf("projection %q: definition: %w", p.Name, err)
@@ -76,6 +77,7 @@ func (d Definition) Compile(run *Projection) (*Projection, error) {
 	s := f.Projections[0]
 	if run != nil && run.spec != nil {
 		s.GapTimeout, s.Repair, s.Fillfactor, s.TombstoneRetention = run.spec.GapTimeout, run.spec.Repair, run.spec.Fillfactor, run.spec.TombstoneRetention
+		s.Filterable, s.Tenant = run.spec.Filterable, run.spec.Tenant
 	} else {
 		s.withoutRepair = true
 	}

@@ -162,6 +162,14 @@ type Projection struct {
 	// part for a compacted topic's tombstones. 0: the engine's
 	// (projector.Config.TombstoneRetention); negative: kept forever.
 	TombstoneRetention time.Duration
+	// Filterable are the columns the read API accepts equality filters
+	// on; the engine creates an index on each. The key column needs none:
+	// it is the primary key.
+	Filterable []string
+	// Tenant, when not empty, is the column holding each row's tenant: a
+	// reader bound to a tenant sees only the rows whose column holds it.
+	// The engine creates an index on it.
+	Tenant string
 
 	// spec is the projection as its file wrote it (nil for one built in
 	// Go): what Definition stores.
@@ -321,7 +329,37 @@ func (p *Projection) Validate() error {
 	if p.foldKind() == foldGo && p.Fold == nil {
 		return bad("no fold: set events (fold mode) or a Go fold function")
 	}
+	return p.validateReads(seen, bad)
+}
+
+// validateReads checks what the read API is told of the projection: its
+// filterable columns and its tenant column, each one of its columns.
+func (p *Projection) validateReads(columns map[string]bool, bad func(string, ...any) error) error {
+	filterable := map[string]bool{}
+	for _, c := range p.Filterable {
+		switch {
+		case c == "version":
+			return bad("filterable: %q: the version column is not filterable", c)
+		case !columns[c]:
+			return bad("filterable: %q is not a column of the projection (want one of %s)", c, strings.Join(p.columnNames(), ", "))
+		case filterable[c]:
+			return bad("filterable: %q appears twice", c)
+		}
+		filterable[c] = true
+	}
+	if p.Tenant != "" && !columns[p.Tenant] {
+		return bad("tenant: %q is not a column of the projection (want one of %s)", p.Tenant, strings.Join(p.columnNames(), ", "))
+	}
 	return nil
+}
+
+// columnNames are the names of p's columns, in table order.
+func (p *Projection) columnNames() []string {
+	out := make([]string, len(p.Columns))
+	for i, c := range p.Columns {
+		out[i] = c.Name
+	}
+	return out
 }
 
 // DefaultGapTimeout is how long events wait for a missing version before

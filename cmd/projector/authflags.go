@@ -67,7 +67,7 @@ func (a *authFlags) authenticator(log *slog.Logger) (auth.Authenticator, error) 
 	}
 	switch a.mode {
 	case authNone:
-		log.Warn("--auth none: API requests are not authenticated, and every caller may read every projection and use the admin API")
+		log.Warn("--auth none: no authentication: API requests are not authenticated, and every caller may read every projection and use the admin API")
 		return auth.None{}, nil
 	case authTokens:
 		if a.tokenFile == "" {

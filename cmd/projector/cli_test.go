@@ -143,6 +143,13 @@ func TestBadInputStopsWithAClearMessage(t *testing.T) {
 		{[]string{"produce", "--topic", "t", "--key", "k", "--file", writeFile(t, "e.jsonl", "{}\n"), "--schema", "s.avsc", "--registry-url", "https://r", "--registry-tls-ca-file", bad}, "--registry-tls-ca-file " + bad + ": no PEM certificate"},
 		// dev's embedded broker is plaintext.
 		{[]string{"dev", "--kafka-tls"}, "flag provided but not defined: -kafka-tls"},
+		// No authentication only when asked for by name.
+		{[]string{"serve"}, "--auth tokens needs --auth-token-file (PROJECTOR_AUTH_TOKEN_FILE)"},
+		{[]string{"serve", "--auth", "tokenz"}, `--auth "tokenz"`},
+		{[]string{"serve", "--auth", "none", "--api-statement-timeout", "0s"}, "--api-statement-timeout"},
+		{[]string{"serve", "--auth", "none", "--config", bad}, `events.Opened.set: no column "nope"`},
+		{[]string{"run", "--brokers", "b", "--registry-url", "http://r", "--api"}, "--auth tokens needs --auth-token-file (PROJECTOR_AUTH_TOKEN_FILE)"},
+		{[]string{"run", "--brokers", "b", "--registry-url", "http://r", "--api", "--auth", "none", "--api-max-conns", "0"}, "--api-max-conns"},
 		{[]string{"migrate", "--config", filepath.Join(dir, "missing.yaml")}, "missing.yaml"},
 		{[]string{"migrate", "--config", bad}, `events.Opened.set: no column "nope"`},
 		{[]string{"migrate", "--config", bad}, `projection "x"`},

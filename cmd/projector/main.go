@@ -1,6 +1,6 @@
 // Command projector turns Kafka event streams into versioned read models in
-// PostgreSQL. Subcommands: run, dev, produce, check, relay, demo, migrate, status,
-// offsets, dlq, tombstones, rebuild, auth.
+// PostgreSQL. Subcommands: run, serve, dev, produce, check, relay, demo, migrate,
+// status, offsets, dlq, tombstones, rebuild, auth, asyncapi, version, config.
 // The benchmark is the command projector-bench.
 //
 // Most flags can also be set through an environment variable, which
@@ -80,6 +80,7 @@ func rootCommand(stdout, stderr io.Writer) *ffcli.Command {
 			tombstonesCommand(stdout, stderr),
 			rebuildCommand(stdout, stderr),
 			relayCommand(stdout, stderr),
+			serveCommand(stdout, stderr),
 			versionCommand(stdout, stderr),
 			configCommand(stdout, stderr),
 			asyncapiCommand(stdout, stderr),

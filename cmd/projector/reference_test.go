@@ -19,15 +19,18 @@ import (
 	"time"
 
 	"github.com/hamba/avro/v2"
+	"github.com/jackc/pgx/v5"
 	"github.com/peterbourgon/ff/v3/ffcli"
 	"github.com/prometheus/client_golang/prometheus"
 	dto "github.com/prometheus/client_model/go"
 	"github.com/twmb/franz-go/pkg/kgo"
 
+	"github.com/projector-dev/projector/auth"
 	"github.com/projector-dev/projector/internal/demo"
 	"github.com/projector-dev/projector/internal/testenv"
 	"github.com/projector-dev/projector/outbox"
 	"github.com/projector-dev/projector/projection"
+	"github.com/projector-dev/projector/readapi"
 	"github.com/projector-dev/projector/rebuild"
 	"github.com/projector-dev/projector/sinks/postgres"
 )
@@ -424,6 +427,8 @@ func TestMetricsReference(t *testing.T) {
 	b.WriteString(metricsNotes)
 	b.WriteString("\n## `projector relay`\n\n")
 	renderMetrics(&b, append(rowsOf(m.relay), startupRetries))
+	b.WriteString(apiMetricsIntro)
+	renderMetrics(&b, rowsOf(apiMetrics(t)))
 	doc := b.String()
 	if err := namedInCode(doc); err != nil {
 		t.Fatal(err)
@@ -650,4 +655,34 @@ func TestDocLinks(t *testing.T) {
 			}
 		}
 	}
+}
+
+const apiMetricsIntro = "\n## The read API: `projector serve` and `projector run --api`\n\n" +
+	"`projector serve` serves these on `/metrics` at its `--http-addr` (default `:8080`), with " +
+	"`projector_startup_retries_total` and the Go runtime's; `projector run --api` adds them to the engine's. " +
+	"`route` is the route's pattern (`/v1/projections/{name}/rows/{key}`, `/v1/projections/{name}/rows`, or `other`), never the path asked for.\n\n"
+
+// apiMetrics are the metric families the read API registers.
+func apiMetrics(t *testing.T) []*dto.MetricFamily {
+	t.Helper()
+	projs, err := projection.Parse(demo.Projections, t.TempDir())
+	if err != nil {
+		t.Fatal(err)
+	}
+	reg := prometheus.NewRegistry()
+	if _, err := readapi.New(readapi.Config{Projections: projs, DB: noQuerier{}, Authenticator: auth.None{}, Registerer: reg}); err != nil {
+		t.Fatal(err)
+	}
+	fams, err := reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	return fams
+}
+
+// noQuerier stands for a database the metrics reference never queries.
+type noQuerier struct{}
+
+func (noQuerier) Query(context.Context, string, ...any) (pgx.Rows, error) {
+	return nil, errors.New("not queried")
 }

@@ -80,6 +80,10 @@ type runFlags struct {
 	tombstoneRetention retentionFlag
 	rebuild            rebuildFlags
 	adminAPI           bool
+	// api serves the read API in the engine's process (--api).
+	api         bool
+	apiFlags    apiFlags
+	apiMaxConns int
 	// throttle paces the engine of a generation being rebuilt.
 	throttle partition.Throttle
 }
@@ -98,6 +102,14 @@ func runCommand(_, stderr io.Writer) *ffcli.Command {
 func (f *runFlags) run(ctx context.Context, stderr io.Writer) error {
 	if err := f.validate(); err != nil {
 		return err
+	}
+	if f.api {
+		if err := f.apiFlags.validate(); err != nil {
+			return err
+		}
+		if f.apiMaxConns < 1 {
+			return fmt.Errorf("--api-max-conns %d: must be at least 1", f.apiMaxConns)
+		}
 	}
 	if f.registryURL == "" {
 		return errors.New("--registry-url (PROJECTOR_REGISTRY_URL) is required: the Schema Registry the producers use")
@@ -140,6 +152,11 @@ func (f *runFlags) runOn(ctx context.Context, stderr io.Writer, env engineEnv) e
 		return err
 	}
 	defer stopsignal.LogHangup(ctx, log)()
+	if f.api {
+		if err := f.apiFlags.prepare(log); err != nil {
+			return err
+		}
+	}
 	brokers := env.brokers
 	projs, err := projection.Load(f.config)
 	if err != nil {
@@ -170,6 +187,16 @@ func (f *runFlags) runOn(ctx context.Context, stderr io.Writer, env engineEnv) e
 	ln, err := listen(f.httpAddr)
 	if err != nil {
 		return err
+	}
+	var apiLn net.Listener
+	if f.api {
+		if apiLn, err = f.apiFlags.listen(); err != nil {
+			if ln != nil {
+				ln.Close()
+			}
+			return err
+		}
+		defer apiLn.Close()
 	}
 	metrics := newRegistry()
 	gather := &gatherers{base: metrics}
@@ -301,8 +328,45 @@ func (f *runFlags) runOn(ctx context.Context, stderr io.Writer, env engineEnv) e
 			"batch_max_records", f.batchMaxRecords, "batch_max_wait", f.batchMaxWait.String(), "commit_max_batches", f.commitMax,
 			"member_max_records", f.memberMax,
 			"state_cache_rows", f.stateCacheRows, "state_cache_bytes", f.stateCacheBytes.String())
-		return sup.Run(ctx)
+		if apiLn == nil {
+			return sup.Run(ctx)
+		}
+		return f.runWithAPI(ctx, sctx, log, apiLn, poolCfg, projs, metrics, sup.Run)
 	}, admin.wrap)
+}
+
+// runWithAPI runs the engine (run) and the read API of --api side by
+// side until ctx ends or either stops; the API reads the projections by
+// their table names (a rebuilt projection's is a view of its live
+// generation) from a pool of its own.
+func (f *runFlags) runWithAPI(ctx, sctx context.Context, log *slog.Logger, ln net.Listener, poolCfg *pgxpool.Config, projs []*projection.Projection,
+	metrics prometheus.Registerer, run func(context.Context) error) error {
+	cfg := poolCfg.Copy()
+	cfg.MaxConns = int32(f.apiMaxConns)
+	cfg.MinConns = 0
+	pool, err := pgxpool.NewWithConfig(sctx, cfg)
+	if err != nil {
+		return fmt.Errorf("read API: open its pool: %w", err)
+	}
+	defer pool.Close()
+	api, err := f.apiFlags.newAPI(projs, pool, log, metrics)
+	if err != nil {
+		return err
+	}
+	// The engine stopping, with or without an error, stops the API.
+	errEngineStopped := errors.New("the engine stopped")
+	g, gctx := errgroup.WithContext(ctx)
+	g.Go(func() error { return serveAPI(gctx, log, ln, api) })
+	g.Go(func() error {
+		if err := run(gctx); err != nil {
+			return err
+		}
+		return errEngineStopped
+	})
+	if err := g.Wait(); !errors.Is(err, errEngineStopped) {
+		return err
+	}
+	return nil
 }
 
 // checkBeforeRun proves the projections as projector check does, against
@@ -344,6 +408,9 @@ func (f *runFlags) register(fs *flag.FlagSet) {
 	f.common.register(fs, "brokers", "registry-url")
 	f.registerEngine(fs)
 	registerAdminAPI(fs, &f.adminAPI)
+	fs.BoolVar(&f.api, "api", false, "also serve the read API on --api-addr, as projector serve does, from a pool of its own (--api-max-conns) so that reads never take the engine's connections")
+	f.apiFlags.register(fs)
+	fs.IntVar(&f.apiMaxConns, "api-max-conns", 4, "most PostgreSQL connections the read API of --api opens, besides --database-max-conns")
 }
 
 // registerEngine registers the flags of the engine itself, which run and

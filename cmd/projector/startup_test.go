@@ -224,7 +224,7 @@ func (s *started) exited(t *testing.T, timeout time.Duration) error {
 }
 
 // TestRunChecksBeforeItWrites: a run that cannot start, because its HTTP
-// address is taken, a projection has no schema or names a field its
+// or read API address is taken, a projection has no schema or names a field its
 // schema does not have, exits with an error
 // naming the cause before it creates a table or joins the group.
 func TestRunChecksBeforeItWrites(t *testing.T) {
@@ -246,6 +246,7 @@ func TestRunChecksBeforeItWrites(t *testing.T) {
 		want string
 	}{
 		{"http address in use", e.args("busy", "--http-addr", busy.Addr().String()), "--http-addr " + busy.Addr().String()},
+		{"API address in use", e.args("busyapi", "--api", "--auth", "none", "--api-addr", busy.Addr().String()), "--api-addr " + busy.Addr().String()},
 		{"schema not registered", e.args("noschema", "--registry-url", empty.URL()), `projection "accounts"`},
 		{"a field not in the schema", e.args("badfield", "--config", bad), `projection accounts: events.Deposited.add.balance: field "amout" is not in the reader schema`},
 	} {

@@ -2,6 +2,7 @@ package postgres_test
 
 import (
 	"context"
+	"strings"
 	"testing"
 	"time"
 
@@ -119,5 +120,91 @@ func TestMigrateKeepsParkedAndDeadLettersPerProjection(t *testing.T) {
 	// One record, dead-lettered for each projection of its topic.
 	if _, err := db.Pool.Exec(ctx, `INSERT INTO projector_dead_letters (identity, projection, topic, partition, "offset", error) VALUES ('id', 'last_event', 't', 0, 8, 'bad')`); err != nil {
 		t.Errorf("a second projection's dead letter of one record: %v", err)
+	}
+}
+
+// TestMigrateCreatesReadIndexes: the filterable and tenant columns get
+// their indexes when the table is created, an existing table gets them
+// when the file declares them later, and a migration that finds them
+// takes no lock an open batch transaction holds.
+func TestMigrateCreatesReadIndexes(t *testing.T) {
+	ctx := t.Context()
+	db := testenv.NewDB(t)
+	parse := func(extra string) *projection.Projection {
+		ps, err := projection.Parse([]byte(`projections:
+  - name: orders
+    topic: orders
+    table: orders
+    key: id
+    mode: snapshot
+`+extra+`    columns:
+      id: {type: text, primary_key: true}
+      org: {type: text}
+      status: {type: text}
+`), ".")
+		if err != nil {
+			t.Fatal(err)
+		}
+		return ps[0]
+	}
+	indexes := func() []string {
+		rows, err := db.Pool.Query(ctx, `SELECT pg_get_indexdef(indexrelid) FROM pg_index WHERE indrelid = 'orders'::regclass ORDER BY 1`)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defs, err := pgx.CollectRows(rows, pgx.RowTo[string])
+		if err != nil {
+			t.Fatal(err)
+		}
+		return defs
+	}
+	if err := postgres.Migrate(ctx, db.Pool, parse("")); err != nil {
+		t.Fatal(err)
+	}
+	if got := indexes(); len(got) != 1 {
+		t.Fatalf("indexes without filterable columns = %q, want the primary key's alone", got)
+	}
+	p := parse("    filterable: [status, id]\n    tenant: org\n")
+	if err := postgres.Migrate(ctx, db.Pool, p); err != nil {
+		t.Fatal(err)
+	}
+	got := indexes()
+	wantCols := []string{"(org, id)", "(org, status, id)"}
+	for _, w := range wantCols {
+		found := false
+		for _, d := range got {
+			found = found || strings.HasSuffix(d, w)
+		}
+		if !found {
+			t.Errorf("no index on %s among %q", w, got)
+		}
+	}
+	if len(got) != 3 {
+		t.Errorf("indexes = %q, want the primary key's and two", got)
+	}
+
+	tx, err := db.Pool.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tx.Rollback(t.Context()) //nolint:errcheck // ends the test's hold
+	if _, err := tx.Exec(ctx, `LOCK TABLE orders IN ROW EXCLUSIVE MODE`); err != nil {
+		t.Fatal(err)
+	}
+	cfg, err := pgxpool.ParseConfig(db.URL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg.ConnConfig.RuntimeParams["lock_timeout"] = "1s"
+	pool, err := pgxpool.NewWithConfig(ctx, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer pool.Close()
+	if err := postgres.Migrate(ctx, pool, p); err != nil {
+		t.Fatalf("migrating a table whose indexes exist waited for an open transaction: %v", err)
+	}
+	if n := len(indexes()); n != 3 {
+		t.Errorf("a second migration left %d indexes, want 3", n)
 	}
 }

@@ -197,12 +197,65 @@ func ensureTable(ctx context.Context, tx pgx.Tx, p *projection.Projection) error
 		if _, err := tx.Exec(ctx, createTableSQL(p)); err != nil {
 			return fmt.Errorf("projection %q: create table %s: %w", p.Name, p.Table, err)
 		}
-		return nil
+		return ensureReadIndexes(ctx, tx, p)
 	}
 	if err := checkTable(ctx, tx, p); err != nil {
 		return err
 	}
-	return setFillfactor(ctx, tx, p)
+	if err := setFillfactor(ctx, tx, p); err != nil {
+		return err
+	}
+	return ensureReadIndexes(ctx, tx, p)
+}
+
+// ensureReadIndexes creates the indexes the read API's queries use, on
+// each filterable column and on the tenant column, those of the key
+// column first so that a page of a filtered list is read in key order.
+// Each is created only when no index of the table already begins with
+// its columns: CREATE INDEX locks the table against writes even when the
+// index exists, and a replica starting would queue every member's writes
+// behind a frozen member's open transaction. Created once on a large
+// table, it holds the table's writes for as long as it takes to build;
+// create it beforehand with CREATE INDEX CONCURRENTLY to avoid that.
+func ensureReadIndexes(ctx context.Context, tx pgx.Tx, p *projection.Projection) error {
+	var want [][]string
+	for _, c := range p.Filterable {
+		if c == p.KeyColumn {
+			continue // the primary key
+		}
+		if p.Tenant != "" && c != p.Tenant {
+			want = append(want, []string{p.Tenant, c, p.KeyColumn})
+		} else {
+			want = append(want, []string{c, p.KeyColumn})
+		}
+	}
+	if p.Tenant != "" && p.Tenant != p.KeyColumn {
+		want = append(want, []string{p.Tenant, p.KeyColumn})
+	}
+	for _, cols := range want {
+		var have bool
+		err := tx.QueryRow(ctx, `SELECT EXISTS (
+			SELECT FROM pg_index i
+			WHERE i.indrelid = $1::regclass AND i.indnkeyatts >= cardinality($2::text[])
+			  AND (SELECT array_agg(a.attname::text ORDER BY k.n)
+			       FROM unnest((i.indkey::int2[])[0:cardinality($2::text[])-1]) WITH ORDINALITY k(attnum, n)
+			       JOIN pg_attribute a ON a.attrelid = i.indrelid AND a.attnum = k.attnum) = $2::text[])`,
+			p.Table, cols).Scan(&have)
+		if err != nil {
+			return fmt.Errorf("projection %q: look up the indexes of table %s: %w", p.Name, p.Table, err)
+		}
+		if have {
+			continue
+		}
+		quoted := make([]string, len(cols))
+		for i, c := range cols {
+			quoted[i] = quoteIdent(c)
+		}
+		if _, err := tx.Exec(ctx, fmt.Sprintf("CREATE INDEX ON %s (%s)", quoteTable(p.Table), strings.Join(quoted, ", "))); err != nil {
+			return fmt.Errorf("projection %q: create the index on %s of table %s: %w", p.Name, strings.Join(cols, ", "), p.Table, err)
+		}
+	}
+	return nil
 }
 
 // setFillfactor gives an existing table the fillfactor its projection sets

@@ -1,0 +1,220 @@
+package main
+
+import (
+	"bytes"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"net/url"
+	"os"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/twmb/franz-go/pkg/kadm"
+	"github.com/twmb/franz-go/pkg/kgo"
+
+	"github.com/projector-dev/projector/internal/demo"
+	"github.com/projector-dev/projector/internal/testenv"
+)
+
+// freeAddr returns a loopback address nothing listens on now.
+func freeAddr(t *testing.T) string {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	return ln.Addr().String()
+}
+
+// TestServeReadsWhatTheEngineWrote: a member started with --api and a
+// projector serve process, each its own process, answer every row the
+// engine wrote from a produced stream as the reference fold has it, and
+// a deleted account is a 404.
+func TestServeReadsWhatTheEngineWrote(t *testing.T) {
+	ctx := t.Context()
+	db := testenv.NewDB(t)
+	cluster := testenv.Kafka(t, demo.Topic, 2)
+	reg, regClient := testenv.Registry(t)
+	enc, err := demo.RegisterSchemas(ctx, regClient)
+	if err != nil {
+		t.Fatal(err)
+	}
+	opts := demo.DefaultOptions()
+	opts.Aggregates, opts.Seed = 200, 36
+	records := demo.Generate(opts)
+	prod, err := kgo.NewClient(kgo.SeedBrokers(cluster.ListenAddrs()...))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer prod.Close()
+	if err := demo.Produce(ctx, prod, enc, records, nil); err != nil {
+		t.Fatal(err)
+	}
+	end, err := demo.EndOffsets(ctx, kadm.NewClient(prod), demo.Topic)
+	if err != nil {
+		t.Fatal(err)
+	}
+	config := filepath.Join(t.TempDir(), "projections.yaml")
+	file := bytes.Replace(demo.Projections, []byte("    mode: fold"), []byte("    filterable: [owner]\n    mode: fold"), 1)
+	if err := os.WriteFile(config, file, 0o600); err != nil {
+		t.Fatal(err)
+	}
+
+	runAPI := freeAddr(t)
+	engine := startChild(t, "run",
+		"--brokers", cluster.ListenAddrs()[0],
+		"--registry-url", reg.URL(),
+		"--database-url", db.URL,
+		"--identity", "serve-test",
+		"--config", config,
+		"--http-addr", "",
+		"--api", "--auth", "none", "--api-addr", runAPI,
+		"--log-level", "warn",
+	)
+	testenv.WaitFor(t, 60*time.Second, func() error {
+		select {
+		case err := <-engine.done:
+			t.Fatalf("projector run exited early: %v\n%s", err, engine.stderr)
+		default:
+		}
+		var behind int64
+		if err := db.Pool.QueryRow(ctx, `SELECT count(*) FROM unnest($1::bigint[]) WITH ORDINALITY e(end_offset, p)
+			WHERE NOT EXISTS (SELECT FROM projector_offsets o WHERE o.identity = 'serve-test' AND o.topic = $2
+				AND o.partition = e.p - 1 AND o.next_offset >= e.end_offset)`, []int64{end[0], end[1]}, demo.Topic).Scan(&behind); err != nil {
+			return err
+		}
+		if behind > 0 {
+			return fmt.Errorf("%d partitions not applied to their end", behind)
+		}
+		return nil
+	})
+	exp := demo.Fold(records)
+
+	serveAPI, serveHTTP := freeAddr(t), freeAddr(t)
+	srv := startChild(t, "serve",
+		"--database-url", db.URL,
+		"--config", config,
+		"--auth", "none",
+		"--api-addr", serveAPI,
+		"--http-addr", serveHTTP,
+	)
+	testenv.WaitFor(t, 30*time.Second, func() error {
+		select {
+		case err := <-srv.done:
+			t.Fatalf("projector serve exited early: %v\n%s", err, srv.stderr)
+		default:
+		}
+		resp, err := http.Get("http://" + serveHTTP + "/readyz")
+		if err != nil {
+			return err
+		}
+		resp.Body.Close()
+		if resp.StatusCode != http.StatusOK {
+			return fmt.Errorf("/readyz: %d", resp.StatusCode)
+		}
+		return nil
+	})
+	if !strings.Contains(srv.stderr.String(), "no authentication") {
+		t.Errorf("--auth none logged no warning:\n%s", srv.stderr)
+	}
+
+	get := func(addr, path string) (int, http.Header, map[string]any) {
+		t.Helper()
+		resp, err := http.Get("http://" + addr + path)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer resp.Body.Close()
+		body, err := io.ReadAll(resp.Body)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var m map[string]any
+		if err := json.Unmarshal(body, &m); err != nil {
+			t.Fatalf("GET %s: %q: %v", path, body, err)
+		}
+		return resp.StatusCode, resp.Header, m
+	}
+	checked, deleted := 0, 0
+	for id, want := range exp.Accounts {
+		for _, addr := range []string{serveAPI, runAPI} {
+			status, h, row := get(addr, "/v1/projections/accounts/rows/"+id)
+			if status != http.StatusOK {
+				t.Fatalf("account %s at %s: status %d %v", id, addr, status, row)
+			}
+			wantOpened := ""
+			if !want.OpenedAt.IsZero() {
+				wantOpened = want.OpenedAt.UTC().Format("2006-01-02T15:04:05.999999Z07:00")
+			}
+			opened, _ := row["opened_at"].(string)
+			owner, _ := row["owner"].(string)
+			if row["account_id"] != id || owner != want.Owner || row["balance"] != float64(want.Balance) || opened != wantOpened ||
+				row["version"] != float64(want.Version) || h.Get("ETag") != fmt.Sprintf(`"%d"`, want.Version) {
+				t.Errorf("account %s at %s: %v ETag %s, want owner %q balance %d opened %s version %d", id, addr, row, h.Get("ETag"), want.Owner, want.Balance, wantOpened, want.Version)
+			}
+		}
+		checked++
+	}
+	for _, r := range records {
+		if _, ok := exp.Accounts[r.Key]; ok || r.Key == "" {
+			continue
+		}
+		if status, _, p := get(serveAPI, "/v1/projections/accounts/rows/"+r.Key); status != http.StatusNotFound || p["code"] != "not_found" {
+			t.Errorf("account %s, without a row: status %d %v, want 404 not_found", r.Key, status, p)
+		}
+		deleted++
+		break
+	}
+	if checked == 0 || deleted == 0 {
+		t.Fatalf("checked %d rows and %d missing ones: the stream has too few", checked, deleted)
+	}
+	// A list filtered by owner: the reference fold's accounts of that
+	// owner, in key order.
+	var owner string
+	for _, a := range exp.Accounts {
+		owner = a.Owner
+		break
+	}
+	status, _, list := get(serveAPI, "/v1/projections/accounts/rows?owner="+url.QueryEscape(owner)+"&limit=1000")
+	if status != http.StatusOK {
+		t.Fatalf("list by owner: %d %v", status, list)
+	}
+	wantN := 0
+	for _, a := range exp.Accounts {
+		if a.Owner == owner {
+			wantN++
+		}
+	}
+	if n := len(list["rows"].([]any)); n != wantN {
+		t.Errorf("list by owner %q: %d rows, want %d", owner, n, wantN)
+	}
+
+	resp, err := http.Get("http://" + serveHTTP + "/metrics")
+	if err != nil {
+		t.Fatal(err)
+	}
+	metrics, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if !bytes.Contains(metrics, []byte(`projector_http_requests_total{code="200",route="/v1/projections/{name}/rows/{key}"}`)) {
+		t.Errorf("serve's /metrics has no count of the rows it answered")
+	}
+	if err := srv.cmd.Process.Signal(syscall.SIGTERM); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case err := <-srv.done:
+		srv.done <- nil // for the cleanup
+		if err != nil {
+			t.Fatalf("serve did not exit cleanly on SIGTERM: %v\n%s", err, srv.stderr)
+		}
+	case <-time.After(20 * time.Second):
+		t.Fatal("serve still running 20s after SIGTERM")
+	}
+}

@@ -1,0 +1,300 @@
+package readapi
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net/http"
+	"slices"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/projector-dev/projector/auth"
+	"github.com/projector-dev/projector/projection"
+)
+
+// DefaultStatementTimeout bounds each request's query when
+// Config.StatementTimeout is 0.
+const DefaultStatementTimeout = 5 * time.Second
+
+// Querier runs the API's queries: a *pgxpool.Pool, whose size bounds the
+// queries running at once.
+type Querier interface {
+	Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error)
+}
+
+// Staleness tells how far behind the events of a projection its table
+// is. The API answers it in Projector-Staleness-Seconds.
+type Staleness interface {
+	// Staleness is how far behind the partition that owns key is, 0 when
+	// it is caught up; with key "" the projection's furthest behind
+	// partition.
+	Staleness(ctx context.Context, projection, key string) (time.Duration, error)
+}
+
+// Waiter waits for an aggregate to reach a version: read-your-writes.
+type Waiter interface {
+	// WaitVersion returns nil once the aggregate key of projection has
+	// reached version min (its row's version, or a deleted aggregate's
+	// last version, is min or more), an error wrapping
+	// ErrVersionNotReached when wait passes first, and one wrapping
+	// ErrTooManyWaiters when the process waits for too many already.
+	// tenant, when not empty, is the reader's: a wait must tell it
+	// nothing of another tenant's rows.
+	WaitVersion(ctx context.Context, projection, key, tenant string, min int64, wait time.Duration) error
+}
+
+// Errors a Waiter returns.
+var (
+	ErrVersionNotReached = errors.New("version not reached")
+	ErrTooManyWaiters    = errors.New("too many waiters")
+)
+
+// Config configures the API. Projections, DB and Authenticator are
+// required; the zero value of every other field is a working choice.
+type Config struct {
+	// Projections are those served, by name.
+	Projections []*projection.Projection
+	// DB reads their tables.
+	DB Querier
+	// Authenticator finds each request's principal: auth.None for
+	// none.
+	Authenticator auth.Authenticator
+	// Staleness, when set, fills Projector-Staleness-Seconds.
+	Staleness Staleness
+	// Waiter, when set, serves min_version; without one a request with
+	// min_version is a 400 (min_version_not_served).
+	Waiter Waiter
+	// StatementTimeout bounds each request's query; 0:
+	// DefaultStatementTimeout.
+	StatementTimeout time.Duration
+	// Logger writes one line per request at info level (never a
+	// header: no token reaches it) and the API's failures; nil discards.
+	Logger *slog.Logger
+	// Registerer registers the API's metrics; nil registers none.
+	Registerer prometheus.Registerer
+}
+
+func (c *Config) validate() error {
+	if len(c.Projections) == 0 {
+		return errors.New("readapi: Projections: none to serve")
+	}
+	if c.DB == nil {
+		return errors.New("readapi: DB is required")
+	}
+	if c.Authenticator == nil {
+		return errors.New("readapi: Authenticator is required (auth.None{} for none)")
+	}
+	if c.StatementTimeout < 0 {
+		return fmt.Errorf("readapi: StatementTimeout %s: must be positive, or 0 for the default", c.StatementTimeout)
+	}
+	return nil
+}
+
+// API serves the projections' rows. It is an http.Handler; wrap it in
+// NewServer's server, or mount it beside other routes under /v1/.
+type API struct {
+	cfg     Config
+	log     *slog.Logger
+	views   map[string]*view
+	mux     *http.ServeMux
+	metrics *metrics
+	heard   *heard
+}
+
+// view is one projection as the API reads it.
+type view struct {
+	p          *projection.Projection
+	filterable []string // sorted, for error messages
+	isFilter   map[string]bool
+
+	// cols are the table's columns, read once the table exists: a
+	// request finds them without a lock.
+	cols atomic.Pointer[[]column]
+	mu   sync.Mutex // one reader of the columns at a time
+}
+
+// New returns the API of cfg.
+func New(cfg Config) (*API, error) {
+	if err := cfg.validate(); err != nil {
+		return nil, err
+	}
+	if cfg.StatementTimeout == 0 {
+		cfg.StatementTimeout = DefaultStatementTimeout
+	}
+	a := &API{cfg: cfg, log: cfg.Logger, views: map[string]*view{}, mux: http.NewServeMux()}
+	if a.log == nil {
+		a.log = slog.New(slog.DiscardHandler)
+	}
+	a.heard = &heard{log: a.log, failed: map[string]bool{}}
+	m, err := newMetrics(cfg.Registerer)
+	if err != nil {
+		return nil, err
+	}
+	a.metrics = m
+	for _, p := range cfg.Projections {
+		if _, ok := a.views[p.Name]; ok {
+			return nil, fmt.Errorf("readapi: projection %q given twice", p.Name)
+		}
+		v := &view{p: p, filterable: slices.Sorted(slices.Values(p.Filterable)), isFilter: map[string]bool{}}
+		for _, c := range p.Filterable {
+			v.isFilter[c] = true
+		}
+		a.views[p.Name] = v
+	}
+	a.mux.Handle(routeRow, a.route(routeRow, a.getRow))
+	a.mux.Handle(routeRows, a.route(routeRows, a.listRows))
+	a.mux.Handle("/", a.route(routeOther, func(w http.ResponseWriter, r *http.Request, _ *request) {
+		writeProblem(w, problem{Status: http.StatusNotFound, Code: CodeNotFound, Detail: "no such route"})
+	}))
+	return a, nil
+}
+
+// What heard tells failing and succeeding again.
+const (
+	whatAuthenticating = "authenticating requests"
+	whatWaiting        = "waiting for versions"
+	whatReading        = "reading PostgreSQL"
+)
+
+// The routes, as the metrics' route label names them.
+const (
+	routeRow   = "/v1/projections/{name}/rows/{key}"
+	routeRows  = "/v1/projections/{name}/rows"
+	routeOther = "other"
+)
+
+// ServeHTTP serves r.
+func (a *API) ServeHTTP(w http.ResponseWriter, r *http.Request) { a.mux.ServeHTTP(w, r) }
+
+// request is what the API knows of a request once it is authenticated.
+type request struct {
+	principal auth.Principal
+	view      *view
+}
+
+// route wraps a route's handler with what every route does: the body
+// check, metrics, the access log, authentication, the projection's
+// lookup and its scope.
+func (a *API) route(name string, h func(http.ResponseWriter, *http.Request, *request)) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		began := time.Now()
+		rec := &recorder{ResponseWriter: w, status: http.StatusOK}
+		var subject string
+		defer func() {
+			took := time.Since(began)
+			a.metrics.observe(name, rec.status, took)
+			a.log.LogAttrs(r.Context(), slog.LevelInfo, "http request",
+				slog.String("method", r.Method), slog.String("route", name), slog.String("path", r.URL.Path),
+				slog.String("query", r.URL.RawQuery), slog.Int("status", rec.status), slog.Int64("bytes", rec.bytes),
+				slog.Float64("duration_ms", float64(took.Microseconds())/1000), slog.String("subject", subject),
+				slog.String("remote", r.RemoteAddr))
+		}()
+		if r.Method != http.MethodGet && r.Method != http.MethodHead {
+			rec.Header().Set("Allow", "GET, HEAD")
+			writeProblem(rec, problem{Status: http.StatusMethodNotAllowed, Code: CodeMethodNotAllowed, Detail: "the read API answers GET and HEAD only"})
+			return
+		}
+		// A GET has no body: one is refused rather than left unread on
+		// the connection.
+		if r.ContentLength != 0 {
+			writeProblem(rec, problem{Status: http.StatusBadRequest, Code: CodeBodyNotAllowed, Detail: "a request to the read API has no body"})
+			return
+		}
+		if name == routeOther {
+			h(rec, r, nil)
+			return
+		}
+		p, err := a.cfg.Authenticator.Authenticate(r)
+		if err != nil {
+			if errors.Is(err, auth.ErrUnauthenticated) {
+				writeProblem(rec, problem{Status: http.StatusUnauthorized, Code: CodeUnauthenticated, Detail: "a valid bearer token is required"})
+				return
+			}
+			a.heard.failure(r.Context(), whatAuthenticating, err)
+			writeProblem(rec, problem{Status: http.StatusServiceUnavailable, Code: CodeUnavailable, Detail: "the request could not be authenticated now"})
+			return
+		}
+		a.heard.success(r.Context(), whatAuthenticating)
+		subject = p.Subject
+		name := r.PathValue("name")
+		v, ok := a.views[name]
+		if !ok {
+			writeProblem(rec, problem{Status: http.StatusNotFound, Code: CodeNotFound, Detail: fmt.Sprintf("no projection %q", name)})
+			return
+		}
+		if !p.Allows(auth.ReadScope(name)) {
+			writeProblem(rec, problem{Status: http.StatusForbidden, Code: CodeForbidden, Detail: fmt.Sprintf("reading projection %q needs scope %s", name, auth.ReadScope(name))})
+			return
+		}
+		h(rec, r, &request{principal: p, view: v})
+	})
+}
+
+// recorder keeps the status and size of a response for the metrics and
+// the access log.
+type recorder struct {
+	http.ResponseWriter
+	status int
+	bytes  int64
+}
+
+func (r *recorder) WriteHeader(status int) {
+	r.status = status
+	r.ResponseWriter.WriteHeader(status)
+}
+
+func (r *recorder) Write(b []byte) (int, error) {
+	n, err := r.ResponseWriter.Write(b)
+	r.bytes += int64(n)
+	return n, err
+}
+
+// tenantOf is the tenant whose rows r's principal may read in v: "" for
+// every row.
+func (r *request) tenant() string {
+	if r.view.p.Tenant == "" {
+		return ""
+	}
+	return r.principal.Tenant
+}
+
+// columns returns v's columns, read from the table the first time it
+// exists.
+func (v *view) columns(ctx context.Context, q Querier) ([]column, error) {
+	if cols := v.cols.Load(); cols != nil {
+		return *cols, nil
+	}
+	v.mu.Lock()
+	defer v.mu.Unlock()
+	if cols := v.cols.Load(); cols != nil {
+		return *cols, nil
+	}
+	cols, err := tableColumns(ctx, q, v.p)
+	if err != nil {
+		return nil, err
+	}
+	v.cols.Store(&cols)
+	return cols, nil
+}
+
+// forget drops the columns read, to be read again: the table may have
+// changed (a rebuild's new generation).
+func (v *view) forget() { v.cols.Store(nil) }
+
+var errNoTable = errors.New("no table")
+
+// selectList is the SELECT list of cols.
+func selectList(cols []column) string {
+	exprs := make([]string, len(cols))
+	for i, c := range cols {
+		exprs[i] = c.expr
+	}
+	return strings.Join(exprs, ", ")
+}
