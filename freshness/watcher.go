@@ -157,11 +157,7 @@ func NewWatcher(pool *pgxpool.Pool, projs []*projection.Projection, cfg Config) 
 		waiting := prometheus.NewGaugeFunc(prometheus.GaugeOpts{
 			Name: "projector_read_waiters",
 			Help: "Reads waiting for a version now.",
-		}, func() float64 {
-			w.mu.Lock()
-			defer w.mu.Unlock()
-			return float64(w.n)
-		})
+		}, func() float64 { return float64(w.Waiting()) })
 		for _, c := range []prometheus.Collector{w.waits, waiting} {
 			if err := cfg.Registerer.Register(c); err != nil {
 				return nil, fmt.Errorf("freshness: register metrics: %w", err)
@@ -252,6 +248,13 @@ func (w *Watcher) WaitVersion(ctx context.Context, projection, key, tenant strin
 		last = &s
 	}
 	return result(*last, tenant, min), nil
+}
+
+// Waiting is how many requests wait now.
+func (w *Watcher) Waiting() int {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return w.n
 }
 
 // remove takes wt out of the waiters, and says whether it was there
