@@ -7,6 +7,7 @@ import (
 	"log/slog"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -84,7 +85,9 @@ type Watcher struct {
 	n       int
 	failing string // the last poll error logged, "" when the last poll worked
 
-	waits *prometheus.CounterVec
+	waits       *prometheus.CounterVec
+	gens        atomic.Bool  // the table of generations exists (see generations)
+	gensChecked atomic.Int64 // when it was last looked for, in Unix nanoseconds
 }
 
 // watched is a projection as the watcher reads it.
@@ -99,9 +102,10 @@ type watched struct {
 // shape is what the watcher learns of a projection's table from the
 // catalog, once.
 type shape struct {
-	textKey bool   // the key column is text: keys need no cast
-	keyType string // the key column's type, for casts
-	poll    string // the statement of a round
+	textKey     bool   // the key column is text: keys need no cast
+	generations bool   // the statement looks up the live generation
+	keyType     string // the key column's type, for casts
+	poll        string // the statement of a round
 }
 
 // waiter is one request waiting.
@@ -424,21 +428,26 @@ func (w *Watcher) read(ctx context.Context, p *watched, sh *shape, keys []string
 func (w *Watcher) shapeOf(ctx context.Context, p *watched) (*shape, error) {
 	p.once.Lock()
 	defer p.once.Unlock()
-	if p.shape != nil {
+	generations, err := w.generations(ctx)
+	if err != nil {
+		return nil, err
+	}
+	// Read again once the projection may have generations: its
+	// tombstones may then be under another table's name.
+	if p.shape != nil && p.shape.generations == generations {
 		return p.shape, nil
 	}
 	var keyType string
-	var generations bool
-	err := w.pool.QueryRow(ctx, `SELECT coalesce((SELECT format_type(a.atttypid, NULL) FROM pg_attribute a
-			WHERE a.attrelid = to_regclass($1) AND a.attname = $2 AND NOT a.attisdropped), ''),
-		to_regclass('projector_generations') IS NOT NULL`, quoteTable(p.p.Table), p.p.KeyColumn).Scan(&keyType, &generations)
+	err = w.pool.QueryRow(ctx, `SELECT coalesce((SELECT format_type(a.atttypid, NULL) FROM pg_attribute a
+			WHERE a.attrelid = to_regclass($1) AND a.attname = $2 AND NOT a.attisdropped), '')`,
+		quoteTable(p.p.Table), p.p.KeyColumn).Scan(&keyType)
 	if err != nil {
 		return nil, fmt.Errorf("read the key column of %s: %w", p.p.Name, err)
 	}
 	if keyType == "" {
 		return nil, fmt.Errorf("read the key column of %s: table %s has no column %q (not created yet?)", p.p.Name, p.p.Table, p.p.KeyColumn)
 	}
-	sh := &shape{keyType: keyType, textKey: keyType == "text" || keyType == "character varying"}
+	sh := &shape{keyType: keyType, textKey: keyType == "text" || keyType == "character varying", generations: generations}
 	tenant := "NULL::text"
 	if p.tenant != "" {
 		tenant = "t." + pgx.Identifier{p.tenant}.Sanitize() + "::text"
