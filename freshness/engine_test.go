@@ -36,7 +36,7 @@ type pipeline struct {
 
 const identity = "accounts-rw"
 
-func newPipeline(t *testing.T, partitions int, cfg freshness.Config) *pipeline {
+func newPipeline(t testing.TB, partitions int, cfg freshness.Config) *pipeline {
 	t.Helper()
 	ctx := t.Context()
 	pl := &pipeline{db: testenv.NewDB(t), kafka: testenv.NewCluster(t, demo.Topic, partitions), reg: testenv.NewRegistry(t)}
@@ -80,7 +80,7 @@ func quiet() *slog.Logger {
 }
 
 // background runs run until the test ends, and says if it failed.
-func background(t *testing.T, run func(context.Context) error) (stop func()) {
+func background(t testing.TB, run func(context.Context) error) (stop func()) {
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
 	go func() { done <- run(ctx) }()
@@ -98,7 +98,7 @@ func background(t *testing.T, run func(context.Context) error) (stop func()) {
 }
 
 // engine starts the engine, and returns what stops it.
-func (pl *pipeline) engine(t *testing.T) (stop func()) {
+func (pl *pipeline) engine(t testing.TB) (stop func()) {
 	t.Helper()
 	reader := pl.enc.ReaderSchema()
 	e, err := projector.New(projector.Config{Brokers: pl.kafka.Addrs(), Identity: identity, Projections: pl.projs,

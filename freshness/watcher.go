@@ -30,6 +30,7 @@ var ErrUnknownProjection = errors.New("unknown projection")
 const (
 	DefaultMaxWaiters = 10000
 	DefaultPoll       = 10 * time.Millisecond
+	DefaultShare      = 0.05
 	// DefaultTolerance is how long after the engine last saw a partition
 	// caught up it still counts as caught up: longer than the engine's
 	// CaughtUpEvery, so that an idle partition reads as fresh between two
@@ -51,6 +52,12 @@ type Config struct {
 	// Poll is how often the rows someone waits on are read (default
 	// DefaultPoll): the added latency of a read that waits.
 	Poll time.Duration
+	// Share is the most of the time the watcher spends reading
+	// (default DefaultShare): a round that reads many keys is followed
+	// by a longer pause than Poll, so that the reads of many waiters
+	// do not take from the engine the database's time they would
+	// otherwise (every key a waiter waits on is an index probe a round).
+	Share float64
 	// Tolerance (default DefaultTolerance): see Staleness.
 	Tolerance time.Duration
 	Logger    *slog.Logger
@@ -133,6 +140,9 @@ func NewWatcher(pool *pgxpool.Pool, projs []*projection.Projection, cfg Config) 
 	}
 	if cfg.Poll <= 0 {
 		cfg.Poll = DefaultPoll
+	}
+	if cfg.Share <= 0 || cfg.Share > 1 {
+		cfg.Share = DefaultShare
 	}
 	if cfg.Tolerance <= 0 {
 		cfg.Tolerance = DefaultTolerance
@@ -297,7 +307,8 @@ func result(s state, tenant string, min int64) Result {
 }
 
 // Run polls for the waiters until ctx ends: one round every
-// Config.Poll while anyone waits, at once when a request begins to wait
+// Config.Poll while anyone waits (less often when rounds take longer
+// than Config.Share of the time), at once when a request begins to wait
 // after a quiet spell.
 func (w *Watcher) Run(ctx context.Context) error {
 	for {
@@ -313,7 +324,9 @@ func (w *Watcher) Run(ctx context.Context) error {
 		}
 		start := time.Now()
 		w.round(ctx)
-		t := time.NewTimer(w.cfg.Poll - time.Since(start))
+		took := time.Since(start)
+		pause := max(w.cfg.Poll-took, time.Duration(float64(took)*(1/w.cfg.Share-1)))
+		t := time.NewTimer(pause)
 		select {
 		case <-ctx.Done():
 			t.Stop()
