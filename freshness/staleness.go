@@ -31,8 +31,9 @@ const (
 // tolerance) stale, and so is one whose engine stopped a minute ago.
 // The owning partition is the one Kafka's default partitioner gives the
 // key among the partitions stored for the topic; when that cannot be
-// known (the stored partitions are not 0 to n-1), it is the topic's
-// stalest. A topic of which nothing is stored yet is an error.
+// known (the stored partitions are not 0 to n-1, or
+// Config.OtherPartitioner says the producers partition otherwise), it is
+// the topic's stalest. A topic of which nothing is stored yet is an error.
 func (w *Watcher) Staleness(ctx context.Context, projection, key string) (time.Duration, error) {
 	p := w.projs[projection]
 	if p == nil {
@@ -69,7 +70,7 @@ func (w *Watcher) Staleness(ctx context.Context, projection, key string) (time.D
 		return 0, fmt.Errorf("staleness of %s/%s: no offsets are stored for topic %s (identity %s): the engine has not run", projection, key, p.p.Topic, w.cfg.Identity)
 	}
 	a := worst
-	if int(top)+1 == len(ages) {
+	if int(top)+1 == len(ages) && !w.cfg.OtherPartitioner[projection] {
 		a = ages[PartitionOf(key, len(ages))]
 	}
 	d := time.Duration(a*float64(time.Second)) - w.cfg.Tolerance

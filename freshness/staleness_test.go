@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"github.com/projector-dev/projector/freshness"
+	"github.com/projector-dev/projector/projection"
 )
 
 // keyOf is a key that Kafka's default partitioner gives partition p of n.
@@ -55,6 +56,16 @@ func TestStalenessOfStoredOffsets(t *testing.T) {
 	within(keyOf(t, 1, 3), time.Minute)
 	// Never seen caught up: since its offset was last stored.
 	within(keyOf(t, 2, 3), 30*time.Second)
+
+	// Producers that partition otherwise: the stalest stands for any key.
+	other, err := freshness.NewWatcher(f.pool, []*projection.Projection{accounts()}, freshness.Config{Identity: "group",
+		Tolerance: time.Second, OtherPartitioner: map[string]bool{"accounts": true}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if d, err := other.Staleness(ctx, "accounts", keyOf(t, 0, 3)); err != nil || d < time.Minute {
+		t.Fatalf("staleness with another partitioner: %v, %v; want the stalest, a minute", d, err)
+	}
 
 	// Partitions 0 and 2 of some larger count: the key's partition is not
 	// known, the stalest stands for it.

@@ -46,6 +46,11 @@ type Config struct {
 	// TenantColumns: projection name → the column holding each row's
 	// tenant, for projections scoped by tenant.
 	TenantColumns map[string]string
+	// OtherPartitioner: projection name → true when the producers of its
+	// topic choose partitions otherwise than by Kafka's default
+	// partitioner over the record key. A key's staleness is then its
+	// topic's stalest partition's.
+	OtherPartitioner map[string]bool
 	// MaxWaiters bounds the requests waiting at once (default
 	// DefaultMaxWaiters).
 	MaxWaiters int
