@@ -5,11 +5,14 @@ import (
 	"fmt"
 	"log/slog"
 	"os"
+	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/projector-dev/projector/freshness"
@@ -32,6 +35,30 @@ type pipeline struct {
 	enc   *demo.Encoder
 	projs []*projection.Projection
 	w     *freshness.Watcher
+	// polls times the watcher's rounds.
+	polls *pollTimer
+}
+
+// pollTimer adds up how long the watcher's round statements took.
+type pollTimer struct {
+	n     atomic.Int64
+	nanos atomic.Int64
+}
+
+type pollStart struct{}
+
+func (p *pollTimer) TraceQueryStart(ctx context.Context, _ *pgx.Conn, d pgx.TraceQueryStartData) context.Context {
+	if strings.Contains(d.SQL, "UNION ALL") {
+		return context.WithValue(ctx, pollStart{}, time.Now())
+	}
+	return ctx
+}
+
+func (p *pollTimer) TraceQueryEnd(ctx context.Context, _ *pgx.Conn, _ pgx.TraceQueryEndData) {
+	if began, ok := ctx.Value(pollStart{}).(time.Time); ok {
+		p.n.Add(1)
+		p.nanos.Add(int64(time.Since(began)))
+	}
 }
 
 const identity = "accounts-rw"
@@ -57,7 +84,18 @@ func newPipeline(t testing.TB, partitions int, cfg freshness.Config) *pipeline {
 		t.Fatal(err)
 	}
 	cfg.Identity = identity
-	if pl.w, err = freshness.NewWatcher(pl.db.Pool, pl.projs, cfg); err != nil {
+	pc, err := pgxpool.ParseConfig(pl.db.URL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	pl.polls = &pollTimer{}
+	pc.ConnConfig.Tracer = pl.polls
+	wpool, err := pgxpool.NewWithConfig(ctx, pc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(wpool.Close)
+	if pl.w, err = freshness.NewWatcher(wpool, pl.projs, cfg); err != nil {
 		t.Fatal(err)
 	}
 	background(t, pl.w.Run)

@@ -130,8 +130,9 @@ func engineRate(b *testing.B, waiters int) float64 {
 	// Timed from the first commit seen, so that the group's join is not
 	// counted, to the last, looked for every few milliseconds.
 	var (
-		first     time.Time
-		fromCount int64
+		first          time.Time
+		fromCount      int64
+		rounds0, busy0 int64
 	)
 	poll := time.NewTicker(5 * time.Millisecond)
 	defer poll.Stop()
@@ -142,6 +143,7 @@ func engineRate(b *testing.B, waiters int) float64 {
 		}
 		if first.IsZero() && n > 0 {
 			first, fromCount = time.Now(), n
+			rounds0, busy0 = pl.polls.n.Load(), pl.polls.nanos.Load()
 		}
 		if done {
 			break
@@ -149,6 +151,11 @@ func engineRate(b *testing.B, waiters int) float64 {
 		<-poll.C
 	}
 	took := time.Since(first)
+	if waiters > 0 {
+		rounds, busy := pl.polls.n.Load()-rounds0, time.Duration(pl.polls.nanos.Load()-busy0)
+		b.Logf("%d waiters: %d rounds in %v, reading for %v of it (%.1f%%)", waiters, rounds, took.Round(time.Millisecond),
+			busy.Round(time.Millisecond), 100*busy.Seconds()/took.Seconds())
+	}
 	var total int64
 	for _, e := range end {
 		total += e
