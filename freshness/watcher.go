@@ -191,6 +191,8 @@ func NewWatcher(pool *pgxpool.Pool, projs []*projection.Projection, cfg Config) 
 // at least min. tenant, when not empty, restricts the wait to that
 // tenant's rows: another tenant's row is as absent as a missing one, and
 // so is a deleted aggregate, whose tombstone does not record its tenant.
+// In a projection without a tenant column (Config.TenantColumns), tenant
+// restricts nothing.
 // When the time is up, Result tells where the aggregate stands
 // (Reached false). It returns ErrTooManyWaiters when Config.MaxWaiters
 // wait already, and ctx's error when ctx ends first.
@@ -200,7 +202,8 @@ func (w *Watcher) WaitVersion(ctx context.Context, projection, key, tenant strin
 		return Result{}, fmt.Errorf("wait for %s/%s: %w", projection, key, ErrUnknownProjection)
 	}
 	if tenant != "" && p.tenant == "" {
-		// A tenant's token reads no projection without tenants' rows.
+		// The projection's rows are no tenant's: whether a token bound
+		// to a tenant reads it at all is the caller's decision.
 		tenant = ""
 	}
 	sh, err := w.shapeOf(ctx, p)
