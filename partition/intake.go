@@ -50,7 +50,10 @@ func (w *Worker) Push(recs []*kgo.Record, highWatermark int64) {
 // waiting at most BatchMaxWait after the first. ok is false when the worker
 // must stop.
 func (w *Worker) nextBatch(ctx context.Context, repairs <-chan repaired) (job, bool) {
-	var deadline <-chan time.Time
+	var deadline, mark <-chan time.Time
+	// One timer for the caught-up marks, reset after each: an idle
+	// worker waits here for hours.
+	var markTimer *time.Timer
 	for {
 		w.mu.Lock()
 		n := len(w.queue)
@@ -66,6 +69,15 @@ func (w *Worker) nextBatch(ctx context.Context, repairs <-chan repaired) (job, b
 			skips = w.skips // records fetched before the skip go first
 			if w.pending == nil {
 				w.setIdle(true)
+				if mark == nil {
+					if markTimer == nil {
+						markTimer = time.NewTimer(CaughtUpEvery)
+						defer markTimer.Stop()
+					} else {
+						markTimer.Reset(CaughtUpEvery)
+					}
+					mark = markTimer.C
+				}
 			}
 		} else if deadline == nil {
 			t := time.NewTimer(w.cfg.BatchMaxWait)
@@ -93,6 +105,10 @@ func (w *Worker) nextBatch(ctx context.Context, repairs <-chan repaired) (job, b
 			j.skip = &s
 		case <-w.redrive:
 			j.redrive = true
+		case <-mark:
+			w.markCaughtUp(ctx)
+			mark = nil
+			continue
 		case <-deadline:
 			w.setIdle(false)
 			if w.redriveDue() {
@@ -105,6 +121,28 @@ func (w *Worker) nextBatch(ctx context.Context, repairs <-chan repaired) (job, b
 	}
 	w.setIdle(false)
 	return job{recs: w.take()}, true
+}
+
+// CaughtUpEvery is how often an idle worker caught up with its partition
+// records so (see sinks.CaughtUpMarker): a reader takes a partition not
+// seen caught up for longer to have fallen behind, or its member to
+// have stopped.
+var CaughtUpEvery = time.Second
+
+// markCaughtUp records that the idle partition is caught up, when the
+// high watermark says so. A failure is not worth a line: the next
+// commit or mark records it, and until then readers see the partition
+// as stale, which it may be.
+func (w *Worker) markCaughtUp(ctx context.Context) {
+	hwm := w.hwm.Load()
+	if hwm < 0 || w.claim.NextOffset < hwm {
+		return
+	}
+	if m, ok := w.lanes[0].sink.(sinks.CaughtUpMarker); ok {
+		if err := m.MarkCaughtUp(ctx, w.claim); err != nil {
+			w.log.Debug("recording the partition caught up failed", "err", err)
+		}
+	}
 }
 
 // setIdle marks whether the worker waits for records with none in hand;

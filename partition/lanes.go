@@ -272,6 +272,8 @@ func (w *Worker) commitBatch(ctx context.Context, n int, bs []laneBatch, end int
 // child span when tracing. One lane commits through its sink's
 // CommitBatch, which any sink has.
 func (w *Worker) commitAs(ctx context.Context, claim sinks.Claim, end int64, lanes []sinks.Lane) error {
+	hwm := w.hwm.Load()
+	claim.CaughtUp = hwm >= 0 && end >= hwm
 	if w.cfg.Tracer == nil {
 		return commitLanes(ctx, claim, end, lanes)
 	}

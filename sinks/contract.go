@@ -25,6 +25,10 @@ type Claim struct {
 	// reads of the partition's aggregates after it stays true while the
 	// claim lasts, but for the owner's own writes.
 	Since time.Time
+	// CaughtUp: the commit reaches the partition's high watermark as the
+	// worker last saw it. The sink records when, in the statement that
+	// stores the offset, for readers to tell how stale the partition is.
+	CaughtUp bool
 }
 
 // Header is one Kafka record header.
@@ -275,4 +279,12 @@ type Peeker interface {
 type ParkedInfo struct {
 	Count int
 	Since time.Time // when the oldest was parked
+}
+
+// CaughtUpMarker is a sink that records when an idle partition was last
+// seen caught up, so that readers tell it from one whose member stopped.
+type CaughtUpMarker interface {
+	// MarkCaughtUp records that claim's partition is caught up at
+	// claim.NextOffset; nothing when claim is no longer the newest.
+	MarkCaughtUp(ctx context.Context, claim Claim) error
 }

@@ -30,6 +30,17 @@ var engineDDL = []string{
 		updated_at  timestamptz NOT NULL DEFAULT now(),
 		PRIMARY KEY (identity, topic, partition)
 	)`,
+	// When the engine last saw the partition caught up: a commit that
+	// reached the high watermark its member knew, or the mark an idle
+	// member leaves. Readers tell a partition's staleness by it. Added
+	// only when missing: ALTER TABLE locks the table even when the
+	// column exists.
+	`DO $$ BEGIN
+		IF NOT EXISTS (SELECT 1 FROM pg_attribute
+			WHERE attrelid = to_regclass('projector_offsets') AND attname = 'caught_up_at' AND NOT attisdropped) THEN
+			ALTER TABLE projector_offsets ADD COLUMN caught_up_at timestamptz;
+		END IF;
+	END $$`,
 	// What the member assigned a partition says of it when something
 	// keeps it from moving (backing off, stalled, halted, orphaned), for
 	// projector status: written when the state changes, never per batch,

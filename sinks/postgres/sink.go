@@ -320,9 +320,28 @@ const (
 		SELECT $1, u.key, u.version FROM unnest($2::text[], $3::bigint[]) AS u(key, version)
 		ON CONFLICT (table_name, key) DO UPDATE SET version = excluded.version, deleted_at = now()
 		WHERE projector_tombstones.version < excluded.version`
-	advanceSQL = `UPDATE projector_offsets SET next_offset = $1, updated_at = now()
+	// advanceSQL also records when the partition was last seen caught
+	// up (see sinks.Claim.CaughtUp), in the row it updates anyway: the
+	// read API's staleness costs the commit no statement.
+	advanceSQL = `UPDATE projector_offsets SET next_offset = $1, updated_at = now(),
+		  caught_up_at = CASE WHEN $7 THEN now() ELSE caught_up_at END
 		WHERE identity = $2 AND topic = $3 AND partition = $4 AND owner_epoch = $5 AND next_offset = $6`
 )
+
+// MarkCaughtUp implements sinks.CaughtUpMarker: it records that the
+// partition of claim, idle, is caught up, unless claim is no longer the
+// partition's newest or its offset moved.
+func (s *Sink) MarkCaughtUp(ctx context.Context, claim sinks.Claim) error {
+	_, err := s.pool.Exec(ctx, `UPDATE projector_offsets SET caught_up_at = now()
+		WHERE identity = $1 AND topic = $2 AND partition = $3 AND owner_epoch = $4 AND next_offset = $5`,
+		s.identity, claim.Topic, claim.Partition, claim.Epoch, claim.NextOffset)
+	if err != nil {
+		return fmt.Errorf("mark %s/%d caught up: %w", claim.Topic, claim.Partition, err)
+	}
+	return nil
+}
+
+var _ sinks.CaughtUpMarker = (*Sink)(nil)
 
 // CommitBatch implements sinks.Sink. When Postgres refuses a row (a
 // data error, SQLSTATE classes 22, 23 and 54), the batch is run again with
@@ -543,7 +562,7 @@ func (s *Sink) commit(ctx context.Context, claim sinks.Claim, end int64, lanes [
 			return err
 		}
 	}
-	advance := b.Queue(advanceSQL, end, s.identity, claim.Topic, claim.Partition, claim.Epoch, claim.NextOffset)
+	advance := b.Queue(advanceSQL, end, s.identity, claim.Topic, claim.Partition, claim.Epoch, claim.NextOffset, claim.CaughtUp)
 	var fenced bool
 	advance.Exec(func(tag pgconn.CommandTag) error {
 		fenced = tag.RowsAffected() == 0

@@ -1,0 +1,105 @@
+package freshness
+
+import (
+	"context"
+	"fmt"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+)
+
+// stalenessSQL reads each partition of the projection's topic as the
+// engine stored it: when it last saw the partition caught up (a commit
+// that reached the high watermark it knew, or the mark it leaves on an
+// idle partition), against the database's clock. A rebuilt projection's
+// offsets are its live generation's group's.
+const (
+	stalenessSQL = `SELECT o.partition, extract(epoch FROM now() - coalesce(o.caught_up_at, o.updated_at))::float8
+	FROM projector_offsets o
+	WHERE o.identity = $1 AND o.topic = $2 AND $3::text IS NOT NULL`
+	stalenessGenerationsSQL = `SELECT o.partition, extract(epoch FROM now() - coalesce(o.caught_up_at, o.updated_at))::float8
+	FROM projector_offsets o
+	WHERE o.identity = coalesce((SELECT g.group_id FROM projector_generations g
+			WHERE g.identity = $1 AND g.projection = $3 AND g.state = 'live'), $1)
+	  AND o.topic = $2`
+)
+
+// Staleness is how far behind the partition that owns key is; 0 when
+// caught up. It is the time since the engine last saw that partition
+// caught up, less Config.Tolerance, and never below 0: a partition the
+// engine has not reached the end of for a minute is a minute (less the
+// tolerance) stale, and so is one whose engine stopped a minute ago.
+// The owning partition is the one Kafka's default partitioner gives the
+// key among the partitions stored for the topic; when that cannot be
+// known (the stored partitions are not 0 to n-1, or
+// Config.OtherPartitioner says the producers partition otherwise), it is
+// the topic's stalest. A topic of which nothing is stored yet is an error.
+func (w *Watcher) Staleness(ctx context.Context, projection, key string) (time.Duration, error) {
+	p := w.projs[projection]
+	if p == nil {
+		return 0, fmt.Errorf("staleness of %s/%s: %w", projection, key, ErrUnknownProjection)
+	}
+	gens, err := w.generations(ctx)
+	if err != nil {
+		return 0, fmt.Errorf("staleness of %s/%s: %w", projection, key, err)
+	}
+	query := stalenessSQL
+	if gens {
+		query = stalenessGenerationsSQL
+	}
+	rows, err := w.pool.Query(ctx, query, w.cfg.Identity, p.p.Topic, p.p.Name)
+	if err != nil {
+		return 0, fmt.Errorf("staleness of %s/%s: %w", projection, key, err)
+	}
+	ages := map[int32]float64{}
+	var (
+		part  int32
+		age   float64
+		worst float64
+		top   int32
+	)
+	if _, err := pgx.ForEachRow(rows, []any{&part, &age}, func() error {
+		ages[part] = age
+		worst = max(worst, age)
+		top = max(top, part)
+		return nil
+	}); err != nil {
+		return 0, fmt.Errorf("staleness of %s/%s: %w", projection, key, err)
+	}
+	if len(ages) == 0 {
+		return 0, fmt.Errorf("staleness of %s/%s: no offsets are stored for topic %s (identity %s): the engine has not run", projection, key, p.p.Topic, w.cfg.Identity)
+	}
+	a := worst
+	if int(top)+1 == len(ages) && !w.cfg.OtherPartitioner[projection] {
+		a = ages[PartitionOf(key, len(ages))]
+	}
+	d := time.Duration(a*float64(time.Second)) - w.cfg.Tolerance
+	return max(d, 0), nil
+}
+
+// generationsEvery is how often the watcher looks whether projections
+// have generations until they have.
+const generationsEvery = 10 * time.Second
+
+// generations says whether the table of projections' generations
+// exists: it does once any projection was rebuilt, and is never dropped.
+func (w *Watcher) generations(ctx context.Context) (bool, error) {
+	if w.gens.Load() {
+		return true, nil
+	}
+	// Looked for again at most every generationsEvery, so that a round
+	// stays one statement.
+	now := time.Now().UnixNano()
+	if last := w.gensChecked.Load(); last != 0 && now-last < int64(generationsEvery) {
+		return false, nil
+	}
+	w.gensChecked.Store(now)
+	var ok bool
+	if err := w.pool.QueryRow(ctx, `SELECT to_regclass('projector_generations') IS NOT NULL`).Scan(&ok); err != nil {
+		return false, fmt.Errorf("look for projections' generations: %w", err)
+	}
+	if ok {
+		w.gens.Store(true)
+	}
+	return ok, nil
+}
