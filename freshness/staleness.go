@@ -33,7 +33,8 @@ const (
 // key among the partitions stored for the topic; when that cannot be
 // known (the stored partitions are not 0 to n-1, or
 // Config.OtherPartitioner says the producers partition otherwise), it is
-// the topic's stalest. A topic of which nothing is stored yet is an error.
+// the topic's stalest, as it is for key "". A topic of which nothing is
+// stored yet is an error.
 func (w *Watcher) Staleness(ctx context.Context, projection, key string) (time.Duration, error) {
 	p := w.projs[projection]
 	if p == nil {
@@ -70,7 +71,7 @@ func (w *Watcher) Staleness(ctx context.Context, projection, key string) (time.D
 		return 0, fmt.Errorf("staleness of %s/%s: no offsets are stored for topic %s (identity %s): the engine has not run", projection, key, p.p.Topic, w.cfg.Identity)
 	}
 	a := worst
-	if int(top)+1 == len(ages) && !w.cfg.OtherPartitioner[projection] {
+	if key != "" && int(top)+1 == len(ages) && !w.cfg.OtherPartitioner[projection] {
 		a = ages[PartitionOf(key, len(ages))]
 	}
 	d := time.Duration(a*float64(time.Second)) - w.cfg.Tolerance

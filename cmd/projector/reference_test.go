@@ -26,6 +26,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/projector-dev/projector/auth"
+	"github.com/projector-dev/projector/freshness"
 	"github.com/projector-dev/projector/internal/demo"
 	"github.com/projector-dev/projector/internal/testenv"
 	"github.com/projector-dev/projector/outbox"
@@ -671,6 +672,11 @@ func apiMetrics(t *testing.T) []*dto.MetricFamily {
 	}
 	reg := prometheus.NewRegistry()
 	if _, err := readapi.New(readapi.Config{Projections: projs, DB: noQuerier{}, Authenticator: auth.None{}, Registerer: reg}); err != nil {
+		t.Fatal(err)
+	}
+	// The watcher of min_version waits, which serve and run --api run
+	// beside the API.
+	if _, err := freshness.NewWatcher(nil, projs, freshness.Config{Registerer: reg}); err != nil {
 		t.Fatal(err)
 	}
 	fams, err := reg.Gather()

@@ -349,14 +349,14 @@ func (f *runFlags) runWithAPI(ctx, sctx context.Context, log *slog.Logger, ln ne
 		return fmt.Errorf("read API: open its pool: %w", err)
 	}
 	defer pool.Close()
-	api, err := f.apiFlags.newAPI(projs, pool, log, metrics)
+	api, watcher, err := f.apiFlags.newAPI(projs, pool, f.identity, log, metrics)
 	if err != nil {
 		return err
 	}
 	// The engine stopping, with or without an error, stops the API.
 	errEngineStopped := errors.New("the engine stopped")
 	g, gctx := errgroup.WithContext(ctx)
-	g.Go(func() error { return serveAPI(gctx, log, ln, api) })
+	g.Go(func() error { return serveAPI(gctx, log, ln, api, watcher) })
 	g.Go(func() error {
 		if err := run(gctx); err != nil {
 			return err

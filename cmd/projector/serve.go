@@ -16,8 +16,10 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/peterbourgon/ff/v3/ffcli"
 	"github.com/prometheus/client_golang/prometheus"
+	"golang.org/x/sync/errgroup"
 
 	"github.com/projector-dev/projector/auth"
+	"github.com/projector-dev/projector/freshness"
 	"github.com/projector-dev/projector/internal/stopsignal"
 	"github.com/projector-dev/projector/projection"
 	"github.com/projector-dev/projector/readapi"
@@ -75,21 +77,72 @@ func (a *apiFlags) listen() (net.Listener, error) {
 	return ln, nil
 }
 
-// newAPI builds the read API of projs on db.
-func (a *apiFlags) newAPI(projs []*projection.Projection, db readapi.Querier, log *slog.Logger, reg prometheus.Registerer) (*readapi.API, error) {
-	return readapi.New(readapi.Config{
+// newAPI builds the read API of projs on pool, with its watcher of
+// versions and staleness over identity's stored offsets; the watcher must
+// run (serveAPI runs it) for min_version waits to end before their time.
+func (a *apiFlags) newAPI(projs []*projection.Projection, pool *pgxpool.Pool, identity string, log *slog.Logger, reg prometheus.Registerer) (*readapi.API, *freshness.Watcher, error) {
+	tenants := map[string]string{}
+	for _, p := range projs {
+		if p.Tenant != "" {
+			tenants[p.Name] = p.Tenant
+		}
+	}
+	w, err := freshness.NewWatcher(pool, projs, freshness.Config{
+		Identity: identity, TenantColumns: tenants,
+		Logger: log.With("component", "api"), Registerer: reg,
+	})
+	if err != nil {
+		return nil, nil, fmt.Errorf("read API: %w", err)
+	}
+	api, err := readapi.New(readapi.Config{
 		Projections:      projs,
-		DB:               db,
+		DB:               pool,
 		Authenticator:    a.authn,
+		Staleness:        w,
+		Waiter:           waiter{w},
 		StatementTimeout: a.statementTimeout,
 		Logger:           log.With("component", "api"),
 		Registerer:       reg,
 	})
+	if err != nil {
+		return nil, nil, err
+	}
+	return api, w, nil
 }
 
-// serveAPI serves h on ln until ctx ends, then lets the requests under
-// way finish for up to 5 seconds.
-func serveAPI(ctx context.Context, log *slog.Logger, ln net.Listener, h http.Handler) error {
+// waiter answers the read API's waits with the watcher's.
+type waiter struct{ w *freshness.Watcher }
+
+func (v waiter) WaitVersion(ctx context.Context, projection, key, tenant string, min int64, wait time.Duration) error {
+	r, err := v.w.WaitVersion(ctx, projection, key, tenant, min, wait)
+	switch {
+	case errors.Is(err, freshness.ErrTooManyWaiters):
+		return fmt.Errorf("%w: %w", readapi.ErrTooManyWaiters, err)
+	case err != nil:
+		return err
+	case !r.Reached:
+		return fmt.Errorf("%w: at version %d", readapi.ErrVersionNotReached, r.Version)
+	}
+	return nil
+}
+
+// serveAPI serves h on ln, with its watcher, until ctx ends, then lets
+// the requests under way finish for up to 5 seconds.
+func serveAPI(ctx context.Context, log *slog.Logger, ln net.Listener, h http.Handler, w *freshness.Watcher) error {
+	g, gctx := errgroup.WithContext(ctx)
+	wctx, stopWatcher := context.WithCancel(context.WithoutCancel(gctx))
+	g.Go(func() error { return w.Run(wctx) })
+	g.Go(func() error {
+		// The watcher outlives the server's last request.
+		defer stopWatcher()
+		return serveHTTPAPI(gctx, log, ln, h)
+	})
+	return g.Wait()
+}
+
+// serveHTTPAPI serves h on ln until ctx ends, then lets the requests
+// under way finish for up to 5 seconds.
+func serveHTTPAPI(ctx context.Context, log *slog.Logger, ln net.Listener, h http.Handler) error {
 	srv := readapi.NewServer(h)
 	log.Info("serving the read API", "addr", ln.Addr().String())
 	done := make(chan error, 1)
@@ -208,13 +261,13 @@ func (f *serveFlags) run(ctx context.Context, stderr io.Writer) error {
 			}
 			return err
 		}
-		api, err := f.api.newAPI(projs, pool, log, metrics)
+		api, watcher, err := f.api.newAPI(projs, pool, f.identity, log, metrics)
 		if err != nil {
 			return err
 		}
 		db.Store(pool)
 		log.Info("read API reading PostgreSQL", append(target.attrs(), "max_conns", poolCfg.MaxConns, "projections", len(projs))...)
-		return serveAPI(ctx, log, apiLn, api)
+		return serveAPI(ctx, log, apiLn, api, watcher)
 	})
 }
 

@@ -100,6 +100,7 @@ func TestServeReadsWhatTheEngineWrote(t *testing.T) {
 	serveAPI, serveHTTP := freeAddr(t), freeAddr(t)
 	srv := startChild(t, "serve",
 		"--database-url", db.URL,
+		"--identity", "serve-test",
 		"--config", config,
 		"--auth", "none",
 		"--api-addr", serveAPI,
@@ -194,6 +195,27 @@ func TestServeReadsWhatTheEngineWrote(t *testing.T) {
 	}
 	if n := len(list["rows"].([]any)); n != wantN {
 		t.Errorf("list by owner %q: %d rows, want %d", owner, n, wantN)
+	}
+
+	// Read-your-writes through the processes' watchers: a version the
+	// row has is answered at once, with the partition's staleness (caught
+	// up: 0); one it never reaches is version_not_reached once wait is
+	// up, with the version it has.
+	for id, want := range exp.Accounts {
+		for _, addr := range []string{serveAPI, runAPI} {
+			status, h, row := get(addr, fmt.Sprintf("/v1/projections/accounts/rows/%s?min_version=%d", id, want.Version))
+			if status != http.StatusOK || row["version"] != float64(want.Version) {
+				t.Errorf("account %s at %s, min_version %d: %d %v", id, addr, want.Version, status, row)
+			}
+			if s := h.Get("Projector-Staleness-Seconds"); s != "0.000" {
+				t.Errorf("account %s at %s of a caught-up engine: Projector-Staleness-Seconds %q, want 0.000", id, addr, s)
+			}
+			status, _, p := get(addr, fmt.Sprintf("/v1/projections/accounts/rows/%s?min_version=%d&wait=1s", id, want.Version+1))
+			if status != http.StatusPreconditionFailed || p["code"] != "version_not_reached" || p["current_version"] != float64(want.Version) {
+				t.Errorf("account %s at %s, min_version %d it never reaches: %d %v, want 412 version_not_reached at %d", id, addr, want.Version+1, status, p, want.Version)
+			}
+		}
+		break
 	}
 
 	resp, err := http.Get("http://" + serveHTTP + "/metrics")
