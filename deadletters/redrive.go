@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"os/user"
+	"slices"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -238,4 +239,23 @@ func QueueRedriven(b *pgx.Batch, queueIDs []int64, by string) {
 	if len(queueIDs) > 0 {
 		b.Queue(redrivenSQL, queueIDs, by)
 	}
+}
+
+// PurgeTx deletes the dead letters ids in tx and audits it there, by
+// who, for the purge and its audit row to commit together; filter is
+// what selected them. It returns the ids it deleted.
+func PurgeTx(ctx context.Context, tx pgx.Tx, ids []int64, who Actor, filter any) ([]int64, error) {
+	rows, err := tx.Query(ctx, `DELETE FROM projector_dead_letters WHERE id = ANY($1::bigint[]) RETURNING id`, ids)
+	if err != nil {
+		return nil, fmt.Errorf("purge %d dead letters: %w", len(ids), err)
+	}
+	done, err := pgx.CollectRows(rows, pgx.RowTo[int64])
+	if err != nil {
+		return nil, fmt.Errorf("purge %d dead letters: %w", len(ids), err)
+	}
+	slices.Sort(done)
+	if err := AuditAs(ctx, tx, who, AuditPurge, filter, done, fmt.Sprintf("purged %d of %d", len(done), len(ids))); err != nil {
+		return nil, err
+	}
+	return done, nil
 }

@@ -51,10 +51,30 @@ type actionBody struct {
 // Handler serves the admin API of identity's rebuild operations under
 // /admin/v1/. It has no authentication of its own.
 func Handler(store *Store, identity string, log *slog.Logger) http.Handler {
+	return NewHandler(store, identity, log, HandlerOptions{})
+}
+
+// HandlerOptions adapt the rebuild routes to an API that authenticates
+// its requests.
+type HandlerOptions struct {
+	// Actor, when set, is who asks, for the operation's record: the
+	// authenticated subject. An actor in a body or query is then refused,
+	// since free text is not who asked.
+	Actor func(*http.Request) string
+	// WriteError, when set, answers every error, in the shape of the API
+	// the routes are served in.
+	WriteError func(w http.ResponseWriter, status int, code, message string)
+}
+
+// NewHandler is Handler with opts.
+func NewHandler(store *Store, identity string, log *slog.Logger, opts HandlerOptions) http.Handler {
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
 	}
-	a := &api{store: store, identity: identity, log: log}
+	if opts.WriteError == nil {
+		opts.WriteError = writeError
+	}
+	a := &api{store: store, identity: identity, log: log, opts: opts}
 	mux := http.NewServeMux()
 	mux.HandleFunc("POST /admin/v1/projections/{name}/rebuilds", a.start)
 	mux.HandleFunc("POST /admin/v1/projections/{name}/rollbacks", a.rollback)
@@ -62,7 +82,7 @@ func Handler(store *Store, identity string, log *slog.Logger) http.Handler {
 	mux.HandleFunc("GET /admin/v1/operations/{id}", a.get)
 	mux.HandleFunc("DELETE /admin/v1/operations/{id}", a.cancel)
 	mux.HandleFunc("/admin/", func(w http.ResponseWriter, r *http.Request) {
-		writeError(w, http.StatusNotFound, codeNotFound, fmt.Sprintf("no admin API resource %s %s", r.Method, r.URL.Path))
+		a.opts.WriteError(w, http.StatusNotFound, codeNotFound, fmt.Sprintf("no admin API resource %s %s", r.Method, r.URL.Path))
 	})
 	return mux
 }
@@ -71,18 +91,37 @@ type api struct {
 	store    *Store
 	identity string
 	log      *slog.Logger
+	opts     HandlerOptions
+}
+
+// actor is who asks r: the authenticated subject when the API has one,
+// else the actor given (given, a 400 when the API has a subject). It
+// answers the error itself and reports whether to go on.
+func (a *api) actor(w http.ResponseWriter, r *http.Request, given string) (string, bool) {
+	if a.opts.Actor == nil {
+		return given, true
+	}
+	if given != "" {
+		a.opts.WriteError(w, http.StatusBadRequest, codeBadRequest, "actor: the actor is the authenticated subject; do not send one")
+		return "", false
+	}
+	return a.opts.Actor(r), true
 }
 
 func (a *api) start(w http.ResponseWriter, r *http.Request) {
 	var body StartBody
-	if !decodeBody(w, r, &body) {
+	if !decodeBody(w, r, &body, a.opts.WriteError) {
 		return
 	}
-	req := Request{Identity: a.identity, Projection: r.PathValue("name"), AllowPartialHistory: body.AllowPartialHistory, Actor: body.Actor}
+	actor, ok := a.actor(w, r, body.Actor)
+	if !ok {
+		return
+	}
+	req := Request{Identity: a.identity, Projection: r.PathValue("name"), AllowPartialHistory: body.AllowPartialHistory, Actor: actor}
 	if body.Retain != "" {
 		d, err := time.ParseDuration(body.Retain)
 		if err != nil || d <= 0 {
-			writeError(w, http.StatusBadRequest, codeBadRequest, fmt.Sprintf("retain %q: want a positive duration such as 24h", body.Retain))
+			a.opts.WriteError(w, http.StatusBadRequest, codeBadRequest, fmt.Sprintf("retain %q: want a positive duration such as 24h", body.Retain))
 			return
 		}
 		req.Retain = d
@@ -90,12 +129,12 @@ func (a *api) start(w http.ResponseWriter, r *http.Request) {
 	if len(bytes.TrimSpace(body.Definition)) > 0 && !bytes.Equal(bytes.TrimSpace(body.Definition), []byte("null")) {
 		def, err := ParseDefinition(body.Definition, body.ReaderSchema)
 		if err != nil {
-			writeError(w, http.StatusBadRequest, CodeBadDefinition, err.Error())
+			a.opts.WriteError(w, http.StatusBadRequest, CodeBadDefinition, err.Error())
 			return
 		}
 		req.Definition = &def
 	} else if body.ReaderSchema != "" {
-		writeError(w, http.StatusBadRequest, codeBadRequest, "reader_schema is given without a definition: send the definition it reads with")
+		a.opts.WriteError(w, http.StatusBadRequest, codeBadRequest, "reader_schema is given without a definition: send the definition it reads with")
 		return
 	}
 	op, err := a.store.Start(r.Context(), req)
@@ -104,10 +143,14 @@ func (a *api) start(w http.ResponseWriter, r *http.Request) {
 
 func (a *api) rollback(w http.ResponseWriter, r *http.Request) {
 	var body actionBody
-	if !decodeBody(w, r, &body) {
+	if !decodeBody(w, r, &body, a.opts.WriteError) {
 		return
 	}
-	op, err := a.store.Rollback(r.Context(), a.identity, r.PathValue("name"), body.Actor)
+	actor, ok := a.actor(w, r, body.Actor)
+	if !ok {
+		return
+	}
+	op, err := a.store.Rollback(r.Context(), a.identity, r.PathValue("name"), actor)
 	a.accepted(w, r, op, err)
 }
 
@@ -130,7 +173,7 @@ func (a *api) get(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	if !ok || op.Identity != a.identity {
-		writeError(w, http.StatusNotFound, codeNotFound, fmt.Sprintf("no operation %s", id))
+		a.opts.WriteError(w, http.StatusNotFound, codeNotFound, fmt.Sprintf("no operation %s", id))
 		return
 	}
 	writeJSON(w, http.StatusOK, op)
@@ -157,10 +200,13 @@ func (a *api) cancel(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	if !ok || op.Identity != a.identity {
-		writeError(w, http.StatusNotFound, codeNotFound, fmt.Sprintf("no operation %s", id))
+		a.opts.WriteError(w, http.StatusNotFound, codeNotFound, fmt.Sprintf("no operation %s", id))
 		return
 	}
-	actor := r.URL.Query().Get("actor")
+	actor, ok := a.actor(w, r, r.URL.Query().Get("actor"))
+	if !ok {
+		return
+	}
 	op, err = a.store.Cancel(r.Context(), id, nonEmpty(actor, "the admin API"))
 	if err != nil {
 		a.fail(w, r, err)
@@ -175,10 +221,10 @@ func (a *api) fail(w http.ResponseWriter, r *http.Request, err error) {
 	var e *Error
 	if !errors.As(err, &e) {
 		a.log.Error("admin API: request failed", "method", r.Method, "path", r.URL.Path, "err", err)
-		writeError(w, http.StatusInternalServerError, codeInternal, "the request failed; the replica's log has the detail")
+		a.opts.WriteError(w, http.StatusInternalServerError, codeInternal, "the request failed; the replica's log has the detail")
 		return
 	}
-	writeError(w, statusOf(e.Code), e.Code, e.Message)
+	a.opts.WriteError(w, statusOf(e.Code), e.Code, e.Message)
 }
 
 // statusOf is the HTTP status of an error code.
@@ -197,15 +243,15 @@ func statusOf(code string) int {
 // decodeBody reads r's JSON body into v, refusing unknown fields and
 // bodies over maxBody; an empty body leaves v as it is. It answers the
 // error itself and reports whether to go on.
-func decodeBody(w http.ResponseWriter, r *http.Request, v any) bool {
+func decodeBody(w http.ResponseWriter, r *http.Request, v any, writeErr func(http.ResponseWriter, int, string, string)) bool {
 	b, err := io.ReadAll(http.MaxBytesReader(w, r.Body, maxBody))
 	if err != nil {
 		var tooLarge *http.MaxBytesError
 		if errors.As(err, &tooLarge) {
-			writeError(w, http.StatusRequestEntityTooLarge, codeBadRequest, fmt.Sprintf("the body is larger than %d bytes", maxBody))
+			writeErr(w, http.StatusRequestEntityTooLarge, codeBadRequest, fmt.Sprintf("the body is larger than %d bytes", maxBody))
 			return false
 		}
-		writeError(w, http.StatusBadRequest, codeBadRequest, fmt.Sprintf("read the body: %v", err))
+		writeErr(w, http.StatusBadRequest, codeBadRequest, fmt.Sprintf("read the body: %v", err))
 		return false
 	}
 	if len(bytes.TrimSpace(b)) == 0 {
@@ -214,11 +260,11 @@ func decodeBody(w http.ResponseWriter, r *http.Request, v any) bool {
 	dec := json.NewDecoder(bytes.NewReader(b))
 	dec.DisallowUnknownFields()
 	if err := dec.Decode(v); err != nil {
-		writeError(w, http.StatusBadRequest, codeBadRequest, "the body: "+jsonError(err))
+		writeErr(w, http.StatusBadRequest, codeBadRequest, "the body: "+jsonError(err))
 		return false
 	}
 	if dec.More() {
-		writeError(w, http.StatusBadRequest, codeBadRequest, "the body: want one JSON object, found more after it")
+		writeErr(w, http.StatusBadRequest, codeBadRequest, "the body: want one JSON object, found more after it")
 		return false
 	}
 	return true
