@@ -24,9 +24,9 @@ const MaxBody = 1 << 20
 
 // Problem codes of the admin API besides the read API's.
 const (
-	CodeBadRequest     = "bad_request"
-	CodeBodyTooLarge   = "body_too_large"
-	CodeNotServed      = "not_served"
+	CodeBadRequest   = "bad_request"
+	CodeBodyTooLarge = "body_too_large"
+	CodeNotServed    = "not_served"
 )
 
 // Observer wraps each route with the metrics and access log of the API
