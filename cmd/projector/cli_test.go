@@ -150,6 +150,7 @@ func TestBadInputStopsWithAClearMessage(t *testing.T) {
 		{[]string{"serve", "--auth", "none", "--config", bad}, `events.Opened.set: no column "nope"`},
 		{[]string{"run", "--brokers", "b", "--registry-url", "http://r", "--api"}, "--auth tokens needs --auth-token-file (PROJECTOR_AUTH_TOKEN_FILE)"},
 		{[]string{"run", "--brokers", "b", "--registry-url", "http://r", "--api", "--auth", "none", "--api-max-conns", "0"}, "--api-max-conns"},
+		{[]string{"run", "--brokers", "b", "--registry-url", "http://r", "--admin-api"}, "--admin-api: the admin API moved to --api-addr: drop --admin-api and add --api"},
 		{[]string{"migrate", "--config", filepath.Join(dir, "missing.yaml")}, "missing.yaml"},
 		{[]string{"migrate", "--config", bad}, `events.Opened.set: no column "nope"`},
 		{[]string{"migrate", "--config", bad}, `projection "x"`},

@@ -276,6 +276,15 @@ func moveEmptyGroup(ctx context.Context, adm *kadm.Client, group string, plan []
 	return fmt.Sprintf("moved the offsets of the empty Kafka consumer group %q too, for Kafka's tools and autoscalers (advisory: members start from the stored offsets)", group)
 }
 
+// resetInputError is a reset the brokers cannot plan, naming the input
+// that is wrong: a flag of the command, a field of the admin API.
+type resetInputError struct{ flag, field, msg string }
+
+func (e *resetInputError) Error() string { return e.flag + e.msg }
+
+// apiError words e for the admin API, naming the field.
+func (e *resetInputError) apiError() string { return e.field + e.msg }
+
 // planReset works out where each partition's stored offset moves.
 func planReset(ctx context.Context, adm *kadm.Client, offsets *postgres.Offsets, topic string, parts []int32, target *resetTarget) ([]resetPlan, error) {
 	bounds, err := listBounds(ctx, adm, topic)
@@ -287,7 +296,7 @@ func planReset(ctx context.Context, adm *kadm.Client, offsets *postgres.Offsets,
 		all = append(all, tp.Partition)
 	}
 	if len(all) == 0 {
-		return nil, fmt.Errorf("--topic %q: no such topic in Kafka", topic)
+		return nil, &resetInputError{flag: "--topic ", field: "topic ", msg: fmt.Sprintf("%q: no such topic in Kafka", topic)}
 	}
 	slices.Sort(all)
 	if len(parts) == 0 {
@@ -295,7 +304,7 @@ func planReset(ctx context.Context, adm *kadm.Client, offsets *postgres.Offsets,
 	}
 	for _, p := range parts {
 		if !slices.Contains(all, p) {
-			return nil, fmt.Errorf("--partitions: topic %q has no partition %d (it has %d partitions)", topic, p, len(all))
+			return nil, &resetInputError{flag: "--partitions: ", field: "partitions: ", msg: fmt.Sprintf("topic %q has no partition %d (it has %d partitions)", topic, p, len(all))}
 		}
 	}
 	var at kadm.ListedOffsets

@@ -6,11 +6,8 @@ import (
 	"flag"
 	"fmt"
 	"io"
-	"log/slog"
-	"net/http"
 	"os"
 	"strings"
-	"sync/atomic"
 	"text/tabwriter"
 	"time"
 
@@ -678,54 +675,13 @@ func writeCleanup(w io.Writer, gs []rebuild.Generation) {
 	_ = tw.Flush()
 }
 
-// registerAdminAPI registers run's --admin-api.
+// registerAdminAPI registers run's --admin-api, which the admin API on
+// --api-addr replaced: an admin API on --http-addr would sit beside
+// /metrics, which is not authenticated, and a flag kept that refuses to
+// start says where it went, where one dropped would only say unknown.
 func registerAdminAPI(fs *flag.FlagSet, on *bool) {
-	fs.BoolVar(on, "admin-api", false, "serve the admin API of rebuild operations under /admin/v1/ on --http-addr (start, follow, cancel, roll back); it has no authentication: only enable it where nobody untrusted reaches --http-addr")
+	fs.BoolVar(on, "admin-api", false, "replaced: the admin API (rebuilds, dead letters, offset resets) is served under /admin/v1/ on --api-addr with --api, authenticated by --auth (scope admin); this flag refuses to start")
 }
 
-// adminMount routes /admin/ of the HTTP surface to the admin API once the
-// database is open.
-type adminMount struct {
-	on bool
-	h  atomic.Pointer[http.Handler]
-}
-
-// newAdminMount returns the mount of --admin-api, warning once when it is
-// on.
-func newAdminMount(on bool, log *slog.Logger) *adminMount {
-	if on {
-		log.Warn("the admin API is on and has no authentication yet: anyone who reaches --http-addr can start and cancel rebuilds", "path", "/admin/v1/")
-	}
-	return &adminMount{on: on}
-}
-
-// serve makes the admin API of store reachable.
-func (m *adminMount) serve(store *rebuild.Store, identity string, log *slog.Logger) {
-	if m.on {
-		h := rebuild.Handler(store, identity, log)
-		m.h.Store(&h)
-	}
-}
-
-// wrap sends /admin/ to the admin API: 404 when it is off, 503 until the
-// database is open.
-func (m *adminMount) wrap(next http.Handler) http.Handler {
-	if !m.on {
-		return next
-	}
-	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		if r.URL.Path != "/admin" && !strings.HasPrefix(r.URL.Path, "/admin/") {
-			next.ServeHTTP(w, r)
-			return
-		}
-		h := m.h.Load()
-		if h == nil {
-			w.Header().Set("Content-Type", "application/json")
-			w.Header().Set("Retry-After", "1")
-			w.WriteHeader(http.StatusServiceUnavailable)
-			fmt.Fprintln(w, `{"error":{"code":"starting","message":"the replica is connecting to PostgreSQL; try again"}}`)
-			return
-		}
-		(*h).ServeHTTP(w, r)
-	})
-}
+// errAdminAPIMoved is run's answer to --admin-api.
+var errAdminAPIMoved = errors.New("--admin-api: the admin API moved to --api-addr: drop --admin-api and add --api; it is authenticated by --auth and needs scope admin (see docs/api.md#admin-api)")

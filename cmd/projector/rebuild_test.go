@@ -6,8 +6,6 @@ import (
 	"fmt"
 	"io"
 	"math/rand/v2"
-	"net/http"
-	"net/http/httptest"
 	"os"
 	"path/filepath"
 	"regexp"
@@ -176,50 +174,5 @@ func TestRebuildStartWithConfig(t *testing.T) {
 	}
 	if len(gs) != 2 || gs[1].State != rebuild.Building || !strings.Contains(string(gs[1].Definition.YAML), "email") {
 		t.Errorf("generations after start --config: %+v", gs)
-	}
-}
-
-// TestAdminMount: /admin/ is the admin API's only when --admin-api is on,
-// answering 503 until the database is open; other paths are untouched.
-func TestAdminMount(t *testing.T) {
-	base := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { w.WriteHeader(http.StatusTeapot) })
-	get := func(h http.Handler, path string) int {
-		rec := httptest.NewRecorder()
-		h.ServeHTTP(rec, httptest.NewRequest("GET", path, nil))
-		return rec.Code
-	}
-	var logs bytes.Buffer
-	c := common{logLevel: "info", logFormat: "text"}
-	log, err := c.logger(&logs)
-	if err != nil {
-		t.Fatal(err)
-	}
-
-	off := newAdminMount(false, log)
-	if h := off.wrap(base); get(h, "/admin/v1/operations") != http.StatusTeapot || logs.Len() != 0 {
-		t.Errorf("with --admin-api off, /admin/ was not left to the base handler, or it warned: %s", &logs)
-	}
-
-	on := newAdminMount(true, log)
-	if !strings.Contains(logs.String(), "no authentication") {
-		t.Errorf("no warning when the admin API is on: %q", &logs)
-	}
-	h := on.wrap(base)
-	if code := get(h, "/admin/v1/operations"); code != http.StatusServiceUnavailable {
-		t.Errorf("before the database is open: %d, want 503", code)
-	}
-	if code := get(h, "/metrics"); code != http.StatusTeapot {
-		t.Errorf("/metrics: %d, want the base handler's", code)
-	}
-	db := testenv.NewDB(t)
-	if err := rebuild.Migrate(t.Context(), db.Pool); err != nil {
-		t.Fatal(err)
-	}
-	on.serve(rebuild.NewStore(db.Pool), "mount", log)
-	if code := get(h, "/admin/v1/operations"); code != http.StatusOK {
-		t.Errorf("once the database is open: %d, want 200", code)
-	}
-	if code := get(h, "/admin/v1/operations/00000000-0000-4000-8000-000000000000"); code != http.StatusNotFound {
-		t.Errorf("unknown operation: %d, want 404", code)
 	}
 }

@@ -18,6 +18,7 @@ import (
 	"github.com/peterbourgon/ff/v3/ffcli"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
+	"github.com/twmb/franz-go/pkg/kadm"
 	"github.com/twmb/franz-go/pkg/kgo"
 	"github.com/twmb/franz-go/pkg/sr"
 	"go.opentelemetry.io/otel/trace"
@@ -102,6 +103,9 @@ func runCommand(_, stderr io.Writer) *ffcli.Command {
 func (f *runFlags) run(ctx context.Context, stderr io.Writer) error {
 	if err := f.validate(); err != nil {
 		return err
+	}
+	if f.adminAPI {
+		return errAdminAPIMoved
 	}
 	if f.api {
 		if err := f.apiFlags.validate(); err != nil {
@@ -233,7 +237,6 @@ func (f *runFlags) runOn(ctx context.Context, stderr io.Writer, env engineEnv) e
 		return map[string]error{"startup": nil}
 	}
 	su := newStartup(log, metrics, f.startupTimeout, f.retryBase, f.retryCap, &starting)
-	admin := newAdminMount(f.adminAPI, log)
 	return serveOn(ctx, log, ln, gather, ready, live, func(ctx context.Context) error {
 		sctx, cancel := su.bound(ctx)
 		defer cancel()
@@ -294,7 +297,6 @@ func (f *runFlags) runOn(ctx context.Context, stderr io.Writer, env engineEnv) e
 			}
 			return err
 		}
-		admin.serve(store, f.identity, log)
 		if env.migrated != nil {
 			if err := env.migrated(sctx, pool); err != nil {
 				if ctx.Err() != nil {
@@ -331,8 +333,8 @@ func (f *runFlags) runOn(ctx context.Context, stderr io.Writer, env engineEnv) e
 		if apiLn == nil {
 			return sup.Run(ctx)
 		}
-		return f.runWithAPI(ctx, sctx, log, apiLn, poolCfg, projs, metrics, sup.Run)
-	}, admin.wrap)
+		return f.runWithAPI(ctx, sctx, log, apiLn, poolCfg, projs, metrics, adm, sup.Run)
+	})
 }
 
 // runWithAPI runs the engine (run) and the read API of --api side by
@@ -340,7 +342,7 @@ func (f *runFlags) runOn(ctx context.Context, stderr io.Writer, env engineEnv) e
 // their table names (a rebuilt projection's is a view of its live
 // generation) from a pool of its own.
 func (f *runFlags) runWithAPI(ctx, sctx context.Context, log *slog.Logger, ln net.Listener, poolCfg *pgxpool.Config, projs []*projection.Projection,
-	metrics prometheus.Registerer, run func(context.Context) error) error {
+	metrics prometheus.Registerer, adm *kadm.Client, run func(context.Context) error) error {
 	cfg := poolCfg.Copy()
 	cfg.MaxConns = int32(f.apiMaxConns)
 	cfg.MinConns = 0
@@ -353,10 +355,16 @@ func (f *runFlags) runWithAPI(ctx, sctx context.Context, log *slog.Logger, ln ne
 	if err != nil {
 		return err
 	}
+	// The API's pool may write (the engine's settings, not serve's read
+	// only ones): the admin API shares it.
+	h, err := f.apiFlags.withAdmin(api, pool, f.identity, offsetResetter{adm: adm, offsets: postgres.NewOffsets(pool, f.identity), group: f.identity}, log)
+	if err != nil {
+		return err
+	}
 	// The engine stopping, with or without an error, stops the API.
 	errEngineStopped := errors.New("the engine stopped")
 	g, gctx := errgroup.WithContext(ctx)
-	g.Go(func() error { return serveAPI(gctx, log, ln, api, watcher) })
+	g.Go(func() error { return serveAPI(gctx, log, ln, h, watcher) })
 	g.Go(func() error {
 		if err := run(gctx); err != nil {
 			return err

@@ -265,10 +265,37 @@ func (f *serveFlags) run(ctx context.Context, stderr io.Writer) error {
 		if err != nil {
 			return err
 		}
+		// The admin API writes: a pool of its own, small, without the
+		// read pool's read-only setting, so that no read ever runs on a
+		// session that can write.
+		adminPool, err := pgxpool.NewWithConfig(sctx, adminPoolConfig(poolCfg))
+		if err != nil {
+			return fmt.Errorf("admin API: open its pool: %w", err)
+		}
+		defer adminPool.Close()
+		// Without the brokers serve cannot plan an offset reset: those
+		// answer 501, pointing at run --api and projector offsets reset.
+		h, err := f.api.withAdmin(api, adminPool, f.identity, nil, log)
+		if err != nil {
+			return err
+		}
 		db.Store(pool)
 		log.Info("read API reading PostgreSQL", append(target.attrs(), "max_conns", poolCfg.MaxConns, "projections", len(projs))...)
-		return serveAPI(ctx, log, apiLn, api, watcher)
+		return serveAPI(ctx, log, apiLn, h, watcher)
 	})
+}
+
+// adminMaxConns bounds serve's admin pool: admin actions are rare, one
+// request at a time is the common case.
+const adminMaxConns = 2
+
+// adminPoolConfig is the config of serve's admin pool: the read pool's
+// without its read-only default.
+func adminPoolConfig(read *pgxpool.Config) *pgxpool.Config {
+	cfg := read.Copy()
+	delete(cfg.ConnConfig.RuntimeParams, "default_transaction_read_only")
+	cfg.MaxConns, cfg.MinConns = adminMaxConns, 0
+	return cfg
 }
 
 // poolReadiness is serve's /readyz: PostgreSQL answers.
