@@ -328,7 +328,8 @@ func TestAutoRebuildFromTwoReplicas(t *testing.T) {
 }
 
 // TestAdminAPIThroughRun starts, reads and cancels a rebuild over the
-// admin API of a running replica (--admin-api): 202 with the operation's
+// admin API of a running replica (--api, with --auth none every request
+// has the admin scope): 202 with the operation's
 // Location, 409 naming it for a second start, its state as it runs, and
 // the cancel.
 func TestAdminAPIThroughRun(t *testing.T) {
@@ -340,7 +341,7 @@ func TestAdminAPIThroughRun(t *testing.T) {
 	}
 	addr := ln.Addr().String()
 	ln.Close()
-	rs := newRebuildStream(t, opts, 2, "--admin-api", "--http-addr", addr, "--rebuild-rate", "100")
+	rs := newRebuildStream(t, opts, 2, "--api", "--auth", "none", "--api-addr", addr, "--rebuild-rate", "100")
 	rs.produce(t, rs.records)
 	a := startChild(t, rs.args...)
 	rs.caughtUp(t, rs.identity, a)
