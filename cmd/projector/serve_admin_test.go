@@ -1,0 +1,139 @@
+package main
+
+import (
+	"encoding/json"
+	"fmt"
+	"io"
+	"net/http"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/projector-dev/projector/auth"
+	"github.com/projector-dev/projector/deadletters"
+	"github.com/projector-dev/projector/internal/demo"
+	"github.com/projector-dev/projector/internal/testenv"
+)
+
+// TestServeAdminAPI: projector serve answers the admin API on its API
+// port with the read API's token file: a read token is refused (403), the
+// admin token lists and purges dead letters, the purge's audit row names
+// the token, offset resets answer 501 without brokers, and the admin
+// routes are counted as the read routes are.
+func TestServeAdminAPI(t *testing.T) {
+	ctx := t.Context()
+	db := testenv.NewDB(t)
+	dir := t.TempDir()
+	config := filepath.Join(dir, "projections.yaml")
+	if err := os.WriteFile(config, demo.Projections, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if out, err := runCaptured(ctx, "migrate", "--database-url", db.URL, "--config", config); err != nil {
+		t.Fatalf("migrate: %v\n%s", err, out)
+	}
+	var id int64
+	if err := db.Pool.QueryRow(ctx, `INSERT INTO projector_dead_letters
+		(identity, projection, topic, partition, "offset", record_key, value, error, error_class)
+		VALUES ('projector', 'accounts', 'accounts.events', 0, 7, 'a-1', 'x', 'boom', 'decode') RETURNING id`).Scan(&id); err != nil {
+		t.Fatal(err)
+	}
+	tokens := map[string]string{}
+	for _, name := range []string{"reader", "ops"} {
+		tok, err := auth.NewToken()
+		if err != nil {
+			t.Fatal(err)
+		}
+		tokens[name] = tok
+	}
+	tokenFile := filepath.Join(dir, "tokens.yaml")
+	if err := os.WriteFile(tokenFile, fmt.Appendf(nil, `tokens:
+  - {name: reader, hash: %q, scopes: ["read:*"]}
+  - {name: ops-console, hash: %q, scopes: ["admin"]}
+`, auth.HashToken(tokens["reader"]), auth.HashToken(tokens["ops"])), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	api, health := freeAddr(t), freeAddr(t)
+	srv := startChild(t, "serve", "--database-url", db.URL, "--config", config,
+		"--auth", "tokens", "--auth-token-file", tokenFile, "--api-addr", api, "--http-addr", health)
+	testenv.WaitFor(t, 30*time.Second, func() error {
+		select {
+		case err := <-srv.done:
+			t.Fatalf("projector serve exited early: %v\n%s", err, srv.stderr)
+		default:
+		}
+		resp, err := http.Get("http://" + health + "/readyz")
+		if err != nil {
+			return err
+		}
+		resp.Body.Close()
+		if resp.StatusCode != http.StatusOK {
+			return fmt.Errorf("/readyz: %d", resp.StatusCode)
+		}
+		return nil
+	})
+	do := func(token, method, path, body string) (int, map[string]any) {
+		t.Helper()
+		req, err := http.NewRequestWithContext(ctx, method, "http://"+api+path, strings.NewReader(body))
+		if err != nil {
+			t.Fatal(err)
+		}
+		req.Header.Set("Authorization", "Bearer "+token)
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer resp.Body.Close()
+		b, err := io.ReadAll(resp.Body)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var m map[string]any
+		if err := json.Unmarshal(b, &m); err != nil {
+			t.Fatalf("%s %s: %q: %v", method, path, b, err)
+		}
+		return resp.StatusCode, m
+	}
+	if code, body := do(tokens["reader"], "GET", "/admin/v1/dead-letters", ""); code != http.StatusForbidden || body["code"] != "forbidden" {
+		t.Errorf("a read token: %d %v, want 403 forbidden", code, body)
+	}
+	code, body := do(tokens["ops"], "GET", "/admin/v1/dead-letters?projection=accounts", "")
+	if code != http.StatusOK || len(body["dead_letters"].([]any)) != 1 {
+		t.Fatalf("the admin token lists: %d %v, want the dead letter", code, body)
+	}
+	if code, body := do(tokens["ops"], "POST", "/admin/v1/dead-letters/purges", fmt.Sprintf(`{"ids":[%d]}`, id)); code != http.StatusOK {
+		t.Fatalf("purge: %d %v", code, body)
+	}
+	audit, err := deadletters.ListAudit(ctx, db.Pool, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(audit) != 1 || audit[0].Actor != "ops-console" || audit[0].Action != deadletters.AuditPurge || audit[0].DBUser != "postgres" {
+		t.Errorf("audit: %+v, want the purge by ops-console as postgres", audit)
+	}
+	if code, body := do(tokens["ops"], "POST", "/admin/v1/offsets/resets", `{"topic":"accounts.events","to":"earliest"}`); code != http.StatusNotImplemented || body["code"] != "not_served" {
+		t.Errorf("an offset reset from serve: %d %v, want 501 not_served", code, body)
+	}
+	// A read still answers through the read-only pool.
+	if code, body := do(tokens["reader"], "GET", "/v1/projections/accounts/rows", ""); code != http.StatusOK {
+		t.Errorf("a read beside the admin API: %d %v", code, body)
+	}
+	resp, err := http.Get("http://" + health + "/metrics")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	metrics, err := io.ReadAll(resp.Body)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, want := range []string{
+		`projector_http_requests_total{code="403",route="/admin/v1/dead-letters"} 1`,
+		`projector_http_requests_total{code="200",route="/admin/v1/dead-letters/purges"} 1`,
+	} {
+		if !strings.Contains(string(metrics), want) {
+			t.Errorf("/metrics has no %s", want)
+		}
+	}
+}
