@@ -75,9 +75,11 @@ type ResetAnswer struct {
 	Group string `json:"group,omitempty"`
 }
 
-// ErrBadReset wraps a reset the brokers refuse to plan (no such topic or
-// partition): a 400.
-var ErrBadReset = errors.New("bad reset")
+// BadResetError is a reset that cannot be planned (no such topic or
+// partition), naming the field: a 400.
+type BadResetError struct{ Detail string }
+
+func (e *BadResetError) Error() string { return e.Detail }
 
 // OffsetResetter plans and applies offset resets of the API's identity
 // as the offsets reset command does: it needs the brokers, for the
@@ -152,8 +154,9 @@ func (s *server) resetOffsets(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	ans, err := s.cfg.Offsets.ResetOffsets(r.Context(), actorOf(r.Context()), reset)
-	if errors.Is(err, ErrBadReset) {
-		badRequest(w, err.Error())
+	var bad *BadResetError
+	if errors.As(err, &bad) {
+		badRequest(w, bad.Detail)
 		return
 	}
 	if err != nil {

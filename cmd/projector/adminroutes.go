@@ -54,7 +54,7 @@ func (o offsetResetter) ResetOffsets(ctx context.Context, who deadletters.Actor,
 	plan, err := planReset(ctx, o.adm, o.offsets, r.Topic, r.Partitions, &target)
 	var bad *resetInputError
 	if errors.As(err, &bad) {
-		return adminapi.ResetAnswer{}, fmt.Errorf("%w: %s", adminapi.ErrBadReset, bad.apiError())
+		return adminapi.ResetAnswer{}, &adminapi.BadResetError{Detail: bad.apiError()}
 	}
 	if err != nil {
 		return adminapi.ResetAnswer{}, err
