@@ -18,6 +18,7 @@ import (
 	"github.com/projector-dev/projector/auth"
 	"github.com/projector-dev/projector/deadletters"
 	"github.com/projector-dev/projector/internal/testenv"
+	"github.com/projector-dev/projector/projection"
 	"github.com/projector-dev/projector/rebuild"
 	"github.com/projector-dev/projector/sinks/postgres"
 )
@@ -365,18 +366,56 @@ func TestOffsetResets(t *testing.T) {
 	}
 }
 
-// TestRebuildActorIsTheSubject: a rebuild started over the admin API
-// records the authenticated subject as its actor.
+// TestRebuildActorIsTheSubject: a rebuild started and cancelled over the
+// admin API records the authenticated subject as its actor, and its
+// errors are problems.
 func TestRebuildActorIsTheSubject(t *testing.T) {
 	f := newFixture(t, nil)
-	code, body := f.do(t, "admin-token", "POST", "/admin/v1/projections/accounts/rebuilds", "")
-	// The fixture has no live generation of accounts: the answer is the
-	// store's, in the problem shape, and nothing else is asserted of it.
-	if code == http.StatusAccepted {
-		if body["actor"] != "alice" {
-			t.Errorf("rebuild started: actor %v, want alice", body["actor"])
+	projs, err := projection.Parse([]byte(`projections:
+  - name: accounts
+    topic: accounts.events
+    table: accounts
+    key: account_id
+    mode: snapshot
+    columns:
+      account_id: {type: text, primary_key: true}
+      owner: {type: text}
+`), "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	store := rebuild.NewStore(f.pool)
+	if _, err := store.Ensure(t.Context(), "ident", projs); err != nil {
+		t.Fatal(err)
+	}
+	code, body := f.do(t, "admin-token", "POST", "/admin/v1/projections/accounts/rebuilds", `{"retain":"48h"}`)
+	if code != http.StatusAccepted || body["actor"] != "alice" {
+		t.Fatalf("start: %d %v, want 202 by alice", code, body)
+	}
+	id := body["operation_id"].(string)
+	code, body = f.do(t, "admin-token", "POST", "/admin/v1/projections/accounts/rebuilds", "")
+	if code != http.StatusConflict || body["type"] == nil || !strings.Contains(fmt.Sprint(body["detail"]), id) {
+		t.Errorf("a second start: %d %v, want a 409 problem naming %s", code, body, id)
+	}
+	if code, body := f.do(t, "admin-token", "DELETE", "/admin/v1/operations/"+id+"?actor=mallory", ""); code != 400 {
+		t.Errorf("a cancel naming its actor: %d %v, want 400", code, body)
+	}
+	if code, body := f.do(t, "admin-token", "DELETE", "/admin/v1/operations/"+id, ""); code != 200 || body["state"] != "cancelled" {
+		t.Errorf("cancel: %d %v", code, body)
+	}
+	var actors []string
+	rows, err := f.pool.Query(t.Context(), `SELECT DISTINCT actor FROM projector_rebuilds`)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for rows.Next() {
+		var a string
+		if err := rows.Scan(&a); err != nil {
+			t.Fatal(err)
 		}
-	} else if body["type"] == nil || body["code"] == nil {
-		t.Errorf("rebuild refused: %d %v, want a problem", code, body)
+		actors = append(actors, a)
+	}
+	if rows.Err() != nil || !slices.Equal(actors, []string{"alice"}) {
+		t.Errorf("the operation's actors: %v %v, want alice", actors, rows.Err())
 	}
 }
