@@ -19,11 +19,11 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 	m := &metrics{
 		requests: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "projector_http_requests_total",
-			Help: "HTTP requests the read API answered, by route pattern and status code.",
+			Help: "HTTP requests the read and admin APIs answered, by route pattern and status code.",
 		}, []string{"route", "code"}),
 		duration: prometheus.NewHistogramVec(prometheus.HistogramOpts{
 			Name:    "projector_http_request_duration_seconds",
-			Help:    "How long the read API took to answer a request, by route pattern, min_version waits included.",
+			Help:    "How long the read and admin APIs took to answer a request, by route pattern, min_version waits included.",
 			Buckets: []float64{.0005, .001, .0025, .005, .01, .025, .05, .1, .25, .5, 1, 2.5, 5, 10, 30},
 		}, []string{"route"}),
 	}
