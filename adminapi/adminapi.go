@@ -62,7 +62,7 @@ func Handler(cfg Config) (http.Handler, error) {
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
 	}
-	s := &server{cfg: cfg, log: log}
+	s := &server{cfg: cfg, log: log, heard: &heard{log: log, failed: map[string]bool{}}}
 	mux := http.NewServeMux()
 	handle := func(pattern, route string, h http.HandlerFunc) {
 		var hh http.Handler = s.authorize(h)
@@ -99,9 +99,16 @@ func Handler(cfg Config) (http.Handler, error) {
 }
 
 type server struct {
-	cfg Config
-	log *slog.Logger
+	cfg   Config
+	log   *slog.Logger
+	heard *heard
 }
+
+// What heard tells failing and succeeding again.
+const (
+	whatAuthenticating = "authenticating requests"
+	whatActing         = "acting on PostgreSQL or the brokers"
+)
 
 type principalKey struct{}
 
@@ -115,17 +122,33 @@ func (s *server) authorize(h http.HandlerFunc) http.HandlerFunc {
 				problem(w, http.StatusUnauthorized, readapi.CodeUnauthenticated, "a valid bearer token is required")
 				return
 			}
-			s.log.ErrorContext(r.Context(), "admin API: authenticating a request failed", "err", err)
+			s.heard.failure(r.Context(), whatAuthenticating, err)
 			problem(w, http.StatusServiceUnavailable, readapi.CodeUnavailable, "the request could not be authenticated now")
 			return
 		}
+		s.heard.success(r.Context(), whatAuthenticating)
 		readapi.SetSubject(r.Context(), p.Subject)
 		if !p.Allows(auth.ScopeAdmin) {
 			problem(w, http.StatusForbidden, readapi.CodeForbidden, "the admin API needs scope "+auth.ScopeAdmin)
 			return
 		}
-		h(w, r.WithContext(context.WithValue(r.Context(), principalKey{}, p)))
+		sw := &statusWriter{ResponseWriter: w, status: http.StatusOK}
+		h(sw, r.WithContext(context.WithValue(r.Context(), principalKey{}, p)))
+		if sw.status < http.StatusInternalServerError {
+			s.heard.success(r.Context(), whatActing)
+		}
 	}
+}
+
+// statusWriter keeps the status of a response, for heard.
+type statusWriter struct {
+	http.ResponseWriter
+	status int
+}
+
+func (w *statusWriter) WriteHeader(status int) {
+	w.status = status
+	w.ResponseWriter.WriteHeader(status)
 }
 
 // subjectOf is the authenticated subject of the request of ctx.
@@ -153,9 +176,10 @@ func badRequest(w http.ResponseWriter, detail string) {
 	problem(w, http.StatusBadRequest, CodeBadRequest, detail)
 }
 
-// fail answers an unexpected error: a 500 whose detail only the log has.
+// fail answers an unexpected error: a 500 whose detail only the log has,
+// once while such failures go on.
 func (s *server) fail(w http.ResponseWriter, r *http.Request, err error) {
-	s.log.ErrorContext(r.Context(), "admin API: request failed", "method", r.Method, "path", r.URL.Path, "err", err)
+	s.heard.failure(r.Context(), whatActing, err, "method", r.Method, "path", r.URL.Path)
 	problem(w, http.StatusInternalServerError, readapi.CodeInternal, "the request failed; the server's log has the detail")
 }
 

@@ -1,10 +1,12 @@
 package adminapi_test
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"fmt"
 	"io"
+	"log/slog"
 	"net/http"
 	"net/http/httptest"
 	"slices"
@@ -417,5 +419,32 @@ func TestRebuildActorIsTheSubject(t *testing.T) {
 	}
 	if rows.Err() != nil || !slices.Equal(actors, []string{"alice"}) {
 		t.Errorf("the operation's actors: %v %v, want alice", actors, rows.Err())
+	}
+}
+
+// TestFailuresHeardOnce: while PostgreSQL cannot be reached every request
+// is a 500, and the log says so once.
+func TestFailuresHeardOnce(t *testing.T) {
+	pool, err := pgxpool.New(t.Context(), "postgres://postgres@127.0.0.1:1/test?connect_timeout=2")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer pool.Close()
+	var logs bytes.Buffer
+	h, err := adminapi.Handler(adminapi.Config{DB: pool, Identity: "ident", Authenticator: testTokens,
+		Logger: slog.New(slog.NewTextHandler(&logs, nil))})
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := httptest.NewServer(h)
+	defer srv.Close()
+	f := fixture{pool: pool, url: srv.URL}
+	for range 3 {
+		if code, body := f.do(t, "admin-token", "GET", "/admin/v1/dead-letters", ""); code != 500 || body["code"] != "internal" {
+			t.Errorf("list without PostgreSQL: %d %v, want 500 internal", code, body)
+		}
+	}
+	if n := strings.Count(logs.String(), "level=ERROR"); n != 1 {
+		t.Errorf("%d failure lines for 3 failing requests, want 1:\n%s", n, &logs)
 	}
 }

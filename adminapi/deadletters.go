@@ -176,9 +176,19 @@ type SelectAnswer struct {
 	// Queued (redrive) are the dead letters queued for the workers that
 	// own their partitions; an entry already queued, resolved or purged
 	// is not.
-	Queued []deadletters.Queued `json:"queued,omitzero"`
+	Queued []Queued `json:"queued,omitzero"`
 	// Purged (purge) are the ids deleted.
 	Purged []int64 `json:"purged,omitzero"`
+}
+
+// Queued is a dead letter a redrive queued, and for which worker: the
+// one that owns its identity's topic and partition.
+type Queued struct {
+	ID         int64  `json:"id"`
+	Identity   string `json:"identity"`
+	Projection string `json:"projection"`
+	Topic      string `json:"topic"`
+	Partition  int32  `json:"partition"`
 }
 
 // selectIDs reads a SelectBody and finds its ids, answering an error
@@ -235,17 +245,19 @@ func (s *server) redrive(w http.ResponseWriter, r *http.Request) {
 		writeJSON(w, http.StatusOK, ans)
 		return
 	}
+	var queued []deadletters.Queued
 	err := pgx.BeginFunc(r.Context(), s.cfg.DB, func(tx pgx.Tx) error {
 		var err error
-		ans.Queued, err = deadletters.RedriveTx(r.Context(), tx, ids, actorOf(r.Context()), filter)
+		queued, err = deadletters.RedriveTx(r.Context(), tx, ids, actorOf(r.Context()), filter)
 		return err
 	})
 	if err != nil {
 		s.fail(w, r, err)
 		return
 	}
-	if ans.Queued == nil {
-		ans.Queued = []deadletters.Queued{}
+	ans.Queued = make([]Queued, len(queued))
+	for i, q := range queued {
+		ans.Queued[i] = Queued{ID: q.ID, Identity: q.Identity, Projection: q.Projection, Topic: q.Topic, Partition: q.Partition}
 	}
 	writeJSON(w, http.StatusAccepted, ans)
 }
