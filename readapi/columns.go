@@ -268,7 +268,22 @@ func appendFloat(b []byte, f float64, bits int) []byte {
 	return strconv.AppendFloat(b, f, 'g', -1, bits)
 }
 
+// appendString writes s as encoding/json writes it. Most strings (keys,
+// statuses, names) need no escape and are copied; the others go through
+// encoding/json, whose escapes (of <, > and & among them) they keep.
 func appendString(b []byte, s string) []byte {
+	plain := true
+	for i := 0; i < len(s); i++ {
+		if c := s[i]; c < 0x20 || c >= 0x7f || c == '"' || c == '\\' || c == '<' || c == '>' || c == '&' {
+			plain = false
+			break
+		}
+	}
+	if plain {
+		b = append(b, '"')
+		b = append(b, s...)
+		return append(b, '"')
+	}
 	j, _ := json.Marshal(s) // a string always marshals
 	return append(b, j...)
 }

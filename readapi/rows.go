@@ -89,17 +89,17 @@ func (a *API) getRow(w http.ResponseWriter, r *http.Request, req *request) {
 	v := req.view
 	ctx, cancel := context.WithTimeout(r.Context(), a.cfg.StatementTimeout)
 	defer cancel()
-	cols, ok := a.columns(ctx, w, v)
+	tbl, ok := a.columns(ctx, w, v)
 	if !ok {
 		return
 	}
 	args := []any{key}
-	sql := "SELECT " + selectList(cols) + " FROM " + quoteTable(v.p.Table) + " WHERE " + pgx.Identifier{v.p.KeyColumn}.Sanitize() + " = $1"
+	sql := tbl.get
 	if t := req.tenant(); t != "" {
 		args = append(args, t)
-		sql += " AND " + pgx.Identifier{v.p.Tenant}.Sanitize() + " = $2"
+		sql = tbl.getTenant
 	}
-	rows, err := a.query(ctx, v, cols, sql, args, 1, false)
+	rows, err := a.query(ctx, v, tbl.cols, sql, args, 1, false)
 	if err != nil {
 		if isDataException(err) {
 			rows, err = nil, nil // a key its column's type cannot hold: no row has it
@@ -246,10 +246,11 @@ func (a *API) listRows(w http.ResponseWriter, r *http.Request, req *request) {
 
 	ctx, cancel := context.WithTimeout(r.Context(), a.cfg.StatementTimeout)
 	defer cancel()
-	cols, ok := a.columns(ctx, w, v)
+	tbl, ok := a.columns(ctx, w, v)
 	if !ok {
 		return
 	}
+	cols := tbl.cols
 	keyCol := pgx.Identifier{v.p.KeyColumn}.Sanitize()
 	var where []string
 	var args []any
@@ -388,10 +389,10 @@ func (a *API) query(ctx context.Context, v *view, cols []column, sql string, arg
 }
 
 // columns answers 503 while v's table does not exist yet.
-func (a *API) columns(ctx context.Context, w http.ResponseWriter, v *view) ([]column, bool) {
-	cols, err := v.columns(ctx, a.cfg.DB)
+func (a *API) columns(ctx context.Context, w http.ResponseWriter, v *view) (*table, bool) {
+	t, err := v.columns(ctx, a.cfg.DB)
 	if err == nil {
-		return cols, true
+		return t, true
 	}
 	if errors.Is(err, errNoTable) {
 		w.Header().Set("Retry-After", "5")
