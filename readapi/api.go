@@ -117,7 +117,9 @@ type view struct {
 	// cols are the table's columns, read once the table exists: a
 	// request finds them without a lock.
 	cols atomic.Pointer[table]
-	mu   sync.Mutex // one reader of the columns at a time
+
+	batches batches    // its reads by key
+	mu      sync.Mutex // one reader of the columns at a time
 }
 
 // New returns the API of cfg.
@@ -143,6 +145,11 @@ func New(cfg Config) (*API, error) {
 			return nil, fmt.Errorf("readapi: projection %q given twice", p.Name)
 		}
 		v := &view{p: p, filterable: slices.Sorted(slices.Values(p.Filterable)), isFilter: map[string]bool{}}
+		v.batches.limit = defaultBatches
+		if n := poolSize(cfg.DB); n > 0 {
+			v.batches.limit = n
+		}
+		v.batches.queues = map[string]*getQueue{}
 		for _, c := range p.Filterable {
 			v.isFilter[c] = true
 		}
@@ -272,6 +279,10 @@ type table struct {
 	// get and getTenant read a row by key ($1), and by key and tenant
 	// ($2).
 	get, getTenant string
+	// getMany and getManyTenant read the rows of keys ($1, text[]), each
+	// with the key asked for after its columns; "" when the table has a
+	// column of the name they give the keys.
+	getMany, getManyTenant string
 }
 
 // columns returns v's columns, read from the table the first time it
@@ -294,6 +305,7 @@ func (v *view) columns(ctx context.Context, q Querier) (*table, error) {
 	if v.p.Tenant != "" {
 		t.getTenant = t.get + " AND " + pgx.Identifier{v.p.Tenant}.Sanitize() + " = $2"
 	}
+	t.getMany, t.getManyTenant = getManySQL(v.p, cols)
 	v.cols.Store(t)
 	return t, nil
 }

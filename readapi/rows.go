@@ -93,22 +93,16 @@ func (a *API) getRow(w http.ResponseWriter, r *http.Request, req *request) {
 	if !ok {
 		return
 	}
-	args := []any{key}
-	sql := tbl.get
-	if t := req.tenant(); t != "" {
-		args = append(args, t)
-		sql = tbl.getTenant
-	}
-	rows, err := a.query(ctx, v, tbl.cols, sql, args, 1, false)
+	row, err := a.getByKey(ctx, v, tbl, key, req.tenant())
 	if err != nil {
 		if isDataException(err) {
-			rows, err = nil, nil // a key its column's type cannot hold: no row has it
+			row, err = nil, nil // a key its column's type cannot hold: no row has it
 		} else {
 			a.queryFailed(w, r, v, err)
 			return
 		}
 	}
-	if len(rows) == 0 {
+	if row == nil {
 		if errors.Is(waitErr, ErrVersionNotReached) && !stale {
 			writeProblem(w, problem{Status: http.StatusPreconditionFailed, Code: CodeVersionNotReached,
 				Detail: "the aggregate has no row yet, and did not reach the version asked for within the wait"})
@@ -117,7 +111,6 @@ func (a *API) getRow(w http.ResponseWriter, r *http.Request, req *request) {
 		writeProblem(w, problem{Status: http.StatusNotFound, Code: CodeNotFound, Detail: fmt.Sprintf("projection %q has no row of key %q", v.p.Name, key)})
 		return
 	}
-	row := rows[0]
 	if errors.Is(waitErr, ErrVersionNotReached) && row.version >= min {
 		// Reached between the wait's end and the read.
 		waitErr, stale = nil, false
