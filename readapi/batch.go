@@ -46,9 +46,9 @@ func getManySQL(p *projection.Projection, cols []column) (all, tenant string) {
 		return "", ""
 	}
 	requested := "projector_keys." + batchKeyColumn
-	// A text key is compared as text; another is cast to its type, as the
-	// single read's parameter is, with the same errors for a key that
-	// type cannot hold.
+	// A text key is compared as text; another is cast to its type without
+	// a modifier, as the single read's parameter is, with the same errors
+	// for a key that type cannot hold.
 	match := requested
 	if keyType != "text" && keyType != "character varying" {
 		match += "::" + keyType

@@ -44,7 +44,8 @@ type column struct {
 	precision int
 	// expr is the column as the SELECT list reads it.
 	expr string
-	// typ is its type as Postgres names it, with its modifier.
+	// typ is its type as Postgres names it, without its modifier: a
+	// cast to varchar(3) would cut a longer value.
 	typ string
 }
 
@@ -79,7 +80,7 @@ var precisionRe = regexp.MustCompile(`^timestamp\((\d)\)`)
 // newColumn is how column name, of the type Postgres names base (the
 // element type for an array) and full (with its modifier), is read.
 func newColumn(name, base, full string, array bool) column {
-	c := column{name: name, kind: kindOf(base), array: array, precision: -1, typ: full}
+	c := column{name: name, kind: kindOf(base), array: array, precision: -1, typ: base}
 	if m := precisionRe.FindStringSubmatch(full); m != nil {
 		c.precision, _ = strconv.Atoi(m[1])
 	}

@@ -672,8 +672,9 @@ func TestReadsThroughAView(t *testing.T) {
 
 // Reads by key that arrive together are read together: each still gets
 // its own row, its tenant's only, a 404 for a key no row has or its
-// column's type cannot hold, and a key written otherwise than the stored
-// one (007 for 7) finds its row.
+// column's type cannot hold, or a longer one than a varchar(3) key's,
+// and a key written otherwise than the stored one (007 for 7) finds its
+// row.
 func TestGetRowConcurrently(t *testing.T) {
 	const countsYAML = `projections:
   - name: counts
@@ -684,8 +685,17 @@ func TestGetRowConcurrently(t *testing.T) {
     columns:
       id: {type: bigint, primary_key: true}
       n: {type: bigint}
+  - name: codes
+    topic: codes
+    table: codes
+    key: id
+    mode: snapshot
+    columns:
+      id: {type: "varchar(3)", primary_key: true}
+      n: {type: bigint}
 `
 	b := setup(t, ordersYAML+strings.TrimPrefix(countsYAML, "projections:\n"), readapi.Config{})
+	b.exec(t, `INSERT INTO codes (id, n, version) SELECT lpad(i::text, 3, '0'), i, 1 FROM generate_series(1, 100) i`)
 	b.exec(t, `INSERT INTO orders (id, org, status, amount, version)
 		SELECT 'o' || i, CASE WHEN i % 2 = 0 THEN 'acme' ELSE 'globex' END, 'open', i, i FROM generate_series(1, 100) i`)
 	b.exec(t, `INSERT INTO counts (id, n, version) SELECT i, i * 10, 1 FROM generate_series(1, 100) i`)
@@ -708,7 +718,10 @@ func TestGetRowConcurrently(t *testing.T) {
 			want{"all", path, http.StatusOK, "amount", float64(i)},
 			want{"all", fmt.Sprintf("/v1/projections/counts/rows/%03d", i), http.StatusOK, "n", float64(i * 10)},
 			want{"all", fmt.Sprintf("/v1/projections/counts/rows/x%d", i), http.StatusNotFound, "", 0},
-			want{"all", fmt.Sprintf("/v1/projections/counts/rows/%d", i+1000), http.StatusNotFound, "", 0})
+			want{"all", fmt.Sprintf("/v1/projections/counts/rows/%d", i+1000), http.StatusNotFound, "", 0},
+			want{"all", fmt.Sprintf("/v1/projections/codes/rows/%03d", i), http.StatusOK, "n", float64(i)},
+			// Not the row of its first three characters.
+			want{"all", fmt.Sprintf("/v1/projections/codes/rows/%03dx", i), http.StatusNotFound, "", 0})
 	}
 	var wg sync.WaitGroup
 	for g := range 32 {
