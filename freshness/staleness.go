@@ -34,48 +34,86 @@ const (
 // known (the stored partitions are not 0 to n-1, or
 // Config.OtherPartitioner says the producers partition otherwise), it is
 // the topic's stalest, as it is for key "". A topic of which nothing is
-// stored yet is an error.
+// stored yet is an error. The offsets are read at most once every
+// Config.StalenessCache for each projection, so the figure may be that
+// much older than the call.
 func (w *Watcher) Staleness(ctx context.Context, projection, key string) (time.Duration, error) {
 	p := w.projs[projection]
 	if p == nil {
 		return 0, fmt.Errorf("staleness of %s/%s: %w", projection, key, ErrUnknownProjection)
 	}
-	gens, err := w.generations(ctx)
+	ages, err := w.partitionAges(ctx, p)
 	if err != nil {
 		return 0, fmt.Errorf("staleness of %s/%s: %w", projection, key, err)
+	}
+	if len(ages.ages) == 0 {
+		return 0, fmt.Errorf("staleness of %s/%s: no offsets are stored for topic %s (identity %s): the engine has not run", projection, key, p.p.Topic, w.cfg.Identity)
+	}
+	worst, top := ages.worst, ages.top
+	a := worst
+	if key != "" && int(top)+1 == len(ages.ages) && !w.cfg.OtherPartitioner[projection] {
+		a = ages.ages[PartitionOf(key, len(ages.ages))]
+	}
+	d := time.Duration(a*float64(time.Second)) - w.cfg.Tolerance
+	return max(d, 0), nil
+}
+
+// ages is a read of a topic's partitions' ages: seconds since the
+// engine last saw each caught up.
+type ages struct {
+	ages  map[int32]float64
+	worst float64 // the oldest
+	top   int32   // the highest partition stored
+	read  time.Time
+}
+
+// partitionAges reads the ages of p's topic's partitions, or answers the
+// last read when it is less than Config.StalenessCache old: a read by key
+// would otherwise add a second statement, reading every partition's
+// offset, to each one, for a figure that moves by the second.
+func (w *Watcher) partitionAges(ctx context.Context, p *watched) (*ages, error) {
+	if w.cfg.StalenessCache > 0 {
+		if a := p.ages.Load(); a != nil && time.Since(a.read) < w.cfg.StalenessCache {
+			return a, nil
+		}
+		// One reader a projection: the requests that find the read too
+		// old at once wait for it rather than each running it.
+		p.agesMu.Lock()
+		defer p.agesMu.Unlock()
+		if a := p.ages.Load(); a != nil && time.Since(a.read) < w.cfg.StalenessCache {
+			return a, nil
+		}
+	}
+	gens, err := w.generations(ctx)
+	if err != nil {
+		return nil, err
 	}
 	query := stalenessSQL
 	if gens {
 		query = stalenessGenerationsSQL
 	}
+	read := time.Now()
 	rows, err := w.pool.Query(ctx, query, w.cfg.Identity, p.p.Topic, p.p.Name)
 	if err != nil {
-		return 0, fmt.Errorf("staleness of %s/%s: %w", projection, key, err)
+		return nil, err
 	}
-	ages := map[int32]float64{}
+	a := &ages{ages: map[int32]float64{}, read: read}
 	var (
-		part  int32
-		age   float64
-		worst float64
-		top   int32
+		part int32
+		age  float64
 	)
 	if _, err := pgx.ForEachRow(rows, []any{&part, &age}, func() error {
-		ages[part] = age
-		worst = max(worst, age)
-		top = max(top, part)
+		a.ages[part] = age
+		a.worst = max(a.worst, age)
+		a.top = max(a.top, part)
 		return nil
 	}); err != nil {
-		return 0, fmt.Errorf("staleness of %s/%s: %w", projection, key, err)
+		return nil, err
 	}
-	if len(ages) == 0 {
-		return 0, fmt.Errorf("staleness of %s/%s: no offsets are stored for topic %s (identity %s): the engine has not run", projection, key, p.p.Topic, w.cfg.Identity)
+	if len(a.ages) > 0 {
+		p.ages.Store(a) // nothing stored yet is read again next time
 	}
-	a := worst
-	if key != "" && int(top)+1 == len(ages) && !w.cfg.OtherPartitioner[projection] {
-		a = ages[PartitionOf(key, len(ages))]
-	}
-	d := time.Duration(a*float64(time.Second)) - w.cfg.Tolerance
-	return max(d, 0), nil
+	return a, nil
 }
 
 // generationsEvery is how often the watcher looks whether projections

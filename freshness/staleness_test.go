@@ -2,10 +2,12 @@ package freshness_test
 
 import (
 	"errors"
+	"fmt"
 	"testing"
 	"time"
 
 	"github.com/projector-dev/projector/freshness"
+	"github.com/projector-dev/projector/internal/testenv"
 	"github.com/projector-dev/projector/projection"
 )
 
@@ -28,7 +30,8 @@ func keyOf(t *testing.T, p int32, n int) string {
 // that one's; a topic whose stored partitions do not say how many it
 // has is as stale as its stalest.
 func TestStalenessOfStoredOffsets(t *testing.T) {
-	f := start(t, freshness.Config{Tolerance: time.Second})
+	// Every call reads the offsets: the test changes them between calls.
+	f := start(t, freshness.Config{Tolerance: time.Second, StalenessCache: -1})
 	ctx := t.Context()
 	if _, err := f.w.Staleness(ctx, "accounts", "a"); err == nil {
 		t.Fatal("staleness with no offsets stored: no error")
@@ -71,4 +74,36 @@ func TestStalenessOfStoredOffsets(t *testing.T) {
 	// known, the stalest stands for it.
 	f.exec(t, `DELETE FROM projector_offsets WHERE partition = 1`)
 	within(keyOf(t, 0, 3), 30*time.Second)
+}
+
+// A busy API's reads by key share one read of the stored offsets a
+// while (Config.StalenessCache) rather than each running a second
+// statement; a read older than that is read again.
+func TestStalenessReadOnceAWhile(t *testing.T) {
+	f := start(t, freshness.Config{Tolerance: time.Second, StalenessCache: time.Hour})
+	ctx := t.Context()
+	f.exec(t, `INSERT INTO projector_offsets (identity, topic, partition, next_offset, caught_up_at) VALUES
+		('group', 'accounts', 0, 10, now())`)
+	key := keyOf(t, 0, 1)
+	if d, err := f.w.Staleness(ctx, "accounts", key); err != nil || d != 0 {
+		t.Fatalf("staleness of a caught-up partition: %v, %v; want 0", d, err)
+	}
+	f.exec(t, `UPDATE projector_offsets SET caught_up_at = now() - interval '61 seconds'`)
+	if d, err := f.w.Staleness(ctx, "accounts", key); err != nil || d != 0 {
+		t.Fatalf("staleness within the cache's time: %v, %v; want the first read's 0", d, err)
+	}
+	fresh := start(t, freshness.Config{Tolerance: time.Second, StalenessCache: time.Millisecond})
+	fresh.exec(t, `INSERT INTO projector_offsets (identity, topic, partition, next_offset, caught_up_at) VALUES
+		('group', 'accounts', 0, 10, now())`)
+	if d, err := fresh.w.Staleness(ctx, "accounts", key); err != nil || d != 0 {
+		t.Fatalf("staleness of a caught-up partition: %v, %v; want 0", d, err)
+	}
+	fresh.exec(t, `UPDATE projector_offsets SET caught_up_at = now() - interval '61 seconds'`)
+	testenv.WaitFor(t, 5*time.Second, func() error {
+		d, err := fresh.w.Staleness(ctx, "accounts", key)
+		if err == nil && d < time.Minute {
+			err = fmt.Errorf("staleness %v once the cache's time passed, want a minute", d)
+		}
+		return err
+	})
 }

@@ -36,6 +36,10 @@ const (
 	// CaughtUpEvery, so that an idle partition reads as fresh between two
 	// of the engine's marks.
 	DefaultTolerance = 3 * time.Second
+	// DefaultStalenessCache is short beside the staleness a reader acts
+	// on (whole seconds past the tolerance), and long beside the time
+	// between two reads of a busy API.
+	DefaultStalenessCache = 100 * time.Millisecond
 )
 
 // Config configures a Watcher.
@@ -65,7 +69,11 @@ type Config struct {
 	Share float64
 	// Tolerance (default DefaultTolerance): see Staleness.
 	Tolerance time.Duration
-	Logger    *slog.Logger
+	// StalenessCache is how long one read of a topic's stored offsets
+	// answers Staleness (default DefaultStalenessCache); negative: every
+	// call reads them.
+	StalenessCache time.Duration
+	Logger         *slog.Logger
 	// Registerer, when set, is given the watcher's metrics.
 	Registerer prometheus.Registerer
 }
@@ -109,6 +117,9 @@ type watched struct {
 
 	once  sync.Mutex
 	shape *shape // nil until read from the catalog
+
+	ages   atomic.Pointer[ages] // the last read of its partitions' ages
+	agesMu sync.Mutex           // one reader of them at a time
 }
 
 // shape is what the watcher learns of a projection's table from the
@@ -148,6 +159,9 @@ func NewWatcher(pool *pgxpool.Pool, projs []*projection.Projection, cfg Config) 
 	}
 	if cfg.Share <= 0 || cfg.Share > 1 {
 		cfg.Share = DefaultShare
+	}
+	if cfg.StalenessCache == 0 {
+		cfg.StalenessCache = DefaultStalenessCache
 	}
 	if cfg.Tolerance <= 0 {
 		cfg.Tolerance = DefaultTolerance

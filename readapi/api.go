@@ -116,8 +116,10 @@ type view struct {
 
 	// cols are the table's columns, read once the table exists: a
 	// request finds them without a lock.
-	cols atomic.Pointer[[]column]
-	mu   sync.Mutex // one reader of the columns at a time
+	cols atomic.Pointer[table]
+
+	batches batches    // its reads by key
+	mu      sync.Mutex // one reader of the columns at a time
 }
 
 // New returns the API of cfg.
@@ -143,6 +145,11 @@ func New(cfg Config) (*API, error) {
 			return nil, fmt.Errorf("readapi: projection %q given twice", p.Name)
 		}
 		v := &view{p: p, filterable: slices.Sorted(slices.Values(p.Filterable)), isFilter: map[string]bool{}}
+		v.batches.limit = defaultBatches
+		if n := poolSize(cfg.DB); n > 0 {
+			v.batches.limit = n
+		}
+		v.batches.queues = map[string]*getQueue{}
 		for _, c := range p.Filterable {
 			v.isFilter[c] = true
 		}
@@ -265,23 +272,42 @@ func (r *request) tenant() string {
 	return r.principal.Tenant
 }
 
+// table is what the API reads of a projection's table: its columns, and
+// the statements built from them once rather than for each request.
+type table struct {
+	cols []column
+	// get and getTenant read a row by key ($1), and by key and tenant
+	// ($2).
+	get, getTenant string
+	// getMany and getManyTenant read the rows of keys ($1, text[]), each
+	// with the key asked for after its columns; "" when the table has a
+	// column of the name they give the keys.
+	getMany, getManyTenant string
+}
+
 // columns returns v's columns, read from the table the first time it
 // exists.
-func (v *view) columns(ctx context.Context, q Querier) ([]column, error) {
-	if cols := v.cols.Load(); cols != nil {
-		return *cols, nil
+func (v *view) columns(ctx context.Context, q Querier) (*table, error) {
+	if t := v.cols.Load(); t != nil {
+		return t, nil
 	}
 	v.mu.Lock()
 	defer v.mu.Unlock()
-	if cols := v.cols.Load(); cols != nil {
-		return *cols, nil
+	if t := v.cols.Load(); t != nil {
+		return t, nil
 	}
 	cols, err := tableColumns(ctx, q, v.p)
 	if err != nil {
 		return nil, err
 	}
-	v.cols.Store(&cols)
-	return cols, nil
+	t := &table{cols: cols}
+	t.get = "SELECT " + selectList(cols) + " FROM " + quoteTable(v.p.Table) + " WHERE " + pgx.Identifier{v.p.KeyColumn}.Sanitize() + " = $1"
+	if v.p.Tenant != "" {
+		t.getTenant = t.get + " AND " + pgx.Identifier{v.p.Tenant}.Sanitize() + " = $2"
+	}
+	t.getMany, t.getManyTenant = getManySQL(v.p, cols)
+	v.cols.Store(t)
+	return t, nil
 }
 
 // forget drops the columns read, to be read again: the table may have

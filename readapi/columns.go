@@ -44,6 +44,9 @@ type column struct {
 	precision int
 	// expr is the column as the SELECT list reads it.
 	expr string
+	// typ is its type as Postgres names it, without its modifier: a
+	// cast to varchar(3) would cut a longer value.
+	typ string
 }
 
 // kindOf is the kind of the type Postgres names base (format_type without
@@ -77,7 +80,7 @@ var precisionRe = regexp.MustCompile(`^timestamp\((\d)\)`)
 // newColumn is how column name, of the type Postgres names base (the
 // element type for an array) and full (with its modifier), is read.
 func newColumn(name, base, full string, array bool) column {
-	c := column{name: name, kind: kindOf(base), array: array, precision: -1}
+	c := column{name: name, kind: kindOf(base), array: array, precision: -1, typ: base}
 	if m := precisionRe.FindStringSubmatch(full); m != nil {
 		c.precision, _ = strconv.Atoi(m[1])
 	}
@@ -268,7 +271,22 @@ func appendFloat(b []byte, f float64, bits int) []byte {
 	return strconv.AppendFloat(b, f, 'g', -1, bits)
 }
 
+// appendString writes s as encoding/json writes it. Most strings (keys,
+// statuses, names) need no escape and are copied; the others go through
+// encoding/json, whose escapes (of <, > and & among them) they keep.
 func appendString(b []byte, s string) []byte {
+	plain := true
+	for i := 0; i < len(s); i++ {
+		if c := s[i]; c < 0x20 || c >= 0x7f || c == '"' || c == '\\' || c == '<' || c == '>' || c == '&' {
+			plain = false
+			break
+		}
+	}
+	if plain {
+		b = append(b, '"')
+		b = append(b, s...)
+		return append(b, '"')
+	}
 	j, _ := json.Marshal(s) // a string always marshals
 	return append(b, j...)
 }

@@ -669,3 +669,81 @@ func TestReadsThroughAView(t *testing.T) {
 		t.Errorf("HEAD: status %d body %q ETag %q, want 200, no body, \"5\"", rec.Code, rec.Body, rec.Header().Get("ETag"))
 	}
 }
+
+// Reads by key that arrive together are read together: each still gets
+// its own row, its tenant's only, a 404 for a key no row has or its
+// column's type cannot hold, or a longer one than a varchar(3) key's,
+// and a key written otherwise than the stored one (007 for 7) finds its
+// row.
+func TestGetRowConcurrently(t *testing.T) {
+	const countsYAML = `projections:
+  - name: counts
+    topic: counts
+    table: counts
+    key: id
+    mode: snapshot
+    columns:
+      id: {type: bigint, primary_key: true}
+      n: {type: bigint}
+  - name: codes
+    topic: codes
+    table: codes
+    key: id
+    mode: snapshot
+    columns:
+      id: {type: "varchar(3)", primary_key: true}
+      n: {type: bigint}
+`
+	b := setup(t, ordersYAML+strings.TrimPrefix(countsYAML, "projections:\n"), readapi.Config{})
+	b.exec(t, `INSERT INTO codes (id, n, version) SELECT lpad(i::text, 3, '0'), i, 1 FROM generate_series(1, 100) i`)
+	b.exec(t, `INSERT INTO orders (id, org, status, amount, version)
+		SELECT 'o' || i, CASE WHEN i % 2 = 0 THEN 'acme' ELSE 'globex' END, 'open', i, i FROM generate_series(1, 100) i`)
+	b.exec(t, `INSERT INTO counts (id, n, version) SELECT i, i * 10, 1 FROM generate_series(1, 100) i`)
+	type want struct {
+		token, path string
+		status      int
+		field       string
+		value       float64
+	}
+	var cases []want
+	for i := 1; i <= 100; i++ {
+		own, other := "acme", "globex"
+		if i%2 == 1 {
+			own, other = other, own
+		}
+		path := fmt.Sprintf("/v1/projections/orders/rows/o%d", i)
+		cases = append(cases,
+			want{own, path, http.StatusOK, "amount", float64(i)},
+			want{other, path, http.StatusNotFound, "", 0},
+			want{"all", path, http.StatusOK, "amount", float64(i)},
+			want{"all", fmt.Sprintf("/v1/projections/counts/rows/%03d", i), http.StatusOK, "n", float64(i * 10)},
+			want{"all", fmt.Sprintf("/v1/projections/counts/rows/x%d", i), http.StatusNotFound, "", 0},
+			want{"all", fmt.Sprintf("/v1/projections/counts/rows/%d", i+1000), http.StatusNotFound, "", 0},
+			want{"all", fmt.Sprintf("/v1/projections/codes/rows/%03d", i), http.StatusOK, "n", float64(i)},
+			// Not the row of its first three characters.
+			want{"all", fmt.Sprintf("/v1/projections/codes/rows/%03dx", i), http.StatusNotFound, "", 0})
+	}
+	var wg sync.WaitGroup
+	for g := range 32 {
+		wg.Go(func() {
+			for round := range 3 {
+				for i := g; i < len(cases); i += 32 {
+					c := cases[(i+round*7)%len(cases)]
+					r := b.get(t, c.token, c.path)
+					if r.status != c.status {
+						t.Errorf("%s as %s: status %d, want %d: %s", c.path, c.token, r.status, c.status, r.body)
+						continue
+					}
+					if c.field == "" {
+						continue
+					}
+					var m map[string]any
+					if err := json.Unmarshal(r.body, &m); err != nil || m[c.field] != c.value {
+						t.Errorf("%s as %s: %s, want %s %v", c.path, c.token, r.body, c.field, c.value)
+					}
+				}
+			}
+		})
+	}
+	wg.Wait()
+}

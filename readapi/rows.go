@@ -89,26 +89,20 @@ func (a *API) getRow(w http.ResponseWriter, r *http.Request, req *request) {
 	v := req.view
 	ctx, cancel := context.WithTimeout(r.Context(), a.cfg.StatementTimeout)
 	defer cancel()
-	cols, ok := a.columns(ctx, w, v)
+	tbl, ok := a.columns(ctx, w, v)
 	if !ok {
 		return
 	}
-	args := []any{key}
-	sql := "SELECT " + selectList(cols) + " FROM " + quoteTable(v.p.Table) + " WHERE " + pgx.Identifier{v.p.KeyColumn}.Sanitize() + " = $1"
-	if t := req.tenant(); t != "" {
-		args = append(args, t)
-		sql += " AND " + pgx.Identifier{v.p.Tenant}.Sanitize() + " = $2"
-	}
-	rows, err := a.query(ctx, v, cols, sql, args, 1, false)
+	row, err := a.getByKey(ctx, v, tbl, key, req.tenant())
 	if err != nil {
 		if isDataException(err) {
-			rows, err = nil, nil // a key its column's type cannot hold: no row has it
+			row, err = nil, nil // a key its column's type cannot hold: no row has it
 		} else {
 			a.queryFailed(w, r, v, err)
 			return
 		}
 	}
-	if len(rows) == 0 {
+	if row == nil {
 		if errors.Is(waitErr, ErrVersionNotReached) && !stale {
 			writeProblem(w, problem{Status: http.StatusPreconditionFailed, Code: CodeVersionNotReached,
 				Detail: "the aggregate has no row yet, and did not reach the version asked for within the wait"})
@@ -117,7 +111,6 @@ func (a *API) getRow(w http.ResponseWriter, r *http.Request, req *request) {
 		writeProblem(w, problem{Status: http.StatusNotFound, Code: CodeNotFound, Detail: fmt.Sprintf("projection %q has no row of key %q", v.p.Name, key)})
 		return
 	}
-	row := rows[0]
 	if errors.Is(waitErr, ErrVersionNotReached) && row.version >= min {
 		// Reached between the wait's end and the read.
 		waitErr, stale = nil, false
@@ -246,10 +239,11 @@ func (a *API) listRows(w http.ResponseWriter, r *http.Request, req *request) {
 
 	ctx, cancel := context.WithTimeout(r.Context(), a.cfg.StatementTimeout)
 	defer cancel()
-	cols, ok := a.columns(ctx, w, v)
+	tbl, ok := a.columns(ctx, w, v)
 	if !ok {
 		return
 	}
+	cols := tbl.cols
 	keyCol := pgx.Identifier{v.p.KeyColumn}.Sanitize()
 	var where []string
 	var args []any
@@ -388,10 +382,10 @@ func (a *API) query(ctx context.Context, v *view, cols []column, sql string, arg
 }
 
 // columns answers 503 while v's table does not exist yet.
-func (a *API) columns(ctx context.Context, w http.ResponseWriter, v *view) ([]column, bool) {
-	cols, err := v.columns(ctx, a.cfg.DB)
+func (a *API) columns(ctx context.Context, w http.ResponseWriter, v *view) (*table, bool) {
+	t, err := v.columns(ctx, a.cfg.DB)
 	if err == nil {
-		return cols, true
+		return t, true
 	}
 	if errors.Is(err, errNoTable) {
 		w.Header().Set("Retry-After", "5")

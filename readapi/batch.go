@@ -1,0 +1,223 @@
+package readapi
+
+import (
+	"context"
+	"slices"
+	"sync"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/projector-dev/projector/projection"
+)
+
+// Reads by key that arrive while others are running are read together,
+// in one statement: a read by key costs the database and the API mostly
+// the round trip (a write and a read on each side, and a wake-up of the
+// backend), not the index probe, so under load one round trip for several
+// keys serves more reads a second from the same pool. Nothing waits for a
+// batch to fill: a read starts at once while fewer than the pool's size
+// run for its projection and tenant, and those that arrive meanwhile go
+// together in the next.
+const (
+	// maxBatch bounds the keys of one statement.
+	maxBatch = 64
+	// defaultBatches is how many batches of a projection and tenant run
+	// at once when the pool's size is not known.
+	defaultBatches = 4
+	// batchKeyColumn names the keys asked for in the batch's statement.
+	batchKeyColumn = "projector_requested_key"
+)
+
+// getManySQL is the statements that read the rows of several keys at
+// once, with and without the tenant's condition: "" when the table has a
+// column named batchKeyColumn, whose name the statement takes.
+func getManySQL(p *projection.Projection, cols []column) (all, tenant string) {
+	keyType := ""
+	for _, c := range cols {
+		if c.name == batchKeyColumn {
+			return "", ""
+		}
+		if c.name == p.KeyColumn {
+			keyType = c.typ
+		}
+	}
+	if keyType == "" {
+		return "", ""
+	}
+	requested := "projector_keys." + batchKeyColumn
+	// A text key is compared as text; another is cast to its type without
+	// a modifier, as the single read's parameter is, with the same errors
+	// for a key that type cannot hold.
+	match := requested
+	if keyType != "text" && keyType != "character varying" {
+		match += "::" + keyType
+	}
+	all = "SELECT " + selectList(cols) + ", " + requested + " FROM unnest($1::text[]) AS projector_keys(" + batchKeyColumn + ") JOIN " +
+		quoteTable(p.Table) + " ON " + pgx.Identifier{p.KeyColumn}.Sanitize() + " = " + match
+	if p.Tenant != "" {
+		tenant = all + " AND " + pgx.Identifier{p.Tenant}.Sanitize() + " = $2"
+	}
+	return all, tenant
+}
+
+// batches gathers a projection's reads by key, a queue per tenant.
+type batches struct {
+	limit  int // batches of a queue running at once
+	mu     sync.Mutex
+	queues map[string]*getQueue
+}
+
+// getQueue is the reads by key of one projection and tenant.
+type getQueue struct {
+	running int        // batches running
+	pending []*getCall // reads waiting for the next
+}
+
+// getCall is one read by key waiting in a queue.
+type getCall struct {
+	key  string
+	done chan getResult // buffered: whoever answers never blocks
+}
+
+// getResult is a read's answer, or its turn to run the next batch.
+type getResult struct {
+	row   *readRow // nil: no row
+	err   error
+	lead  bool // run the next batch
+	alone bool // read the key alone: the batch failed on another's key
+}
+
+// poolSize is the pool's size when db is a pgxpool.Pool, else 0.
+func poolSize(db Querier) int {
+	if p, ok := db.(*pgxpool.Pool); ok {
+		return int(p.Config().MaxConns)
+	}
+	return 0
+}
+
+// getByKey reads the row of key (and tenant, when not "") in v's table:
+// nil when there is none.
+func (a *API) getByKey(ctx context.Context, v *view, tbl *table, key, tenant string) (*readRow, error) {
+	many := tbl.getMany
+	if tenant != "" {
+		many = tbl.getManyTenant
+	}
+	if many == "" {
+		return a.getOne(ctx, v, tbl, key, tenant)
+	}
+	b := &v.batches
+	b.mu.Lock()
+	q := b.queues[tenant]
+	if q == nil {
+		q = &getQueue{}
+		b.queues[tenant] = q
+	}
+	self := &getCall{key: key, done: make(chan getResult, 1)}
+	var batch []*getCall
+	if q.running < b.limit {
+		q.running++
+		batch = append(take(q), self)
+		b.mu.Unlock()
+	} else {
+		q.pending = append(q.pending, self)
+		b.mu.Unlock()
+		// The wait is bounded by the batches before it, each by the
+		// statement timeout; a client that leaves still gets its read.
+		r := <-self.done
+		switch {
+		case r.alone:
+			return a.getOne(ctx, v, tbl, key, tenant)
+		case !r.lead:
+			return r.row, r.err
+		}
+		b.mu.Lock()
+		batch = append(take(q), self)
+		b.mu.Unlock()
+	}
+	mine := a.runBatch(ctx, v, tbl, many, tenant, batch)
+	b.mu.Lock()
+	if len(q.pending) > 0 {
+		next := q.pending[0]
+		q.pending = q.pending[1:]
+		b.mu.Unlock()
+		next.done <- getResult{lead: true}
+	} else {
+		q.running--
+		if q.running == 0 {
+			delete(b.queues, tenant) // a tenant's queue lives while it reads
+		}
+		b.mu.Unlock()
+	}
+	if mine.alone {
+		return a.getOne(ctx, v, tbl, key, tenant)
+	}
+	return mine.row, mine.err
+}
+
+// take removes up to maxBatch-1 reads from q's pending, the oldest first.
+// The caller holds the lock.
+func take(q *getQueue) []*getCall {
+	n := min(len(q.pending), maxBatch-1)
+	batch := slices.Clone(q.pending[:n])
+	q.pending = slices.Delete(q.pending, 0, n)
+	if len(q.pending) == 0 {
+		q.pending = nil
+	}
+	return batch
+}
+
+// runBatch reads the keys of batch, whose last call is the caller's, and
+// answers the others; it returns the caller's answer.
+func (a *API) runBatch(ctx context.Context, v *view, tbl *table, many, tenant string, batch []*getCall) getResult {
+	self := batch[len(batch)-1]
+	if len(batch) == 1 {
+		row, err := a.getOne(ctx, v, tbl, self.key, tenant)
+		return getResult{row: row, err: err}
+	}
+	keys := make([]string, len(batch))
+	for i, c := range batch {
+		keys[i] = c.key
+	}
+	args := []any{keys}
+	if tenant != "" {
+		args = append(args, tenant)
+	}
+	// The others' reads do not end when the caller's client leaves.
+	qctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), a.cfg.StatementTimeout)
+	defer cancel()
+	rows, err := a.query(qctx, v, tbl.cols, many, args, len(batch), true)
+	var answer func(c *getCall) getResult
+	switch {
+	case err != nil && isDataException(err):
+		// A key its column's type cannot hold: each reads its own.
+		answer = func(*getCall) getResult { return getResult{alone: true} }
+	case err != nil:
+		answer = func(*getCall) getResult { return getResult{err: err} }
+	default:
+		byKey := make(map[string]*readRow, len(rows))
+		for i := range rows {
+			byKey[rows[i].key] = &rows[i]
+		}
+		answer = func(c *getCall) getResult { return getResult{row: byKey[c.key]} }
+	}
+	for _, c := range batch[:len(batch)-1] {
+		c.done <- answer(c)
+	}
+	return answer(self)
+}
+
+// getOne reads the row of key alone.
+func (a *API) getOne(ctx context.Context, v *view, tbl *table, key, tenant string) (*readRow, error) {
+	args := []any{key}
+	sql := tbl.get
+	if tenant != "" {
+		args = append(args, tenant)
+		sql = tbl.getTenant
+	}
+	rows, err := a.query(ctx, v, tbl.cols, sql, args, 1, false)
+	if err != nil || len(rows) == 0 {
+		return nil, err
+	}
+	return &rows[0], nil
+}
