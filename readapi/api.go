@@ -7,6 +7,7 @@ import (
 	"log/slog"
 	"net/http"
 	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -41,8 +42,8 @@ type Staleness interface {
 // Waiter waits for an aggregate to reach a version: read-your-writes.
 type Waiter interface {
 	// WaitVersion returns nil once the aggregate key of projection has
-	// reached version min (its row's version, or a deleted aggregate's
-	// last version, is min or more), an error wrapping
+	// reached version min (its row's version is min or more), a
+	// *DeletedError when it was deleted at min or above, an error wrapping
 	// ErrVersionNotReached when wait passes first, and one wrapping
 	// ErrTooManyWaiters when the process waits for too many already.
 	// tenant, when not empty, is the reader's: a wait must tell it
@@ -55,6 +56,15 @@ var (
 	ErrVersionNotReached = errors.New("version not reached")
 	ErrTooManyWaiters    = errors.New("too many waiters")
 )
+
+// DeletedError is what a Waiter returns when the aggregate was deleted at
+// a version at or above the one waited for: the API answers 404 with that
+// version, so that a reader waiting for its own delete knows it landed.
+type DeletedError struct{ Version int64 }
+
+func (e *DeletedError) Error() string {
+	return "deleted at version " + strconv.FormatInt(e.Version, 10)
+}
 
 // Config configures the API. Projections, DB and Authenticator are
 // required; the zero value of every other field is a working choice.

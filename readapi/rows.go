@@ -63,11 +63,18 @@ func (a *API) getRow(w http.ResponseWriter, r *http.Request, req *request) {
 			return
 		}
 		waitErr = a.cfg.Waiter.WaitVersion(r.Context(), req.view.p.Name, key, req.tenant(), min, wait)
-		if waitErr == nil || errors.Is(waitErr, ErrVersionNotReached) || errors.Is(waitErr, ErrTooManyWaiters) {
+		var deleted *DeletedError
+		isDeleted := errors.As(waitErr, &deleted)
+		if waitErr == nil || isDeleted || errors.Is(waitErr, ErrVersionNotReached) || errors.Is(waitErr, ErrTooManyWaiters) {
 			a.heard.success(r.Context(), whatWaiting)
 		}
 		switch {
 		case waitErr == nil:
+		case isDeleted:
+			at := deleted.Version
+			writeProblem(w, problem{Status: http.StatusNotFound, Code: CodeNotFound, CurrentVersion: &at,
+				Detail: fmt.Sprintf("the aggregate was deleted at version %d, at or above the version asked for", at)})
+			return
 		case errors.Is(waitErr, ErrTooManyWaiters):
 			w.Header().Set("Retry-After", "1")
 			writeProblem(w, problem{Status: http.StatusTooManyRequests, Code: CodeTooManyWaiters, Detail: "too many requests wait for a version; try again"})

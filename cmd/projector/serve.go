@@ -122,6 +122,8 @@ func (v waiter) WaitVersion(ctx context.Context, projection, key, tenant string,
 		return err
 	case !r.Reached:
 		return fmt.Errorf("%w: at version %d", readapi.ErrVersionNotReached, r.Version)
+	case r.Deleted && !r.Found:
+		return &readapi.DeletedError{Version: r.Version}
 	}
 	return nil
 }

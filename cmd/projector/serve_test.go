@@ -218,6 +218,20 @@ func TestServeReadsWhatTheEngineWrote(t *testing.T) {
 		break
 	}
 
+	// A deleted aggregate: waiting for its last version answers 404 with
+	// that version, at once.
+	var goneKey string
+	var goneAt int64
+	if err := db.Pool.QueryRow(ctx, `SELECT key, version FROM projector_tombstones WHERE table_name = 'accounts' ORDER BY key LIMIT 1`).Scan(&goneKey, &goneAt); err != nil {
+		t.Fatalf("the stream deleted no account: %v", err)
+	}
+	for _, addr := range []string{serveAPI, runAPI} {
+		status, _, p := get(addr, fmt.Sprintf("/v1/projections/accounts/rows/%s?min_version=%d&wait=10s", goneKey, goneAt))
+		if status != http.StatusNotFound || p["code"] != "not_found" || p["current_version"] != float64(goneAt) {
+			t.Errorf("account %s deleted at version %d, at %s with min_version %d: %d %v, want 404 at that version", goneKey, goneAt, addr, goneAt, status, p)
+		}
+	}
+
 	resp, err := http.Get("http://" + serveHTTP + "/metrics")
 	if err != nil {
 		t.Fatal(err)
