@@ -669,3 +669,35 @@ func TestReadsThroughAView(t *testing.T) {
 		t.Errorf("HEAD: status %d body %q ETag %q, want 200, no body, \"5\"", rec.Code, rec.Body, rec.Header().Get("ETag"))
 	}
 }
+
+// TestListNonTextKey pages through a projection whose key is a bigint: its
+// text form, for the cursor, must not make the key's ORDER BY ambiguous.
+func TestListNonTextKey(t *testing.T) {
+	b := setup(t, `projections:
+  - name: counters
+    topic: counters
+    table: counters
+    key: id
+    mode: snapshot
+    columns:
+      id: {type: bigint, primary_key: true}
+      n: {type: integer}
+`, readapi.Config{})
+	b.exec(t, `INSERT INTO counters VALUES (10, 1, 1), (9, 2, 1), (100, 3, 1)`)
+	var ids []float64
+	path := "/v1/projections/counters/rows?limit=2"
+	for path != "" {
+		r := b.get(t, "all", path)
+		if r.status != http.StatusOK {
+			t.Fatalf("%s: status %d: %s", path, r.status, r.body)
+		}
+		m := r.json(t)
+		for _, row := range m["rows"].([]any) {
+			ids = append(ids, row.(map[string]any)["id"].(float64))
+		}
+		path, _ = m["next"].(string)
+	}
+	if !slices.Equal(ids, []float64{9, 10, 100}) {
+		t.Errorf("pages hold %v, want 9 10 100 in numeric order", ids)
+	}
+}

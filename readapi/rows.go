@@ -267,7 +267,10 @@ func (a *API) listRows(w http.ResponseWriter, r *http.Request, req *request) {
 		args = append(args, *after)
 		where = append(where, fmt.Sprintf("%s > $%d", keyCol, len(args)))
 	}
-	sql := "SELECT " + selectList(cols) + ", " + keyCol + "::text FROM " + quoteTable(v.p.Table)
+	// The key as text is named apart from the key column, which ORDER BY
+	// names: the same name on both would be ambiguous when the key is not
+	// text.
+	sql := "SELECT " + selectList(cols) + ", " + keyCol + "::text AS projector_cursor_key FROM " + quoteTable(v.p.Table)
 	if len(where) > 0 {
 		sql += " WHERE " + strings.Join(where, " AND ")
 	}
