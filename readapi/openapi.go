@@ -161,11 +161,11 @@ var stalenessHeader = obj{
 func rowOperation(p *projection.Projection, id string) func(method string) obj {
 	return func(method string) obj {
 		rowHeaders := obj{
-			"ETag":                        obj{"required": true, "schema": obj{"type": "string", "pattern": `^"[0-9]+"$`}},
-			headerVersion:                 obj{"required": true, "schema": obj{"type": "integer"}},
-			headerStaleness:               stalenessHeader,
-			headerStale:                   obj{"schema": obj{"type": "string", "const": "true"}},
-			"Cache-Control":               obj{"schema": obj{"type": "string"}},
+			"ETag":          obj{"required": true, "schema": obj{"type": "string", "pattern": `^"[0-9]+"$`}},
+			headerVersion:   obj{"required": true, "schema": obj{"type": "integer"}},
+			headerStaleness: stalenessHeader,
+			headerStale:     obj{"schema": obj{"type": "string", "const": "true"}},
+			"Cache-Control": obj{"schema": obj{"type": "string"}},
 		}
 		ok := obj{"description": "The row.", "headers": rowHeaders}
 		if method == "get" {
