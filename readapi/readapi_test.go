@@ -701,3 +701,43 @@ func TestListNonTextKey(t *testing.T) {
 		t.Errorf("pages hold %v, want 9 10 100 in numeric order", ids)
 	}
 }
+
+// TestWaitAndFilterSpellings: wait takes seconds, or s or ms, up to 30 s,
+// and integer and boolean filters take the spellings the API writes,
+// each the grammar the OpenAPI document gives.
+func TestWaitAndFilterSpellings(t *testing.T) {
+	f := &fakeFreshness{reach: func(string, int64) error { return nil }}
+	b := setup(t, `projections:
+  - name: flags
+    topic: flags
+    table: flags
+    key: id
+    mode: snapshot
+    filterable: [on, n]
+    columns:
+      id: {type: text, primary_key: true}
+      on: {type: boolean}
+      n: {type: smallint}
+`, readapi.Config{Waiter: f})
+	b.exec(t, `INSERT INTO flags VALUES ('a', true, 1, 1)`)
+	for _, wait := range []string{"0", "2.5", "30", "030.0", "2s", "30s", ".5s", "500ms", "30000ms"} {
+		if r := b.get(t, "all", "/v1/projections/flags/rows/a?min_version=1&wait="+wait); r.status != http.StatusOK {
+			t.Errorf("wait=%s: status %d %s", wait, r.status, r.body)
+		}
+	}
+	for _, wait := range []string{"30.5", "31s", "30001ms", "1m", "0ns", "-1", "1e1", "", "inf"} {
+		b.get(t, "all", "/v1/projections/flags/rows/a?min_version=1&wait="+wait).problem(t, http.StatusBadRequest, readapi.CodeBadParameter)
+	}
+	for _, q := range []string{"on=true", "on=false", "n=1", "n=-32768", "n=32767"} {
+		if r := b.get(t, "all", "/v1/projections/flags/rows?"+q); r.status != http.StatusOK {
+			t.Errorf("%s: status %d %s", q, r.status, r.body)
+		}
+	}
+	for _, q := range []string{"on=yes", "on=t", "on=1", "n=32768", "n=+1", "n=0x1", "n="} {
+		if r := b.get(t, "all", "/v1/projections/flags/rows?"+q); r.status != http.StatusBadRequest {
+			t.Errorf("%s: status %d, want 400", q, r.status)
+		} else {
+			r.problem(t, http.StatusBadRequest, readapi.CodeBadFilter)
+		}
+	}
+}

@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"net/http"
 	"net/url"
+	"regexp"
 	"slices"
 	"strconv"
 	"strings"
@@ -173,7 +174,8 @@ func (a *API) minVersion(w http.ResponseWriter, r *http.Request, q url.Values) (
 		return 0, 0, false
 	}
 	wait = DefaultWait
-	if s := q.Get("wait"); s != "" {
+	if q.Has("wait") {
+		s := q.Get("wait")
 		if wait, err = parseWait(s); err != nil {
 			writeProblem(w, problem{Status: http.StatusBadRequest, Code: CodeBadParameter, Detail: fmt.Sprintf("wait %q: %v", s, err)})
 			return 0, 0, false
@@ -182,21 +184,30 @@ func (a *API) minVersion(w http.ResponseWriter, r *http.Request, q url.Values) (
 	return min, wait, true
 }
 
-// parseWait reads a wait: a Go duration (2s, 500ms) or a number of
-// seconds, at most MaxWait.
+// WaitPattern is the grammar of wait, which the OpenAPI document
+// gives: seconds (2.5) or with a unit, s or ms (2.5s, 500ms), at most
+// MaxWait. The bound is in the grammar, so that the document says
+// exactly which waits are taken.
+const WaitPattern = `^(0*(30(\.0*)?|[12]?[0-9](\.[0-9]*)?|\.[0-9]+)s?|0*(30000(\.0*)?|[12]?[0-9]{1,4}(\.[0-9]*)?|\.[0-9]+)ms)$`
+
+var waitRe = regexp.MustCompile(WaitPattern)
+
+// parseWait reads a wait of WaitPattern's grammar.
 func parseWait(s string) (time.Duration, error) {
-	d, err := time.ParseDuration(s)
+	if !waitRe.MatchString(s) {
+		return 0, fmt.Errorf("want seconds (2.5) or a duration in s or ms (2s, 500ms), 0 to %s", MaxWait)
+	}
+	unit := time.Second
+	if n, ok := strings.CutSuffix(s, "ms"); ok {
+		s, unit = n, time.Millisecond
+	} else {
+		s = strings.TrimSuffix(s, "s")
+	}
+	f, err := strconv.ParseFloat(s, 64)
 	if err != nil {
-		f, ferr := strconv.ParseFloat(s, 64)
-		if ferr != nil {
-			return 0, errors.New("want a duration such as 2s or 500ms, or seconds")
-		}
-		d = time.Duration(f * float64(time.Second))
+		return 0, fmt.Errorf("want seconds: %w", err)
 	}
-	if d < 0 || d > MaxWait {
-		return 0, fmt.Errorf("want 0 to %s", MaxWait)
-	}
-	return d, nil
+	return time.Duration(f * float64(unit)), nil
 }
 
 // listRows answers GET /v1/projections/{name}/rows.
@@ -249,6 +260,13 @@ func (a *API) listRows(w http.ResponseWriter, r *http.Request, req *request) {
 	cols, ok := a.columns(ctx, w, v)
 	if !ok {
 		return
+	}
+	for _, f := range filters {
+		if c, ok := columnNamed(cols, f.col); ok && !c.accepts(f.value) {
+			writeProblem(w, problem{Status: http.StatusBadRequest, Code: CodeBadFilter, Filterable: nonNil(v.filterable),
+				Detail: fmt.Sprintf("filter %s=%q: not a value of the column's type (%s)", f.col, f.value, c.spelling())})
+			return
+		}
 	}
 	keyCol := pgx.Identifier{v.p.KeyColumn}.Sanitize()
 	var where []string
