@@ -3,6 +3,7 @@ package readapi
 import (
 	"encoding/json"
 	"fmt"
+	"math"
 	"net/http"
 	"slices"
 	"strconv"
@@ -177,13 +178,13 @@ func rowOperation(p *projection.Projection, id string) func(method string) obj {
 			"parameters": []any{
 				obj{"name": "key", "in": "path", "required": true, "schema": obj{"type": "string"},
 					"description": "The aggregate key, in its column's text form."},
-				obj{"name": "min_version", "in": "query", "schema": obj{"type": "integer", "minimum": 1},
+				obj{"name": "min_version", "in": "query", "schema": versionSchema,
 					"description": "Wait until the aggregate has reached this version."},
-				obj{"name": "wait", "in": "query", "schema": obj{"type": "string", "pattern": `^([0-9]+(\.[0-9]+)?(ns|us|µs|ms|s|m|h)?)+$`},
-					"description": "How long min_version waits: a duration such as 2s or 500ms, or seconds; at most 30s (default 5s)."},
+				obj{"name": "wait", "in": "query", "schema": obj{"type": "string", "pattern": WaitPattern},
+					"description": "How long min_version waits: seconds (2.5), or in s or ms (2s, 500ms); at most 30s (default 5s)."},
 				obj{"name": "stale", "in": "query", "schema": obj{"type": "string", "enum": []string{"ok"}},
 					"description": "With min_version: answer the current row when the wait runs out."},
-				obj{"name": headerMinVersion, "in": "header", "schema": obj{"type": "integer", "minimum": 1},
+				obj{"name": headerMinVersion, "in": "header", "schema": versionSchema,
 					"description": "min_version, as a header."},
 				obj{"name": "If-None-Match", "in": "header", "schema": obj{"type": "string"}},
 			},
@@ -201,12 +202,16 @@ func rowOperation(p *projection.Projection, id string) func(method string) obj {
 func listOperation(p *projection.Projection, id string) (func(method string) obj, error) {
 	params := []any{
 		obj{"name": "limit", "in": "query", "schema": obj{"type": "integer", "minimum": 1, "maximum": MaxLimit, "default": DefaultLimit}},
-		obj{"name": "after", "in": "query", "schema": obj{"type": "string"},
-			"description": "The opaque cursor of a next link."},
+		obj{"name": "after", "in": "query", "schema": obj{"type": "string", "pattern": "^[A-Za-z0-9_-]+$"},
+			"description": "The opaque cursor of a next link: pass the link as it is."},
+	}
+	types := map[string]string{}
+	for _, c := range p.Columns {
+		types[c.Name] = c.Type
 	}
 	for _, c := range slices.Sorted(slices.Values(p.Filterable)) {
-		params = append(params, obj{"name": c, "in": "query", "schema": obj{"type": "string"},
-			"description": fmt.Sprintf("Equality filter on column %s, in its text form.", c)})
+		params = append(params, obj{"name": c, "in": "query", "schema": filterSchema(types[c]),
+			"description": fmt.Sprintf("Equality filter on column %s (%s).", c, types[c])})
 	}
 	return func(method string) obj {
 		ok := obj{"description": "A page of rows in key order.", "headers": obj{
@@ -283,6 +288,30 @@ func valueSchema(base, declared string) obj {
 		return obj{"type": "string", "pattern": patternTimestamp}
 	case kindDate:
 		return obj{"type": "string", "pattern": patternDate}
+	}
+	return obj{"type": "string"}
+}
+
+// versionSchema is a version's: a positive bigint.
+var versionSchema = obj{"type": "integer", "minimum": 1, "maximum": int64(math.MaxInt64)}
+
+// filterSchema is the schema of a filter's value on a column of type
+// declared: integers and booleans as the API checks them, the types
+// written as strings in the pattern of their JSON, others any string
+// (PostgreSQL judges them: one its type cannot hold is a 400).
+func filterSchema(declared string) obj {
+	base, array := projection.CanonicalType(declared)
+	if array {
+		return obj{"type": "string"}
+	}
+	switch kindOf(base) {
+	case kindInt:
+		bits := intBits(base)
+		return obj{"type": "integer", "minimum": -(int64(1) << (bits - 1)), "maximum": int64(1)<<(bits-1) - 1}
+	case kindBool:
+		return obj{"type": "string", "enum": []string{"true", "false"}}
+	case kindNumeric, kindTimestamptz, kindTimestamp, kindDate:
+		return valueSchema(base, declared)
 	}
 	return obj{"type": "string"}
 }

@@ -75,7 +75,7 @@ const typesYAML = `projections:
     table: things
     key: id
     mode: snapshot
-    filterable: [label, qty]
+    filterable: [label, qty, active, day]
     tenant: org
     columns:
       id: {type: bigint, primary_key: true}
@@ -250,7 +250,9 @@ func TestOpenAPIContract(t *testing.T) {
 		c.call(t, false, method, row+"1?min_version=x", all...)
 		c.call(t, false, method, row+"1?min_version=1&stale=yes", all...)
 		c.call(t, false, method, row+"1?min_version=1&wait=forever", all...)
-		c.call(t, true, method, row+"1?min_version=1&wait=31s", all...) // a 400 the schema does not express
+		c.call(t, false, method, row+"1?min_version=1&wait=31s", all...)
+		c.call(t, false, method, row+"1?min_version=1&wait=1m", all...)
+		c.call(t, true, method, row+"1?min_version=1&wait=250ms", all...)
 		c.call(t, true, method, row+"1?stale=ok", all...)
 		c.call(t, true, method, row+"1?colour=red", all...)
 		c.call(t, false, method, row+"1")
@@ -271,8 +273,12 @@ func TestOpenAPIContract(t *testing.T) {
 		}
 		c.call(t, true, method, list, acme...)
 		c.call(t, true, method, list+"?label=one&qty=1", all...)
-		c.call(t, true, method, list+"?qty=x", all...)
-		c.call(t, true, method, list+"?org=acme", all...)
+		c.call(t, false, method, list+"?qty=x", all...)
+		c.call(t, false, method, list+"?qty=2147483648", all...)
+		c.call(t, false, method, list+"?active=yes", all...)
+		c.call(t, true, method, list+"?active=true&day=2024-05-17", all...)
+		c.call(t, true, method, list+"?org=acme", all...) // not filterable: OpenAPI cannot refuse an unknown parameter; the API answers 400
+
 		c.call(t, true, method, list+"?after=bm9wZQ", all...)
 		c.call(t, false, method, list+"?limit=0", all...)
 		c.call(t, false, method, list+"?limit=1001", all...)
