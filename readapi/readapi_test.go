@@ -507,7 +507,24 @@ func TestMinVersionAndStaleness(t *testing.T) {
 	b.get(t, "acme", "/v1/projections/orders/rows/o1?min_version=9").problem(t, http.StatusServiceUnavailable, readapi.CodeUnavailable)
 	b.get(t, "acme", "/v1/projections/orders/rows/o1?min_version=9&wait=31s").problem(t, http.StatusBadRequest, readapi.CodeBadParameter)
 	b.get(t, "acme", "/v1/projections/orders/rows/o1?min_version=x").problem(t, http.StatusBadRequest, readapi.CodeBadParameter)
-	b.get(t, "acme", "/v1/projections/orders/rows/o1?stale=ok").problem(t, http.StatusBadRequest, readapi.CodeBadParameter)
+	// stale and wait without a min_version change nothing, but each is
+	// checked wherever it is given, as is the header.
+	if r := b.get(t, "acme", "/v1/projections/orders/rows/o1?stale=ok&wait=1s"); r.status != http.StatusOK || r.header.Get("Projector-Stale") != "" {
+		t.Errorf("stale=ok without min_version: status %d stale %q, want 200 and no Projector-Stale", r.status, r.header.Get("Projector-Stale"))
+	}
+	b.get(t, "acme", "/v1/projections/orders/rows/o1?stale=yes").problem(t, http.StatusBadRequest, readapi.CodeBadParameter)
+	b.get(t, "acme", "/v1/projections/orders/rows/o1?wait=1h").problem(t, http.StatusBadRequest, readapi.CodeBadParameter)
+	b.get(t, "acme", "/v1/projections/orders/rows/o1?min_version=1", "Projector-Min-Version", "{}").problem(t, http.StatusBadRequest, readapi.CodeBadParameter)
+	f.reach = func(_ string, min int64) error {
+		if min > 3 {
+			return readapi.ErrVersionNotReached
+		}
+		return nil
+	}
+	if r := b.get(t, "acme", "/v1/projections/orders/rows/o1?min_version=1", "Projector-Min-Version", "9"); r.status != http.StatusOK {
+		t.Errorf("min_version 1 and the header 9: status %d, want 200: the query's is taken", r.status)
+	}
+	b.get(t, "acme", "/v1/projections/orders/rows/o1?min_version=", "Projector-Min-Version", "2").problem(t, http.StatusBadRequest, readapi.CodeBadParameter)
 }
 
 func TestMetrics(t *testing.T) {

@@ -58,11 +58,11 @@ func (a *API) getRow(w http.ResponseWriter, r *http.Request, req *request) {
 	if !ok {
 		return
 	}
+	if s := q.Get("stale"); q.Has("stale") && s != "ok" {
+		writeProblem(w, problem{Status: http.StatusBadRequest, Code: CodeBadParameter, Detail: fmt.Sprintf("stale %q: the only value is ok", s)})
+		return
+	}
 	if min > 0 {
-		if s := q.Get("stale"); s != "" && s != "ok" {
-			writeProblem(w, problem{Status: http.StatusBadRequest, Code: CodeBadParameter, Detail: fmt.Sprintf("stale %q: the only value is ok", s)})
-			return
-		}
 		waitErr = a.cfg.Waiter.WaitVersion(r.Context(), req.view.p.Name, key, req.tenant(), min, wait)
 		if waitErr == nil || errors.Is(waitErr, ErrVersionNotReached) || errors.Is(waitErr, ErrTooManyWaiters) {
 			a.heard.success(r.Context(), whatWaiting)
@@ -82,9 +82,6 @@ func (a *API) getRow(w http.ResponseWriter, r *http.Request, req *request) {
 			writeProblem(w, problem{Status: http.StatusServiceUnavailable, Code: CodeUnavailable, Detail: "the wait for the version failed"})
 			return
 		}
-	} else if q.Has("stale") {
-		writeProblem(w, problem{Status: http.StatusBadRequest, Code: CodeBadParameter, Detail: "stale is only taken with min_version"})
-		return
 	}
 
 	v := req.view
@@ -150,36 +147,51 @@ func (a *API) getRow(w http.ResponseWriter, r *http.Request, req *request) {
 	}
 }
 
-// minVersion reads min_version (or Projector-Min-Version) and wait; 0
-// without one. A false ok means it answered the request.
+// minVersion reads min_version (or else Projector-Min-Version) and wait; 0
+// without a min_version. Each given is checked, with a min_version or
+// not, so that a malformed one is refused wherever it is; wait alone
+// changes nothing. A false ok means it answered the request.
 func (a *API) minVersion(w http.ResponseWriter, r *http.Request, q url.Values) (min int64, wait time.Duration, ok bool) {
-	raw := q.Get("min_version")
-	if raw == "" {
-		raw = r.Header.Get(headerMinVersion)
+	bad := func(detail string) (int64, time.Duration, bool) {
+		writeProblem(w, problem{Status: http.StatusBadRequest, Code: CodeBadParameter, Detail: detail})
+		return 0, 0, false
 	}
-	if raw == "" {
-		if q.Has("wait") {
-			writeProblem(w, problem{Status: http.StatusBadRequest, Code: CodeBadParameter, Detail: "wait is only taken with min_version"})
-			return 0, 0, false
+	parse := func(raw string) (int64, bool) {
+		v, err := strconv.ParseInt(raw, 10, 64)
+		if err != nil || v < 1 || strings.HasPrefix(raw, "+") {
+			return 0, false
 		}
-		return 0, 0, true
+		return v, true
 	}
-	min, err := strconv.ParseInt(raw, 10, 64)
-	if err != nil || min < 1 {
-		writeProblem(w, problem{Status: http.StatusBadRequest, Code: CodeBadParameter, Detail: fmt.Sprintf("min_version %q: want a version, 1 or more", raw)})
-		return 0, 0, false
+	if q.Has("min_version") {
+		raw := q.Get("min_version")
+		if min, ok = parse(raw); !ok {
+			return bad(fmt.Sprintf("min_version %q: want a version, 1 or more", raw))
+		}
 	}
-	if a.cfg.Waiter == nil {
-		writeProblem(w, problem{Status: http.StatusBadRequest, Code: CodeMinVersionNotHere, Detail: "min_version is not served here: this process does not watch versions"})
-		return 0, 0, false
+	if hs := r.Header.Values(headerMinVersion); len(hs) > 0 {
+		h, ok := parse(hs[0])
+		if !ok || len(hs) > 1 {
+			return bad(fmt.Sprintf("%s %q: want one version, 1 or more", headerMinVersion, hs[0]))
+		}
+		if min == 0 {
+			min = h // the query's min_version, when both are given
+		}
 	}
 	wait = DefaultWait
 	if q.Has("wait") {
 		s := q.Get("wait")
+		var err error
 		if wait, err = parseWait(s); err != nil {
-			writeProblem(w, problem{Status: http.StatusBadRequest, Code: CodeBadParameter, Detail: fmt.Sprintf("wait %q: %v", s, err)})
-			return 0, 0, false
+			return bad(fmt.Sprintf("wait %q: %v", s, err))
 		}
+	}
+	if min == 0 {
+		return 0, 0, true
+	}
+	if a.cfg.Waiter == nil {
+		writeProblem(w, problem{Status: http.StatusBadRequest, Code: CodeMinVersionNotHere, Detail: "min_version is not served here: this process does not watch versions"})
+		return 0, 0, false
 	}
 	return min, wait, true
 }
