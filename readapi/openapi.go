@@ -310,11 +310,27 @@ func filterSchema(declared string) obj {
 		return obj{"type": "integer", "minimum": -(int64(1) << (bits - 1)), "maximum": int64(1)<<(bits-1) - 1}
 	case kindBool:
 		return obj{"type": "string", "enum": []string{"true", "false"}}
-	case kindNumeric, kindTimestamptz, kindTimestamp, kindDate:
+	case kindDate:
+		return obj{"type": "string", "pattern": patternDateFilter}
+	case kindTimestamptz:
+		return obj{"type": "string", "pattern": `^` + dateFilter + `T` + timeFilter + `Z$`}
+	case kindTimestamp:
+		return obj{"type": "string", "pattern": `^` + dateFilter + `T` + timeFilter + `$`}
+	case kindNumeric:
 		return valueSchema(base, declared)
 	}
 	return obj{"type": "string"}
 }
+
+// A date or timestamp filter's value: a day of years 1 to 9999 in the
+// form the API writes, each month with the days it has. February 29 is
+// left out, as a pattern cannot tell leap years: the API takes it in a
+// leap year, and PostgreSQL refuses it in others (400).
+const (
+	dateFilter        = `([0-9]{3}[1-9]|[0-9]{2}[1-9][0-9]|[0-9][1-9][0-9]{2}|[1-9][0-9]{3})-((0[13578]|1[02])-(0[1-9]|[12][0-9]|3[01])|(0[469]|11)-(0[1-9]|[12][0-9]|30)|02-(0[1-9]|1[0-9]|2[0-8]))`
+	timeFilter        = `([01][0-9]|2[0-3]):[0-5][0-9]:[0-5][0-9](\.[0-9]{1,6})?`
+	patternDateFilter = `^(` + dateFilter + `|-?infinity)$`
+)
 
 // serveDocument answers GET /openapi.json.
 func (a *API) serveDocument(w http.ResponseWriter, r *http.Request) {
