@@ -98,7 +98,8 @@ func (c *Config) validate() error {
 }
 
 // API serves the projections' rows. It is an http.Handler; wrap it in
-// NewServer's server, or mount it beside other routes under /v1/.
+// NewServer's server, or mount it beside other routes under /v1/ and
+// /openapi.json.
 type API struct {
 	cfg     Config
 	log     *slog.Logger

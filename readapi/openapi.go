@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"math"
 	"net/http"
+	"regexp"
 	"slices"
 	"strconv"
 	"strings"
@@ -260,10 +261,9 @@ func rowSchema(p *projection.Projection) (obj, error) {
 
 // Patterns of the values written as strings.
 const (
-	patternNumeric     = `^(-?[0-9]+(\.[0-9]+)?|NaN|-?Infinity)$`
-	patternTimestamptz = `^(-?[0-9]{4,}-[0-9]{2}-[0-9]{2}T[0-9]{2}:[0-9]{2}:[0-9]{2}(\.[0-9]+)?Z|-?infinity)$`
-	patternTimestamp   = `^(-?[0-9]{4,}-[0-9]{2}-[0-9]{2}T[0-9]{2}:[0-9]{2}:[0-9]{2}(\.[0-9]+)?|-?infinity)$`
-	patternDate        = `^(-?[0-9]{4,}-[0-9]{2}-[0-9]{2}|-?infinity)$`
+	patternNumeric = `^(-?[0-9]+(\.[0-9]+)?|NaN|-?Infinity)$`
+	patternInstant = `-?[0-9]{4,}-[0-9]{2}-[0-9]{2}T[0-9]{2}:[0-9]{2}:[0-9]{2}`
+	patternDate    = `^(-?[0-9]{4,}-[0-9]{2}-[0-9]{2}|-?infinity)$`
 )
 
 // valueSchema is the schema of one value of a column of the type
@@ -283,13 +283,29 @@ func valueSchema(base, declared string) obj {
 	case kindBytes:
 		return obj{"type": "string", "contentEncoding": "base64"}
 	case kindTimestamptz:
-		return obj{"type": "string", "pattern": patternTimestamptz}
+		return obj{"type": "string", "pattern": `^(` + patternInstant + fraction(declared) + `Z|-?infinity)$`}
 	case kindTimestamp:
-		return obj{"type": "string", "pattern": patternTimestamp}
+		return obj{"type": "string", "pattern": `^(` + patternInstant + fraction(declared) + `|-?infinity)$`}
 	case kindDate:
 		return obj{"type": "string", "pattern": patternDate}
 	}
 	return obj{"type": "string"}
+}
+
+var declaredPrecision = regexp.MustCompile(`\(\s*([0-6])\s*\)`)
+
+// fraction is the pattern of the fractional seconds of a timestamp
+// declared as declared: as many digits as a declared precision, else up
+// to 6 (trailing zeros trimmed).
+func fraction(declared string) string {
+	m := declaredPrecision.FindStringSubmatch(declared)
+	switch {
+	case m == nil:
+		return `(\.[0-9]{0,5}[1-9])?`
+	case m[1] == "0":
+		return ""
+	}
+	return `\.[0-9]{` + m[1] + `}`
 }
 
 // versionSchema is a version's: a positive bigint.
