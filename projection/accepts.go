@@ -257,3 +257,9 @@ func canonicalType(pgType string) (string, bool) {
 	}
 	return t, array
 }
+
+// CanonicalType returns the name format_type prints for the base type of
+// pgType (a column's type as a projection file writes it), without its
+// modifiers, and whether it is an array: what a reader of the table, such
+// as the read API's document, needs to tell how its values are written.
+func CanonicalType(pgType string) (base string, array bool) { return canonicalType(pgType) }

@@ -108,7 +108,8 @@ func (c *Config) validate() error {
 }
 
 // API serves the projections' rows. It is an http.Handler; wrap it in
-// NewServer's server, or mount it beside other routes under /v1/.
+// NewServer's server, or mount it beside other routes under /v1/ and
+// /openapi.json.
 type API struct {
 	cfg     Config
 	log     *slog.Logger
@@ -116,6 +117,9 @@ type API struct {
 	mux     *http.ServeMux
 	metrics *metrics
 	heard   *heard
+	// document is the OpenAPI document served at /openapi.json.
+	document []byte
+	routes   []string
 }
 
 // view is one projection as the API reads it.
@@ -165,8 +169,12 @@ func New(cfg Config) (*API, error) {
 		}
 		a.views[p.Name] = v
 	}
-	a.mux.Handle(routeRow, a.route(routeRow, a.getRow))
-	a.mux.Handle(routeRows, a.route(routeRows, a.listRows))
+	if a.document, err = Document(cfg.Projections); err != nil {
+		return nil, err
+	}
+	a.handle(routeRow, a.getRow)
+	a.handle(routeRows, a.listRows)
+	a.handle(routeOpenAPI, func(w http.ResponseWriter, r *http.Request, _ *request) { a.serveDocument(w, r) })
 	a.mux.Handle("/", a.route(routeOther, func(w http.ResponseWriter, r *http.Request, _ *request) {
 		writeProblem(w, problem{Status: http.StatusNotFound, Code: CodeNotFound, Detail: "no such route"})
 	}))
@@ -186,6 +194,17 @@ const (
 	routeRows  = "/v1/projections/{name}/rows"
 	routeOther = "other"
 )
+
+// handle registers the route pattern, which is also its metrics' label.
+func (a *API) handle(pattern string, h func(http.ResponseWriter, *http.Request, *request)) {
+	a.mux.Handle(pattern, a.route(pattern, h))
+	a.routes = append(a.routes, pattern)
+}
+
+// Routes are the patterns of the routes the API serves: each is in its
+// OpenAPI document (a {name} once per projection). Any other path
+// answers 404.
+func (a *API) Routes() []string { return slices.Clone(a.routes) }
 
 // ServeHTTP serves r.
 func (a *API) ServeHTTP(w http.ResponseWriter, r *http.Request) { a.mux.ServeHTTP(w, r) }
@@ -224,7 +243,7 @@ func (a *API) route(name string, h func(http.ResponseWriter, *http.Request, *req
 			writeProblem(rec, problem{Status: http.StatusBadRequest, Code: CodeBodyNotAllowed, Detail: "a request to the read API has no body"})
 			return
 		}
-		if name == routeOther {
+		if name == routeOther || name == routeOpenAPI {
 			h(rec, r, nil)
 			return
 		}

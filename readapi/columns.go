@@ -47,6 +47,58 @@ type column struct {
 	// typ is its type as Postgres names it, without its modifier: a
 	// cast to varchar(3) would cut a longer value.
 	typ string
+	// bits is an integer column's size: 16, 32 or 64.
+	bits int
+}
+
+// columnNamed returns the column of cols named name.
+func columnNamed(cols []column, name string) (column, bool) {
+	for _, c := range cols {
+		if c.name == name {
+			return c, true
+		}
+	}
+	return column{}, false
+}
+
+// accepts tells whether a filter's value is one of c's, in the spelling
+// the API writes it: an integer in its range, true or false. Values of
+// other types are left to PostgreSQL, which refuses what its type cannot
+// hold; these two it would take in other spellings too (yes, 0x1F), which
+// the document does not give.
+func (c column) accepts(value string) bool {
+	switch {
+	case c.array:
+		return true
+	case c.kind == kindInt:
+		_, err := strconv.ParseInt(value, 10, c.bits)
+		return err == nil && !strings.HasPrefix(value, "+")
+	case c.kind == kindBool:
+		return value == "true" || value == "false"
+	}
+	return true
+}
+
+// spelling names the values accepts takes.
+func (c column) spelling() string {
+	switch c.kind {
+	case kindInt:
+		return fmt.Sprintf("a %d-bit integer", c.bits)
+	case kindBool:
+		return "true or false"
+	}
+	return "its text form"
+}
+
+// intBits is the size of the integer type format_type names base.
+func intBits(base string) int {
+	switch base {
+	case "smallint":
+		return 16
+	case "integer":
+		return 32
+	}
+	return 64
 }
 
 // kindOf is the kind of the type Postgres names base (format_type without
@@ -80,7 +132,7 @@ var precisionRe = regexp.MustCompile(`^timestamp\((\d)\)`)
 // newColumn is how column name, of the type Postgres names base (the
 // element type for an array) and full (with its modifier), is read.
 func newColumn(name, base, full string, array bool) column {
-	c := column{name: name, kind: kindOf(base), array: array, precision: -1, typ: base}
+	c := column{name: name, kind: kindOf(base), array: array, precision: -1, typ: base, bits: intBits(base)}
 	if m := precisionRe.FindStringSubmatch(full); m != nil {
 		c.precision, _ = strconv.Atoi(m[1])
 	}

@@ -507,7 +507,24 @@ func TestMinVersionAndStaleness(t *testing.T) {
 	b.get(t, "acme", "/v1/projections/orders/rows/o1?min_version=9").problem(t, http.StatusServiceUnavailable, readapi.CodeUnavailable)
 	b.get(t, "acme", "/v1/projections/orders/rows/o1?min_version=9&wait=31s").problem(t, http.StatusBadRequest, readapi.CodeBadParameter)
 	b.get(t, "acme", "/v1/projections/orders/rows/o1?min_version=x").problem(t, http.StatusBadRequest, readapi.CodeBadParameter)
-	b.get(t, "acme", "/v1/projections/orders/rows/o1?stale=ok").problem(t, http.StatusBadRequest, readapi.CodeBadParameter)
+	// stale and wait without a min_version change nothing, but each is
+	// checked wherever it is given, as is the header.
+	if r := b.get(t, "acme", "/v1/projections/orders/rows/o1?stale=ok&wait=1s"); r.status != http.StatusOK || r.header.Get("Projector-Stale") != "" {
+		t.Errorf("stale=ok without min_version: status %d stale %q, want 200 and no Projector-Stale", r.status, r.header.Get("Projector-Stale"))
+	}
+	b.get(t, "acme", "/v1/projections/orders/rows/o1?stale=yes").problem(t, http.StatusBadRequest, readapi.CodeBadParameter)
+	b.get(t, "acme", "/v1/projections/orders/rows/o1?wait=1h").problem(t, http.StatusBadRequest, readapi.CodeBadParameter)
+	b.get(t, "acme", "/v1/projections/orders/rows/o1?min_version=1", "Projector-Min-Version", "{}").problem(t, http.StatusBadRequest, readapi.CodeBadParameter)
+	f.reach = func(_ string, min int64) error {
+		if min > 3 {
+			return readapi.ErrVersionNotReached
+		}
+		return nil
+	}
+	if r := b.get(t, "acme", "/v1/projections/orders/rows/o1?min_version=1", "Projector-Min-Version", "9"); r.status != http.StatusOK {
+		t.Errorf("min_version 1 and the header 9: status %d, want 200: the query's is taken", r.status)
+	}
+	b.get(t, "acme", "/v1/projections/orders/rows/o1?min_version=", "Projector-Min-Version", "2").problem(t, http.StatusBadRequest, readapi.CodeBadParameter)
 }
 
 func TestMetrics(t *testing.T) {
@@ -667,6 +684,78 @@ func TestReadsThroughAView(t *testing.T) {
 	api.ServeHTTP(rec, httptest.NewRequestWithContext(ctx, http.MethodHead, "/v1/projections/orders/rows/o1", nil))
 	if rec.Code != http.StatusOK || rec.Body.Len() != 0 || rec.Header().Get("ETag") != `"5"` {
 		t.Errorf("HEAD: status %d body %q ETag %q, want 200, no body, \"5\"", rec.Code, rec.Body, rec.Header().Get("ETag"))
+	}
+}
+
+// TestListNonTextKey pages through a projection whose key is a bigint: its
+// text form, for the cursor, must not make the key's ORDER BY ambiguous.
+func TestListNonTextKey(t *testing.T) {
+	b := setup(t, `projections:
+  - name: counters
+    topic: counters
+    table: counters
+    key: id
+    mode: snapshot
+    columns:
+      id: {type: bigint, primary_key: true}
+      n: {type: integer}
+`, readapi.Config{})
+	b.exec(t, `INSERT INTO counters VALUES (10, 1, 1), (9, 2, 1), (100, 3, 1)`)
+	var ids []float64
+	path := "/v1/projections/counters/rows?limit=2"
+	for path != "" {
+		r := b.get(t, "all", path)
+		if r.status != http.StatusOK {
+			t.Fatalf("%s: status %d: %s", path, r.status, r.body)
+		}
+		m := r.json(t)
+		for _, row := range m["rows"].([]any) {
+			ids = append(ids, row.(map[string]any)["id"].(float64))
+		}
+		path, _ = m["next"].(string)
+	}
+	if !slices.Equal(ids, []float64{9, 10, 100}) {
+		t.Errorf("pages hold %v, want 9 10 100 in numeric order", ids)
+	}
+}
+
+// TestWaitAndFilterSpellings: wait takes seconds, or s or ms, up to 30 s,
+// and integer and boolean filters take the spellings the API writes,
+// each the grammar the OpenAPI document gives.
+func TestWaitAndFilterSpellings(t *testing.T) {
+	f := &fakeFreshness{reach: func(string, int64) error { return nil }}
+	b := setup(t, `projections:
+  - name: flags
+    topic: flags
+    table: flags
+    key: id
+    mode: snapshot
+    filterable: [on, n]
+    columns:
+      id: {type: text, primary_key: true}
+      on: {type: boolean}
+      n: {type: smallint}
+`, readapi.Config{Waiter: f})
+	b.exec(t, `INSERT INTO flags VALUES ('a', true, 1, 1)`)
+	for _, wait := range []string{"0", "2.5", "30", "030.0", "2s", "30s", ".5s", "500ms", "30000ms"} {
+		if r := b.get(t, "all", "/v1/projections/flags/rows/a?min_version=1&wait="+wait); r.status != http.StatusOK {
+			t.Errorf("wait=%s: status %d %s", wait, r.status, r.body)
+		}
+	}
+	for _, wait := range []string{"30.5", "31s", "30001ms", "1m", "0ns", "-1", "1e1", "", "inf"} {
+		b.get(t, "all", "/v1/projections/flags/rows/a?min_version=1&wait="+wait).problem(t, http.StatusBadRequest, readapi.CodeBadParameter)
+	}
+	for _, q := range []string{"on=true", "on=false", "n=1", "n=-32768", "n=32767"} {
+		if r := b.get(t, "all", "/v1/projections/flags/rows?"+q); r.status != http.StatusOK {
+			t.Errorf("%s: status %d %s", q, r.status, r.body)
+		}
+	}
+	for _, q := range []string{"on=yes", "on=t", "on=1", "n=32768", "n=+1", "n=0x1", "n="} {
+		if r := b.get(t, "all", "/v1/projections/flags/rows?"+q); r.status != http.StatusBadRequest {
+			t.Errorf("%s: status %d, want 400", q, r.status)
+		} else {
+			r.problem(t, http.StatusBadRequest, readapi.CodeBadFilter)
+		}
 	}
 }
 

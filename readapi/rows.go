@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"net/http"
 	"net/url"
+	"regexp"
 	"slices"
 	"strconv"
 	"strings"
@@ -57,11 +58,11 @@ func (a *API) getRow(w http.ResponseWriter, r *http.Request, req *request) {
 	if !ok {
 		return
 	}
+	if s := q.Get("stale"); q.Has("stale") && s != "ok" {
+		writeProblem(w, problem{Status: http.StatusBadRequest, Code: CodeBadParameter, Detail: fmt.Sprintf("stale %q: the only value is ok", s)})
+		return
+	}
 	if min > 0 {
-		if s := q.Get("stale"); s != "" && s != "ok" {
-			writeProblem(w, problem{Status: http.StatusBadRequest, Code: CodeBadParameter, Detail: fmt.Sprintf("stale %q: the only value is ok", s)})
-			return
-		}
 		waitErr = a.cfg.Waiter.WaitVersion(r.Context(), req.view.p.Name, key, req.tenant(), min, wait)
 		var deleted *DeletedError
 		isDeleted := errors.As(waitErr, &deleted)
@@ -88,9 +89,6 @@ func (a *API) getRow(w http.ResponseWriter, r *http.Request, req *request) {
 			writeProblem(w, problem{Status: http.StatusServiceUnavailable, Code: CodeUnavailable, Detail: "the wait for the version failed"})
 			return
 		}
-	} else if q.Has("stale") {
-		writeProblem(w, problem{Status: http.StatusBadRequest, Code: CodeBadParameter, Detail: "stale is only taken with min_version"})
-		return
 	}
 
 	v := req.view
@@ -149,54 +147,79 @@ func (a *API) getRow(w http.ResponseWriter, r *http.Request, req *request) {
 	}
 }
 
-// minVersion reads min_version (or Projector-Min-Version) and wait; 0
-// without one. A false ok means it answered the request.
+// minVersion reads min_version (or else Projector-Min-Version) and wait; 0
+// without a min_version. Each given is checked, with a min_version or
+// not, so that a malformed one is refused wherever it is; wait alone
+// changes nothing. A false ok means it answered the request.
 func (a *API) minVersion(w http.ResponseWriter, r *http.Request, q url.Values) (min int64, wait time.Duration, ok bool) {
-	raw := q.Get("min_version")
-	if raw == "" {
-		raw = r.Header.Get(headerMinVersion)
-	}
-	if raw == "" {
-		if q.Has("wait") {
-			writeProblem(w, problem{Status: http.StatusBadRequest, Code: CodeBadParameter, Detail: "wait is only taken with min_version"})
-			return 0, 0, false
-		}
-		return 0, 0, true
-	}
-	min, err := strconv.ParseInt(raw, 10, 64)
-	if err != nil || min < 1 {
-		writeProblem(w, problem{Status: http.StatusBadRequest, Code: CodeBadParameter, Detail: fmt.Sprintf("min_version %q: want a version, 1 or more", raw)})
+	bad := func(detail string) (int64, time.Duration, bool) {
+		writeProblem(w, problem{Status: http.StatusBadRequest, Code: CodeBadParameter, Detail: detail})
 		return 0, 0, false
+	}
+	parse := func(raw string) (int64, bool) {
+		v, err := strconv.ParseInt(raw, 10, 64)
+		if err != nil || v < 1 || strings.HasPrefix(raw, "+") {
+			return 0, false
+		}
+		return v, true
+	}
+	if q.Has("min_version") {
+		raw := q.Get("min_version")
+		if min, ok = parse(raw); !ok {
+			return bad(fmt.Sprintf("min_version %q: want a version, 1 or more", raw))
+		}
+	}
+	if hs := r.Header.Values(headerMinVersion); len(hs) > 0 {
+		h, ok := parse(hs[0])
+		if !ok || len(hs) > 1 {
+			return bad(fmt.Sprintf("%s %q: want one version, 1 or more", headerMinVersion, hs[0]))
+		}
+		if min == 0 {
+			min = h // the query's min_version, when both are given
+		}
+	}
+	wait = DefaultWait
+	if q.Has("wait") {
+		s := q.Get("wait")
+		var err error
+		if wait, err = parseWait(s); err != nil {
+			return bad(fmt.Sprintf("wait %q: %v", s, err))
+		}
+	}
+	if min == 0 {
+		return 0, 0, true
 	}
 	if a.cfg.Waiter == nil {
 		writeProblem(w, problem{Status: http.StatusBadRequest, Code: CodeMinVersionNotHere, Detail: "min_version is not served here: this process does not watch versions"})
 		return 0, 0, false
 	}
-	wait = DefaultWait
-	if s := q.Get("wait"); s != "" {
-		if wait, err = parseWait(s); err != nil {
-			writeProblem(w, problem{Status: http.StatusBadRequest, Code: CodeBadParameter, Detail: fmt.Sprintf("wait %q: %v", s, err)})
-			return 0, 0, false
-		}
-	}
 	return min, wait, true
 }
 
-// parseWait reads a wait: a Go duration (2s, 500ms) or a number of
-// seconds, at most MaxWait.
+// WaitPattern is the grammar of wait, which the OpenAPI document
+// gives: seconds (2.5) or with a unit, s or ms (2.5s, 500ms), at most
+// MaxWait. The bound is in the grammar, so that the document says
+// exactly which waits are taken.
+const WaitPattern = `^(0*(30(\.0*)?|[12]?[0-9](\.[0-9]*)?|\.[0-9]+)s?|0*(30000(\.0*)?|[12]?[0-9]{1,4}(\.[0-9]*)?|\.[0-9]+)ms)$`
+
+var waitRe = regexp.MustCompile(WaitPattern)
+
+// parseWait reads a wait of WaitPattern's grammar.
 func parseWait(s string) (time.Duration, error) {
-	d, err := time.ParseDuration(s)
+	if !waitRe.MatchString(s) {
+		return 0, fmt.Errorf("want seconds (2.5) or a duration in s or ms (2s, 500ms), 0 to %s", MaxWait)
+	}
+	unit := time.Second
+	if n, ok := strings.CutSuffix(s, "ms"); ok {
+		s, unit = n, time.Millisecond
+	} else {
+		s = strings.TrimSuffix(s, "s")
+	}
+	f, err := strconv.ParseFloat(s, 64)
 	if err != nil {
-		f, ferr := strconv.ParseFloat(s, 64)
-		if ferr != nil {
-			return 0, errors.New("want a duration such as 2s or 500ms, or seconds")
-		}
-		d = time.Duration(f * float64(time.Second))
+		return 0, fmt.Errorf("want seconds: %w", err)
 	}
-	if d < 0 || d > MaxWait {
-		return 0, fmt.Errorf("want 0 to %s", MaxWait)
-	}
-	return d, nil
+	return time.Duration(f * float64(unit)), nil
 }
 
 // listRows answers GET /v1/projections/{name}/rows.
@@ -251,6 +274,13 @@ func (a *API) listRows(w http.ResponseWriter, r *http.Request, req *request) {
 		return
 	}
 	cols := tbl.cols
+	for _, f := range filters {
+		if c, ok := columnNamed(cols, f.col); ok && !c.accepts(f.value) {
+			writeProblem(w, problem{Status: http.StatusBadRequest, Code: CodeBadFilter, Filterable: nonNil(v.filterable),
+				Detail: fmt.Sprintf("filter %s=%q: not a value of the column's type (%s)", f.col, f.value, c.spelling())})
+			return
+		}
+	}
 	keyCol := pgx.Identifier{v.p.KeyColumn}.Sanitize()
 	var where []string
 	var args []any
@@ -268,7 +298,10 @@ func (a *API) listRows(w http.ResponseWriter, r *http.Request, req *request) {
 		args = append(args, *after)
 		where = append(where, fmt.Sprintf("%s > $%d", keyCol, len(args)))
 	}
-	sql := "SELECT " + selectList(cols) + ", " + keyCol + "::text FROM " + quoteTable(v.p.Table)
+	// The key as text is named apart from the key column, which ORDER BY
+	// names: the same name on both would be ambiguous when the key is not
+	// text.
+	sql := "SELECT " + selectList(cols) + ", " + keyCol + "::text AS projector_cursor_key FROM " + quoteTable(v.p.Table)
 	if len(where) > 0 {
 		sql += " WHERE " + strings.Join(where, " AND ")
 	}

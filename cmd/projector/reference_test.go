@@ -661,7 +661,7 @@ func TestDocLinks(t *testing.T) {
 const apiMetricsIntro = "\n## The read API: `projector serve` and `projector run --api`\n\n" +
 	"`projector serve` serves these on `/metrics` at its `--http-addr` (default `:8080`), with " +
 	"`projector_startup_retries_total` and the Go runtime's; `projector run --api` adds them to the engine's. " +
-	"`route` is the route's pattern (`/v1/projections/{name}/rows/{key}`, `/v1/projections/{name}/rows`, or `other`), never the path asked for.\n\n"
+	"`route` is the route's pattern (`/v1/projections/{name}/rows/{key}`, `/v1/projections/{name}/rows`, `/openapi.json`, or `other`), never the path asked for.\n\n"
 
 // apiMetrics are the metric families the read API registers.
 func apiMetrics(t *testing.T) []*dto.MetricFamily {
