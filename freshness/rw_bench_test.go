@@ -36,15 +36,21 @@ import (
 func BenchmarkReadYourWrites(b *testing.B) {
 	// Each run is a sub-benchmark of its own, so that what it set up (a
 	// broker holding its stream) is gone before the next begins.
+	// -short (make test's pass over every benchmark) runs each part once
+	// and small: it shows the benchmark works, not its figures.
+	runs, aggregates, flatOut, loaded := 3, 100_000, 10*time.Second, 20*time.Second
+	if testing.Short() {
+		runs, aggregates, flatOut, loaded = 1, 5_000, 2*time.Second, 2*time.Second
+	}
 	var none, waiting []float64
-	for i := range 3 {
+	for i := range runs {
 		b.Run(fmt.Sprintf("engine/waiters=0/run=%d", i+1), func(b *testing.B) {
-			eps := engineRate(b, 0)
+			eps := engineRate(b, 0, aggregates)
 			none = append(none, eps)
 			b.ReportMetric(eps, "events/s")
 		})
 		b.Run(fmt.Sprintf("engine/waiters=1000/run=%d", i+1), func(b *testing.B) {
-			eps := engineRate(b, 1000)
+			eps := engineRate(b, 1000, aggregates)
 			waiting = append(waiting, eps)
 			b.ReportMetric(eps, "events/s")
 		})
@@ -58,7 +64,7 @@ func BenchmarkReadYourWrites(b *testing.B) {
 	// Its 10% load is a tenth of what it carries flat out.
 	var full latencies
 	b.Run("read-after-write/flat-out", func(b *testing.B) {
-		full = readAfterWrite(b, 0, 10*time.Second)
+		full = readAfterWrite(b, 0, flatOut)
 		b.ReportMetric(full.rate, "writes/s")
 		b.ReportMetric(full.p50, "p50-ms")
 		b.ReportMetric(full.p99, "p99-ms")
@@ -67,7 +73,7 @@ func BenchmarkReadYourWrites(b *testing.B) {
 		return
 	}
 	b.Run("read-after-write/load=10%", func(b *testing.B) {
-		lat := readAfterWrite(b, full.rate/10, 20*time.Second)
+		lat := readAfterWrite(b, full.rate/10, loaded)
 		b.ReportMetric(lat.rate, "writes/s")
 		b.ReportMetric(lat.p50, "p50-ms")
 		b.ReportMetric(lat.p99, "p99-ms")
@@ -87,10 +93,10 @@ func median(xs []float64) float64 {
 
 // engineRate is the events/s of an engine folding a produced stream
 // while waiters reads wait for its accounts' last versions.
-func engineRate(b *testing.B, waiters int) float64 {
+func engineRate(b *testing.B, waiters, aggregates int) float64 {
 	ctx := b.Context()
 	pl := newPipeline(b, 3, freshness.Config{})
-	records := demo.Generate(demo.Options{Aggregates: 100_000, MeanEvents: 10, Seed: 7})
+	records := demo.Generate(demo.Options{Aggregates: aggregates, MeanEvents: 10, Seed: 7})
 	last := map[string]int64{}
 	for _, r := range records {
 		last[r.Key] = max(last[r.Key], r.Event.Version)
