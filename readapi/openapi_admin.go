@@ -145,7 +145,7 @@ func addAdmin(paths, schemas obj) {
 		"additionalProperties": false,
 		"description":          "Empty, or a new definition of the projection; the actor is the token's subject.",
 		"properties": obj{
-			"definition":            obj{"description": "The projection's new definition, as in the projection file."},
+			"definition":            obj{"type": "object", "description": "The projection's new definition, as an entry of the projection file."},
 			"reader_schema":         str,
 			"allow_partial_history": obj{"type": "boolean"},
 			"retain":                obj{"type": "string", "description": "How long the retired generation is kept after the cutover, a duration such as 48h."},
