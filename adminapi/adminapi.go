@@ -9,6 +9,7 @@ import (
 	"io"
 	"log/slog"
 	"net/http"
+	"slices"
 	"strings"
 
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -53,8 +54,18 @@ type Config struct {
 	Logger *slog.Logger
 }
 
+// API is the admin API: an http.Handler to mount at /admin/.
+type API struct {
+	http.Handler
+	routes []string
+}
+
+// Routes are the patterns ("METHOD /path") of the routes the API serves,
+// for checking its OpenAPI document describes each.
+func (a *API) Routes() []string { return slices.Clone(a.routes) }
+
 // Handler returns the admin API of cfg, to be mounted at /admin/.
-func Handler(cfg Config) (http.Handler, error) {
+func Handler(cfg Config) (*API, error) {
 	if cfg.DB == nil || cfg.Identity == "" || cfg.Authenticator == nil {
 		return nil, errors.New("adminapi: DB, Identity and Authenticator are required")
 	}
@@ -64,7 +75,11 @@ func Handler(cfg Config) (http.Handler, error) {
 	}
 	s := &server{cfg: cfg, log: log, heard: &heard{log: log, failed: map[string]bool{}}}
 	mux := http.NewServeMux()
+	a := &API{Handler: mux}
 	handle := func(pattern, route string, h http.HandlerFunc) {
+		if strings.Contains(pattern, " ") {
+			a.routes = append(a.routes, pattern)
+		}
 		var hh http.Handler = s.authorize(h)
 		if cfg.Observer != nil {
 			hh = cfg.Observer.Observe(route, hh)
@@ -95,7 +110,7 @@ func Handler(cfg Config) (http.Handler, error) {
 	handle("/admin/", "/admin/other", func(w http.ResponseWriter, r *http.Request) {
 		problem(w, http.StatusNotFound, readapi.CodeNotFound, fmt.Sprintf("no admin API route %s %s", r.Method, r.URL.Path))
 	})
-	return mux, nil
+	return a, nil
 }
 
 type server struct {

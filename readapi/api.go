@@ -71,6 +71,9 @@ func (e *DeletedError) Error() string {
 type Config struct {
 	// Projections are those served, by name.
 	Projections []*projection.Projection
+	// Admin says the admin API is served beside this one: /openapi.json
+	// describes its routes too.
+	Admin bool
 	// DB reads their tables.
 	DB Querier
 	// Authenticator finds each request's principal: auth.None for
@@ -169,7 +172,11 @@ func New(cfg Config) (*API, error) {
 		}
 		a.views[p.Name] = v
 	}
-	if a.document, err = Document(cfg.Projections); err != nil {
+	var docOpts []DocumentOption
+	if cfg.Admin {
+		docOpts = append(docOpts, WithAdmin())
+	}
+	if a.document, err = Document(cfg.Projections, docOpts...); err != nil {
 		return nil, err
 	}
 	a.handle(routeRow, a.getRow)

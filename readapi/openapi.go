@@ -30,10 +30,24 @@ var problemCodes = []string{
 // obj is a JSON object of the document.
 type obj = map[string]any
 
+// DocumentOption changes what Document describes.
+type DocumentOption func(*documentOptions)
+
+type documentOptions struct{ admin bool }
+
+// WithAdmin describes the admin API too, for a process that serves it
+// beside the read API: the document describes exactly what is served.
+func WithAdmin() DocumentOption { return func(o *documentOptions) { o.admin = true } }
+
 // Document returns the OpenAPI 3.1 document of the API serving projs: a
 // row route and a list route for each projection, with its row's schema
-// made from its columns' declared types as the API writes them.
-func Document(projs []*projection.Projection) ([]byte, error) {
+// made from its columns' declared types as the API writes them; with
+// WithAdmin, the admin API's routes as well.
+func Document(projs []*projection.Projection, opts ...DocumentOption) ([]byte, error) {
+	var o documentOptions
+	for _, opt := range opts {
+		opt(&o)
+	}
 	docOp := func(method string) obj {
 		ok := obj{"description": "The OpenAPI document of this deployment's projections."}
 		if method == "get" {
@@ -47,7 +61,11 @@ func Document(projs []*projection.Projection) ([]byte, error) {
 		}
 	}
 	paths := obj{routeOpenAPI: obj{"get": docOp("get"), "head": docOp("head")}}
-	schemas := obj{"Problem": problemSchema()}
+	codes := problemCodes
+	if o.admin {
+		codes = append(slices.Clone(problemCodes), adminProblemCodes...)
+	}
+	schemas := obj{"Problem": problemSchema(codes)}
 	sorted := slices.Clone(projs)
 	slices.SortFunc(sorted, func(a, b *projection.Projection) int { return strings.Compare(a.Name, b.Name) })
 	for _, p := range sorted {
@@ -75,6 +93,11 @@ func Document(projs []*projection.Projection) ([]byte, error) {
 		paths[base+"/{key}"] = obj{"get": rowOp("get"), "head": rowOp("head")}
 		paths[base] = obj{"get": listOp("get"), "head": listOp("head")}
 	}
+	scopes := "read:<projection> or read:*"
+	if o.admin {
+		addAdmin(paths, schemas)
+		scopes += "; the admin routes (under /admin/v1/) need scope admin"
+	}
 	doc := obj{
 		"openapi": "3.1.0",
 		"info": obj{
@@ -89,9 +112,9 @@ func Document(projs []*projection.Projection) ([]byte, error) {
 			"schemas": schemas,
 			"securitySchemes": obj{"bearer": obj{
 				"type": "http", "scheme": "bearer",
-				"description": "A token of the token file, or a JWT, with scope read:<projection> or read:*.",
+				"description": "A token of the token file, or a JWT, with scope " + scopes + ".",
 			}},
-			"responses": problemResponses(),
+			"responses": problemResponses(o.admin),
 		},
 	}
 	b, err := json.MarshalIndent(doc, "", "  ")
@@ -115,7 +138,7 @@ func schemaName(name string) string {
 
 func ref(schema string) obj { return obj{"$ref": "#/components/schemas/" + schema} }
 
-func problemSchema() obj {
+func problemSchema(codes []string) obj {
 	return obj{
 		"type":        "object",
 		"description": "An RFC 9457 problem details object; branch on code.",
@@ -125,7 +148,7 @@ func problemSchema() obj {
 			"title":           obj{"type": "string"},
 			"status":          obj{"type": "integer", "minimum": 400, "maximum": 599},
 			"detail":          obj{"type": "string"},
-			"code":            obj{"type": "string", "enum": problemCodes},
+			"code":            obj{"type": "string", "enum": codes},
 			"current_version": obj{"type": "integer", "description": "version_not_reached: the aggregate's version when the wait ended; absent when no row is visible."},
 			"filterable":      obj{"type": "array", "items": obj{"type": "string"}, "description": "bad_filter: the columns a list may filter on."},
 		},
@@ -133,9 +156,13 @@ func problemSchema() obj {
 }
 
 // problemResponses are the error responses, by status.
-func problemResponses() obj {
+func problemResponses(admin bool) obj {
 	out := obj{}
-	for _, s := range []int{400, 401, 403, 404, 412, 429, 503} {
+	statuses := []int{400, 401, 403, 404, 412, 429, 503}
+	if admin {
+		statuses = append(statuses, 409, 413, 500, 501)
+	}
+	for _, s := range statuses {
 		r := obj{
 			"description": http.StatusText(s),
 			"headers":     obj{"Cache-Control": obj{"schema": obj{"type": "string", "const": "no-store"}}},

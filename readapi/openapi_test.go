@@ -28,7 +28,8 @@ import (
 var update = flag.Bool("update", false, "rewrite openapi.json from examples/projections.yaml")
 
 // TestOpenAPIDocument keeps the committed document, that of the example
-// projection file, current, and checks it is a valid OpenAPI 3.1 document.
+// projection file as serve and run --api serve it (the admin API
+// beside), current, and checks it is a valid OpenAPI 3.1 document.
 func TestOpenAPIDocument(t *testing.T) {
 	example := filepath.Join("..", "examples", "projections.yaml")
 	src, err := os.ReadFile(example)
@@ -39,7 +40,7 @@ func TestOpenAPIDocument(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	got, err := readapi.Document(ps)
+	got, err := readapi.Document(ps, readapi.WithAdmin())
 	if err != nil {
 		t.Fatal(err)
 	}

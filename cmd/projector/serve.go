@@ -95,7 +95,10 @@ func (a *apiFlags) newAPI(projs []*projection.Projection, pool *pgxpool.Pool, id
 		return nil, nil, fmt.Errorf("read API: %w", err)
 	}
 	api, err := readapi.New(readapi.Config{
-		Projections:      projs,
+		Projections: projs,
+		// serve and run --api both mount the admin API beside it
+		// (withAdmin): the document describes it.
+		Admin:            true,
 		DB:               pool,
 		Authenticator:    a.authn,
 		Staleness:        w,

@@ -11,6 +11,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/projector-dev/projector/adminapi"
 	"github.com/projector-dev/projector/auth"
 	"github.com/projector-dev/projector/deadletters"
 	"github.com/projector-dev/projector/internal/demo"
@@ -20,8 +21,9 @@ import (
 // TestServeAdminAPI: projector serve answers the admin API on its API
 // port with the read API's token file: a read token is refused (403), the
 // admin token lists and purges dead letters, the purge's audit row names
-// the token, offset resets answer 501 without brokers, and the admin
-// routes are counted as the read routes are.
+// the token, offset resets answer 501 without brokers, the admin routes
+// are counted as the read routes are, and the document at /openapi.json
+// describes each admin route served.
 func TestServeAdminAPI(t *testing.T) {
 	ctx := t.Context()
 	db := testenv.NewDB(t)
@@ -114,6 +116,30 @@ func TestServeAdminAPI(t *testing.T) {
 	}
 	if code, body := do(tokens["ops"], "POST", "/admin/v1/offsets/resets", `{"topic":"accounts.events","to":"earliest"}`); code != http.StatusNotImplemented || body["code"] != "not_served" {
 		t.Errorf("an offset reset from serve: %d %v, want 501 not_served", code, body)
+	}
+	// The served document describes every admin route, as it describes
+	// exactly what the process serves.
+	docResp, err := http.Get("http://" + api + "/openapi.json")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var doc struct {
+		Paths map[string]map[string]any `json:"paths"`
+	}
+	err = json.NewDecoder(docResp.Body).Decode(&doc)
+	docResp.Body.Close()
+	if err != nil {
+		t.Fatalf("/openapi.json: %v", err)
+	}
+	admin, err := adminapi.Handler(adminapi.Config{DB: db.Pool, Identity: "projector", Authenticator: auth.None{}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, route := range admin.Routes() {
+		method, path, _ := strings.Cut(route, " ")
+		if doc.Paths[path][strings.ToLower(method)] == nil {
+			t.Errorf("serve's /openapi.json does not describe %s", route)
+		}
 	}
 	// A read still answers through the read-only pool.
 	if code, body := do(tokens["reader"], "GET", "/v1/projections/accounts/rows", ""); code != http.StatusOK {
