@@ -337,6 +337,9 @@ func TestRefusedValues(t *testing.T) {
 		want   string
 	}{
 		{map[string]any{"replicas": 7}, "replicas 7 exceeds partitions 6"},
+		{map[string]any{"api": map[string]any{"enabled": true}}, "api.auth.tokenSecret.name is required with api.auth.mode tokens"},
+		{map[string]any{"api": map[string]any{"enabled": true, "auth": map[string]any{"mode": "jwt"}}}, "api.auth.jwt.issuer is required with api.auth.mode jwt"},
+		{map[string]any{"api": map[string]any{"auth": map[string]any{"mode": "open"}}}, "at '/api/auth/mode'"},
 		{with(allOn(), "autoscaling.maxReplicas", 12), "autoscaling.maxReplicas 12 exceeds partitions 6"},
 		{map[string]any{"partitions": 0}, "at '/partitions': minimum: got 0, want 1"},
 		{map[string]any{"partitions": "six"}, "at '/partitions': got string, want integer"},
@@ -693,4 +696,64 @@ func namedPort(c corev1.Container, name string) int32 {
 
 func keys[V any](m map[string]V) []string {
 	return slices.Sorted(maps.Keys(m))
+}
+
+// TestReadAPI: the read API's pod runs projector serve with the API on
+// the port its Service targets, metrics and probes on their own port,
+// the members' identity (for staleness) and the authentication asked for:
+// a token file mounted from its Secret, a JWT issuer's settings, or none.
+func TestReadAPI(t *testing.T) {
+	r := render(t, "projector", allOn())
+	d := r.deployments["projector-api"]
+	c := container(t, d.Spec.Template.Spec, "api")
+	if got := envValue(t, c, "PROJECTOR_API_ADDR"); got != ":8081" {
+		t.Errorf("PROJECTOR_API_ADDR %q, want :8081", got)
+	}
+	if got := envValue(t, c, "PROJECTOR_HTTP_ADDR"); got != ":8080" {
+		t.Errorf("PROJECTOR_HTTP_ADDR %q, want :8080", got)
+	}
+	if got := envValue(t, c, "PROJECTOR_IDENTITY"); got == "" {
+		t.Error("no PROJECTOR_IDENTITY: serve cannot tell a row's staleness")
+	}
+	if c.ReadinessProbe.HTTPGet.Port.String() != "http-metrics" || c.LivenessProbe.HTTPGet.Port.String() != "http-metrics" {
+		t.Errorf("probes on %s and %s, want http-metrics", c.ReadinessProbe.HTTPGet.Port.String(), c.LivenessProbe.HTTPGet.Port.String())
+	}
+	svc := r.services["projector-api"]
+	if len(svc.Spec.Ports) != 1 || svc.Spec.Ports[0].TargetPort.String() != "api" || svc.Spec.Ports[0].Port != 8081 {
+		t.Errorf("the API's Service ports %+v, want 8081 to the api port alone", svc.Spec.Ports)
+	}
+	if got := envValue(t, c, "PROJECTOR_AUTH"); got != "tokens" {
+		t.Errorf("PROJECTOR_AUTH %q, want tokens", got)
+	}
+	file := envValue(t, c, "PROJECTOR_AUTH_TOKEN_FILE")
+	mounted := false
+	for _, m := range c.VolumeMounts {
+		if m.Name == "api-auth" && strings.HasPrefix(file, m.MountPath+"/") {
+			mounted = true
+		}
+	}
+	found := false
+	for _, v := range d.Spec.Template.Spec.Volumes {
+		if v.Name == "api-auth" && v.Secret != nil && v.Secret.SecretName == "projector-api-tokens" {
+			found = true
+		}
+	}
+	if !mounted || !found {
+		t.Errorf("token file %s is not in the mounted Secret projector-api-tokens", file)
+	}
+
+	jwt := render(t, "projector", with(with(allOn(), "api.auth.mode", "jwt"), "api.auth.jwt",
+		map[string]any{"issuer": "https://id.example", "audience": "projector", "jwksUrl": "https://id.example/jwks"}))
+	c = container(t, jwt.deployments["projector-api"].Spec.Template.Spec, "api")
+	for name, want := range map[string]string{"PROJECTOR_AUTH": "jwt", "PROJECTOR_AUTH_ISSUER": "https://id.example",
+		"PROJECTOR_AUTH_AUDIENCE": "projector", "PROJECTOR_AUTH_JWKS_URL": "https://id.example/jwks"} {
+		if got := envValue(t, c, name); got != want {
+			t.Errorf("jwt: %s %q, want %q", name, got, want)
+		}
+	}
+	for _, e := range c.Env {
+		if e.Name == "PROJECTOR_AUTH_TOKEN_FILE" {
+			t.Error("jwt: a token file is set too")
+		}
+	}
 }

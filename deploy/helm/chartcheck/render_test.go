@@ -81,7 +81,7 @@ func allOn() map[string]any {
 		},
 		"autoscaling": map[string]any{"enabled": true},
 		"relay":       map[string]any{"enabled": true},
-		"api":         map[string]any{"enabled": true},
+		"api":         map[string]any{"enabled": true, "auth": map[string]any{"tokenSecret": map[string]any{"name": "projector-api-tokens"}}},
 		"env":         map[string]any{"PROJECTOR_STATE_CACHE_BYTES": "256MiB"},
 	}
 }
