@@ -2,9 +2,10 @@ package partition
 
 import (
 	"errors"
-	"github.com/projector-dev/projector/sinks"
 	"reflect"
 	"testing"
+
+	"github.com/projector-dev/projector/sinks"
 )
 
 func TestBatchKeys(t *testing.T) {

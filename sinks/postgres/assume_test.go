@@ -1,9 +1,10 @@
 package postgres_test
 
 import (
-	"github.com/jackc/pgx/v5"
 	"reflect"
 	"testing"
+
+	"github.com/jackc/pgx/v5"
 
 	"github.com/projector-dev/projector/sinks"
 )
