@@ -9,7 +9,6 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
-	"time"
 
 	"github.com/projector-dev/projector/adminapi"
 	"github.com/projector-dev/projector/auth"
@@ -59,22 +58,7 @@ func TestServeAdminAPI(t *testing.T) {
 	api, health := freeAddr(t), freeAddr(t)
 	srv := startChild(t, "serve", "--database-url", db.URL, "--config", config,
 		"--auth", "tokens", "--auth-token-file", tokenFile, "--api-addr", api, "--http-addr", health)
-	testenv.WaitFor(t, 30*time.Second, func() error {
-		select {
-		case err := <-srv.done:
-			t.Fatalf("projector serve exited early: %v\n%s", err, srv.stderr)
-		default:
-		}
-		resp, err := http.Get("http://" + health + "/readyz")
-		if err != nil {
-			return err
-		}
-		resp.Body.Close()
-		if resp.StatusCode != http.StatusOK {
-			return fmt.Errorf("/readyz: %d", resp.StatusCode)
-		}
-		return nil
-	})
+	awaitServeReady(t, srv, health)
 	do := func(token, method, path, body string) (int, map[string]any) {
 		t.Helper()
 		req, err := http.NewRequestWithContext(ctx, method, "http://"+api+path, strings.NewReader(body))

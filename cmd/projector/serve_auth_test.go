@@ -9,7 +9,6 @@ import (
 	"os"
 	"path/filepath"
 	"testing"
-	"time"
 
 	"github.com/projector-dev/projector/auth"
 	"github.com/projector-dev/projector/internal/demo"
@@ -57,22 +56,7 @@ func TestServeWithATokenFile(t *testing.T) {
 	api, health := freeAddr(t), freeAddr(t)
 	srv := startChild(t, "serve", "--database-url", db.URL, "--config", config,
 		"--auth", "tokens", "--auth-token-file", tokenFile, "--api-addr", api, "--http-addr", health)
-	testenv.WaitFor(t, 30*time.Second, func() error {
-		select {
-		case err := <-srv.done:
-			t.Fatalf("projector serve exited early: %v\n%s", err, srv.stderr)
-		default:
-		}
-		resp, err := http.Get("http://" + health + "/readyz")
-		if err != nil {
-			return err
-		}
-		resp.Body.Close()
-		if resp.StatusCode != http.StatusOK {
-			return fmt.Errorf("/readyz: %d", resp.StatusCode)
-		}
-		return nil
-	})
+	awaitServeReady(t, srv, health)
 
 	get := func(token, path string) (int, map[string]any) {
 		t.Helper()

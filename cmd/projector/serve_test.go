@@ -106,22 +106,7 @@ func TestServeReadsWhatTheEngineWrote(t *testing.T) {
 		"--api-addr", serveAPI,
 		"--http-addr", serveHTTP,
 	)
-	testenv.WaitFor(t, 30*time.Second, func() error {
-		select {
-		case err := <-srv.done:
-			t.Fatalf("projector serve exited early: %v\n%s", err, srv.stderr)
-		default:
-		}
-		resp, err := http.Get("http://" + serveHTTP + "/readyz")
-		if err != nil {
-			return err
-		}
-		resp.Body.Close()
-		if resp.StatusCode != http.StatusOK {
-			return fmt.Errorf("/readyz: %d", resp.StatusCode)
-		}
-		return nil
-	})
+	awaitServeReady(t, srv, serveHTTP)
 	if !strings.Contains(srv.stderr.String(), "no authentication") {
 		t.Errorf("--auth none logged no warning:\n%s", srv.stderr)
 	}
@@ -253,4 +238,26 @@ func TestServeReadsWhatTheEngineWrote(t *testing.T) {
 	case <-time.After(20 * time.Second):
 		t.Fatal("serve still running 20s after SIGTERM")
 	}
+}
+
+// awaitServeReady waits until the serve process srv answers /readyz on
+// health, failing at once if it exits first.
+func awaitServeReady(t *testing.T, srv *child, health string) {
+	t.Helper()
+	testenv.WaitFor(t, 30*time.Second, func() error {
+		select {
+		case err := <-srv.done:
+			t.Fatalf("projector serve exited early: %v\n%s", err, srv.stderr)
+		default:
+		}
+		resp, err := http.Get("http://" + health + "/readyz")
+		if err != nil {
+			return err
+		}
+		resp.Body.Close()
+		if resp.StatusCode != http.StatusOK {
+			return fmt.Errorf("/readyz: %d", resp.StatusCode)
+		}
+		return nil
+	})
 }
