@@ -12,6 +12,8 @@ import (
 	"slices"
 	"strings"
 
+	"github.com/projector-dev/projector/internal/jsonbody"
+
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/projector-dev/projector/auth"
@@ -219,7 +221,7 @@ func decode(w http.ResponseWriter, r *http.Request, v any) bool {
 	dec := json.NewDecoder(bytes.NewReader(b))
 	dec.DisallowUnknownFields()
 	if err := dec.Decode(v); err != nil {
-		badRequest(w, "the body: "+jsonError(err))
+		badRequest(w, "the body: "+jsonbody.DecodeError(err))
 		return false
 	}
 	if dec.More() {
@@ -227,24 +229,6 @@ func decode(w http.ResponseWriter, r *http.Request, v any) bool {
 		return false
 	}
 	return true
-}
-
-// jsonError words a decoding error, naming the unknown or mistyped field.
-func jsonError(err error) string {
-	var typ *json.UnmarshalTypeError
-	var syn *json.SyntaxError
-	switch {
-	case errors.As(err, &typ):
-		return fmt.Sprintf("field %s: want a %s, found a JSON %s", typ.Field, typ.Type, typ.Value)
-	case errors.As(err, &syn):
-		return fmt.Sprintf("not JSON at byte %d: %v", syn.Offset, err)
-	case errors.Is(err, io.ErrUnexpectedEOF):
-		return "not JSON: it ends inside a value"
-	}
-	if name, ok := strings.CutPrefix(err.Error(), "json: unknown field "); ok {
-		return "unknown field " + name
-	}
-	return err.Error()
 }
 
 func writeJSON(w http.ResponseWriter, status int, v any) {

@@ -8,8 +8,9 @@ import (
 	"io"
 	"log/slog"
 	"net/http"
-	"strings"
 	"time"
+
+	"github.com/projector-dev/projector/internal/jsonbody"
 
 	"go.yaml.in/yaml/v3"
 
@@ -260,7 +261,7 @@ func decodeBody(w http.ResponseWriter, r *http.Request, v any, writeErr func(htt
 	dec := json.NewDecoder(bytes.NewReader(b))
 	dec.DisallowUnknownFields()
 	if err := dec.Decode(v); err != nil {
-		writeErr(w, http.StatusBadRequest, codeBadRequest, "the body: "+jsonError(err))
+		writeErr(w, http.StatusBadRequest, codeBadRequest, "the body: "+jsonbody.DecodeError(err))
 		return false
 	}
 	if dec.More() {
@@ -268,24 +269,6 @@ func decodeBody(w http.ResponseWriter, r *http.Request, v any, writeErr func(htt
 		return false
 	}
 	return true
-}
-
-// jsonError words a decoding error, naming the unknown or mistyped field.
-func jsonError(err error) string {
-	var typ *json.UnmarshalTypeError
-	var syn *json.SyntaxError
-	switch {
-	case errors.As(err, &typ):
-		return fmt.Sprintf("field %s: want a %s, found a JSON %s", typ.Field, typ.Type, typ.Value)
-	case errors.As(err, &syn):
-		return fmt.Sprintf("not JSON at byte %d: %v", syn.Offset, err)
-	case errors.Is(err, io.ErrUnexpectedEOF):
-		return "not JSON: it ends inside a value"
-	}
-	if name, ok := strings.CutPrefix(err.Error(), "json: unknown field "); ok {
-		return "unknown field " + name
-	}
-	return err.Error()
 }
 
 // ParseDefinition turns one projection as JSON (an entry of the
