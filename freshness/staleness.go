@@ -3,6 +3,8 @@ package freshness
 import (
 	"context"
 	"fmt"
+	"strconv"
+	"strings"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -47,7 +49,11 @@ func (w *Watcher) Staleness(ctx context.Context, projection, key string) (time.D
 		return 0, fmt.Errorf("staleness of %s/%s: %w", projection, key, err)
 	}
 	if len(ages.ages) == 0 {
-		return 0, fmt.Errorf("staleness of %s/%s: no offsets are stored for topic %s (identity %s): the engine has not run", projection, key, p.p.Topic, w.cfg.Identity)
+		if len(ages.others) > 0 {
+			return 0, fmt.Errorf("staleness of %s/%s: no offsets of topic %s are stored under identity %q, only under %s: is that the engine's identity?",
+				projection, key, p.p.Topic, w.cfg.Identity, quoted(ages.others))
+		}
+		return 0, fmt.Errorf("staleness of %s/%s: no offsets of topic %s are stored (identity %q): the engine has not run", projection, key, p.p.Topic, w.cfg.Identity)
 	}
 	worst, top := ages.worst, ages.top
 	a := worst
@@ -65,6 +71,10 @@ type ages struct {
 	worst float64 // the oldest
 	top   int32   // the highest partition stored
 	read  time.Time
+	// others, when nothing is stored under the identity, are identities
+	// that store offsets of the topic: most likely the one the engine
+	// runs as.
+	others []string
 }
 
 // partitionAges reads the ages of p's topic's partitions, or answers the
@@ -110,10 +120,34 @@ func (w *Watcher) partitionAges(ctx context.Context, p *watched) (*ages, error) 
 	}); err != nil {
 		return nil, err
 	}
-	if len(a.ages) > 0 {
-		p.ages.Store(a) // nothing stored yet is read again next time
+	if len(a.ages) == 0 {
+		if a.others, err = w.othersStoring(ctx, p.p.Topic); err != nil {
+			return nil, err
+		}
 	}
+	p.ages.Store(a)
 	return a, nil
+}
+
+// othersStoring lists a few identities that store offsets of topic.
+func (w *Watcher) othersStoring(ctx context.Context, topic string) ([]string, error) {
+	rows, err := w.pool.Query(ctx, `SELECT DISTINCT identity FROM projector_offsets WHERE topic = $1 ORDER BY identity LIMIT 5`, topic)
+	if err != nil {
+		return nil, fmt.Errorf("read the identities storing offsets of %s: %w", topic, err)
+	}
+	ids, err := pgx.CollectRows(rows, pgx.RowTo[string])
+	if err != nil {
+		return nil, fmt.Errorf("read the identities storing offsets of %s: %w", topic, err)
+	}
+	return ids, nil
+}
+
+func quoted(ss []string) string {
+	q := make([]string, len(ss))
+	for i, s := range ss {
+		q[i] = strconv.Quote(s)
+	}
+	return strings.Join(q, ", ")
 }
 
 // generationsEvery is how often the watcher looks whether projections

@@ -3,6 +3,7 @@ package freshness_test
 import (
 	"errors"
 	"fmt"
+	"strings"
 	"testing"
 	"time"
 
@@ -33,9 +34,19 @@ func TestStalenessOfStoredOffsets(t *testing.T) {
 	// Every call reads the offsets: the test changes them between calls.
 	f := start(t, freshness.Config{Tolerance: time.Second, StalenessCache: -1})
 	ctx := t.Context()
-	if _, err := f.w.Staleness(ctx, "accounts", "a"); err == nil {
-		t.Fatal("staleness with no offsets stored: no error")
+	if _, err := f.w.Staleness(ctx, "accounts", "a"); err == nil || !strings.Contains(err.Error(), "the engine has not run") {
+		t.Fatalf("staleness with no offsets stored: %v, want an error saying the engine has not run", err)
 	}
+	// Offsets stored under other identities only: the error names them,
+	// for an operator who gave the reader another identity than the
+	// engine's.
+	f.exec(t, `INSERT INTO projector_offsets (identity, topic, partition, next_offset, caught_up_at) VALUES
+		('accounts-projector', 'accounts', 0, 10, now()), ('billing', 'accounts', 0, 10, now())`)
+	_, err := f.w.Staleness(ctx, "accounts", "a")
+	if err == nil || !strings.Contains(err.Error(), `only under "accounts-projector", "billing"`) {
+		t.Fatalf("staleness with offsets stored under other identities: %v, want an error naming them", err)
+	}
+	f.exec(t, `DELETE FROM projector_offsets`)
 	if _, err := f.w.Staleness(ctx, "nope", "a"); !errors.Is(err, freshness.ErrUnknownProjection) {
 		t.Fatalf("unknown projection: %v", err)
 	}

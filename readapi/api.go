@@ -193,6 +193,8 @@ const (
 	whatAuthenticating = "authenticating requests"
 	whatWaiting        = "waiting for versions"
 	whatReading        = "reading PostgreSQL"
+	// whatStaleness is followed by the projection's name.
+	whatStaleness = "telling the staleness of projection "
 )
 
 // The routes, as the metrics' route label names them.

@@ -462,10 +462,16 @@ func (a *API) staleness(ctx context.Context, h http.Header, v *view, key string)
 	if a.cfg.Staleness == nil {
 		return
 	}
+	what := whatStaleness + v.p.Name
 	d, err := a.cfg.Staleness.Staleness(ctx, v.p.Name, key)
 	if err != nil {
-		return // the header is left out: the row is still worth answering
+		// The header is left out: the row is still worth answering. An
+		// operator hears why once, as a reader given another identity
+		// than the engine's would otherwise go without it unnoticed.
+		a.heard.failure(ctx, what, err, "projection", v.p.Name)
+		return
 	}
+	a.heard.success(ctx, what)
 	h.Set(headerStaleness, strconv.FormatFloat(max(0, d.Seconds()), 'f', 3, 64))
 }
 
