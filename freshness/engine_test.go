@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"log/slog"
 	"os"
+	"runtime/pprof"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -63,6 +64,10 @@ func (p *pollTimer) TraceQueryEnd(ctx context.Context, _ *pgx.Conn, _ pgx.TraceQ
 
 const identity = "accounts-rw"
 
+// watcherApp names the watcher's sessions, for the benchmark to tell
+// their work from the engine's.
+const watcherApp = "freshness-watcher"
+
 func newPipeline(t testing.TB, partitions int, cfg freshness.Config) *pipeline {
 	t.Helper()
 	ctx := t.Context()
@@ -90,6 +95,7 @@ func newPipeline(t testing.TB, partitions int, cfg freshness.Config) *pipeline {
 	}
 	pl.polls = &pollTimer{}
 	pc.ConnConfig.Tracer = pl.polls
+	pc.ConnConfig.RuntimeParams["application_name"] = watcherApp
 	wpool, err := pgxpool.NewWithConfig(ctx, pc)
 	if err != nil {
 		t.Fatal(err)
@@ -98,7 +104,10 @@ func newPipeline(t testing.TB, partitions int, cfg freshness.Config) *pipeline {
 	if pl.w, err = freshness.NewWatcher(wpool, pl.projs, cfg); err != nil {
 		t.Fatal(err)
 	}
-	background(t, pl.w.Run)
+	background(t, func(ctx context.Context) (err error) {
+		pprof.Do(ctx, pprof.Labels(costLabel, "watcher"), func(ctx context.Context) { err = pl.w.Run(ctx) })
+		return err
+	})
 
 	producer, err := kgo.NewClient(kgo.SeedBrokers(pl.kafka.Addrs()...), kgo.ProducerLinger(0))
 	if err != nil {

@@ -1,16 +1,25 @@
 package freshness_test
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"math/rand/v2"
+	"os"
+	"runtime/pprof"
 	"slices"
+	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"testing"
 	"time"
 
+	"github.com/google/pprof/profile"
+	"github.com/jackc/pgx/v5"
 	"github.com/twmb/franz-go/pkg/kadm"
 	"github.com/twmb/franz-go/pkg/kgo"
 
@@ -21,10 +30,15 @@ import (
 // BenchmarkReadYourWrites measures what read-your-writes costs the
 // engine and what it gives a reader:
 //
-//   - the engine's events/s folding a produced backlog with no reads
-//     waiting, and with 1,000 reads waiting all along, each for the last
-//     version of an account the engine is writing (a new one as soon as
-//     it is reached), alternately, three times each (medians);
+//   - the engine's events/s folding a produced backlog, in alternating
+//     windows of one second: in half of them 1,000 reads wait all
+//     along, each for the last version of an account the engine is
+//     writing (a new one as soon as it is reached), in the other half
+//     none does. The windows come in pairs, one of each, in the order
+//     with-without, without-with, without-with, with-without... so that
+//     a fold slowing as its table grows favours neither side; a pair's
+//     two windows see the same table, broker and machine, which
+//     separate runs of the engine on a shared machine do not;
 //   - the latency of read-after-write at 10% load: from a service's
 //     outbox transaction beginning to the read waiting for the version
 //     it wrote returning, through the relay, Kafka and the engine, at a
@@ -34,31 +48,48 @@ import (
 // names a real cluster: go test -run '^$' -bench ReadYourWrites
 // -benchtime 1x ./freshness
 func BenchmarkReadYourWrites(b *testing.B) {
-	// Each run is a sub-benchmark of its own, so that what it set up (a
-	// broker holding its stream) is gone before the next begins.
-	// -short (make test's pass over every benchmark) runs each part once
-	// and small: it shows the benchmark works, not its figures.
-	runs, aggregates, flatOut, loaded := 3, 100_000, 10*time.Second, 20*time.Second
+	// -short (make test's pass over every benchmark) runs each part
+	// small: it shows the benchmark works, not its figures.
+	aggregates, meanEvents, window, flatOut, loaded := 100_000, 100, time.Second, 10*time.Second, 20*time.Second
 	if testing.Short() {
-		runs, aggregates, flatOut, loaded = 1, 5_000, 2*time.Second, 2*time.Second
+		aggregates, meanEvents, window, flatOut, loaded = 20_000, 60, 100*time.Millisecond, 2*time.Second, 2*time.Second
 	}
-	var none, waiting []float64
-	for i := range runs {
-		b.Run(fmt.Sprintf("engine/waiters=0/run=%d", i+1), func(b *testing.B) {
-			eps := engineRate(b, 0, aggregates)
-			none = append(none, eps)
-			b.ReportMetric(eps, "events/s")
-		})
-		b.Run(fmt.Sprintf("engine/waiters=1000/run=%d", i+1), func(b *testing.B) {
-			eps := engineRate(b, 1000, aggregates)
-			waiting = append(waiting, eps)
-			b.ReportMetric(eps, "events/s")
-		})
-	}
-	if len(none) > 0 && len(waiting) > 0 {
-		base, with := median(none), median(waiting)
-		b.Logf("engine events/s without waiters %.0f, with 1,000 waiters %.0f: %.1f%% (runs %.0f / %.0f)", base, with, 100*with/base, none, waiting)
-	}
+	b.Run("engine/waiters=1000", func(b *testing.B) {
+		w := engineWindows(b, 1000, aggregates, meanEvents, window)
+		if len(w.pairs) == 0 {
+			b.Fatal("the fold ended before a pair of windows")
+		}
+		var ratios []float64
+		for _, p := range w.pairs {
+			ratios = append(ratios, p.with/p.without)
+		}
+		with, without := w.with.eps(), w.without.eps()
+		b.ReportMetric(without, "events/s-without")
+		b.ReportMetric(with, "events/s-with")
+		b.ReportMetric(100*with/without, "%-of-without")
+		b.ReportMetric(100*median(ratios), "median-pair-%")
+		b.Logf("engine events/s in %d pairs of %v windows: without waiters %.0f, with 1,000 waiters %.0f: %.1f%% (median pair %.1f%%, pairs %s)",
+			len(w.pairs), window, without, with, 100*with/without, 100*median(ratios), percents(ratios))
+		if w.without.pg > 0 && w.with.pg > 0 {
+			b.ReportMetric(w.with.cpuPerEvent()/w.without.cpuPerEvent()*100, "%-cpu-per-event")
+			b.Logf("CPU per event committed (this process + Postgres): without waiters %.2f µs (%.2f + %.2f), with %.2f µs (%.2f + %.2f): %.1f%%; "+
+				"the watcher's Postgres sessions used %.1f%% of a core while reads waited",
+				w.without.cpuPerEvent(), w.without.proc.Seconds()*1e6/w.without.events, w.without.pg.Seconds()*1e6/w.without.events,
+				w.with.cpuPerEvent(), w.with.proc.Seconds()*1e6/w.with.events, w.with.pg.Seconds()*1e6/w.with.events,
+				100*w.with.cpuPerEvent()/w.without.cpuPerEvent(), 100*w.watcher.Seconds()/w.with.took.Seconds())
+		}
+		if w.with.proc > 0 && w.with.pg > 0 {
+			// What the watcher and the reads took of the CPU the
+			// machine spent while they waited: the most the engine
+			// can lose to them when the CPU is what bounds it.
+			spent := w.labelled["watcher"] + w.labelled["reads"] + w.watcher
+			b.ReportMetric(100*spent.Seconds()/(w.with.proc+w.with.pg).Seconds(), "%-cpu-to-waits")
+			b.Logf("while reads waited, the watcher took %v of this process's CPU, the waiting reads %v, the watcher's Postgres sessions %v: "+
+				"%.1f%% of the %v this process and Postgres spent",
+				w.labelled["watcher"].Round(time.Millisecond), w.labelled["reads"].Round(time.Millisecond), w.watcher.Round(time.Millisecond),
+				100*spent.Seconds()/(w.with.proc+w.with.pg).Seconds(), (w.with.proc + w.with.pg).Round(time.Millisecond))
+		}
+	})
 	// A write is a transaction of its own: the path from the outbox to
 	// the read carries far fewer than the engine folds from a backlog.
 	// Its 10% load is a tenth of what it carries flat out.
@@ -91,12 +122,28 @@ func median(xs []float64) float64 {
 	return (s[len(s)/2-1] + s[len(s)/2]) / 2
 }
 
-// engineRate is the events/s of an engine folding a produced stream
-// while waiters reads wait for its accounts' last versions.
-func engineRate(b *testing.B, waiters, aggregates int) float64 {
+func percents(xs []float64) string {
+	var sb strings.Builder
+	for i, x := range xs {
+		if i > 0 {
+			sb.WriteString(" ")
+		}
+		fmt.Fprintf(&sb, "%.0f%%", 100*x)
+	}
+	return sb.String()
+}
+
+// pair is the engine's events/s in two neighbouring windows of a fold,
+// with reads waiting in one and none in the other.
+type pair struct{ with, without float64 }
+
+// engineWindows folds a produced stream of aggregates accounts with
+// reads waiting for their last versions in every other window, and
+// returns the events/s of each whole pair of windows.
+func engineWindows(b *testing.B, waiters, aggregates, meanEvents int, window time.Duration) windows {
 	ctx := b.Context()
 	pl := newPipeline(b, 3, freshness.Config{})
-	records := demo.Generate(demo.Options{Aggregates: aggregates, MeanEvents: 10, Seed: 7})
+	records := demo.Generate(demo.Options{Aggregates: aggregates, MeanEvents: meanEvents, Seed: 7})
 	last := map[string]int64{}
 	for _, r := range records {
 		last[r.Key] = max(last[r.Key], r.Event.Version)
@@ -117,74 +164,300 @@ func engineRate(b *testing.B, waiters, aggregates int) float64 {
 	if err != nil {
 		b.Fatal(err)
 	}
-
-	wctx, stopWaiters := context.WithCancel(ctx)
-	var wg sync.WaitGroup
-	var reached atomic.Int64
-	for i := range waiters {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			rng := rand.New(rand.NewPCG(uint64(i), 1))
-			for wctx.Err() == nil {
-				k := keys[rng.IntN(len(keys))]
-				r, err := pl.w.WaitVersion(wctx, "accounts", k, "", last[k], 5*time.Second)
-				if err != nil && !errors.Is(err, context.Canceled) {
-					b.Error(err)
-					return
-				}
-				if r.Reached {
-					reached.Add(1)
-				}
-			}
-		}()
-	}
-	defer func() {
-		stopWaiters()
-		wg.Wait()
-	}()
-	if waiters > 0 {
-		waitFor(b, func() bool { return pl.w.Waiting() >= waiters*9/10 })
-	}
-
-	pl.engine(b)
-	// Timed from the first commit seen, so that the group's join is not
-	// counted, to the last, looked for every few milliseconds.
-	var (
-		first          time.Time
-		fromCount      int64
-		rounds0, busy0 int64
-	)
-	poll := time.NewTicker(5 * time.Millisecond)
-	defer poll.Stop()
-	for {
+	records = nil
+	committed := func() (int64, bool) {
 		n, done, err := demo.Committed(ctx, pl.db.Pool, identity, pl.kafka.Topic, end)
 		if err != nil {
 			b.Fatal(err)
 		}
-		if first.IsZero() && n > 0 {
-			first, fromCount = time.Now(), n
-			rounds0, busy0 = pl.polls.n.Load(), pl.polls.nanos.Load()
+		return n, done
+	}
+	var reached atomic.Int64
+	// wait starts the waiters, and returns what stops them.
+	wait := func() (stop func()) {
+		wctx, cancel := context.WithCancel(ctx)
+		var wg sync.WaitGroup
+		for i := range waiters {
+			wg.Go(func() {
+				pprof.Do(wctx, pprof.Labels(costLabel, "reads"), func(wctx context.Context) {
+					rng := rand.New(rand.NewPCG(uint64(i), uint64(time.Now().UnixNano())))
+					for wctx.Err() == nil {
+						k := keys[rng.IntN(len(keys))]
+						r, err := pl.w.WaitVersion(wctx, "accounts", k, "", last[k], 5*time.Second)
+						if err != nil && !errors.Is(err, context.Canceled) {
+							b.Error(err)
+							return
+						}
+						if r.Reached {
+							reached.Add(1)
+						}
+					}
+				})
+			})
 		}
-		if done {
+		waitFor(b, func() bool { return pl.w.Waiting() >= waiters*9/10 })
+		return func() {
+			cancel()
+			wg.Wait()
+		}
+	}
+
+	pl.engine(b)
+	// The group's join is no window's.
+	waitFor(b, func() bool { n, _ := committed(); return n > 0 })
+	// The stored offsets move a transaction at a time, tens of
+	// thousands of events at once while the engine catches up: read
+	// every few milliseconds, they tell when each transaction
+	// committed, and a window's events are counted between the
+	// commits around its ends, in proportion to the time.
+	var (
+		trace   commits
+		stopped = make(chan struct{})
+		traced  = make(chan struct{})
+	)
+	go func() {
+		defer close(traced)
+		tick := time.NewTicker(2 * time.Millisecond)
+		defer tick.Stop()
+		for {
+			n, done := committed()
+			trace.add(time.Now(), n)
+			if done {
+				return
+			}
+			select {
+			case <-stopped:
+				return
+			case <-tick.C:
+			}
+		}
+	}()
+	type span struct {
+		with       bool
+		began, end time.Time
+		proc, pg   time.Duration // the CPU this process and Postgres's sessions used
+		watcher    time.Duration // of pg, the watcher's sessions'
+		labelled   map[string]time.Duration
+	}
+	var spans []span
+	rounds0, busy0 := pl.polls.n.Load(), pl.polls.nanos.Load()
+	for i := 0; ; i++ {
+		with := i%4 == 0 || i%4 == 3
+		stop := func() {}
+		if with {
+			stop = wait()
+		}
+		// Every window is profiled, so that the profiler's cost falls on
+		// both sides alike: the profile tells the watcher's and the
+		// waiting reads' part of this process's CPU (their goroutines
+		// carry costLabel).
+		var prof bytes.Buffer
+		profiling := pprof.StartCPUProfile(&prof) == nil
+		pg0, go0 := pl.backendCPU(ctx), processCPU()
+		began := time.Now()
+		timer := time.NewTimer(window)
+		<-timer.C
+		end := time.Now()
+		pg1, go1 := pl.backendCPU(ctx), processCPU()
+		pg := pg1.since(pg0)
+		sp := span{with: with, began: began, end: end, proc: go1 - go0, pg: pg.all, watcher: pg.watcher}
+		if profiling {
+			pprof.StopCPUProfile()
+			var err error
+			if sp.labelled, err = labelledCPU(&prof); err != nil {
+				b.Fatal(err)
+			}
+		}
+		spans = append(spans, sp)
+		stop()
+		if _, done := committed(); done {
 			break
 		}
-		<-poll.C
 	}
-	took := time.Since(first)
-	if waiters > 0 {
-		rounds, busy := pl.polls.n.Load()-rounds0, time.Duration(pl.polls.nanos.Load()-busy0)
-		b.Logf("%d waiters: %d rounds in %v, reading for %v of it (%.1f%%)", waiters, rounds, took.Round(time.Millisecond),
-			busy.Round(time.Millisecond), 100*busy.Seconds()/took.Seconds())
+	close(stopped)
+	<-traced
+	out := windows{labelled: map[string]time.Duration{}}
+	ended := trace.last()
+	for i := 0; i+1 < len(spans); i += 2 {
+		// A window the fold ended in, or after, is no whole window.
+		if spans[i+1].end.After(ended) {
+			break
+		}
+		var p pair
+		for _, s := range spans[i : i+2] {
+			events := trace.at(s.end) - trace.at(s.began)
+			took := s.end.Sub(s.began)
+			side := &out.without
+			if s.with {
+				p.with, side = events/took.Seconds(), &out.with
+				out.watcher += s.watcher
+				for k, v := range s.labelled {
+					out.labelled[k] += v
+				}
+			} else {
+				p.without = events / took.Seconds()
+			}
+			side.events += events
+			side.took += took
+			side.proc += s.proc
+			side.pg += s.pg
+		}
+		out.pairs = append(out.pairs, p)
 	}
-	var total int64
-	for _, e := range end {
-		total += e
+	rounds, busy := pl.polls.n.Load()-rounds0, time.Duration(pl.polls.nanos.Load()-busy0)
+	b.Logf("%d waiters: %d rounds, reading for %v of the %v they waited (%.1f%%); %d waits reached",
+		waiters, rounds, busy.Round(time.Millisecond), out.with.took.Round(time.Millisecond),
+		100*busy.Seconds()/out.with.took.Seconds(), reached.Load())
+	return out
+}
+
+// windows is what engineWindows measured: each pair's events/s, and
+// what each side's windows add up to.
+type windows struct {
+	pairs         []pair
+	with, without side
+	// watcher is the CPU the watcher's Postgres sessions used, in the
+	// windows with waiters.
+	watcher time.Duration
+	// labelled is the CPU of this process's goroutines carrying
+	// costLabel, by its value: the watcher's and the waiting reads'.
+	labelled map[string]time.Duration
+}
+
+// costLabel is the profiler label of the watcher's and the waiting
+// reads' goroutines.
+const costLabel = "freshness"
+
+// labelledCPU adds up the CPU samples of a profile by their costLabel.
+func labelledCPU(r io.Reader) (map[string]time.Duration, error) {
+	p, err := profile.Parse(r)
+	if err != nil {
+		return nil, fmt.Errorf("read the CPU profile: %w", err)
 	}
-	if waiters > 0 {
-		b.Logf("%d waiters: %d waits reached while the engine ran", waiters, reached.Load())
+	i := slices.IndexFunc(p.SampleType, func(t *profile.ValueType) bool { return t.Type == "cpu" })
+	if i < 0 {
+		return nil, errors.New("read the CPU profile: no cpu samples")
 	}
-	return float64(total-fromCount) / took.Seconds()
+	out := map[string]time.Duration{}
+	for _, s := range p.Sample {
+		if l := s.Label[costLabel]; len(l) > 0 {
+			out[l[0]] += time.Duration(s.Value[i])
+		}
+	}
+	return out, nil
+}
+
+// side adds up the windows of one side.
+type side struct {
+	events   float64
+	took     time.Duration
+	proc, pg time.Duration // the CPU this process and Postgres's sessions used
+}
+
+func (s side) eps() float64 { return s.events / s.took.Seconds() }
+
+// cpuPerEvent is the CPU, this process's and Postgres's, the side's
+// windows used per event committed, in microseconds.
+func (s side) cpuPerEvent() float64 { return (s.proc + s.pg).Seconds() * 1e6 / s.events }
+
+// processCPU is the CPU this process has used: the engine's, the
+// broker's, the watcher's and the waiting reads'.
+func processCPU() time.Duration {
+	var ru syscall.Rusage
+	if err := syscall.Getrusage(syscall.RUSAGE_SELF, &ru); err != nil {
+		return 0
+	}
+	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
+}
+
+// cpu is what Postgres's sessions have used of the CPU.
+type cpu struct{ watcher, all time.Duration }
+
+// sessions is the CPU each of Postgres's client sessions has used, by
+// process id, and whether it is the watcher's.
+type sessions map[int]session
+
+type session struct {
+	cpu     time.Duration
+	watcher bool
+}
+
+// since is the CPU the sessions used since before: a session that ended
+// meanwhile is not counted, one that began is counted whole.
+func (s sessions) since(before sessions) cpu {
+	var out cpu
+	for pid, now := range s {
+		d := now.cpu - before[pid].cpu
+		out.all += d
+		if now.watcher {
+			out.watcher += d
+		}
+	}
+	return out
+}
+
+// backendCPU reads the CPU time Postgres's client sessions have used
+// from /proc, when Postgres runs on this machine and its processes are
+// readable; none otherwise.
+func (pl *pipeline) backendCPU(ctx context.Context) sessions {
+	out := sessions{}
+	rows, err := pl.db.Pool.Query(ctx, `SELECT pid, application_name = $1 FROM pg_stat_activity WHERE backend_type = 'client backend'`, watcherApp)
+	if err != nil {
+		return out
+	}
+	var (
+		pid     int
+		watcher bool
+	)
+	_, _ = pgx.ForEachRow(rows, []any{&pid, &watcher}, func() error {
+		stat, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+		if err != nil {
+			return nil // the session ended since, or is not this machine's
+		}
+		// utime and stime, in clock ticks (100 a second), are the 12th
+		// and 13th fields after the command's closing parenthesis.
+		f := strings.Fields(string(stat[bytes.LastIndexByte(stat, ')')+1:]))
+		if len(f) < 13 {
+			return nil
+		}
+		user, _ := strconv.ParseInt(f[11], 10, 64)
+		sys, _ := strconv.ParseInt(f[12], 10, 64)
+		out[pid] = session{cpu: time.Duration(user+sys) * 10 * time.Millisecond, watcher: watcher}
+		return nil
+	})
+	return out
+}
+
+// commits is when the stored offsets moved, and to where.
+type commits struct {
+	t []time.Time
+	n []int64
+}
+
+// add records n read at t, when it moved.
+func (c *commits) add(t time.Time, n int64) {
+	if len(c.n) > 0 && c.n[len(c.n)-1] == n {
+		return
+	}
+	c.t, c.n = append(c.t, t), append(c.n, n)
+}
+
+// last is when the last commit was seen.
+func (c *commits) last() time.Time { return c.t[len(c.t)-1] }
+
+// at is the events committed by t, counting a transaction's events as
+// committed evenly over the time since the one before it.
+func (c *commits) at(t time.Time) float64 {
+	i, _ := slices.BinarySearchFunc(c.t, t, time.Time.Compare)
+	switch {
+	case i == 0:
+		return float64(c.n[0])
+	case i == len(c.t):
+		return float64(c.n[len(c.n)-1])
+	}
+	t0, t1 := c.t[i-1], c.t[i]
+	f := t.Sub(t0).Seconds() / t1.Sub(t0).Seconds()
+	return float64(c.n[i-1]) + f*float64(c.n[i]-c.n[i-1])
 }
 
 // waitFor polls cond every few milliseconds for up to 30 seconds.
