@@ -202,6 +202,47 @@ func TestListAndShowDeadLetters(t *testing.T) {
 	}
 }
 
+// TestIdentityTakesInGenerations: as with dlq list, an identity filter
+// takes in its rebuilt projections' live generations and those being
+// built, whose engines keep dead letters under identities of their own;
+// a retired generation's and another identity's stay out.
+func TestIdentityTakesInGenerations(t *testing.T) {
+	f := newFixture(t, nil)
+	if _, err := f.pool.Exec(t.Context(), `INSERT INTO projector_generations
+		(identity, projection, generation, state, table_name, physical_table, group_id, definition, definition_hash) VALUES
+		('ident', 'accounts', 2, 'live', 'accounts', 'accounts_g2', 'ident.accounts.g2', '{}', 'h2'),
+		('ident', 'accounts', 3, 'building', 'accounts', 'accounts_g3', 'ident.accounts.g3', '{}', 'h3'),
+		('ident', 'accounts', 1, 'retired', 'accounts', 'accounts', 'ident', '{}', 'h1'),
+		('ident', 'orders', 2, 'retired', 'orders', 'orders_g2', 'ident.orders.g2', '{}', 'h4')`); err != nil {
+		t.Fatal(err)
+	}
+	insert := func(identity string) int64 {
+		var id int64
+		if err := f.pool.QueryRow(t.Context(), `INSERT INTO projector_dead_letters
+			(identity, projection, topic, partition, "offset", record_key, value, error, error_class, status)
+			VALUES ($1, 'accounts', 'accounts.events', 0, 1, 'k', 'v', 'boom', 'decode', 'open') RETURNING id`, identity).Scan(&id); err != nil {
+			t.Fatal(err)
+		}
+		return id
+	}
+	own, live, building := insert("ident"), insert("ident.accounts.g2"), insert("ident.accounts.g3")
+	insert("ident.orders.g2")
+	insert("other")
+	want := []int64{own, live, building}
+	code, body := f.do(t, "admin-token", "GET", "/admin/v1/dead-letters?identity=ident", "")
+	if got := idsOf(body["dead_letters"]); code != 200 || !slices.Equal(got, want) {
+		t.Errorf("list identity=ident: %d %v, want %v", code, got, want)
+	}
+	code, body = f.do(t, "admin-token", "GET", "/admin/v1/dead-letters?identity=ident&limit=2", "")
+	if got := idsOf(body["dead_letters"]); code != 200 || !slices.Equal(got, want[:2]) {
+		t.Errorf("list identity=ident limit=2: %d %v, want %v", code, got, want[:2])
+	}
+	code, body = f.do(t, "admin-token", "POST", "/admin/v1/dead-letters/purges", `{"filter":{"identity":"ident"},"dry_run":true}`)
+	if code != 200 || !slices.Equal(numbers(body["matched"]), want) {
+		t.Errorf("purge identity=ident, dry run: %d %v, want %v matched", code, body, want)
+	}
+}
+
 func idsOf(v any) []int64 {
 	var out []int64
 	for _, e := range v.([]any) {

@@ -14,6 +14,7 @@ import (
 
 	"github.com/projector-dev/projector/deadletters"
 	"github.com/projector-dev/projector/readapi"
+	"github.com/projector-dev/projector/rebuild"
 	"github.com/projector-dev/projector/sinks"
 )
 
@@ -128,6 +129,12 @@ func (s *server) listDeadLetters(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	f.Limit = limit
+	// As dlq list does: an identity takes in its rebuilt projections'
+	// generations, whose engines keep dead letters of their own.
+	if f, err = rebuild.NewStore(s.cfg.DB).DeadLetterFilter(r.Context(), f); err != nil {
+		s.fail(w, r, err)
+		return
+	}
 	entries, err := deadletters.List(r.Context(), s.cfg.DB, f)
 	if err != nil {
 		s.fail(w, r, err)
@@ -227,7 +234,12 @@ func (s *server) selectIDs(w http.ResponseWriter, r *http.Request, defaultLimit,
 		return body, nil, nil, false
 	}
 	f.Limit = limit
-	ids, err = deadletters.IDs(r.Context(), s.cfg.DB, f)
+	// The audit keeps the filter as given; the ids take in the
+	// identity's generations, as the list does.
+	wide, err := rebuild.NewStore(s.cfg.DB).DeadLetterFilter(r.Context(), f)
+	if err == nil {
+		ids, err = deadletters.IDs(r.Context(), s.cfg.DB, wide)
+	}
 	if err != nil {
 		s.fail(w, r, err)
 		return body, nil, nil, false

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"strings"
 	"time"
 
@@ -12,6 +13,7 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/projector-dev/projector/deadletters"
 	"github.com/projector-dev/projector/projection"
 )
 
@@ -199,6 +201,68 @@ type querier interface {
 // not dropped or cancelled, by projection and number.
 func (s *Store) Generations(ctx context.Context, identity string) ([]Generation, error) {
 	return generations(ctx, s.pool, identity, "")
+}
+
+// OtherGenerations are identity's live generations and generations being
+// built whose consumer group is not identity itself: the engines that
+// keep offsets and dead letters under an identity of their own. None
+// when no projection was ever rebuilt.
+func (s *Store) OtherGenerations(ctx context.Context, identity string) ([]Generation, error) {
+	var exists bool
+	if err := s.pool.QueryRow(ctx, `SELECT to_regclass('projector_generations') IS NOT NULL`).Scan(&exists); err != nil {
+		return nil, fmt.Errorf("look up the generations table: %w", err)
+	}
+	if !exists {
+		return nil, nil
+	}
+	gs, err := s.Generations(ctx, identity)
+	if err != nil {
+		return nil, err
+	}
+	return slices.DeleteFunc(gs, func(g Generation) bool {
+		return g.GroupID == identity || g.State != Live && g.State != Building
+	}), nil
+}
+
+// DeadLetterFilter widens f's identity to its other generations' (see
+// OtherGenerations), whose engines keep dead letters of their own: the
+// filter returned selects the ids matching f under any of them, oldest
+// first, up to f.Limit. f is returned as it is when it names no
+// identity, or the identity has no other generation.
+func (s *Store) DeadLetterFilter(ctx context.Context, f deadletters.Filter) (deadletters.Filter, error) {
+	if f.Identity == "" {
+		return f, nil
+	}
+	gens, err := s.OtherGenerations(ctx, f.Identity)
+	if err != nil || len(gens) == 0 {
+		return f, err
+	}
+	ids := []int64{}
+	for _, id := range append([]string{f.Identity}, GroupIDs(gens)...) {
+		one := f
+		one.Identity = id
+		got, err := deadletters.IDs(ctx, s.pool, one)
+		if err != nil {
+			return f, err
+		}
+		ids = append(ids, got...)
+	}
+	slices.Sort(ids)
+	ids = slices.Compact(ids)
+	if f.Limit > 0 && len(ids) > f.Limit {
+		ids = ids[:f.Limit]
+	}
+	f.Identity, f.IDs = "", ids
+	return f, nil
+}
+
+// GroupIDs are the consumer groups of gens.
+func GroupIDs(gens []Generation) []string {
+	out := make([]string, len(gens))
+	for i, g := range gens {
+		out[i] = g.GroupID
+	}
+	return out
 }
 
 func generations(ctx context.Context, q querier, identity, projectionName string) ([]Generation, error) {

@@ -201,7 +201,7 @@ func newStatusCommand(name, usage string, stdout, stderr io.Writer) *ffcli.Comma
 				return err
 			}
 			defer pool.Close()
-			gens, err := generationGroups(ctx, pool, c.identity)
+			gens, err := rebuild.NewStore(pool).OtherGenerations(ctx, c.identity)
 			if err != nil {
 				return err
 			}
@@ -568,26 +568,6 @@ func genText(r partitionStatus) string {
 		return fmt.Sprintf("%d(building)", r.Generation)
 	}
 	return strconv.Itoa(r.Generation)
-}
-
-// generationGroups returns identity's live and building generations that
-// run under a consumer identity of their own (those of rebuilt
-// projections), none before any rebuild created the generations table.
-func generationGroups(ctx context.Context, pool *pgxpool.Pool, identity string) ([]rebuild.Generation, error) {
-	var exists bool
-	if err := pool.QueryRow(ctx, `SELECT to_regclass('projector_generations') IS NOT NULL`).Scan(&exists); err != nil {
-		return nil, fmt.Errorf("look up the generations table: %w", err)
-	}
-	if !exists {
-		return nil, nil
-	}
-	gs, err := rebuild.NewStore(pool).Generations(ctx, identity)
-	if err != nil {
-		return nil, err
-	}
-	return slices.DeleteFunc(gs, func(g rebuild.Generation) bool {
-		return g.GroupID == identity || g.State != rebuild.Live && g.State != rebuild.Building
-	}), nil
 }
 
 // statusOf compares a stored offset with its partition's log: an offset

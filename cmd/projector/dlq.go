@@ -96,43 +96,9 @@ func (d *dlqFilters) filter(now time.Time) (deadletters.Filter, error) {
 }
 
 // withGenerations widens f's identity to the identities of its live and
-// generations being built, whose engines keep dead letters of their own:
-// the filter returned selects the ids matching f under any of them,
-// oldest first, up to f.Limit.
+// generations being built (see rebuild.Store.DeadLetterFilter).
 func withGenerations(ctx context.Context, pool *pgxpool.Pool, f deadletters.Filter) (deadletters.Filter, error) {
-	if f.Identity == "" {
-		return f, nil
-	}
-	gens, err := generationGroups(ctx, pool, f.Identity)
-	if err != nil || len(gens) == 0 {
-		return f, err
-	}
-	ids := []int64{}
-	for _, id := range append([]string{f.Identity}, generationIDs(gens)...) {
-		one := f
-		one.Identity = id
-		got, err := deadletters.IDs(ctx, pool, one)
-		if err != nil {
-			return f, err
-		}
-		ids = append(ids, got...)
-	}
-	slices.Sort(ids)
-	ids = slices.Compact(ids)
-	if f.Limit > 0 && len(ids) > f.Limit {
-		ids = ids[:f.Limit]
-	}
-	f.Identity, f.IDs = "", ids
-	return f, nil
-}
-
-// generationIDs are the consumer identities of gens.
-func generationIDs(gens []rebuild.Generation) []string {
-	out := make([]string, len(gens))
-	for i, g := range gens {
-		out[i] = g.GroupID
-	}
-	return out
+	return rebuild.NewStore(pool).DeadLetterFilter(ctx, f)
 }
 
 // parseWhen reads an RFC3339 time or a duration meaning that long before
