@@ -30,7 +30,7 @@ var ErrUnknownProjection = errors.New("unknown projection")
 const (
 	DefaultMaxWaiters = 10000
 	DefaultPoll       = 10 * time.Millisecond
-	DefaultShare      = 0.05
+	DefaultShare      = 0.02
 	// DefaultTolerance is how long after the engine last saw a partition
 	// caught up it still counts as caught up: longer than the engine's
 	// CaughtUpEvery, so that an idle partition reads as fresh between two
@@ -61,11 +61,14 @@ type Config struct {
 	// Poll is how often the rows someone waits on are read (default
 	// DefaultPoll): the added latency of a read that waits.
 	Poll time.Duration
-	// Share is the most of the time the watcher spends reading
-	// (default DefaultShare): a round that reads many keys is followed
-	// by a longer pause than Poll, so that the reads of many waiters
-	// do not take from the engine the database's time they would
-	// otherwise (every key a waiter waits on is an index probe a round).
+	// Share is the most of the time the watcher spends reading, beyond
+	// a tenth of Poll a round (default DefaultShare): a round that
+	// reads many keys is followed by a longer pause than Poll, so that
+	// the reads of many waiters do not take from the engine the
+	// database's time they would otherwise (every key a waiter waits on
+	// is an index probe a round). A round that takes no more than a
+	// tenth of Poll, a round trip and a few keys, is followed by Poll:
+	// a lone read's wait is what it would be without the bound.
 	Share float64
 	// Tolerance (default DefaultTolerance): see Staleness.
 	Tolerance time.Duration
@@ -346,8 +349,7 @@ func (w *Watcher) Run(ctx context.Context) error {
 		}
 		start := time.Now()
 		w.round(ctx)
-		took := time.Since(start)
-		pause := max(w.cfg.Poll-took, time.Duration(float64(took)*(1/w.cfg.Share-1)))
+		pause := w.pause(time.Since(start))
 		t := time.NewTimer(pause)
 		select {
 		case <-ctx.Done():
@@ -356,6 +358,14 @@ func (w *Watcher) Run(ctx context.Context) error {
 		case <-t.C:
 		}
 	}
+}
+
+// pause is how long to wait after a round that took took: Poll less the
+// round, or longer after a long round, so that reading takes no more
+// than Config.Share of the time beyond a tenth of Poll a round.
+func (w *Watcher) pause(took time.Duration) time.Duration {
+	free := w.cfg.Poll / 10
+	return max(w.cfg.Poll-took, time.Duration(float64(took-free)*(1/w.cfg.Share)-float64(took)))
 }
 
 // round reads every key someone waits on, one statement per projection,
