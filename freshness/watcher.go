@@ -129,6 +129,9 @@ type shape struct {
 	generations bool   // the statement looks up the live generation
 	keyType     string // the key column's type, for casts
 	poll        string // the statement of a round
+	// pollTenant reads keys ($1) of one tenant ($2) only, tombstones
+	// left out: the last read of a wait bound to a tenant.
+	pollTenant string
 }
 
 // waiter is one request waiting.
@@ -275,8 +278,10 @@ func (w *Watcher) WaitVersion(ctx context.Context, projection, key, tenant strin
 	w.waits.WithLabelValues("timeout").Inc()
 	if last == nil {
 		// No round read the key while it waited (a short wait, or the
-		// database failing): read it now.
-		states, err := w.read(ctx, p, sh, []string{stored})
+		// database failing): read it now, a tenant's rows only for a
+		// wait bound to one, so that another tenant's row, a tombstone
+		// and a missing key are the same index probe finding nothing.
+		states, err := w.read(ctx, p, sh, []string{stored}, tenant)
 		if err != nil {
 			return Result{}, fmt.Errorf("read %s/%s: %w", projection, key, err)
 		}
@@ -376,7 +381,7 @@ func (w *Watcher) round(ctx context.Context) {
 		sh, err := w.shapeOf(ctx, p)
 		var states map[string]state
 		if err == nil {
-			states, err = w.read(ctx, p, sh, keys)
+			states, err = w.read(ctx, p, sh, keys, "")
 		}
 		if err != nil {
 			if ctx.Err() == nil {
@@ -424,9 +429,16 @@ func (w *Watcher) heard(err error) {
 }
 
 // read reads the rows and tombstones of keys (stored forms) in one
-// statement.
-func (w *Watcher) read(ctx context.Context, p *watched, sh *shape, keys []string) (map[string]state, error) {
-	rows, err := w.pool.Query(ctx, sh.poll, keys, p.p.Table, w.cfg.Identity, p.p.Name)
+// statement; with tenant (in a projection scoped by tenant), that
+// tenant's rows only and no tombstones, which such a wait never sees.
+func (w *Watcher) read(ctx context.Context, p *watched, sh *shape, keys []string, tenant string) (map[string]state, error) {
+	var rows pgx.Rows
+	var err error
+	if tenant != "" && sh.pollTenant != "" {
+		rows, err = w.pool.Query(ctx, sh.pollTenant, keys, tenant)
+	} else {
+		rows, err = w.pool.Query(ctx, sh.poll, keys, p.p.Table, w.cfg.Identity, p.p.Name)
+	}
 	if err != nil {
 		return nil, fmt.Errorf("read versions of %d keys of %s: %w", len(keys), p.p.Name, err)
 	}
@@ -434,10 +446,10 @@ func (w *Watcher) read(ctx context.Context, p *watched, sh *shape, keys []string
 	var (
 		key       string
 		version   int64
-		tenant    *string
+		rowTenant *string
 		tombstone bool
 	)
-	_, err = pgx.ForEachRow(rows, []any{&key, &version, &tenant, &tombstone}, func() error {
+	_, err = pgx.ForEachRow(rows, []any{&key, &version, &rowTenant, &tombstone}, func() error {
 		s := out[key]
 		if tombstone {
 			if !s.found || version > s.version {
@@ -445,8 +457,8 @@ func (w *Watcher) read(ctx context.Context, p *watched, sh *shape, keys []string
 			}
 		} else if !s.deleted || version > s.version {
 			s = state{version: version, found: true}
-			if tenant != nil {
-				s.tenant, s.hasTenant = *tenant, true
+			if rowTenant != nil {
+				s.tenant, s.hasTenant = *rowTenant, true
 			}
 		}
 		out[key] = s
@@ -501,6 +513,13 @@ func (w *Watcher) shapeOf(ctx context.Context, p *watched) (*shape, error) {
 		UNION ALL
 		SELECT key, version, NULL, true FROM projector_tombstones WHERE table_name = %[5]s AND key = ANY($1::text[])`,
 		keyCol, tenant, quoteTable(p.p.Table), keyType, tombTable)
+	if p.tenant != "" {
+		// The tenant's condition is the read API's (column = $2), which
+		// the engine's index on the tenant and key columns answers.
+		sh.pollTenant = fmt.Sprintf(`SELECT %[1]s::text, t.version, %[2]s, false FROM %[3]s t
+			WHERE %[1]s = ANY($1::text[]::%[4]s[]) AND t.%[5]s = $2`,
+			keyCol, tenant, quoteTable(p.p.Table), keyType, pgx.Identifier{p.tenant}.Sanitize())
+	}
 	p.shape = sh
 	return sh, nil
 }
