@@ -1,0 +1,381 @@
+package readapi_test
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"slices"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/projector-dev/projector/freshness"
+	"github.com/projector-dev/projector/projection"
+	"github.com/projector-dev/projector/readapi"
+)
+
+// watcherWaiter answers the read API's waits with a freshness.Watcher's,
+// as serve does.
+type watcherWaiter struct{ w *freshness.Watcher }
+
+func (v watcherWaiter) WaitVersion(ctx context.Context, projection, key, tenant string, min int64, wait time.Duration) error {
+	r, err := v.w.WaitVersion(ctx, projection, key, tenant, min, wait)
+	switch {
+	case errors.Is(err, freshness.ErrTooManyWaiters):
+		return fmt.Errorf("%w: %w", readapi.ErrTooManyWaiters, err)
+	case err != nil:
+		return err
+	case !r.Reached:
+		return fmt.Errorf("%w: at version %d", readapi.ErrVersionNotReached, r.Version)
+	case r.Deleted && !r.Found:
+		return &readapi.DeletedError{Version: r.Version}
+	}
+	return nil
+}
+
+// statement is one statement a request ran: its text, arguments and
+// command tag (SELECT 0: no row returned).
+type statement struct {
+	sql  string
+	args []any
+	tag  string
+}
+
+func (s statement) String() string { return fmt.Sprintf("%s %v → %s", s.sql, s.args, s.tag) }
+
+// statementLog records the statements run on a pool.
+type statementLog struct {
+	mu    sync.Mutex
+	stmts []statement
+}
+
+func (l *statementLog) TraceQueryStart(ctx context.Context, _ *pgx.Conn, d pgx.TraceQueryStartData) context.Context {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.stmts = append(l.stmts, statement{sql: d.SQL, args: d.Args})
+	return ctx
+}
+
+func (l *statementLog) TraceQueryEnd(_ context.Context, _ *pgx.Conn, d pgx.TraceQueryEndData) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if n := len(l.stmts); n > 0 {
+		l.stmts[n-1].tag = d.CommandTag.String()
+		if d.Err != nil {
+			l.stmts[n-1].tag = "error: " + d.Err.Error()
+		}
+	}
+}
+
+// take returns the statements run since the last take. The watcher's
+// look for rebuilt projections' table, run at most every 10 seconds for
+// every wait alike, is left out: when it falls is a matter of time.
+func (l *statementLog) take() []statement {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	out := slices.DeleteFunc(l.stmts, func(s statement) bool { return strings.Contains(s.sql, "'projector_generations'") })
+	l.stmts = nil
+	return out
+}
+
+// tenantKey is the key whose row the tests of tenants move between
+// states; the table holds others of the same length around it.
+const tenantKey = "k00501"
+
+// tenantStates are what tenantKey's aggregate may be, as the statements
+// that put it there: the row of the reader's tenant (acme), another
+// tenant's row, no row at all, and a deleted aggregate (its tombstone).
+var tenantStates = map[string]string{
+	"own": `DELETE FROM projector_tombstones WHERE key = '` + tenantKey + `';
+		INSERT INTO orders (id, org, status, amount, version) VALUES ('` + tenantKey + `', 'acme', 'open', 1, 5)
+		ON CONFLICT (id) DO UPDATE SET org = excluded.org, version = excluded.version`,
+	"other": `DELETE FROM projector_tombstones WHERE key = '` + tenantKey + `';
+		INSERT INTO orders (id, org, status, amount, version) VALUES ('` + tenantKey + `', 'globex', 'open', 1, 5)
+		ON CONFLICT (id) DO UPDATE SET org = excluded.org, version = excluded.version`,
+	"missing": `DELETE FROM projector_tombstones WHERE key = '` + tenantKey + `';
+		DELETE FROM orders WHERE id = '` + tenantKey + `'`,
+	"deleted": `DELETE FROM orders WHERE id = '` + tenantKey + `';
+		INSERT INTO projector_tombstones (table_name, key, version) VALUES ('orders', '` + tenantKey + `', 7)
+		ON CONFLICT DO NOTHING`,
+}
+
+// answer is what a client and the database see of one request.
+type answer struct {
+	status int
+	header http.Header // Date left out
+	body   []byte
+	took   time.Duration
+	stmts  []statement
+	plans  []string // each statement's plan, rows and buffers
+}
+
+// TestAnotherTenantsRowIsAMissingOne: to a reader bound to a tenant,
+// another tenant's row and a deleted aggregate answer as a key no row
+// has, byte for byte, for a read, a HEAD, a conditional read and reads
+// that wait for a version (a version the other tenant's row has reached
+// included): the same status, headers and body, after the same time
+// (each wait runs out), and the database does the same work: the same
+// statements, each the same index probe reading the same pages and
+// returning no row.
+func TestAnotherTenantsRowIsAMissingOne(t *testing.T) {
+	b := setup(t, ordersYAML, readapi.Config{})
+	// Rows of both tenants around the key, so that its probes descend an
+	// index as a table's would, with the planner's statistics.
+	b.exec(t, `INSERT INTO orders (id, org, status, amount, version)
+		SELECT 'k' || lpad(i::text, 5, '0'), CASE WHEN i % 2 = 0 THEN 'acme' ELSE 'globex' END, 'open', i, 1
+		FROM generate_series(1, 20000) i WHERE i <> 501`)
+	b.exec(t, `ANALYZE orders`)
+
+	// The API and its watcher on a pool of one connection that records
+	// their statements. The watcher does not run: each wait runs out and
+	// reads the key once at its end, so that the statements of a wait are
+	// known.
+	pc, err := pgxpool.ParseConfig(b.db.URL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	log := &statementLog{}
+	pc.ConnConfig.Tracer = log
+	pc.MaxConns = 1
+	pool, err := pgxpool.NewWithConfig(t.Context(), pc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(pool.Close)
+	srv := tenantServer(t, b, pool, false)
+
+	const wait = 200 * time.Millisecond
+	type ask struct {
+		name, method, path string
+		header             []string
+		wait               time.Duration
+	}
+	row := "/v1/projections/orders/rows/" + tenantKey
+	asks := []ask{
+		{name: "read", method: http.MethodGet, path: row},
+		{name: "HEAD", method: http.MethodHead, path: row},
+		{name: "If-None-Match", method: http.MethodGet, path: row, header: []string{"If-None-Match", `"5"`}},
+		{name: "min_version", method: http.MethodGet, path: row + "?min_version=5&wait=200ms", wait: wait},
+		{name: "min_version stale=ok", method: http.MethodGet, path: row + "?min_version=5&wait=200ms&stale=ok", wait: wait},
+		{name: "Projector-Min-Version wait=0", method: http.MethodGet, path: row + "?wait=0", header: []string{"Projector-Min-Version", "1"}},
+	}
+	do := func(a ask) answer {
+		t.Helper()
+		log.take()
+		req, err := http.NewRequestWithContext(t.Context(), a.method, srv.URL+a.path, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		req.Header.Set("Authorization", "Bearer acme")
+		for i := 0; i+1 < len(a.header); i += 2 {
+			req.Header.Set(a.header[i], a.header[i+1])
+		}
+		began := time.Now()
+		resp, err := srv.Client().Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		body, err := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		took := time.Since(began)
+		if err != nil {
+			t.Fatal(err)
+		}
+		resp.Header.Del("Date")
+		got := answer{status: resp.StatusCode, header: resp.Header, body: body, took: took, stmts: log.take()}
+		for _, s := range got.stmts {
+			got.plans = append(got.plans, explain(t, b, s))
+		}
+		return got
+	}
+	// The columns and the key column's type are read once, by the first
+	// requests.
+	for _, a := range asks {
+		do(a)
+	}
+
+	answers := map[string]map[string]answer{}
+	for _, state := range []string{"missing", "other", "deleted", "own"} {
+		b.exec(t, tenantStates[state])
+		answers[state] = map[string]answer{}
+		for _, a := range asks {
+			answers[state][a.name] = do(a)
+		}
+	}
+	for _, a := range asks {
+		want := answers["missing"][a.name]
+		if want.status != http.StatusNotFound && want.status != http.StatusPreconditionFailed {
+			t.Errorf("%s of a missing key: status %d, want 404 or 412: %s", a.name, want.status, want.body)
+		}
+		if len(want.stmts) == 0 {
+			t.Errorf("%s of a missing key: no statement recorded", a.name)
+		}
+		for _, state := range []string{"other", "deleted"} {
+			got := answers[state][a.name]
+			if got.status != want.status || !bytes.Equal(got.body, want.body) {
+				t.Errorf("%s of the %s row: %d %q; of a missing key: %d %q", a.name, state, got.status, got.body, want.status, want.body)
+			}
+			if !headersEqual(got.header, want.header) {
+				t.Errorf("%s of the %s row: headers %v; of a missing key: %v", a.name, state, got.header, want.header)
+			}
+			if !slices.EqualFunc(got.stmts, want.stmts, func(x, y statement) bool { return x.String() == y.String() }) {
+				t.Errorf("%s of the %s row ran %v; of a missing key %v", a.name, state, got.stmts, want.stmts)
+			}
+			if !slices.Equal(got.plans, want.plans) {
+				t.Errorf("%s of the %s row: plans %q; of a missing key %q", a.name, state, got.plans, want.plans)
+			}
+		}
+		for _, state := range []string{"missing", "other", "deleted"} {
+			if got := answers[state][a.name]; got.took < a.wait {
+				t.Errorf("%s of the %s row answered after %v, before its wait of %v ran out", a.name, state, got.took, a.wait)
+			}
+		}
+	}
+	// The comparison sees a row: the reader's own one answers otherwise,
+	// and its probe returns it.
+	own, missing := answers["own"]["read"], answers["missing"]["read"]
+	if own.status != http.StatusOK {
+		t.Errorf("the reader's own row: status %d: %s", own.status, own.body)
+	}
+	if slices.Equal(own.plans, missing.plans) {
+		t.Errorf("the reader's own row's plan %q is a missing key's: the plans compared tell nothing", own.plans)
+	}
+}
+
+// TestWaitForAnotherTenantsRowRunsOut: with the watcher running, as
+// serve runs it, a wait bound to a tenant for a version another
+// tenant's row has reached runs out as one for a key no row has, and
+// answers the same.
+func TestWaitForAnotherTenantsRowRunsOut(t *testing.T) {
+	b := setup(t, ordersYAML, readapi.Config{})
+	srv := tenantServer(t, b, b.db.Pool, true)
+	const wait = 300 * time.Millisecond
+	ask := func(wait string) (int, []byte, time.Duration) {
+		req, err := http.NewRequestWithContext(t.Context(), http.MethodGet, srv.URL+"/v1/projections/orders/rows/"+tenantKey+"?min_version=5&wait="+wait, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		req.Header.Set("Authorization", "Bearer acme")
+		began := time.Now()
+		resp, err := srv.Client().Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer resp.Body.Close()
+		body, err := io.ReadAll(resp.Body)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return resp.StatusCode, body, time.Since(began)
+	}
+	b.exec(t, tenantStates["other"])
+	otherStatus, otherBody, otherTook := ask("300ms")
+	b.exec(t, tenantStates["missing"])
+	missingStatus, missingBody, missingTook := ask("300ms")
+	if otherStatus != http.StatusPreconditionFailed || otherStatus != missingStatus || !bytes.Equal(otherBody, missingBody) {
+		t.Errorf("another tenant's row: %d %s; a missing key: %d %s; want the same 412", otherStatus, otherBody, missingStatus, missingBody)
+	}
+	if otherTook < wait || missingTook < wait {
+		t.Errorf("another tenant's row answered after %v, a missing key after %v: both wait %v", otherTook, missingTook, wait)
+	}
+	// A wait of the row's own tenant ends once a round reads the row,
+	// long before its time.
+	b.exec(t, tenantStates["own"])
+	if status, body, took := ask("30s"); status != http.StatusOK || took >= 15*time.Second {
+		t.Errorf("the reader's own row: %d after %v, want 200 before the wait ran out: %s", status, took, body)
+	}
+}
+
+// tenantServer serves the API of b's projections on pool with a
+// watcher of versions and staleness, run or not.
+func tenantServer(t testing.TB, b *bundle, pool *pgxpool.Pool, run bool) *httptest.Server {
+	t.Helper()
+	ps, err := projection.Parse([]byte(ordersYAML), ".")
+	if err != nil {
+		t.Fatal(err)
+	}
+	w, err := freshness.NewWatcher(pool, ps, freshness.Config{Identity: "group",
+		TenantColumns: map[string]string{"orders": "org"}, StalenessCache: -1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if run {
+		ctx, cancel := context.WithCancel(context.Background())
+		done := make(chan error, 1)
+		go func() { done <- w.Run(ctx) }()
+		t.Cleanup(func() {
+			cancel()
+			if err := <-done; err != nil {
+				t.Errorf("watcher: %v", err)
+			}
+		})
+	}
+	api, err := readapi.New(readapi.Config{Projections: ps, DB: pool, Authenticator: testTokens,
+		Staleness: w, Waiter: watcherWaiter{w}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := httptest.NewServer(api)
+	t.Cleanup(srv.Close)
+	return srv
+}
+
+// explain is the plan of s in b's database as it stands: each node's
+// type, index, rows returned and pages read, which tell whether two
+// statements did the same work.
+func explain(t testing.TB, b *bundle, s statement) string {
+	t.Helper()
+	var raw []byte
+	if err := b.db.Pool.QueryRow(t.Context(), "EXPLAIN (ANALYZE, BUFFERS, TIMING OFF, FORMAT JSON) "+s.sql, s.args...).Scan(&raw); err != nil {
+		t.Fatalf("explain %s: %v", s, err)
+	}
+	type node struct {
+		Type    string `json:"Node Type"`
+		Index   string `json:"Index Name"`
+		Cond    string `json:"Index Cond"`
+		Filter  string `json:"Filter"`
+		Rows    int64  `json:"Actual Rows"`
+		Loops   int64  `json:"Actual Loops"`
+		Hit     int64  `json:"Shared Hit Blocks"`
+		Read    int64  `json:"Shared Read Blocks"`
+		Removed int64  `json:"Rows Removed by Filter"`
+		Plans   []node `json:"Plans"`
+	}
+	var plans []struct{ Plan node }
+	if err := json.Unmarshal(raw, &plans); err != nil || len(plans) != 1 {
+		t.Fatalf("explain %s: %s: %v", s, raw, err)
+	}
+	var out strings.Builder
+	var walk func(n node, depth int)
+	walk = func(n node, depth int) {
+		fmt.Fprintf(&out, "%s%s %s [%s] filter [%s] rows=%d loops=%d removed=%d pages=%d; ",
+			strings.Repeat(" ", depth), n.Type, n.Index, n.Cond, n.Filter, n.Rows, n.Loops, n.Removed, n.Hit+n.Read)
+		for _, c := range n.Plans {
+			walk(c, depth+1)
+		}
+	}
+	walk(plans[0].Plan, 0)
+	return out.String()
+}
+
+// headersEqual compares two answers' headers.
+func headersEqual(a, b http.Header) bool {
+	if len(a) != len(b) {
+		return false
+	}
+	for k, v := range a {
+		if !slices.Equal(v, b[k]) {
+			return false
+		}
+	}
+	return true
+}
