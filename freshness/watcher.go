@@ -514,11 +514,15 @@ func (w *Watcher) shapeOf(ctx context.Context, p *watched) (*shape, error) {
 		SELECT key, version, NULL, true FROM projector_tombstones WHERE table_name = %[5]s AND key = ANY($1::text[])`,
 		keyCol, tenant, quoteTable(p.p.Table), keyType, tombTable)
 	if p.tenant != "" {
-		// The tenant's condition is the read API's (column = $2), which
-		// the engine's index on the tenant and key columns answers.
+		// The read API's condition: the row is read only once an
+		// index-only probe of the engine's index on the tenant and key
+		// columns found it, so that another tenant's row is not read
+		// either (see the read API's tenantProbe).
+		tenantCol, plainKey := pgx.Identifier{p.tenant}.Sanitize(), pgx.Identifier{p.p.KeyColumn}.Sanitize()
 		sh.pollTenant = fmt.Sprintf(`SELECT %[1]s::text, t.version, %[2]s, false FROM %[3]s t
-			WHERE %[1]s = ANY($1::text[]::%[4]s[]) AND t.%[5]s = $2`,
-			keyCol, tenant, quoteTable(p.p.Table), keyType, pgx.Identifier{p.tenant}.Sanitize())
+			WHERE %[1]s = ANY($1::text[]::%[4]s[]) AND t.%[5]s = $2
+			AND EXISTS (SELECT FROM %[3]s projector_probe WHERE projector_probe.%[5]s = $2 AND projector_probe.%[6]s = ANY($1::text[]::%[4]s[]))`,
+			keyCol, tenant, quoteTable(p.p.Table), keyType, tenantCol, plainKey)
 	}
 	p.shape = sh
 	return sh, nil

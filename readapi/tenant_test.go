@@ -7,6 +7,8 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"math"
+	"math/rand/v2"
 	"net/http"
 	"net/http/httptest"
 	"slices"
@@ -89,7 +91,7 @@ func (l *statementLog) take() []statement {
 
 // tenantKey is the key whose row the tests of tenants move between
 // states; the table holds others of the same length around it.
-const tenantKey = "k00501"
+const tenantKey = "k000501"
 
 // tenantStates are what tenantKey's aggregate may be, as the statements
 // that put it there: the row of the reader's tenant (acme), another
@@ -128,12 +130,15 @@ type answer struct {
 // returning no row.
 func TestAnotherTenantsRowIsAMissingOne(t *testing.T) {
 	b := setup(t, ordersYAML, readapi.Config{})
-	// Rows of both tenants around the key, so that its probes descend an
-	// index as a table's would, with the planner's statistics.
+	// Rows of both tenants around the key, so that its probes descend
+	// indexes as a table's would, with the planner's statistics: 100,000
+	// rows, whose primary key index is a level shallower than the index
+	// on the tenant and key columns, which makes PostgreSQL probe the
+	// primary key for a plain condition on both columns.
 	b.exec(t, `INSERT INTO orders (id, org, status, amount, version)
-		SELECT 'k' || lpad(i::text, 5, '0'), CASE WHEN i % 2 = 0 THEN 'acme' ELSE 'globex' END, 'open', i, 1
-		FROM generate_series(1, 20000) i WHERE i <> 501`)
-	b.exec(t, `ANALYZE orders`)
+		SELECT 'k' || lpad(i::text, 6, '0'), CASE WHEN i % 2 = 0 THEN 'acme' ELSE 'globex' END, 'open', i, 1
+		FROM generate_series(1, 100000) i WHERE i <> 501`)
+	b.exec(t, `VACUUM ANALYZE orders`)
 
 	// The API and its watcher on a pool of one connection that records
 	// their statements. The watcher does not run: each wait runs out and
@@ -329,43 +334,81 @@ func tenantServer(t testing.TB, b *bundle, pool *pgxpool.Pool, run bool) *httpte
 	return srv
 }
 
-// explain is the plan of s in b's database as it stands: each node's
-// type, index, rows returned and pages read, which tell whether two
-// statements did the same work.
+// explain is the plan of s in b's database as it stands, planned for
+// its arguments and planned generically, as a prepared statement is
+// after a few runs: each node's type, index, rows and pages read, which
+// tell whether two statements did the same work.
 func explain(t testing.TB, b *bundle, s statement) string {
 	t.Helper()
-	var raw []byte
-	if err := b.db.Pool.QueryRow(t.Context(), "EXPLAIN (ANALYZE, BUFFERS, TIMING OFF, FORMAT JSON) "+s.sql, s.args...).Scan(&raw); err != nil {
-		t.Fatalf("explain %s: %v", s, err)
+	ctx := t.Context()
+	conn, err := b.db.Pool.Acquire(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Release()
+	if _, err := conn.Exec(ctx, "PREPARE projector_explained AS "+s.sql); err != nil {
+		t.Fatalf("prepare %s: %v", s, err)
+	}
+	defer conn.Exec(context.WithoutCancel(ctx), "DEALLOCATE projector_explained; RESET plan_cache_mode") //nolint:errcheck // the test's own connection
+	args := make([]string, len(s.args))
+	for i, a := range s.args {
+		switch a := a.(type) {
+		case string:
+			args[i] = literal(a)
+		case []string:
+			quoted := make([]string, len(a))
+			for j, v := range a {
+				quoted[j] = literal(v)
+			}
+			args[i] = "ARRAY[" + strings.Join(quoted, ", ") + "]::text[]"
+		default:
+			t.Fatalf("explain %s: an argument of type %T", s, a)
+		}
 	}
 	type node struct {
-		Type    string `json:"Node Type"`
-		Index   string `json:"Index Name"`
-		Cond    string `json:"Index Cond"`
-		Filter  string `json:"Filter"`
-		Rows    int64  `json:"Actual Rows"`
-		Loops   int64  `json:"Actual Loops"`
-		Hit     int64  `json:"Shared Hit Blocks"`
-		Read    int64  `json:"Shared Read Blocks"`
-		Removed int64  `json:"Rows Removed by Filter"`
-		Plans   []node `json:"Plans"`
-	}
-	var plans []struct{ Plan node }
-	if err := json.Unmarshal(raw, &plans); err != nil || len(plans) != 1 {
-		t.Fatalf("explain %s: %s: %v", s, raw, err)
+		Type     string `json:"Node Type"`
+		Relation string `json:"Parent Relationship"`
+		Index    string `json:"Index Name"`
+		Cond     string `json:"Index Cond"`
+		Filter   string `json:"Filter"`
+		Rows     int64  `json:"Actual Rows"`
+		Loops    int64  `json:"Actual Loops"`
+		Hit      int64  `json:"Shared Hit Blocks"`
+		Read     int64  `json:"Shared Read Blocks"`
+		Fetches  int64  `json:"Heap Fetches"`
+		Removed  int64  `json:"Rows Removed by Filter"`
+		Plans    []node `json:"Plans"`
 	}
 	var out strings.Builder
 	var walk func(n node, depth int)
 	walk = func(n node, depth int) {
-		fmt.Fprintf(&out, "%s%s %s [%s] filter [%s] rows=%d loops=%d removed=%d pages=%d; ",
-			strings.Repeat(" ", depth), n.Type, n.Index, n.Cond, n.Filter, n.Rows, n.Loops, n.Removed, n.Hit+n.Read)
+		fmt.Fprintf(&out, "%s%s %s %s [%s] filter [%s] rows=%d loops=%d removed=%d heap-fetches=%d pages=%d; ",
+			strings.Repeat(" ", depth), n.Relation, n.Type, n.Index, n.Cond, n.Filter, n.Rows, n.Loops, n.Removed, n.Fetches, n.Hit+n.Read)
 		for _, c := range n.Plans {
 			walk(c, depth+1)
 		}
 	}
-	walk(plans[0].Plan, 0)
+	for _, mode := range []string{"force_custom_plan", "force_generic_plan"} {
+		if _, err := conn.Exec(ctx, "SET plan_cache_mode = "+mode); err != nil {
+			t.Fatal(err)
+		}
+		var raw []byte
+		err := conn.QueryRow(ctx, "EXPLAIN (ANALYZE, BUFFERS, TIMING OFF, FORMAT JSON) EXECUTE projector_explained("+strings.Join(args, ", ")+")").Scan(&raw)
+		if err != nil {
+			t.Fatalf("explain %s: %v", s, err)
+		}
+		var plans []struct{ Plan node }
+		if err := json.Unmarshal(raw, &plans); err != nil || len(plans) != 1 {
+			t.Fatalf("explain %s: %s: %v", s, raw, err)
+		}
+		fmt.Fprintf(&out, "%s: ", mode)
+		walk(plans[0].Plan, 0)
+	}
 	return out.String()
 }
+
+// literal is s as an SQL string literal.
+func literal(s string) string { return "'" + strings.ReplaceAll(s, "'", "''") + "'" }
 
 // headersEqual compares two answers' headers.
 func headersEqual(a, b http.Header) bool {
@@ -378,4 +421,105 @@ func headersEqual(a, b http.Header) bool {
 		}
 	}
 	return true
+}
+
+// BenchmarkTenantTiming measures, over loopback HTTP, a reader bound to
+// a tenant asking for another tenant's keys and for keys no row has,
+// alternately (a pair per iteration, in a random order), one request
+// at a time, after a warm-up, against a projection of 100,000 rows of
+// two tenants whose missing keys lie between theirs. It reports each
+// kind's median and 90th percentile, their differences (other less
+// missing), and the noise they are to be read against: the largest
+// difference between the first and second half of the same kind's
+// samples.
+//
+//   - get: GET /v1/projections/orders/rows/{key};
+//   - min_version: the same with ?min_version=1&wait=0, whose wait
+//     ends at once and reads the key, with the watcher running.
+func BenchmarkTenantTiming(b *testing.B) {
+	bb := setup(b, ordersYAML, readapi.Config{})
+	const candidates = 150_000 // a third acme's, a third globex's, a third missing
+	if _, err := bb.db.Pool.Exec(b.Context(), `INSERT INTO orders (id, org, status, amount, version)
+		SELECT 'k' || lpad(i::text, 6, '0'), CASE WHEN i % 3 = 0 THEN 'acme' ELSE 'globex' END, 'open', i, 1
+		FROM generate_series(1, $1) i WHERE i % 3 <> 2`, candidates); err != nil {
+		b.Fatal(err)
+	}
+	if _, err := bb.db.Pool.Exec(b.Context(), `VACUUM ANALYZE orders`); err != nil {
+		b.Fatal(err)
+	}
+	srv := tenantServer(b, bb, bb.db.Pool, true)
+	addr := strings.TrimPrefix(srv.URL, "http://")
+	for _, c := range []struct{ name, query string }{
+		{"get", ""},
+		{"min_version", "?min_version=1&wait=0"},
+	} {
+		b.Run(c.name, func(b *testing.B) {
+			conn, err := dialRaw(addr)
+			if err != nil {
+				b.Fatal(err)
+			}
+			defer conn.close()
+			rng := rand.New(rand.NewPCG(1, 2))
+			key := func(rest int) string { return fmt.Sprintf("k%06d", rng.IntN(candidates/3)*3+rest) }
+			var other, missing []time.Duration
+			pair := func(record bool) {
+				kinds := [2]int{1, 2} // i % 3: 1 another tenant's, 2 missing
+				if rng.IntN(2) == 0 {
+					kinds[0], kinds[1] = kinds[1], kinds[0]
+				}
+				for _, kind := range kinds {
+					path := "/v1/projections/orders/rows/" + key(kind) + c.query
+					began := time.Now()
+					if err := conn.ask(path, "Authorization: Bearer acme\r\n", "404", "412"); err != nil {
+						b.Fatal(err)
+					}
+					took := time.Since(began)
+					switch {
+					case !record:
+					case kind == 1:
+						other = append(other, took)
+					default:
+						missing = append(missing, took)
+					}
+				}
+			}
+			for range 1000 {
+				pair(false)
+			}
+			b.ResetTimer()
+			for range b.N {
+				pair(true)
+			}
+			b.StopTimer()
+			o50, o90 := quantile(other, 0.5), quantile(other, 0.9)
+			m50, m90 := quantile(missing, 0.5), quantile(missing, 0.9)
+			noise50, noise90 := max(halves(other, 0.5), halves(missing, 0.5)), max(halves(other, 0.9), halves(missing, 0.9))
+			b.ReportMetric(o50, "other-p50-µs")
+			b.ReportMetric(m50, "missing-p50-µs")
+			b.ReportMetric(o50-m50, "diff-p50-µs")
+			b.ReportMetric(noise50, "noise-p50-µs")
+			b.ReportMetric(o90, "other-p90-µs")
+			b.ReportMetric(m90, "missing-p90-µs")
+			b.ReportMetric(o90-m90, "diff-p90-µs")
+			b.ReportMetric(noise90, "noise-p90-µs")
+		})
+	}
+}
+
+// quantile is the q quantile of samples, in microseconds.
+func quantile(samples []time.Duration, q float64) float64 {
+	if len(samples) == 0 {
+		return 0
+	}
+	s := slices.Clone(samples)
+	slices.Sort(s)
+	return float64(s[int(q*float64(len(s)-1))].Nanoseconds()) / 1000
+}
+
+// halves is how far apart the q quantiles of the first and second half
+// of samples are, in microseconds: what the same request's figure moves
+// by within one run.
+func halves(samples []time.Duration, q float64) float64 {
+	h := len(samples) / 2
+	return math.Abs(quantile(samples[:h], q) - quantile(samples[h:], q))
 }
