@@ -475,9 +475,10 @@ func headersEqual(a, b http.Header) bool {
 // at a time, after a warm-up, against a projection of 100,000 rows of
 // two tenants whose missing keys lie between theirs. It reports each
 // kind's median and 90th percentile, their differences (other less
-// missing), and the noise they are to be read against: the largest
-// difference between the first and second half of the same kind's
-// samples.
+// missing), and the noise they are to be read against: the larger
+// difference between two interleaved halves of the same kind's samples.
+// A difference within the noise in one run may still be a bias: read
+// its sign over several runs (-count).
 //
 //   - get: GET /v1/projections/orders/rows/{key};
 //   - min_version: the same with ?min_version=1&wait=0, whose wait
@@ -589,10 +590,19 @@ func quantile(samples []time.Duration, q float64) float64 {
 	return float64(s[int(q*float64(len(s)-1))].Nanoseconds()) / 1000
 }
 
-// halves is how far apart the q quantiles of the first and second half
-// of samples are, in microseconds: what the same request's figure moves
-// by within one run.
+// halves is how far apart the q quantiles of two halves of samples
+// are, in microseconds: the even and the odd ones, interleaved in time
+// as the two kinds are, so that the figure is the noise a difference
+// between the kinds is read against, which a drift of the machine's load
+// during the run does not swell.
 func halves(samples []time.Duration, q float64) float64 {
-	h := len(samples) / 2
-	return math.Abs(quantile(samples[:h], q) - quantile(samples[h:], q))
+	var even, odd []time.Duration
+	for i, d := range samples {
+		if i%2 == 0 {
+			even = append(even, d)
+		} else {
+			odd = append(odd, d)
+		}
+	}
+	return math.Abs(quantile(even, q) - quantile(odd, q))
 }
