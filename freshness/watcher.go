@@ -514,10 +514,11 @@ func (w *Watcher) shapeOf(ctx context.Context, p *watched) (*shape, error) {
 		SELECT key, version, NULL, true FROM projector_tombstones WHERE table_name = %[5]s AND key = ANY($1::text[])`,
 		keyCol, tenant, quoteTable(p.p.Table), keyType, tombTable)
 	if p.tenant != "" {
-		// The read API's condition: the row is read only once an
-		// index-only probe of the engine's index on the tenant and key
-		// columns found it, so that another tenant's row is not read
-		// either (see the read API's tenantProbe).
+		// As the read API reads by key for a tenant: the row is read
+		// only once an index-only probe of the engine's index on the
+		// tenant and key columns found it, so that another tenant's row
+		// is never read from the table, and costs what a missing key
+		// does.
 		tenantCol, plainKey := pgx.Identifier{p.tenant}.Sanitize(), pgx.Identifier{p.p.KeyColumn}.Sanitize()
 		sh.pollTenant = fmt.Sprintf(`SELECT %[1]s::text, t.version, %[2]s, false FROM %[3]s t
 			WHERE %[1]s = ANY($1::text[]::%[4]s[]) AND t.%[5]s = $2
