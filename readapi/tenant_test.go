@@ -288,8 +288,8 @@ func TestWaitForAnotherTenantsRowRunsOut(t *testing.T) {
 	b := setup(t, ordersYAML, readapi.Config{})
 	srv := tenantServer(t, b, b.db.Pool, true)
 	const wait = 300 * time.Millisecond
-	ask := func(wait string) (int, []byte, time.Duration) {
-		req, err := http.NewRequestWithContext(t.Context(), http.MethodGet, srv.URL+"/v1/projections/orders/rows/"+tenantKey+"?min_version=5&wait="+wait, nil)
+	ask := func(waitParam string) (int, []byte, time.Duration) {
+		req, err := http.NewRequestWithContext(t.Context(), http.MethodGet, srv.URL+"/v1/projections/orders/rows/"+tenantKey+"?min_version=5&wait="+waitParam, nil)
 		if err != nil {
 			t.Fatal(err)
 		}
