@@ -132,6 +132,9 @@ type shape struct {
 	generations bool   // the statement looks up the live generation
 	keyType     string // the key column's type, for casts
 	poll        string // the statement of a round
+	// pollTenant reads keys ($1) of one tenant ($2) only, tombstones
+	// left out: the last read of a wait bound to a tenant.
+	pollTenant string
 }
 
 // waiter is one request waiting.
@@ -278,8 +281,10 @@ func (w *Watcher) WaitVersion(ctx context.Context, projection, key, tenant strin
 	w.waits.WithLabelValues("timeout").Inc()
 	if last == nil {
 		// No round read the key while it waited (a short wait, or the
-		// database failing): read it now.
-		states, err := w.read(ctx, p, sh, []string{stored})
+		// database failing): read it now, a tenant's rows only for a
+		// wait bound to one, so that another tenant's row, a tombstone
+		// and a missing key are the same index probe finding nothing.
+		states, err := w.read(ctx, p, sh, []string{stored}, tenant)
 		if err != nil {
 			return Result{}, fmt.Errorf("read %s/%s: %w", projection, key, err)
 		}
@@ -386,7 +391,7 @@ func (w *Watcher) round(ctx context.Context) {
 		sh, err := w.shapeOf(ctx, p)
 		var states map[string]state
 		if err == nil {
-			states, err = w.read(ctx, p, sh, keys)
+			states, err = w.read(ctx, p, sh, keys, "")
 		}
 		if err != nil {
 			if ctx.Err() == nil {
@@ -434,9 +439,16 @@ func (w *Watcher) heard(err error) {
 }
 
 // read reads the rows and tombstones of keys (stored forms) in one
-// statement.
-func (w *Watcher) read(ctx context.Context, p *watched, sh *shape, keys []string) (map[string]state, error) {
-	rows, err := w.pool.Query(ctx, sh.poll, keys, p.p.Table, w.cfg.Identity, p.p.Name)
+// statement; with tenant (in a projection scoped by tenant), that
+// tenant's rows only and no tombstones, which such a wait never sees.
+func (w *Watcher) read(ctx context.Context, p *watched, sh *shape, keys []string, tenant string) (map[string]state, error) {
+	var rows pgx.Rows
+	var err error
+	if tenant != "" && sh.pollTenant != "" {
+		rows, err = w.pool.Query(ctx, sh.pollTenant, keys, tenant)
+	} else {
+		rows, err = w.pool.Query(ctx, sh.poll, keys, p.p.Table, w.cfg.Identity, p.p.Name)
+	}
 	if err != nil {
 		return nil, fmt.Errorf("read versions of %d keys of %s: %w", len(keys), p.p.Name, err)
 	}
@@ -444,10 +456,10 @@ func (w *Watcher) read(ctx context.Context, p *watched, sh *shape, keys []string
 	var (
 		key       string
 		version   int64
-		tenant    *string
+		rowTenant *string
 		tombstone bool
 	)
-	_, err = pgx.ForEachRow(rows, []any{&key, &version, &tenant, &tombstone}, func() error {
+	_, err = pgx.ForEachRow(rows, []any{&key, &version, &rowTenant, &tombstone}, func() error {
 		s := out[key]
 		if tombstone {
 			if !s.found || version > s.version {
@@ -455,8 +467,8 @@ func (w *Watcher) read(ctx context.Context, p *watched, sh *shape, keys []string
 			}
 		} else if !s.deleted || version > s.version {
 			s = state{version: version, found: true}
-			if tenant != nil {
-				s.tenant, s.hasTenant = *tenant, true
+			if rowTenant != nil {
+				s.tenant, s.hasTenant = *rowTenant, true
 			}
 		}
 		out[key] = s
@@ -511,6 +523,18 @@ func (w *Watcher) shapeOf(ctx context.Context, p *watched) (*shape, error) {
 		UNION ALL
 		SELECT key, version, NULL, true FROM projector_tombstones WHERE table_name = %[5]s AND key = ANY($1::text[])`,
 		keyCol, tenant, quoteTable(p.p.Table), keyType, tombTable)
+	if p.tenant != "" {
+		// As the read API reads by key for a tenant: the row is read
+		// only once an index-only probe of the engine's index on the
+		// tenant and key columns found it, so that another tenant's row
+		// is never read from the table, and costs what a missing key
+		// does.
+		tenantCol, plainKey := pgx.Identifier{p.tenant}.Sanitize(), pgx.Identifier{p.p.KeyColumn}.Sanitize()
+		sh.pollTenant = fmt.Sprintf(`SELECT %[1]s::text, t.version, %[2]s, false FROM %[3]s t
+			WHERE %[1]s = ANY($1::text[]::%[4]s[]) AND t.%[5]s = $2
+			AND EXISTS (SELECT FROM %[3]s projector_probe WHERE projector_probe.%[5]s = $2 AND projector_probe.%[6]s = ANY($1::text[]::%[4]s[]))`,
+			keyCol, tenant, quoteTable(p.p.Table), keyType, tenantCol, plainKey)
+	}
 	p.shape = sh
 	return sh, nil
 }

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -286,5 +287,96 @@ func TestKeyOfAnotherType(t *testing.T) {
 	r, err = w.WaitVersion(ctx, "items", "not-a-uuid", "", 1, 10*time.Second)
 	if err != nil || r.Reached || r.Found {
 		t.Fatalf("invalid key: %+v, %v", r, err)
+	}
+}
+
+// statements records each statement's text and command tag.
+type statements struct {
+	mu   sync.Mutex
+	sql  []string
+	tags []string
+}
+
+func (s *statements) TraceQueryStart(ctx context.Context, _ *pgx.Conn, d pgx.TraceQueryStartData) context.Context {
+	s.mu.Lock()
+	s.sql = append(s.sql, d.SQL)
+	s.mu.Unlock()
+	return ctx
+}
+
+func (s *statements) TraceQueryEnd(_ context.Context, _ *pgx.Conn, d pgx.TraceQueryEndData) {
+	s.mu.Lock()
+	s.tags = append(s.tags, d.CommandTag.String())
+	s.mu.Unlock()
+}
+
+func (s *statements) take() (sql, tags []string) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	sql, tags = s.sql, s.tags
+	s.sql, s.tags = nil, nil
+	return sql, tags
+}
+
+// TestWaitOfATenantReadsItsRowsOnly: a wait bound to a tenant that no
+// round read before its time was up reads the key with the tenant's
+// condition, so that another tenant's row, a deleted aggregate and a
+// missing key are one statement returning nothing, as the read API's
+// read by key is.
+func TestWaitOfATenantReadsItsRowsOnly(t *testing.T) {
+	ctx := t.Context()
+	db := testenv.NewDB(t)
+	p := accounts()
+	if err := postgres.Migrate(ctx, db.Pool, p); err != nil {
+		t.Fatal(err)
+	}
+	pc, err := pgxpool.ParseConfig(db.URL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	rec := &statements{}
+	pc.ConnConfig.Tracer = rec
+	pool, err := pgxpool.NewWithConfig(ctx, pc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(pool.Close)
+	// Not run: no round reads a key, each wait reads it at its end.
+	w, err := freshness.NewWatcher(pool, []*projection.Projection{p}, freshness.Config{Identity: "group",
+		TenantColumns: map[string]string{"accounts": "tenant"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := db.Pool.Exec(ctx, `INSERT INTO accounts (id, tenant, version) VALUES ('a', 't1', 5);
+		INSERT INTO projector_tombstones (table_name, key, version) VALUES ('accounts', 'gone', 7)`); err != nil {
+		t.Fatal(err)
+	}
+	// The catalog's reads, once.
+	if _, err := w.WaitVersion(ctx, "accounts", "warm", "t2", 1, 0); err != nil {
+		t.Fatal(err)
+	}
+	rec.take()
+	var first []string
+	for _, key := range []string{"a", "gone", "missing"} {
+		r, err := w.WaitVersion(ctx, "accounts", key, "t2", 1, time.Millisecond)
+		if err != nil || r != (freshness.Result{}) {
+			t.Fatalf("%s for tenant t2: %+v, %v; want nothing found", key, r, err)
+		}
+		sql, tags := rec.take()
+		if len(sql) != 1 || !slices.Equal(tags, []string{"SELECT 0"}) {
+			t.Fatalf("%s for tenant t2: statements %q tags %q; want one returning no row", key, sql, tags)
+		}
+		if first == nil {
+			first = sql
+		} else if !slices.Equal(sql, first) {
+			t.Errorf("%s for tenant t2 ran %q, another key %q", key, sql, first)
+		}
+	}
+	r, err := w.WaitVersion(ctx, "accounts", "a", "t1", 1, time.Millisecond)
+	if err != nil || r != (freshness.Result{Version: 5, Found: true, Reached: true}) {
+		t.Fatalf("a for tenant t1: %+v, %v; want version 5 reached", r, err)
+	}
+	if sql, _ := rec.take(); !slices.Equal(sql, first) {
+		t.Errorf("the row's own tenant ran %q, another %q", sql, first)
 	}
 }

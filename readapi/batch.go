@@ -56,7 +56,12 @@ func getManySQL(p *projection.Projection, cols []column) (all, tenant string) {
 	all = "SELECT " + selectList(cols) + ", " + requested + " FROM unnest($1::text[]) AS projector_keys(" + batchKeyColumn + ") JOIN " +
 		quoteTable(p.Table) + " ON " + pgx.Identifier{p.KeyColumn}.Sanitize() + " = " + match
 	if p.Tenant != "" {
-		tenant = all + " AND " + pgx.Identifier{p.Tenant}.Sanitize() + " = $2"
+		// The tenant's keys are found first, in a subquery the planner
+		// keeps apart (OFFSET 0), so that the join reads only their rows.
+		tenant = "SELECT " + selectList(cols) + ", " + requested + " FROM (SELECT " + batchKeyColumn +
+			" FROM unnest($1::text[]) AS projector_keys(" + batchKeyColumn + ") WHERE " + tenantProbe(p, match) +
+			" OFFSET 0) AS projector_keys JOIN " + quoteTable(p.Table) + " ON " + pgx.Identifier{p.KeyColumn}.Sanitize() + " = " + match +
+			" AND " + pgx.Identifier{p.Tenant}.Sanitize() + " = $2"
 	}
 	return all, tenant
 }

@@ -157,10 +157,16 @@ func dialRaw(addr string) (*rawClient, error) {
 
 func (c *rawClient) close() { c.conn.Close() }
 
-func (c *rawClient) get(path string) error {
+func (c *rawClient) get(path string) error { return c.ask(path, "", "200") }
+
+// ask sends a GET of path, with header lines (each ending in CRLF) when
+// not "", and reads its answer, whose status must be one of statuses.
+func (c *rawClient) ask(path, header string, statuses ...string) error {
 	_, _ = c.w.WriteString("GET ")
 	_, _ = c.w.WriteString(path)
-	_, _ = c.w.WriteString(" HTTP/1.1\r\nHost: bench\r\n\r\n")
+	_, _ = c.w.WriteString(" HTTP/1.1\r\nHost: bench\r\n")
+	_, _ = c.w.WriteString(header)
+	_, _ = c.w.WriteString("\r\n")
 	if err := c.w.Flush(); err != nil {
 		return err
 	}
@@ -171,8 +177,9 @@ func (c *rawClient) get(path string) error {
 	if err != nil {
 		return err
 	}
-	if !bytes.HasPrefix(line, []byte("HTTP/1.1 200 ")) {
-		return fmt.Errorf("answer %q", line)
+	status, ok := bytes.CutPrefix(line, []byte("HTTP/1.1 "))
+	if !ok || len(status) < 4 || status[3] != ' ' || !slices.ContainsFunc(statuses, func(s string) bool { return string(status[:3]) == s }) {
+		return fmt.Errorf("answer %q, want status %s", line, strings.Join(statuses, " or "))
 	}
 	length := -1
 	for {
