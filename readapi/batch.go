@@ -113,13 +113,16 @@ func (a *API) getByKey(ctx context.Context, v *view, tbl *table, key, tenant str
 		q = &getQueue{}
 		b.queues[tenant] = q
 	}
-	self := &getCall{key: key, done: make(chan getResult, 1)}
-	var batch []*getCall
+	var row *readRow
+	var err error
+	alone := false // the batch failed on another's key: read this one again
 	if q.running < b.limit {
+		// Nothing waits while fewer than limit run: the read runs alone.
 		q.running++
-		batch = append(take(q), self)
 		b.mu.Unlock()
+		row, err = a.getOne(ctx, v, tbl, key, tenant)
 	} else {
+		self := &getCall{key: key, done: make(chan getResult, 1)}
 		q.pending = append(q.pending, self)
 		b.mu.Unlock()
 		// The wait is bounded by the batches before it, each by the
@@ -132,10 +135,11 @@ func (a *API) getByKey(ctx context.Context, v *view, tbl *table, key, tenant str
 			return r.row, r.err
 		}
 		b.mu.Lock()
-		batch = append(take(q), self)
+		batch := take(q, self)
 		b.mu.Unlock()
+		mine := a.runBatch(ctx, v, tbl, many, tenant, batch)
+		row, err, alone = mine.row, mine.err, mine.alone
 	}
-	mine := a.runBatch(ctx, v, tbl, many, tenant, batch)
 	b.mu.Lock()
 	if len(q.pending) > 0 {
 		next := q.pending[0]
@@ -149,22 +153,22 @@ func (a *API) getByKey(ctx context.Context, v *view, tbl *table, key, tenant str
 		}
 		b.mu.Unlock()
 	}
-	if mine.alone {
+	if alone {
 		return a.getOne(ctx, v, tbl, key, tenant)
 	}
-	return mine.row, mine.err
+	return row, err
 }
 
-// take removes up to maxBatch-1 reads from q's pending, the oldest first.
-// The caller holds the lock.
-func take(q *getQueue) []*getCall {
+// take removes up to maxBatch-1 reads from q's pending, the oldest first,
+// and returns them with self after them. The caller holds the lock.
+func take(q *getQueue, self *getCall) []*getCall {
 	n := min(len(q.pending), maxBatch-1)
-	batch := slices.Clone(q.pending[:n])
+	batch := append(make([]*getCall, 0, n+1), q.pending[:n]...)
 	q.pending = slices.Delete(q.pending, 0, n)
 	if len(q.pending) == 0 {
 		q.pending = nil
 	}
-	return batch
+	return append(batch, self)
 }
 
 // runBatch reads the keys of batch, whose last call is the caller's, and
@@ -209,6 +213,8 @@ func (a *API) runBatch(ctx context.Context, v *view, tbl *table, many, tenant st
 
 // getOne reads the row of key alone.
 func (a *API) getOne(ctx context.Context, v *view, tbl *table, key, tenant string) (*readRow, error) {
+	ctx, cancel := context.WithTimeout(ctx, a.cfg.StatementTimeout)
+	defer cancel()
 	args := []any{key}
 	sql := tbl.get
 	if tenant != "" {
