@@ -15,13 +15,21 @@ import (
 // in one statement: a read by key costs the database and the API mostly
 // the round trip (a write and a read on each side, and a wake-up of the
 // backend), not the index probe, so under load one round trip for several
-// keys serves more reads a second from the same pool. Nothing waits for a
-// batch to fill: a read starts at once while fewer than the pool's size
-// run for its projection and tenant, and those that arrive meanwhile go
-// together in the next.
+// keys serves more reads a second with less of the database's CPU.
+// Nothing waits for a batch to fill: a read starts at once when no
+// statement of its projection and tenant runs; one that arrives while a
+// statement runs waits for it and goes with the others that arrived
+// meanwhile in the next, which costs it at most that statement's time.
+// Another statement starts beside the running ones, up to the pool's
+// size, once parallelAfter reads wait: a statement slow in the database
+// (keys read from disk, one after the other) then does not hold back the
+// reads queued behind it.
 const (
 	// maxBatch bounds the keys of one statement.
 	maxBatch = 64
+	// parallelAfter is how many reads wait before another statement
+	// starts beside those running.
+	parallelAfter = 16
 	// defaultBatches is how many batches of a projection and tenant run
 	// at once when the pool's size is not known.
 	defaultBatches = 4
@@ -77,7 +85,7 @@ type getQueue struct {
 // getCall is one read by key waiting in a queue.
 type getCall struct {
 	key  string
-	done chan getResult // buffered: whoever answers never blocks
+	done chan getResult // buffered: whoever answers never blocks; nil for the call that runs the batch
 }
 
 // getResult is a read's answer, or its turn to run the next batch.
@@ -116,12 +124,20 @@ func (a *API) getByKey(ctx context.Context, v *view, tbl *table, key, tenant str
 	var row *readRow
 	var err error
 	alone := false // the batch failed on another's key: read this one again
-	if q.running < b.limit {
-		// Nothing waits while fewer than limit run: the read runs alone.
+	switch {
+	case q.running == 0:
+		// Nothing runs, so nothing waits: the read runs alone, at once.
 		q.running++
 		b.mu.Unlock()
 		row, err = a.getOne(ctx, v, tbl, key, tenant)
-	} else {
+	case q.running < b.limit && len(q.pending)+1 >= parallelAfter:
+		// Enough wait to fill a statement beside those running.
+		q.running++
+		batch := take(q, &getCall{key: key})
+		b.mu.Unlock()
+		mine := a.runBatch(ctx, v, tbl, many, tenant, batch)
+		row, err, alone = mine.row, mine.err, mine.alone
+	default:
 		self := &getCall{key: key, done: make(chan getResult, 1)}
 		q.pending = append(q.pending, self)
 		b.mu.Unlock()
