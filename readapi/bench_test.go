@@ -10,6 +10,7 @@ import (
 	"math"
 	"net"
 	"net/http"
+	"net/http/httptest"
 	"slices"
 	"strconv"
 	"strings"
@@ -63,7 +64,12 @@ func BenchmarkGetRow(b *testing.B) {
 	if _, err := bb.db.Pool.Exec(b.Context(), `VACUUM ANALYZE orders`); err != nil {
 		b.Fatal(err)
 	}
-	addr := strings.TrimPrefix(bb.srv.URL, "http://")
+	// The API behind the server serve runs, with its timeouts.
+	srv := httptest.NewUnstartedServer(bb.api)
+	srv.Config = readapi.NewServer(bb.api)
+	srv.Start()
+	defer srv.Close()
+	addr := strings.TrimPrefix(srv.URL, "http://")
 	pgxSide := benchSide{name: "pgx", do: func(_ int, key string) error {
 		var id, org, status string
 		var amount, version int64
@@ -88,7 +94,7 @@ func BenchmarkGetRow(b *testing.B) {
 		client := &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: benchConcurrency}}
 		defer client.CloseIdleConnections()
 		beside(b, benchSide{name: "api", do: func(_ int, key string) error {
-			resp, err := client.Get(bb.srv.URL + "/v1/projections/orders/rows/" + key)
+			resp, err := client.Get(srv.URL + "/v1/projections/orders/rows/" + key)
 			if err != nil {
 				return err
 			}
