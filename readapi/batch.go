@@ -11,27 +11,31 @@ import (
 	"github.com/projector-dev/projector/projection"
 )
 
-// Reads by key that arrive while others are running are read together,
-// in one statement: a read by key costs the database and the API mostly
-// the round trip (a write and a read on each side, and a wake-up of the
+// Reads by key that arrive together are read together, in one
+// statement: a read by key costs the database and the API mostly the
+// round trip (a write and a read on each side, and a wake-up of the
 // backend), not the index probe, so under load one round trip for several
 // keys serves more reads a second with less of the database's CPU.
-// Nothing waits for a batch to fill: a read starts at once when no
-// statement of its projection and tenant runs; one that arrives while a
-// statement runs waits for it and goes with the others that arrived
-// meanwhile in the next, which costs it at most that statement's time.
-// Another statement starts beside the running ones, up to the pool's
-// size, once parallelAfter reads wait: a statement slow in the database
-// (keys read from disk, one after the other) then does not hold back the
-// reads queued behind it.
+//
+// Nothing waits for a batch to fill. While no more reads of a projection
+// and tenant are under way than the pool has connections, each runs a
+// statement of its own at once, as it would without batches. Beyond that
+// the API is loaded: a read runs at once only when no statement of its
+// projection and tenant runs; one that arrives while a statement runs
+// waits for it and goes with the others that arrived meanwhile in the
+// next, which costs it at most that statement's time. Another statement
+// starts beside the running ones, up to the pool's size, once
+// parallelAfter reads wait: a statement slow in the database (keys read
+// from disk, one after the other) then does not hold back the reads
+// queued behind it.
 const (
 	// maxBatch bounds the keys of one statement.
 	maxBatch = 64
 	// parallelAfter is how many reads wait before another statement
 	// starts beside those running.
 	parallelAfter = 16
-	// defaultBatches is how many batches of a projection and tenant run
-	// at once when the pool's size is not known.
+	// defaultBatches is how many statements of a projection and tenant
+	// run at once when the pool's size is not known.
 	defaultBatches = 4
 	// batchKeyColumn names the keys asked for in the batch's statement.
 	batchKeyColumn = "projector_requested_key"
@@ -78,7 +82,8 @@ type batches struct {
 
 // getQueue is the reads by key of one projection and tenant.
 type getQueue struct {
-	running int        // batches running
+	reads   int        // reads under way: in a running statement or waiting
+	running int        // statements running
 	pending []*getCall // reads waiting for the next
 }
 
@@ -121,22 +126,24 @@ func (a *API) getByKey(ctx context.Context, v *view, tbl *table, key, tenant str
 		q = &getQueue{}
 		b.queues[tenant] = q
 	}
+	q.reads++
 	var row *readRow
 	var err error
+	served := 1    // the reads the statement run here answers
 	alone := false // the batch failed on another's key: read this one again
 	switch {
-	case q.running == 0:
-		// Nothing runs, so nothing waits: the read runs alone, at once.
+	case q.reads <= b.limit && len(q.pending) == 0, q.running == 0:
+		// A connection for each read, or nothing runs: at once, alone.
 		q.running++
 		b.mu.Unlock()
 		row, err = a.getOne(ctx, v, tbl, key, tenant)
-	case q.running < b.limit && len(q.pending)+1 >= parallelAfter:
-		// Enough wait to fill a statement beside those running.
+	case q.reads <= b.limit, q.running < b.limit && len(q.pending)+1 >= parallelAfter:
+		// At once, with those that wait.
 		q.running++
 		batch := take(q, &getCall{key: key})
 		b.mu.Unlock()
 		mine := a.runBatch(ctx, v, tbl, many, tenant, batch)
-		row, err, alone = mine.row, mine.err, mine.alone
+		row, err, alone, served = mine.row, mine.err, mine.alone, len(batch)
 	default:
 		self := &getCall{key: key, done: make(chan getResult, 1)}
 		q.pending = append(q.pending, self)
@@ -154,9 +161,10 @@ func (a *API) getByKey(ctx context.Context, v *view, tbl *table, key, tenant str
 		batch := take(q, self)
 		b.mu.Unlock()
 		mine := a.runBatch(ctx, v, tbl, many, tenant, batch)
-		row, err, alone = mine.row, mine.err, mine.alone
+		row, err, alone, served = mine.row, mine.err, mine.alone, len(batch)
 	}
 	b.mu.Lock()
+	q.reads -= served
 	if len(q.pending) > 0 {
 		next := q.pending[0]
 		q.pending = q.pending[1:]

@@ -88,11 +88,12 @@ func (g *gated) keys() []int {
 	return out
 }
 
-// Reads by key, on a pool of two connections: a read runs at once
-// while no statement of its projection runs; those that arrive while one
-// runs wait for it and go together in the next; once parallelAfter wait,
-// and fewer statements run than the pool has connections, one more starts
-// with all of them. Each read gets its own row.
+// Reads by key, on a pool of two connections: while no more than two
+// are under way, each runs a statement of its own at once. Beyond that,
+// those that arrive while a statement runs wait for it and go together in
+// the next; once parallelAfter wait, and fewer statements run than the
+// pool has connections, one more starts with all of them. Each read gets
+// its own row.
 func TestReadsByKeyGoTogether(t *testing.T) {
 	db := testenv.NewDB(t)
 	ps, err := projection.Parse([]byte(`projections:
@@ -111,7 +112,7 @@ func TestReadsByKeyGoTogether(t *testing.T) {
 	if err := postgres.Migrate(t.Context(), db.Pool, ps...); err != nil {
 		t.Fatal(err)
 	}
-	const reads = parallelAfter + 5
+	const reads = parallelAfter + 6
 	if _, err := db.Pool.Exec(t.Context(), `INSERT INTO items (id, n, version) SELECT 'k' || i, i, 1 FROM generate_series(1, $1) i`, reads); err != nil {
 		t.Fatal(err)
 	}
@@ -165,31 +166,37 @@ func TestReadsByKeyGoTogether(t *testing.T) {
 	defer g.openAll() // a failed test leaves nothing held
 
 	read(1)
-	waitFor("the first read's statement", func(running, _ int) bool { return running == 1 && len(g.keys()) == 1 })
-	for i := 2; i <= 4; i++ {
+	waitFor("a statement for the first read", func(running, _ int) bool { return running == 1 && len(g.keys()) == 1 })
+	read(2)
+	waitFor("a statement for each of two reads", func(running, _ int) bool { return running == 2 && len(g.keys()) == 2 })
+	for i := 3; i <= 5; i++ {
 		read(i)
 	}
-	waitFor("the reads after it waiting", func(_, pending int) bool { return pending == 3 })
-	wantKeys(1)
+	waitFor("the reads beyond the pool waiting", func(_, pending int) bool { return pending == 3 })
+	wantKeys(1, 1)
+	g.release(1)
+	<-done[2]
+	waitFor("the reads waiting read together", func(running, pending int) bool {
+		return running == 2 && pending == 0 && len(g.keys()) == 3
+	})
+	wantKeys(1, 1, 3)
 	g.release(0)
 	<-done[1]
-	waitFor("the reads waiting read together", func(running, pending int) bool {
-		return running == 1 && pending == 0 && len(g.keys()) == 2
-	})
-	wantKeys(1, 3)
-	// Those that arrive wait for it, until parallelAfter do.
-	for i := 5; i < 5+parallelAfter-1; i++ {
+	waitFor("one statement running", func(running, _ int) bool { return running == 1 })
+	// Four reads are under way, in one statement: those that arrive wait
+	// for it, until parallelAfter do.
+	for i := 6; i < 6+parallelAfter-1; i++ {
 		read(i)
 	}
 	waitFor("the reads after it waiting", func(_, pending int) bool { return pending == parallelAfter-1 })
-	wantKeys(1, 3)
-	read(5 + parallelAfter - 1)
-	waitFor("a statement beside it", func(running, pending int) bool { return running == 2 && pending == 0 && len(g.keys()) == 3 })
-	wantKeys(1, 3, parallelAfter)
+	wantKeys(1, 1, 3)
+	read(6 + parallelAfter - 1)
+	waitFor("a statement beside it", func(running, pending int) bool { return running == 2 && pending == 0 && len(g.keys()) == 4 })
+	wantKeys(1, 1, 3, parallelAfter)
 	// As many statements run as the pool has connections: the next waits.
 	read(reads)
 	waitFor("the last read waiting", func(_, pending int) bool { return pending == 1 })
 	g.openAll()
 	wg.Wait()
-	wantKeys(1, 3, parallelAfter, 1)
+	wantKeys(1, 1, 3, parallelAfter, 1)
 }
