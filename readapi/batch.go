@@ -89,8 +89,10 @@ type getQueue struct {
 
 // getCall is one read by key waiting in a queue.
 type getCall struct {
-	key  string
-	done chan getResult // buffered: whoever answers never blocks; nil for the call that runs the batch
+	key string
+	// done is buffered: whoever answers never blocks. It is nil for the
+	// call that runs the batch, which nobody answers.
+	done chan getResult
 }
 
 // getResult is a read's answer, or its turn to run the next batch.
@@ -138,7 +140,9 @@ func (a *API) getByKey(ctx context.Context, v *view, tbl *table, key, tenant str
 		b.mu.Unlock()
 		row, err = a.getOne(ctx, v, tbl, key, tenant)
 	case q.reads <= b.limit, q.running < b.limit && len(q.pending)+1 >= parallelAfter:
-		// At once, with those that wait.
+		// Some wait though a connection is left for each read (since a
+		// busier moment), or enough wait to fill a statement beside those
+		// running: at once, with them.
 		q.running++
 		batch := take(q, &getCall{key: key})
 		b.mu.Unlock()

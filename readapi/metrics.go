@@ -50,8 +50,8 @@ func (m *metrics) route(route string) *routeMetrics {
 	return &routeMetrics{
 		route:    route,
 		requests: m.requests,
-		// A route's duration series appears with its first request, as
-		// before its series were cached.
+		// Made with the route's first request: a route nobody asks for
+		// (other, the document) adds no series.
 		duration: sync.OnceValue(func() prometheus.Observer { return m.duration.WithLabelValues(route) }),
 	}
 }
