@@ -128,6 +128,7 @@ type API struct {
 // view is one projection as the API reads it.
 type view struct {
 	p          *projection.Projection
+	scope      string   // the scope that allows reading it
 	filterable []string // sorted, for error messages
 	isFilter   map[string]bool
 
@@ -161,7 +162,7 @@ func New(cfg Config) (*API, error) {
 		if _, ok := a.views[p.Name]; ok {
 			return nil, fmt.Errorf("readapi: projection %q given twice", p.Name)
 		}
-		v := &view{p: p, filterable: slices.Sorted(slices.Values(p.Filterable)), isFilter: map[string]bool{}}
+		v := &view{p: p, scope: auth.ReadScope(p.Name), filterable: slices.Sorted(slices.Values(p.Filterable)), isFilter: map[string]bool{}}
 		v.batches.limit = defaultBatches
 		if n := poolSize(cfg.DB); n > 0 {
 			v.batches.limit = n
@@ -228,19 +229,13 @@ type request struct {
 // check, metrics, the access log, authentication, the projection's
 // lookup and its scope.
 func (a *API) route(name string, h func(http.ResponseWriter, *http.Request, *request)) http.Handler {
+	m := a.metrics.route(name)
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		began := time.Now()
-		rec := &recorder{ResponseWriter: w, status: http.StatusOK}
-		var subject string
-		defer func() {
-			took := time.Since(began)
-			a.metrics.observe(name, rec.status, took)
-			a.log.LogAttrs(r.Context(), slog.LevelInfo, "http request",
-				slog.String("method", r.Method), slog.String("route", name), slog.String("path", r.URL.Path),
-				slog.String("query", r.URL.RawQuery), slog.Int("status", rec.status), slog.Int64("bytes", rec.bytes),
-				slog.Float64("duration_ms", float64(took.Microseconds())/1000), slog.String("subject", subject),
-				slog.String("remote", r.RemoteAddr))
-		}()
+		// One allocation for what a request keeps: the recorder and the
+		// request as authenticated.
+		ex := &exchange{recorder: recorder{ResponseWriter: w, status: http.StatusOK}}
+		rec := &ex.recorder
+		defer a.served(m, r, rec, time.Now(), &ex.request.principal.Subject)
 		if r.Method != http.MethodGet && r.Method != http.MethodHead {
 			rec.Header().Set("Allow", "GET, HEAD")
 			writeProblem(rec, problem{Status: http.StatusMethodNotAllowed, Code: CodeMethodNotAllowed, Detail: "the read API answers GET and HEAD only"})
@@ -267,19 +262,41 @@ func (a *API) route(name string, h func(http.ResponseWriter, *http.Request, *req
 			return
 		}
 		a.heard.success(r.Context(), whatAuthenticating)
-		subject = p.Subject
+		ex.request.principal = p
 		name := r.PathValue("name")
 		v, ok := a.views[name]
 		if !ok {
 			writeProblem(rec, problem{Status: http.StatusNotFound, Code: CodeNotFound, Detail: fmt.Sprintf("no projection %q", name)})
 			return
 		}
-		if !p.Allows(auth.ReadScope(name)) {
-			writeProblem(rec, problem{Status: http.StatusForbidden, Code: CodeForbidden, Detail: fmt.Sprintf("reading projection %q needs scope %s", name, auth.ReadScope(name))})
+		if !p.Allows(v.scope) {
+			writeProblem(rec, problem{Status: http.StatusForbidden, Code: CodeForbidden, Detail: fmt.Sprintf("reading projection %q needs scope %s", name, v.scope)})
 			return
 		}
-		h(rec, r, &request{principal: p, view: v})
+		ex.request.view = v
+		h(rec, r, &ex.request)
 	})
+}
+
+// exchange is what the API keeps of a request while it answers it.
+type exchange struct {
+	recorder recorder
+	request  request
+}
+
+// served counts a request answered, under route m, and writes its access
+// log line; subject is who asked, "" when nobody was authenticated.
+func (a *API) served(m *routeMetrics, r *http.Request, rec *recorder, began time.Time, subject *string) {
+	took := time.Since(began)
+	m.observe(rec.status, took)
+	if !a.log.Enabled(r.Context(), slog.LevelInfo) {
+		return
+	}
+	a.log.LogAttrs(r.Context(), slog.LevelInfo, "http request",
+		slog.String("method", r.Method), slog.String("route", m.route), slog.String("path", r.URL.Path),
+		slog.String("query", r.URL.RawQuery), slog.Int("status", rec.status), slog.Int64("bytes", rec.bytes),
+		slog.Float64("duration_ms", float64(took.Microseconds())/1000), slog.String("subject", *subject),
+		slog.String("remote", r.RemoteAddr))
 }
 
 // recorder keeps the status and size of a response for the metrics and

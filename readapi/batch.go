@@ -11,19 +11,31 @@ import (
 	"github.com/projector-dev/projector/projection"
 )
 
-// Reads by key that arrive while others are running are read together,
-// in one statement: a read by key costs the database and the API mostly
-// the round trip (a write and a read on each side, and a wake-up of the
+// Reads by key that arrive together are read together, in one
+// statement: a read by key costs the database and the API mostly the
+// round trip (a write and a read on each side, and a wake-up of the
 // backend), not the index probe, so under load one round trip for several
-// keys serves more reads a second from the same pool. Nothing waits for a
-// batch to fill: a read starts at once while fewer than the pool's size
-// run for its projection and tenant, and those that arrive meanwhile go
-// together in the next.
+// keys serves more reads a second with less of the database's CPU.
+//
+// Nothing waits for a batch to fill. While no more reads of a projection
+// and tenant are under way than the pool has connections, each runs a
+// statement of its own at once, as it would without batches. Beyond that
+// the API is loaded: a read runs at once only when no statement of its
+// projection and tenant runs; one that arrives while a statement runs
+// waits for it and goes with the others that arrived meanwhile in the
+// next, which costs it at most that statement's time. Another statement
+// starts beside the running ones, up to the pool's size, once
+// parallelAfter reads wait: a statement slow in the database (keys read
+// from disk, one after the other) then does not hold back the reads
+// queued behind it.
 const (
 	// maxBatch bounds the keys of one statement.
 	maxBatch = 64
-	// defaultBatches is how many batches of a projection and tenant run
-	// at once when the pool's size is not known.
+	// parallelAfter is how many reads wait before another statement
+	// starts beside those running.
+	parallelAfter = 16
+	// defaultBatches is how many statements of a projection and tenant
+	// run at once when the pool's size is not known.
 	defaultBatches = 4
 	// batchKeyColumn names the keys asked for in the batch's statement.
 	batchKeyColumn = "projector_requested_key"
@@ -75,14 +87,17 @@ type batches struct {
 
 // getQueue is the reads by key of one projection and tenant.
 type getQueue struct {
-	running int        // batches running
+	reads   int        // reads under way: in a running statement or waiting
+	running int        // statements running
 	pending []*getCall // reads waiting for the next
 }
 
 // getCall is one read by key waiting in a queue.
 type getCall struct {
-	key  string
-	done chan getResult // buffered: whoever answers never blocks
+	key string
+	// done is buffered: whoever answers never blocks. It is nil for the
+	// call that runs the batch, which nobody answers.
+	done chan getResult
 }
 
 // getResult is a read's answer, or its turn to run the next batch.
@@ -118,13 +133,28 @@ func (a *API) getByKey(ctx context.Context, v *view, tbl *table, key, tenant str
 		q = &getQueue{}
 		b.queues[tenant] = q
 	}
-	self := &getCall{key: key, done: make(chan getResult, 1)}
-	var batch []*getCall
-	if q.running < b.limit {
+	q.reads++
+	var row *readRow
+	var err error
+	served := 1    // the reads the statement run here answers
+	alone := false // the batch failed on another's key: read this one again
+	switch {
+	case q.reads <= b.limit && len(q.pending) == 0, q.running == 0:
+		// A connection for each read, or nothing runs: at once, alone.
 		q.running++
-		batch = append(take(q), self)
 		b.mu.Unlock()
-	} else {
+		row, err = a.getOne(ctx, v, tbl, key, tenant)
+	case q.reads <= b.limit, q.running < b.limit && len(q.pending)+1 >= parallelAfter:
+		// Some wait though a connection is left for each read (since a
+		// busier moment), or enough wait to fill a statement beside those
+		// running: at once, with them.
+		q.running++
+		batch := take(q, &getCall{key: key})
+		b.mu.Unlock()
+		mine := a.runBatch(ctx, v, tbl, many, tenant, batch)
+		row, err, alone, served = mine.row, mine.err, mine.alone, len(batch)
+	default:
+		self := &getCall{key: key, done: make(chan getResult, 1)}
 		q.pending = append(q.pending, self)
 		b.mu.Unlock()
 		// The wait is bounded by the batches before it, each by the
@@ -137,11 +167,13 @@ func (a *API) getByKey(ctx context.Context, v *view, tbl *table, key, tenant str
 			return r.row, r.err
 		}
 		b.mu.Lock()
-		batch = append(take(q), self)
+		batch := take(q, self)
 		b.mu.Unlock()
+		mine := a.runBatch(ctx, v, tbl, many, tenant, batch)
+		row, err, alone, served = mine.row, mine.err, mine.alone, len(batch)
 	}
-	mine := a.runBatch(ctx, v, tbl, many, tenant, batch)
 	b.mu.Lock()
+	q.reads -= served
 	if len(q.pending) > 0 {
 		next := q.pending[0]
 		q.pending = q.pending[1:]
@@ -154,22 +186,22 @@ func (a *API) getByKey(ctx context.Context, v *view, tbl *table, key, tenant str
 		}
 		b.mu.Unlock()
 	}
-	if mine.alone {
+	if alone {
 		return a.getOne(ctx, v, tbl, key, tenant)
 	}
-	return mine.row, mine.err
+	return row, err
 }
 
-// take removes up to maxBatch-1 reads from q's pending, the oldest first.
-// The caller holds the lock.
-func take(q *getQueue) []*getCall {
+// take removes up to maxBatch-1 reads from q's pending, the oldest first,
+// and returns them with self after them. The caller holds the lock.
+func take(q *getQueue, self *getCall) []*getCall {
 	n := min(len(q.pending), maxBatch-1)
-	batch := slices.Clone(q.pending[:n])
+	batch := append(make([]*getCall, 0, n+1), q.pending[:n]...)
 	q.pending = slices.Delete(q.pending, 0, n)
 	if len(q.pending) == 0 {
 		q.pending = nil
 	}
-	return batch
+	return append(batch, self)
 }
 
 // runBatch reads the keys of batch, whose last call is the caller's, and
@@ -214,6 +246,8 @@ func (a *API) runBatch(ctx context.Context, v *view, tbl *table, many, tenant st
 
 // getOne reads the row of key alone.
 func (a *API) getOne(ctx context.Context, v *view, tbl *table, key, tenant string) (*readRow, error) {
+	ctx, cancel := context.WithTimeout(ctx, a.cfg.StatementTimeout)
+	defer cancel()
 	args := []any{key}
 	sql := tbl.get
 	if tenant != "" {

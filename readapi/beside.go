@@ -28,20 +28,12 @@ type subjectKey struct{}
 // pattern the metrics' route label names. h tells the access log who
 // asked with SetSubject.
 func (a *API) Observe(route string, h http.Handler) http.Handler {
-	a.metrics.duration.WithLabelValues(route)
+	m := a.metrics.route(route)
+	m.duration() // its series exists from the start
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		began := time.Now()
 		rec := &recorder{ResponseWriter: w, status: http.StatusOK}
 		subject := new(string)
-		defer func() {
-			took := time.Since(began)
-			a.metrics.observe(route, rec.status, took)
-			a.log.LogAttrs(r.Context(), slog.LevelInfo, "http request",
-				slog.String("method", r.Method), slog.String("route", route), slog.String("path", r.URL.Path),
-				slog.String("query", r.URL.RawQuery), slog.Int("status", rec.status), slog.Int64("bytes", rec.bytes),
-				slog.Float64("duration_ms", float64(took.Microseconds())/1000), slog.String("subject", *subject),
-				slog.String("remote", r.RemoteAddr))
-		}()
+		defer a.served(m, r, rec, time.Now(), subject)
 		h.ServeHTTP(rec, r.WithContext(context.WithValue(r.Context(), subjectKey{}, subject)))
 	})
 }

@@ -3,6 +3,7 @@ package readapi
 import (
 	"fmt"
 	"strconv"
+	"sync"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -43,7 +44,32 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 	return m, nil
 }
 
-func (m *metrics) observe(route string, status int, took time.Duration) {
-	m.requests.WithLabelValues(route, strconv.Itoa(status)).Inc()
-	m.duration.WithLabelValues(route).Observe(took.Seconds())
+// route returns the series of route, looked up once rather than by label
+// values on every request.
+func (m *metrics) route(route string) *routeMetrics {
+	return &routeMetrics{
+		route:    route,
+		requests: m.requests,
+		// Made with the route's first request: a route nobody asks for
+		// (other, the document) adds no series.
+		duration: sync.OnceValue(func() prometheus.Observer { return m.duration.WithLabelValues(route) }),
+	}
+}
+
+// routeMetrics are one route's series: its duration, and its requests'
+// counter of each status answered so far.
+type routeMetrics struct {
+	route    string
+	requests *prometheus.CounterVec
+	duration func() prometheus.Observer
+	codes    sync.Map // status (int) → prometheus.Counter
+}
+
+func (m *routeMetrics) observe(status int, took time.Duration) {
+	c, ok := m.codes.Load(status)
+	if !ok {
+		c, _ = m.codes.LoadOrStore(status, m.requests.WithLabelValues(m.route, strconv.Itoa(status)))
+	}
+	c.(prometheus.Counter).Inc()
+	m.duration().Observe(took.Seconds())
 }

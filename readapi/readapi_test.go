@@ -64,6 +64,7 @@ var testTokens = tokens{
 
 type bundle struct {
 	db  *testenv.DB
+	api *readapi.API
 	srv *httptest.Server
 	reg *prometheus.Registry
 }
@@ -89,7 +90,7 @@ func setup(t testing.TB, yaml string, cfg readapi.Config) *bundle {
 	}
 	srv := httptest.NewServer(api)
 	t.Cleanup(srv.Close)
-	return &bundle{db: db, srv: srv, reg: reg}
+	return &bundle{db: db, api: api, srv: srv, reg: reg}
 }
 
 func (b *bundle) exec(t testing.TB, sql string, args ...any) {
