@@ -4,7 +4,6 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
-	"errors"
 	"fmt"
 	"io"
 	"math"
@@ -26,25 +25,6 @@ import (
 	"github.com/projector-dev/projector/projection"
 	"github.com/projector-dev/projector/readapi"
 )
-
-// watcherWaiter answers the read API's waits with a freshness.Watcher's,
-// as serve does.
-type watcherWaiter struct{ w *freshness.Watcher }
-
-func (v watcherWaiter) WaitVersion(ctx context.Context, projection, key, tenant string, min int64, wait time.Duration) error {
-	r, err := v.w.WaitVersion(ctx, projection, key, tenant, min, wait)
-	switch {
-	case errors.Is(err, freshness.ErrTooManyWaiters):
-		return fmt.Errorf("%w: %w", readapi.ErrTooManyWaiters, err)
-	case err != nil:
-		return err
-	case !r.Reached:
-		return fmt.Errorf("%w: at version %d", readapi.ErrVersionNotReached, r.Version)
-	case r.Deleted && !r.Found:
-		return &readapi.DeletedError{Version: r.Version}
-	}
-	return nil
-}
 
 // statement is one statement a request ran: its text, arguments and
 // command tag (SELECT 0: no row returned).
@@ -349,7 +329,7 @@ func tenantServer(t testing.TB, b *bundle, pool *pgxpool.Pool, run bool) *httpte
 		})
 	}
 	api, err := readapi.New(readapi.Config{Projections: ps, DB: pool, Authenticator: testTokens,
-		Staleness: w, Waiter: watcherWaiter{w}})
+		Staleness: w, Waiter: readapi.WatcherWaiter(w)})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -102,7 +102,7 @@ func (a *apiFlags) newAPI(projs []*projection.Projection, pool *pgxpool.Pool, id
 		DB:               pool,
 		Authenticator:    a.authn,
 		Staleness:        w,
-		Waiter:           waiter{w},
+		Waiter:           readapi.WatcherWaiter(w),
 		StatementTimeout: a.statementTimeout,
 		Logger:           log.With("component", "api"),
 		Registerer:       reg,
@@ -111,24 +111,6 @@ func (a *apiFlags) newAPI(projs []*projection.Projection, pool *pgxpool.Pool, id
 		return nil, nil, err
 	}
 	return api, w, nil
-}
-
-// waiter answers the read API's waits with the watcher's.
-type waiter struct{ w *freshness.Watcher }
-
-func (v waiter) WaitVersion(ctx context.Context, projection, key, tenant string, min int64, wait time.Duration) error {
-	r, err := v.w.WaitVersion(ctx, projection, key, tenant, min, wait)
-	switch {
-	case errors.Is(err, freshness.ErrTooManyWaiters):
-		return fmt.Errorf("%w: %w", readapi.ErrTooManyWaiters, err)
-	case err != nil:
-		return err
-	case !r.Reached:
-		return fmt.Errorf("%w: at version %d", readapi.ErrVersionNotReached, r.Version)
-	case r.Deleted && !r.Found:
-		return &readapi.DeletedError{Version: r.Version}
-	}
-	return nil
 }
 
 // serveAPI serves h on ln, with its watcher, until ctx ends, then lets
