@@ -202,6 +202,61 @@ func TestListAndShowDeadLetters(t *testing.T) {
 	}
 }
 
+// TestListPages: a full page links the next, the same query from its
+// last id on; the pages together are the whole list, once each, in id
+// order, through an identity's generations too.
+func TestListPages(t *testing.T) {
+	f := newFixture(t, nil)
+	if _, err := f.pool.Exec(t.Context(), `INSERT INTO projector_generations
+		(identity, projection, generation, state, table_name, physical_table, group_id, definition, definition_hash) VALUES
+		('ident', 'accounts', 2, 'live', 'accounts', 'accounts_g2', 'ident.accounts.g2', '{}', 'h2')`); err != nil {
+		t.Fatal(err)
+	}
+	var want []int64
+	for i := range 7 {
+		identity := "ident"
+		if i%3 == 1 {
+			identity = "ident.accounts.g2"
+		}
+		var id int64
+		if err := f.pool.QueryRow(t.Context(), `INSERT INTO projector_dead_letters
+			(identity, projection, topic, partition, "offset", record_key, value, error, error_class, status)
+			VALUES ($1, 'accounts', 'accounts.events', 0, $2, 'k', 'v', 'boom', 'decode', 'open') RETURNING id`, identity, i).Scan(&id); err != nil {
+			t.Fatal(err)
+		}
+		want = append(want, id)
+	}
+	f.insert(t, "orders", "open", 99) // another projection's: on no page
+	var got []int64
+	next := "/admin/v1/dead-letters?identity=ident&projection=accounts&limit=3"
+	pages := 0
+	for next != "" {
+		pages++
+		if pages > 5 {
+			t.Fatalf("more than 5 pages of 3 for 7 dead letters; ids so far %v", got)
+		}
+		code, body := f.do(t, "admin-token", "GET", next, "")
+		if code != 200 {
+			t.Fatalf("GET %s: %d %v", next, code, body)
+		}
+		ids := idsOf(body["dead_letters"])
+		got = append(got, ids...)
+		next, _ = body["next"].(string)
+		if full := len(ids) == 3; full != (next != "") {
+			t.Fatalf("GET %s: %d entries, next %q: want a next link exactly on a full page", next, len(ids), next)
+		}
+	}
+	if !slices.Equal(got, want) || pages != 3 {
+		t.Errorf("pages gave %v in %d pages, want %v in 3", got, pages, want)
+	}
+	for _, after := range []string{"0", "-1", "abc"} {
+		code, body := f.do(t, "admin-token", "GET", "/admin/v1/dead-letters?after="+after, "")
+		if code != 400 || !strings.Contains(fmt.Sprint(body["detail"]), "after") {
+			t.Errorf("after=%s: %d %v, want 400 naming after", after, code, body)
+		}
+	}
+}
+
 // TestIdentityTakesInGenerations: as with dlq list, an identity filter
 // takes in its rebuilt projections' live generations and those being
 // built, whose engines keep dead letters under identities of their own;

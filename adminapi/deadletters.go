@@ -92,14 +92,14 @@ func parseWhen(field, v string, now time.Time) (time.Time, error) {
 
 // queryFilter reads the list's query parameters, refusing one it does
 // not know.
-func queryFilter(q url.Values) (Filter, int, error) {
-	known := []string{"identity", "projection", "topic", "key", "error_class", "status", "since", "until", "limit"}
+func queryFilter(q url.Values) (Filter, int, int64, error) {
+	known := []string{"identity", "projection", "topic", "key", "error_class", "status", "since", "until", "limit", "after"}
 	for k, vs := range q {
 		if !slices.Contains(known, k) {
-			return Filter{}, 0, fmt.Errorf("query parameter %s: unknown; want one of %s", k, strings.Join(known, ", "))
+			return Filter{}, 0, 0, fmt.Errorf("query parameter %s: unknown; want one of %s", k, strings.Join(known, ", "))
 		}
 		if len(vs) > 1 {
-			return Filter{}, 0, fmt.Errorf("query parameter %s: given %d times", k, len(vs))
+			return Filter{}, 0, 0, fmt.Errorf("query parameter %s: given %d times", k, len(vs))
 		}
 	}
 	f := Filter{
@@ -110,15 +110,23 @@ func queryFilter(q url.Values) (Filter, int, error) {
 	if v := q.Get("limit"); v != "" {
 		n, err := strconv.Atoi(v)
 		if err != nil || n < 1 || n > ListMaxLimit {
-			return f, 0, fmt.Errorf("limit %q: want a number from 1 to %d", v, ListMaxLimit)
+			return f, 0, 0, fmt.Errorf("limit %q: want a number from 1 to %d", v, ListMaxLimit)
 		}
 		limit = n
 	}
-	return f, limit, nil
+	var after int64
+	if v := q.Get("after"); v != "" {
+		n, err := strconv.ParseInt(v, 10, 64)
+		if err != nil || n < 1 {
+			return f, 0, 0, fmt.Errorf("after %q: want the id of a dead letter, as a page's next link gives it", v)
+		}
+		after = n
+	}
+	return f, limit, after, nil
 }
 
 func (s *server) listDeadLetters(w http.ResponseWriter, r *http.Request) {
-	qf, limit, err := queryFilter(r.URL.Query())
+	qf, limit, after, err := queryFilter(r.URL.Query())
 	if err != nil {
 		badRequest(w, err.Error())
 		return
@@ -128,7 +136,7 @@ func (s *server) listDeadLetters(w http.ResponseWriter, r *http.Request) {
 		badRequest(w, err.Error())
 		return
 	}
-	f.Limit = limit
+	f.Limit, f.AfterID = limit, after
 	// As dlq list does: an identity takes in its rebuilt projections'
 	// generations, whose engines keep dead letters of their own.
 	if f, err = rebuild.NewStore(s.cfg.DB).DeadLetterFilter(r.Context(), f); err != nil {
@@ -143,7 +151,15 @@ func (s *server) listDeadLetters(w http.ResponseWriter, r *http.Request) {
 	if entries == nil {
 		entries = []deadletters.Entry{}
 	}
-	writeJSON(w, http.StatusOK, map[string]any{"dead_letters": entries})
+	page := map[string]any{"dead_letters": entries}
+	if len(entries) == limit {
+		// A full page may have more behind it: the same query from the
+		// last id on.
+		q := r.URL.Query()
+		q.Set("after", strconv.FormatInt(entries[len(entries)-1].ID, 10))
+		page["next"] = "/admin/v1/dead-letters?" + q.Encode()
+	}
+	writeJSON(w, http.StatusOK, page)
 }
 
 func (s *server) showDeadLetter(w http.ResponseWriter, r *http.Request) {

@@ -86,6 +86,9 @@ type Filter struct {
 	Status     string    `json:"status,omitempty"`      // one of Statuses; "": any
 	Since      time.Time `json:"since,omitzero"`        // first_seen at or after
 	Until      time.Time `json:"until,omitzero"`        // first_seen before
+	// AfterID keeps the entries of a higher id: the next page of a list
+	// in id order.
+	AfterID int64 `json:"after_id,omitempty"`
 	// Limit caps how many entries are returned or purged, oldest first.
 	// List uses 1000 when it is not positive; the other
 	// functions then have no cap.
@@ -142,6 +145,9 @@ func (f Filter) where() (string, []any, error) {
 	}
 	if !f.Until.IsZero() {
 		add("first_seen < $%d", f.Until)
+	}
+	if f.AfterID > 0 {
+		add("id > $%d", f.AfterID)
 	}
 	if len(conds) == 0 {
 		return "true", nil, nil

@@ -181,12 +181,19 @@ func addAdmin(paths, schemas obj) {
 		}
 		listParams = append(listParams, param)
 	}
-	listParams = append(listParams, obj{"name": "limit", "in": "query", "schema": obj{"type": "integer", "minimum": 1, "maximum": 1000, "default": 100}})
+	listParams = append(listParams,
+		obj{"name": "limit", "in": "query", "schema": obj{"type": "integer", "minimum": 1, "maximum": 1000, "default": 100}},
+		obj{"name": "after", "in": "query", "schema": obj{"type": "integer", "minimum": 1},
+			"description": "Only dead letters of a higher id: the next page, as a page's next link gives it."})
 
-	paths["/admin/v1/dead-letters"] = obj{"get": adminOp("listDeadLetters", "Dead letters, newest first, with the CLI's filters.", listParams, nil,
+	paths["/admin/v1/dead-letters"] = obj{"get": adminOp("listDeadLetters", "Dead letters, oldest first (by id), with the CLI's filters, a page at a time.", listParams, nil,
 		merge(obj{"200": jsonResponse("The dead letters.", obj{
 			"type": "object", "required": []string{"dead_letters"},
-			"properties": obj{"dead_letters": obj{"type": "array", "items": ref("DeadLetter")}},
+			"properties": obj{
+				"dead_letters": obj{"type": "array", "items": ref("DeadLetter")},
+				"next": obj{"type": "string", "format": "uri-reference",
+					"description": "The next page: present when this one is full, and then possibly empty."},
+			},
 		})}, adminErrors(400)))}
 	paths["/admin/v1/dead-letters/{id}"] = obj{"get": adminOp("getDeadLetter", "A dead letter.",
 		[]any{idParam("The dead letter's id.", obj{"type": "string", "pattern": "^[0-9]+$"})}, nil,
