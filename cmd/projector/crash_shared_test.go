@@ -16,6 +16,9 @@ import (
 // each projection holds its parked events and dead letters once; status
 // lists each partition once.
 func TestCrashRecoverySharedTopic(t *testing.T) {
+	// Waits on processes and timeouts more than it computes: run beside
+	// the other long tests of its kind.
+	t.Parallel()
 	ctx := t.Context()
 	opts := demo.DefaultOptions()
 	opts.Aggregates, opts.Seed, opts.TombstoneEvery = 2000, 5, 4

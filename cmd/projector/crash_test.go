@@ -65,6 +65,9 @@ func (c *child) kill(t *testing.T) {
 // equal the reference fold, with every parked event and poison pill
 // stored exactly once.
 func TestCrashRecovery(t *testing.T) {
+	// Waits on processes and timeouts more than it computes: run beside
+	// the other long tests of its kind.
+	t.Parallel()
 	for _, protocol := range []string{projector.GroupProtocolClassic, projector.GroupProtocolConsumer} {
 		t.Run(protocol, func(t *testing.T) { crashRecovery(t, protocol) })
 	}

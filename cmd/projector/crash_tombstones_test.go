@@ -13,6 +13,9 @@ import (
 // state cache nor its tombstone filter. The final table equals the
 // reference fold in fold and in snapshot mode: no deleted row comes back.
 func TestCrashRecoveryWithTombstones(t *testing.T) {
+	// Waits on processes and timeouts more than it computes: run beside
+	// the other long tests of its kind.
+	t.Parallel()
 	for _, mode := range []string{"fold", "snapshot"} {
 		t.Run(mode, func(t *testing.T) {
 			ctx := t.Context()

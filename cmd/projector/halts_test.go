@@ -111,6 +111,9 @@ func (e *offsetsEnv) waitResumed(live *projector.Engine, reg prometheus.Gatherer
 // the 80 dead letters before the reset would have made it a storm again.
 // The table equals the reference fold of the good records.
 func TestResetReleasesDeadLetterStorm(t *testing.T) {
+	// Waits on processes and timeouts more than it computes: run beside
+	// the other long tests of its kind.
+	t.Parallel()
 	e := newOffsetsEnv(t, 1)
 	e.produce(0, "good-", 0, 10, nil)
 	reg := prometheus.NewRegistry()
@@ -164,6 +167,9 @@ func TestResetReleasesDeadLetterStorm(t *testing.T) {
 // restart, projector_partition_halted is 0, /readyz passes, and the
 // records produced after the reset land as the reference fold says.
 func TestResetReleasesLostOffset(t *testing.T) {
+	// Waits on processes and timeouts more than it computes: run beside
+	// the other long tests of its kind.
+	t.Parallel()
 	e := newOffsetsEnv(t, 1)
 	e.produce(0, "old-", 0, 10, nil)
 	_, stop := e.engine(nil)

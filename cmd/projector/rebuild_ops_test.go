@@ -82,6 +82,9 @@ func stopChildren(t *testing.T, cs ...*child) {
 // again, they resume the new generation from its stored offsets, not from
 // the start, and the rebuilt table equals the reference fold.
 func TestRebuildSurvivesKillOfEveryReplica(t *testing.T) {
+	// Waits on processes and timeouts more than it computes: run beside
+	// the other long tests of its kind.
+	t.Parallel()
 	opts := demo.DefaultOptions()
 	opts.Aggregates, opts.Seed = 3000, 12
 	rs := newRebuildStream(t, opts, 4, "--rebuild-rate", "1500")
