@@ -432,3 +432,30 @@ func TestWithSearchPath(t *testing.T) {
 		}
 	}
 }
+
+// TestDryRunOf: dlq replay and redrive are dry runs unless --execute,
+// which --dry-run=true contradicts.
+func TestDryRunOf(t *testing.T) {
+	for _, tc := range []struct {
+		args    []string
+		want    bool
+		wantErr bool
+	}{
+		{nil, true, false},
+		{[]string{"--execute"}, false, false},
+		{[]string{"--dry-run=false"}, false, false},
+		{[]string{"--execute", "--dry-run=false"}, false, false},
+		{[]string{"--execute", "--dry-run=true"}, false, true},
+	} {
+		fs := flag.NewFlagSet("dlq", flag.ContinueOnError)
+		dryRun := fs.Bool("dry-run", true, "")
+		execute := fs.Bool("execute", false, "")
+		if err := fs.Parse(tc.args); err != nil {
+			t.Fatal(err)
+		}
+		got, err := dryRunOf(fs, *dryRun, *execute)
+		if (err != nil) != tc.wantErr || err == nil && got != tc.want {
+			t.Errorf("%q: dry run %v, %v; want %v (error %v)", tc.args, got, err, tc.want, tc.wantErr)
+		}
+	}
+}

@@ -426,13 +426,9 @@ func dlqReplayCommand(stdout, stderr io.Writer) *ffcli.Command {
 			fs.StringVar(&actor, "actor", defaultActor(), "who replays, for the audit log (default: $USER)")
 		},
 		func(ctx context.Context, _ []string) error {
-			dryRunSet := false
-			fset.Visit(func(f *flag.Flag) { dryRunSet = dryRunSet || f.Name == "dry-run" })
-			if execute {
-				if dryRunSet && dryRun {
-					return errors.New("--execute and --dry-run=true contradict each other: drop one")
-				}
-				dryRun = false
+			var err error
+			if dryRun, err = dryRunOf(fset, dryRun, execute); err != nil {
+				return err
 			}
 			if perSec <= 0 || math.IsInf(perSec, 0) || math.IsNaN(perSec) {
 				return fmt.Errorf("--rate %v: must be a positive number of records per second", perSec)
@@ -533,13 +529,9 @@ func dlqRedriveCommand(stdout, stderr io.Writer) *ffcli.Command {
 			fs.StringVar(&actor, "actor", defaultActor(), "who redrives, for the audit log, beside the operating-system and database users it records (default: $USER)")
 		},
 		func(ctx context.Context, _ []string) error {
-			dryRunSet := false
-			fset.Visit(func(f *flag.Flag) { dryRunSet = dryRunSet || f.Name == "dry-run" })
-			if execute {
-				if dryRunSet && dryRun {
-					return errors.New("--execute and --dry-run=true contradict each other: drop one")
-				}
-				dryRun = false
+			var err error
+			if dryRun, err = dryRunOf(fset, dryRun, execute); err != nil {
+				return err
 			}
 			if actor == "" {
 				return errors.New("--actor must not be empty")
@@ -834,4 +826,19 @@ func orDashString(s string) string {
 		return "-"
 	}
 	return s
+}
+
+// dryRunOf is whether a command given --dry-run and --execute only
+// prints what it would do: --execute turns the dry run off, unless
+// --dry-run=true was given too.
+func dryRunOf(fs *flag.FlagSet, dryRun, execute bool) (bool, error) {
+	if !execute {
+		return dryRun, nil
+	}
+	set := false
+	fs.Visit(func(f *flag.Flag) { set = set || f.Name == "dry-run" })
+	if set && dryRun {
+		return false, errors.New("--execute and --dry-run=true contradict each other: drop one")
+	}
+	return false, nil
 }
