@@ -11,7 +11,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/projector-dev/projector/auth"
 	"github.com/projector-dev/projector/internal/testenv"
 )
 
@@ -79,13 +78,7 @@ func TestSchemathesis(t *testing.T) {
 	ctx := t.Context()
 	db := testenv.NewDB(t)
 	dir := t.TempDir()
-	config := filepath.Join(dir, "projections.yaml")
-	if err := os.WriteFile(config, []byte(fuzzProjections), 0o600); err != nil {
-		t.Fatal(err)
-	}
-	if out, err := runCaptured(ctx, "migrate", "--database-url", db.URL, "--config", config); err != nil {
-		t.Fatalf("migrate: %v\n%s", err, out)
-	}
+	config := migrated(t, db, []byte(fuzzProjections))
 	if _, err := db.Pool.Exec(ctx, `INSERT INTO things VALUES
 		(1, 'one', 1, 0.5, 12.50, true, '2024-05-17 09:30:15.1+00', '2024-05-17 09:30:15.5', '2024-05-17', '\x00ff10', '{"a":[1,null]}', '{a,NULL}', '{{1,2},{3,4}}', 'a0eebc99-9c0b-4ef8-bb6d-6bb9bd380a11', 2),
 		(2, 'two', 2, 'NaN', 'NaN', false, 'infinity', '-infinity', '-infinity', '', 'null', '{}', '{}', NULL, 1),
@@ -97,14 +90,8 @@ func TestSchemathesis(t *testing.T) {
 	if _, err := db.Pool.Exec(ctx, `INSERT INTO notes VALUES ('a/b', 'ada', 'slash', 1), ('0', 'ada', NULL, 1), ('x y', NULL, '', 3)`); err != nil {
 		t.Fatal(err)
 	}
-	token, err := auth.NewToken()
-	if err != nil {
-		t.Fatal(err)
-	}
-	tokenFile := filepath.Join(dir, "tokens.yaml")
-	if err := os.WriteFile(tokenFile, fmt.Appendf(nil, "tokens:\n  - {name: fuzzer, hash: %q, scopes: [\"read:*\"]}\n", auth.HashToken(token)), 0o600); err != nil {
-		t.Fatal(err)
-	}
+	tokenFile, tokens := writeTokens(t, tokenLine{"fuzzer", `scopes: ["read:*"]`})
+	token := tokens["fuzzer"]
 
 	api, health := freeAddr(t), freeAddr(t)
 	srv := startChild(t, "serve", "--database-url", db.URL, "--config", config,

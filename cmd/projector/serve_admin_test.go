@@ -5,8 +5,6 @@ import (
 	"fmt"
 	"io"
 	"net/http"
-	"os"
-	"path/filepath"
 	"strings"
 	"testing"
 
@@ -26,69 +24,33 @@ import (
 func TestServeAdminAPI(t *testing.T) {
 	ctx := t.Context()
 	db := testenv.NewDB(t)
-	dir := t.TempDir()
-	config := filepath.Join(dir, "projections.yaml")
-	if err := os.WriteFile(config, demo.Projections, 0o600); err != nil {
-		t.Fatal(err)
-	}
-	if out, err := runCaptured(ctx, "migrate", "--database-url", db.URL, "--config", config); err != nil {
-		t.Fatalf("migrate: %v\n%s", err, out)
-	}
+	config := migrated(t, db, demo.Projections)
 	var id int64
 	if err := db.Pool.QueryRow(ctx, `INSERT INTO projector_dead_letters
 		(identity, projection, topic, partition, "offset", record_key, value, error, error_class)
 		VALUES ('projector', 'accounts', 'accounts.events', 0, 7, 'a-1', 'x', 'boom', 'decode') RETURNING id`).Scan(&id); err != nil {
 		t.Fatal(err)
 	}
-	tokens := map[string]string{}
-	for _, name := range []string{"reader", "ops"} {
-		tok, err := auth.NewToken()
-		if err != nil {
-			t.Fatal(err)
-		}
-		tokens[name] = tok
-	}
-	tokenFile := filepath.Join(dir, "tokens.yaml")
-	if err := os.WriteFile(tokenFile, fmt.Appendf(nil, `tokens:
-  - {name: reader, hash: %q, scopes: ["read:*"]}
-  - {name: ops-console, hash: %q, scopes: ["admin"]}
-`, auth.HashToken(tokens["reader"]), auth.HashToken(tokens["ops"])), 0o600); err != nil {
-		t.Fatal(err)
-	}
+	tokenFile, tokens := writeTokens(t,
+		tokenLine{"reader", `scopes: ["read:*"]`},
+		tokenLine{"ops-console", `scopes: ["admin"]`})
 	api, health := freeAddr(t), freeAddr(t)
 	srv := startChild(t, "serve", "--database-url", db.URL, "--config", config,
 		"--auth", "tokens", "--auth-token-file", tokenFile, "--api-addr", api, "--http-addr", health)
 	awaitServeReady(t, srv, health)
 	do := func(token, method, path, body string) (int, map[string]any) {
 		t.Helper()
-		req, err := http.NewRequestWithContext(ctx, method, "http://"+api+path, strings.NewReader(body))
-		if err != nil {
-			t.Fatal(err)
-		}
-		req.Header.Set("Authorization", "Bearer "+token)
-		resp, err := http.DefaultClient.Do(req)
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer resp.Body.Close()
-		b, err := io.ReadAll(resp.Body)
-		if err != nil {
-			t.Fatal(err)
-		}
-		var m map[string]any
-		if err := json.Unmarshal(b, &m); err != nil {
-			t.Fatalf("%s %s: %q: %v", method, path, b, err)
-		}
-		return resp.StatusCode, m
+		status, _, m := askJSON(ctx, t, method, "http://"+api+path, token, body)
+		return status, m
 	}
 	if code, body := do(tokens["reader"], "GET", "/admin/v1/dead-letters", ""); code != http.StatusForbidden || body["code"] != "forbidden" {
 		t.Errorf("a read token: %d %v, want 403 forbidden", code, body)
 	}
-	code, body := do(tokens["ops"], "GET", "/admin/v1/dead-letters?projection=accounts", "")
+	code, body := do(tokens["ops-console"], "GET", "/admin/v1/dead-letters?projection=accounts", "")
 	if code != http.StatusOK || len(body["dead_letters"].([]any)) != 1 {
 		t.Fatalf("the admin token lists: %d %v, want the dead letter", code, body)
 	}
-	if code, body := do(tokens["ops"], "POST", "/admin/v1/dead-letters/purges", fmt.Sprintf(`{"ids":[%d]}`, id)); code != http.StatusOK {
+	if code, body := do(tokens["ops-console"], "POST", "/admin/v1/dead-letters/purges", fmt.Sprintf(`{"ids":[%d]}`, id)); code != http.StatusOK {
 		t.Fatalf("purge: %d %v", code, body)
 	}
 	audit, err := deadletters.ListAudit(ctx, db.Pool, 0)
@@ -98,7 +60,7 @@ func TestServeAdminAPI(t *testing.T) {
 	if len(audit) != 1 || audit[0].Actor != "ops-console" || audit[0].Action != deadletters.AuditPurge || audit[0].DBUser != "postgres" {
 		t.Errorf("audit: %+v, want the purge by ops-console as postgres", audit)
 	}
-	if code, body := do(tokens["ops"], "POST", "/admin/v1/offsets/resets", `{"topic":"accounts.events","to":"earliest"}`); code != http.StatusNotImplemented || body["code"] != "not_served" {
+	if code, body := do(tokens["ops-console"], "POST", "/admin/v1/offsets/resets", `{"topic":"accounts.events","to":"earliest"}`); code != http.StatusNotImplemented || body["code"] != "not_served" {
 		t.Errorf("an offset reset from serve: %d %v, want 501 not_served", code, body)
 	}
 	// The served document describes every admin route, as it describes

@@ -2,7 +2,6 @@ package main
 
 import (
 	"bytes"
-	"encoding/json"
 	"fmt"
 	"io"
 	"net"
@@ -113,20 +112,7 @@ func TestServeReadsWhatTheEngineWrote(t *testing.T) {
 
 	get := func(addr, path string) (int, http.Header, map[string]any) {
 		t.Helper()
-		resp, err := http.Get("http://" + addr + path)
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer resp.Body.Close()
-		body, err := io.ReadAll(resp.Body)
-		if err != nil {
-			t.Fatal(err)
-		}
-		var m map[string]any
-		if err := json.Unmarshal(body, &m); err != nil {
-			t.Fatalf("GET %s: %q: %v", path, body, err)
-		}
-		return resp.StatusCode, resp.Header, m
+		return askJSON(ctx, t, http.MethodGet, "http://"+addr+path, "", "")
 	}
 	checked, deleted := 0, 0
 	for id, want := range exp.Accounts {
