@@ -129,6 +129,7 @@ type API struct {
 type view struct {
 	p          *projection.Projection
 	scope      string   // the scope that allows reading it
+	staleness  string   // what heard calls telling its staleness
 	filterable []string // sorted, for error messages
 	isFilter   map[string]bool
 
@@ -162,7 +163,7 @@ func New(cfg Config) (*API, error) {
 		if _, ok := a.views[p.Name]; ok {
 			return nil, fmt.Errorf("readapi: projection %q given twice", p.Name)
 		}
-		v := &view{p: p, scope: auth.ReadScope(p.Name), filterable: slices.Sorted(slices.Values(p.Filterable)), isFilter: map[string]bool{}}
+		v := &view{p: p, scope: auth.ReadScope(p.Name), staleness: whatStaleness + p.Name, filterable: slices.Sorted(slices.Values(p.Filterable)), isFilter: map[string]bool{}}
 		v.batches.limit = defaultBatches
 		if n := poolSize(cfg.DB); n > 0 {
 			v.batches.limit = n

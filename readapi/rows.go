@@ -475,7 +475,7 @@ func (a *API) staleness(ctx context.Context, h http.Header, v *view, key string)
 	if a.cfg.Staleness == nil {
 		return
 	}
-	what := whatStaleness + v.p.Name
+	what := v.staleness
 	d, err := a.cfg.Staleness.Staleness(ctx, v.p.Name, key)
 	if err != nil {
 		// The header is left out: the row is still worth answering. An
